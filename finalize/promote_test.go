@@ -1,0 +1,116 @@
+package finalize
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+)
+
+// hookStore runs before() once, just before the first PutIfAbsent of a
+// manifest: it makes the "somebody promoted between my check and my create"
+// race happen deterministically.
+type hookStore struct {
+	Store
+	before func()
+}
+
+func (h *hookStore) PutIfAbsent(ctx context.Context, key string, data []byte) error {
+	if h.before != nil && strings.HasPrefix(key, ManifestPrefix) {
+		f := h.before
+		h.before = nil
+		f()
+	}
+	return h.Store.PutIfAbsent(ctx, key, data)
+}
+
+func TestPromoteLosesRace(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name         string
+		winner       []byte
+		wantConflict bool
+	}{
+		{"same bytes", []byte("pixels"), false},
+		{"different bytes", []byte("other pixels"), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs, err := NewFSStore(t.TempDir())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var winner Promotion
+			s := &hookStore{Store: fs, before: func() {
+				var err error
+				winner, err = Promote(ctx, fs, "tiles/t", "att-w", "b", []Output{{"rgb", tc.winner}}, nil)
+				if err != nil {
+					t.Errorf("winner: %v", err)
+				}
+			}}
+			p, err := Promote(ctx, s, "tiles/t", "att-l", "b", []Output{{"rgb", []byte("pixels")}}, nil)
+			if tc.wantConflict {
+				if !errors.Is(err, ErrConflict) {
+					t.Fatalf("loser = %+v, %v; want ErrConflict", p, err)
+				}
+				// The loser's attempt object stays for inspection until GC.
+				if _, err := fs.Stat(ctx, AttemptKey("tiles/t", "att-l", "rgb")); err != nil {
+					t.Fatalf("conflicting attempt object: %v", err)
+				}
+			} else {
+				if err != nil || !p.Existing || p.Manifest.Attempt != "att-w" {
+					t.Fatalf("loser = %+v, %v; want Existing with the winner's manifest", p, err)
+				}
+				// The losing attempt's object is removed at once.
+				if _, err := fs.Stat(ctx, AttemptKey("tiles/t", "att-l", "rgb")); !errors.Is(err, ErrNotFound) {
+					t.Fatalf("losing attempt object: %v, want it deleted", err)
+				}
+			}
+			m, err := ReadManifest(ctx, fs, "tiles/t")
+			if err != nil || m.Attempt != "att-w" || m.Checksum() != winner.Manifest.Checksum() {
+				t.Fatalf("stored manifest = %+v, %v", m, err)
+			}
+			if got, err := ReadObject(ctx, fs, m, "rgb"); err != nil || string(got) != string(tc.winner) {
+				t.Fatalf("winner's object = %q, %v", got, err)
+			}
+		})
+	}
+}
+
+// corruptingStore flips a byte of every object it reads back, as a store
+// that lost data between write and read would.
+type corruptingStore struct{ Store }
+
+func (c corruptingStore) Get(ctx context.Context, key string) ([]byte, error) {
+	b, err := c.Store.Get(ctx, key)
+	if err == nil && len(b) > 0 && strings.HasPrefix(key, AttemptPrefix) {
+		b[0] ^= 1
+	}
+	return b, err
+}
+
+func TestPromoteVerifiesUpload(t *testing.T) {
+	ctx := context.Background()
+	fs, err := NewFSStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Promote(ctx, corruptingStore{fs}, "tiles/v", "att-1", "b", []Output{{"rgb", []byte("pixels")}}, nil)
+	if !errors.Is(err, ErrVerify) || !IsRetryable(err) {
+		t.Fatalf("Promote over a corrupting store = %v, want retryable ErrVerify", err)
+	}
+	if ok, _ := ManifestExists(ctx, fs, "tiles/v"); ok {
+		t.Fatal("unverified upload was promoted")
+	}
+}
+
+func TestManifestChecksum(t *testing.T) {
+	a := Manifest{Objects: []ManifestObject{{Name: "x", SHA256: "1"}, {Name: "y", SHA256: "2"}}, Attempt: "a"}
+	b := Manifest{Objects: []ManifestObject{{Name: "y", SHA256: "2"}, {Name: "x", SHA256: "1"}}, Attempt: "b", Build: "z"}
+	c := Manifest{Objects: []ManifestObject{{Name: "x", SHA256: "2"}, {Name: "y", SHA256: "1"}}}
+	if a.Checksum() != b.Checksum() || !sameContent(a, b) {
+		t.Fatal("order, attempt or build changed the content checksum")
+	}
+	if a.Checksum() == c.Checksum() || sameContent(a, c) {
+		t.Fatal("swapped checksums compare equal")
+	}
+}

@@ -1,0 +1,146 @@
+// Package cli implements the coordinator and tileworker commands. The binaries in cmd/ only
+// call Coordinator and Tileworker, so tests can run the same code in-process.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// Exit codes of the command contract in DESIGN.md.
+const (
+	ExitOK         = 0
+	ExitFailed     = 1
+	ExitUsage      = 2
+	ExitInProgress = 3
+	ExitQueued     = 42
+	ExitBusy       = 75
+	ExitInterrupt  = 130
+)
+
+// usageError is a command-line mistake (exit 2).
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// exitCode maps an error onto the contract's exit codes and prints it.
+func exitCode(stderr io.Writer, cmd string, err error) int {
+	if err == nil {
+		return ExitOK
+	}
+	var ue *usageError
+	switch {
+	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stderr, "%s: %v\nRun '%s -h' for usage.\n", cmd, err, cmd)
+		}
+		return ExitUsage
+	case errors.Is(err, context.Canceled):
+		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)
+		return ExitInterrupt
+	case errors.Is(err, coordinator.ErrBusy), errors.Is(err, client.ErrUnavailable):
+		fmt.Fprintf(stderr, "%s: %v (retry later)\n", cmd, err)
+		return ExitBusy
+	}
+	fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
+	return ExitFailed
+}
+
+// newFlags makes a FlagSet whose usage text starts with synopsis and description.
+func newFlags(name, synopsis, description string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, strings.TrimSpace(description))
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseArgs parses flags that may come before or after the positional arguments.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usagef("%v", err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
+
+// parseFrames parses "A-B" or "N".
+func parseFrames(s string) (first, last int, err error) {
+	a, b, ok := strings.Cut(s, "-")
+	if !ok {
+		b = a
+	}
+	first, err1 := strconv.Atoi(strings.TrimSpace(a))
+	last, err2 := strconv.Atoi(strings.TrimSpace(b))
+	if err1 != nil || err2 != nil {
+		return 0, 0, usagef("--frames %q: want A-B or N, e.g. 1-24", s)
+	}
+	if last < first {
+		return 0, 0, fmt.Errorf("%w: frame range %d-%d is reversed", coordinator.ErrBadInput, first, last)
+	}
+	if last-first+1 > coordinator.MaxFramesPerJob {
+		return 0, 0, fmt.Errorf("%w: frame range %d-%d has more than %d frames", coordinator.ErrBadInput, first, last, coordinator.MaxFramesPerJob)
+	}
+	return first, last, nil
+}
+
+// formatFor picks the output format from an explicit flag or the output file's extension.
+func formatFor(flagValue, out string) (string, error) {
+	f := flagValue
+	if f == "" {
+		switch strings.ToLower(filepath.Ext(out)) {
+		case ".exr":
+			f = "exr"
+		default:
+			f = "png"
+		}
+	}
+	switch f {
+	case "png", "png16", "exr":
+		return f, nil
+	}
+	return "", usagef("--format %q: want png, png16 or exr", f)
+}
+
+func newLogger(stderr io.Writer, level string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
+	}
+	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: l})), nil
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+func mustAbs(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}

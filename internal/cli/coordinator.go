@@ -1,0 +1,444 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+const coordinatorUsage = `Usage: coordinator COMMAND [flags]
+
+tilefarm coordinator: splits frames into tile jobs on NATS JetStream and tracks every frame.
+
+Commands:
+  render SCENE --frames A-B --out PATTERN   render on this machine, nothing else needed
+  serve                                     run the coordinator daemon (HTTP API, embedded NATS)
+  submit SCENE --frames A-B                 submit a job to a running coordinator
+  status JOB                                where a job stands (exit 0 done, 42 queued, 3 running, 1 failed)
+  jobs                                      list jobs
+  outputs JOB --out PATTERN                 download a job's finished frames
+  dlq list | dlq requeue SEQ                inspect and requeue dead-lettered tiles
+
+Run 'coordinator COMMAND -h' for the flags of a command.
+Exit codes: 0 completed, 42 accepted/queued, 3 in progress, 1 failed, 2 usage error, 75 busy/unreachable (retry).
+`
+
+// Coordinator runs the coordinator command with args (without the program name).
+func Coordinator(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stderr, coordinatorUsage)
+		if len(args) == 0 {
+			return ExitUsage
+		}
+		return ExitOK
+	}
+	cmd, rest := args[0], args[1:]
+	name := "coordinator " + cmd
+	var err error
+	code := -1
+	switch cmd {
+	case "render":
+		code, err = cmdRender(ctx, rest, stdout, stderr)
+	case "serve":
+		err = cmdServe(ctx, rest, stderr)
+	case "submit":
+		code, err = cmdSubmit(ctx, rest, stdout, stderr)
+	case "status":
+		code, err = cmdStatus(ctx, rest, stdout, stderr)
+	case "jobs":
+		err = cmdJobs(ctx, rest, stdout, stderr)
+	case "outputs":
+		err = cmdOutputs(ctx, rest, stdout, stderr)
+	case "dlq":
+		err = cmdDLQ(ctx, rest, stdout, stderr)
+	default:
+		err = usagef("unknown command %q", cmd)
+		name = "coordinator"
+	}
+	if err != nil || code < 0 {
+		return exitCode(stderr, name, err)
+	}
+	return code
+}
+
+// farmFlags are the queue settings an operator may tune; DESIGN.md's defaults apply.
+func farmFlags(fs *flag.FlagSet) *queue.Config {
+	cfg := queue.DefaultConfig()
+	fs.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "how long a delivered tile may go without a heartbeat before redelivery")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long an abandoned tile lease lives")
+	fs.IntVar(&cfg.MaxDeliver, "max-deliver", cfg.MaxDeliver, "deliveries of a tile before it is dead-lettered")
+	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow, "JetStream publish dedup window")
+	return &cfg
+}
+
+func cmdRender(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+	fs := newFlags("coordinator render", "coordinator render SCENE --frames A-B --out PATTERN [flags]", `
+Render frames of SCENE on this machine: an embedded JetStream server, a filesystem store and
+in-process workers, all under --data. Nothing else needs to run. A re-run with the same --data
+after Ctrl-C resumes from checkpoints and skips finished tiles; a re-run of a finished render
+renders nothing and writes the outputs again. '####' in --out is the zero-padded frame number.`, stderr)
+	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
+	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
+	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
+	spp := fs.Int("spp", 0, "samples per pixel (default: the scene's)")
+	width := fs.Int("width", 0, "image width override")
+	height := fs.Int("height", 0, "image height override")
+	camera := fs.String("camera", "", "camera name (default: the scene's)")
+	tile := fs.Int("tile", 64, "tile size in pixels")
+	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers")
+	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
+	jsonOut := fs.Bool("json", false, "print one JSON summary object on stdout")
+	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return 0, err
+	}
+	if len(pos) != 1 {
+		return 0, usagef("want exactly one SCENE, got %d arguments", len(pos))
+	}
+	if *workers < 1 || *workers > 1024 {
+		return 0, usagef("--workers %d: want 1-1024", *workers)
+	}
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		return 0, err
+	}
+	req, err := submitRequest(pos[0], *frames, *camera, *spp, *width, *height, *tile, *out, *format)
+	if err != nil {
+		return 0, err
+	}
+	fmtName, _ := formatFor(*format, *out)
+	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers, Log: log})
+	if err != nil {
+		return 0, err
+	}
+	defer n.Close()
+	res, err := n.Coord.Submit(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	before := res.Status.TilesCompleted
+	st, err := waitJob(ctx, n.Coord, res.Status.JobID, newProgress(stderr, *jsonOut), n.Coord.Changed)
+	if err != nil {
+		return 0, err
+	}
+	countReuse(&st, before)
+	if err := writeOutputs(ctx, n.Coord, &st, *out, fmtName); err != nil {
+		return 0, err
+	}
+	printStatus(stdout, st, *jsonOut)
+	return coordinator.ExitCode(st.State), nil
+}
+
+// submitRequest builds a submission from the shared flags of render and submit.
+func submitRequest(scene, frames, camera string, spp, width, height, tile int, out, format string) (coordinator.SubmitRequest, error) {
+	var req coordinator.SubmitRequest
+	first, last := 0, 0
+	if frames != "" {
+		var err error
+		if first, last, err = parseFrames(frames); err != nil {
+			return req, err
+		}
+	}
+	if tile < 1 || tile > 4096 {
+		return req, usagef("--tile %d: want 1-4096", tile)
+	}
+	for name, v := range map[string]int{"--spp": spp, "--width": width, "--height": height} {
+		if v < 0 {
+			return req, usagef("%s %d: must not be negative", name, v)
+		}
+	}
+	f, err := formatFor(format, out)
+	if err != nil {
+		return req, err
+	}
+	b, err := farm.ReadBundle(scene)
+	if err != nil {
+		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+	}
+	if first == 0 && last == 0 {
+		s, err := b.Parse()
+		if err != nil {
+			return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		}
+		first, last = s.Frames()
+	}
+	if out != "" {
+		if err := checkPattern(out, first, last); err != nil {
+			return req, err
+		}
+	}
+	return coordinator.SubmitRequest{Bundle: b, Camera: camera, First: first, Last: last, SPP: spp,
+		Width: width, Height: height, TileSize: tile, Formats: []string{f}}, nil
+}
+
+func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
+	if asJSON {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(st)
+		return
+	}
+	fmt.Fprintf(w, "job %s: %s\n", st.JobID, st.State)
+	fmt.Fprintf(w, "  scene %s (%s), camera %s, frames %d-%d\n", st.Scene, short(st.SceneVersion), st.Camera, st.FirstFrame, st.LastFrame)
+	fmt.Fprintf(w, "  frames %d/%d completed, %d failed; tiles %d/%d completed (%d rendered now, %d reused), %d attempts, %d samples recovered from checkpoints\n",
+		st.FramesCompleted, st.FramesTotal, st.FramesFailed, st.TilesCompleted, st.TilesTotal, st.TilesRendered, st.TilesReused, st.TileAttempts, st.SamplesRecovered)
+	for _, f := range st.Failures {
+		fmt.Fprintf(w, "  FAILED %s\n", f)
+	}
+	for _, o := range st.Outputs {
+		fmt.Fprintf(w, "  wrote %s\n", o)
+	}
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlags("coordinator serve", "coordinator serve [flags]", `
+Run the coordinator daemon: the HTTP API for submit/status/jobs/outputs and /metrics on --listen,
+the outbox relay, the event consumer and the dead-letter watcher. Without --nats it embeds a
+JetStream server on --nats-listen so tileworkers can join; without --store it keeps objects under
+--data/store. Stops cleanly on SIGINT/SIGTERM.`, stderr)
+	data := fs.String("data", ".tilefarm", "directory for the coordinator database (and embedded JetStream, store)")
+	natsURL := fs.String("nats", "", "external NATS URL (default: embedded JetStream)")
+	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "client address of the embedded JetStream server")
+	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
+	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
+	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
+	maxQueued := fs.Uint64("max-queued", 0, "refuse submissions (exit 75) while more messages than this are queued; 0 = no limit")
+	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: outbox-before-publish or outbox-after-publish")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	qcfg := farmFlags(fs)
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	if err := qcfg.Validate(); err != nil {
+		return usagef("%v", err)
+	}
+	ccfg := coordinator.Config{MaxQueued: *maxQueued}
+	switch *crash {
+	case "":
+	case "outbox-before-publish":
+		ccfg.Faults.CrashBeforePublish = true
+	case "outbox-after-publish":
+		ccfg.Faults.CrashAfterPublish = true
+	default:
+		return usagef("--fault-crash %q: want outbox-before-publish or outbox-after-publish", *crash)
+	}
+	ccfg.Faults.Crash = func(seam string) {
+		log.Warn("fault injection: killing coordinator", "seam", seam)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		time.Sleep(time.Hour)
+	}
+	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, NATSURL: *natsURL, NATSListen: *natsListen,
+		StoreURL: *storeURL, HTTPListen: *listen, Queue: *qcfg, Coordinator: ccfg, Workers: *workers, Log: log})
+	if err != nil {
+		return err
+	}
+	nurl := *natsURL
+	if n.Embedded != nil {
+		nurl = n.Embedded.ClientURL()
+	}
+	log.Info("coordinator serving", "http", n.HTTPAddr, "nats", nurl, "data", mustAbs(*data))
+	<-ctx.Done()
+	log.Info("coordinator stopping")
+	n.Close()
+	return nil
+}
+
+func clientFlags(fs *flag.FlagSet) *string {
+	def := os.Getenv("TILEFARM_SERVER")
+	if def == "" {
+		def = "http://127.0.0.1:7070"
+	}
+	return fs.String("server", def, "coordinator HTTP address (env TILEFARM_SERVER)")
+}
+
+func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+	fs := newFlags("coordinator submit", "coordinator submit SCENE --frames A-B [flags]", `
+Submit SCENE to a running coordinator. Safe to re-run from cron: the same request (or the same
+--idempotency-key) returns the same job and enqueues nothing new; the same key with a different
+request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued, 3 in progress,
+1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`, stderr)
+	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
+	camera := fs.String("camera", "", "camera name (default: the scene's)")
+	spp := fs.Int("spp", 0, "samples per pixel (default: the scene's)")
+	width := fs.Int("width", 0, "image width override")
+	height := fs.Int("height", 0, "image height override")
+	tile := fs.Int("tile", 64, "tile size in pixels")
+	format := fs.String("format", "png", "output format: png, png16 or exr (png is always produced)")
+	priority := fs.Int("priority", 0, "priority (recorded; dispatch bands are on the roadmap)")
+	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
+	project := fs.String("project", "", "project name (part of the derived idempotency key)")
+	wait := fs.Bool("wait", false, "wait until the job completes or fails")
+	jsonOut := fs.Bool("json", false, "print one JSON object on stdout")
+	server := clientFlags(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return 0, err
+	}
+	if len(pos) != 1 {
+		return 0, usagef("want exactly one SCENE, got %d arguments", len(pos))
+	}
+	req, err := submitRequest(pos[0], *frames, *camera, *spp, *width, *height, *tile, "", *format)
+	if err != nil {
+		return 0, err
+	}
+	req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
+	c := client.New(*server)
+	res, err := c.Submit(ctx, req)
+	if err != nil {
+		return 0, err
+	}
+	st := res.Status
+	before := st.TilesCompleted
+	if *wait {
+		if st, err = waitJob(ctx, c, st.JobID, newProgress(stderr, *jsonOut), nil); err != nil {
+			return 0, err
+		}
+	}
+	countReuse(&st, before)
+	printStatus(stdout, st, *jsonOut)
+	return coordinator.ExitCode(st.State), nil
+}
+
+func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+	fs := newFlags("coordinator status", "coordinator status JOB [--json]", `
+Show where JOB stands. Exit codes: 0 completed, 42 queued, 3 in progress, 1 failed (the failing
+frames and tiles are named), 2 usage error, 75 coordinator unreachable.`, stderr)
+	jsonOut := fs.Bool("json", false, "print one JSON object on stdout")
+	server := clientFlags(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return 0, err
+	}
+	if len(pos) != 1 {
+		return 0, usagef("want exactly one JOB")
+	}
+	st, err := client.New(*server).Status(ctx, pos[0])
+	if err != nil {
+		if isNotFound(err) {
+			return 0, fmt.Errorf("no job %q", pos[0])
+		}
+		return 0, err
+	}
+	printStatus(stdout, st, *jsonOut)
+	return coordinator.ExitCode(st.State), nil
+}
+
+func cmdJobs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("coordinator jobs", "coordinator jobs [--json]", "List every job, oldest first.", stderr)
+	jsonOut := fs.Bool("json", false, "print a JSON array on stdout")
+	server := clientFlags(fs)
+	if _, err := parseArgs(fs, args); err != nil {
+		return err
+	}
+	jobs, err := client.New(*server).Jobs(ctx)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return json.NewEncoder(stdout).Encode(jobs)
+	}
+	tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "JOB\tSTATE\tSCENE\tFRAMES\tDONE\tTILES")
+	for _, j := range jobs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d-%d\t%d/%d\t%d/%d\n", j.JobID, j.State, j.Scene, j.FirstFrame, j.LastFrame,
+			j.FramesCompleted, j.FramesTotal, j.TilesCompleted, j.TilesTotal)
+	}
+	return tw.Flush()
+}
+
+func cmdOutputs(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("coordinator outputs", "coordinator outputs JOB --out PATTERN [--format F]", `
+Download the finished frames of JOB, verified against their manifests, into files named by
+PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.`, stderr)
+	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png")
+	format := fs.String("format", "", "png, png16 or exr (default from --out's extension; png16/exr only if submitted with it)")
+	server := clientFlags(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want exactly one JOB")
+	}
+	f, err := formatFor(*format, *out)
+	if err != nil {
+		return err
+	}
+	c := client.New(*server)
+	st, err := c.Status(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if err := checkPattern(*out, st.FirstFrame, st.LastFrame); err != nil {
+		return err
+	}
+	if err := writeOutputs(ctx, c, &st, *out, f); err != nil {
+		return err
+	}
+	for _, o := range st.Outputs {
+		fmt.Fprintln(stdout, o)
+	}
+	if missing := st.FramesTotal - len(st.Outputs); missing > 0 {
+		return fmt.Errorf("%d of %d frames are not finished yet (job is %s)", missing, st.FramesTotal, st.State)
+	}
+	return nil
+}
+
+func cmdDLQ(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("coordinator dlq", "coordinator dlq list | coordinator dlq requeue SEQ", `
+List dead-lettered tiles with their error, or put one back on the queue.`, stderr)
+	server := clientFlags(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	c := client.New(*server)
+	switch {
+	case len(pos) == 1 && pos[0] == "list":
+		dls, err := c.DeadLetters(ctx)
+		if err != nil {
+			return err
+		}
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SEQ\tSUBJECT\tMSG ID\tDELIVERIES\tREASON")
+		for _, d := range dls {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\n", d.DLQSeq, d.Subject, short(d.MsgID), d.Deliveries, strings.ReplaceAll(d.Reason, "\n", " "))
+		}
+		return tw.Flush()
+	case len(pos) == 2 && pos[0] == "requeue":
+		var seq uint64
+		if _, err := fmt.Sscan(pos[1], &seq); err != nil {
+			return usagef("dlq requeue %q: want a sequence number from 'dlq list'", pos[1])
+		}
+		return c.Requeue(ctx, seq)
+	}
+	return usagef("want 'dlq list' or 'dlq requeue SEQ'")
+}

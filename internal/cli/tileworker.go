@@ -1,0 +1,239 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/worker"
+	"github.com/tilefarm/tilefarm/render"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+const tileworkerUsage = `Usage: tileworker [flags]            run a worker daemon that renders tiles for a farm
+       tileworker render SCENE --frame N --out FILE [flags]
+                                    render one frame locally with no farm (the reference)
+
+Run 'tileworker -h' or 'tileworker render -h' for the flags.
+`
+
+// Tileworker runs the tileworker command with args (without the program name).
+func Tileworker(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "render" {
+		return exitCode(stderr, "tileworker render", cmdLocalRender(ctx, args[1:], stdout, stderr))
+	}
+	if len(args) > 0 && args[0] == "help" {
+		fmt.Fprint(stderr, tileworkerUsage)
+		return ExitOK
+	}
+	return exitCode(stderr, "tileworker", cmdWorker(ctx, args, stderr))
+}
+
+func cmdWorker(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := newFlags("tileworker", "tileworker [--nats URL] [--store URL] [--checkpoints DIR] [--concurrency N]", `
+Run a worker daemon: take tile and assemble jobs from the farm's JetStream consumer, render them
+with checkpoints, and publish results through the object store. The farm's ack-wait, lease TTL
+and MaxDeliver are read from the server the coordinator set up. On SIGTERM in-flight tiles are
+checkpointed and handed back at once. S3 credentials come from AWS_ACCESS_KEY_ID and
+AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 'tileworker render -h').`, stderr)
+	natsURL := fs.String("nats", "nats://127.0.0.1:4222", "NATS URL of the farm")
+	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (required)")
+	ckptDir := fs.String("checkpoints", ".tilefarm-worker", "directory for the local checkpoint database")
+	concurrency := fs.Int("concurrency", runtime.NumCPU(), "tiles rendered at once")
+	name := fs.String("name", "", "worker name in logs, leases and events (default: host-random)")
+	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
+	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
+	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
+	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads (S3 stores)")
+	passes := fs.Int("passes", 16, "passes a tile's samples are split into (checkpoint granularity)")
+	faultTile := fs.String("fault-panic-tile", "", "testing only: panic when rendering the tile with rectangle X0,Y0,X1,Y1")
+	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if *concurrency < 1 || *concurrency > 1024 {
+		return usagef("--concurrency %d: want 1-1024", *concurrency)
+	}
+	log, err := newLogger(stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
+		RemoteEvery: *remoteEvery, PassesPerTile: *passes}
+	wc.Faults.PassDelay = *faultDelay
+	if *faultTile != "" {
+		r, err := parseRect(*faultTile)
+		if err != nil {
+			return err
+		}
+		wc.Faults.PanicTile, wc.Faults.PanicTileSet = r, true
+	}
+	return node.RunWorker(ctx, node.WorkerOptions{NATSURL: *natsURL, StoreURL: *storeURL, CheckpointDir: *ckptDir,
+		MetricsListen: *metricsListen, Worker: wc, Log: log})
+}
+
+func parseRect(s string) (render.Rect, error) {
+	parts := strings.Split(s, ",")
+	if len(parts) != 4 {
+		return render.Rect{}, usagef("rectangle %q: want X0,Y0,X1,Y1", s)
+	}
+	var v [4]int
+	for i, p := range parts {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		if err != nil {
+			return render.Rect{}, usagef("rectangle %q: want X0,Y0,X1,Y1", s)
+		}
+		v[i] = n
+	}
+	return render.Rect{X0: v[0], Y0: v[1], X1: v[2], Y1: v[3]}, nil
+}
+
+func cmdLocalRender(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("tileworker render", "tileworker render SCENE --frame N --out FILE [flags]", `
+Render one frame of SCENE on all cores of this machine, tile by tile, with no farm, and write it
+to FILE (PNG, or OpenEXR for .exr). This is the reference a farm render must equal pixel for
+pixel: tile size and worker count never change a pixel.`, stderr)
+	frame := fs.Int("frame", 0, "frame number (default: the scene's first frame)")
+	out := fs.String("out", "", "output file (.png, or .exr for 32-bit float OpenEXR)")
+	format := fs.String("format", "", "png, png16 or exr (default from --out's extension)")
+	spp := fs.Int("spp", 0, "samples per pixel (default: the scene's)")
+	width := fs.Int("width", 0, "image width override")
+	height := fs.Int("height", 0, "image height override")
+	camera := fs.String("camera", "", "camera name (default: the scene's)")
+	tile := fs.Int("tile", 64, "tile size in pixels")
+	jobs := fs.Int("j", runtime.NumCPU(), "tiles rendered in parallel")
+	quiet := fs.Bool("q", false, "no progress bar")
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want exactly one SCENE, got %d arguments", len(pos))
+	}
+	if *out == "" {
+		return usagef("--out is required")
+	}
+	if *tile < 1 || *tile > 4096 {
+		return usagef("--tile %d: want 1-4096", *tile)
+	}
+	if *jobs < 1 {
+		return usagef("-j %d: want at least 1", *jobs)
+	}
+	f, err := formatFor(*format, *out)
+	if err != nil {
+		return err
+	}
+	scene, err := render.LoadSceneFile(pos[0])
+	if err != nil {
+		return err
+	}
+	st := scene.Defaults()
+	if *camera != "" {
+		st.Camera = *camera
+	}
+	for _, o := range []struct {
+		v   int
+		dst *int
+	}{{*spp, &st.SPP}, {*width, &st.Width}, {*height, &st.Height}} {
+		if o.v != 0 {
+			*o.dst = o.v
+		}
+	}
+	if err := scene.Validate(st); err != nil {
+		return err
+	}
+	fr := *frame
+	if fr == 0 {
+		fr, _ = scene.Frames()
+	}
+	p := newProgress(stderr, *quiet)
+	img, err := RenderFrame(ctx, scene, st, fr, *tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
+	p.done()
+	if err != nil {
+		return err
+	}
+	outs, err := worker.EncodeFrame(img, st.Exposure, []string{f})
+	if err != nil {
+		return err
+	}
+	name, _ := worker.FrameOutputName(f)
+	for _, o := range outs {
+		if o.Name == name {
+			if err := writeFile(*out, o.Data); err != nil {
+				return err
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "wrote %s (%dx%d, %d spp, frame %d)\n", filepath.Clean(*out), st.Width, st.Height, st.SPP, fr)
+	return nil
+}
+
+// RenderFrame renders a whole frame locally on parallel goroutines, one tile each at a time.
+func RenderFrame(ctx context.Context, scene *render.Scene, st render.Settings, frame, tileSize, parallel int, onTile func(done, total int)) (*finalize.Frame, error) {
+	rects, err := tiles.Split(st.Width, st.Height, tileSize)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+	}
+	img := finalize.NewFrame(st.Width, st.Height)
+	next := make(chan render.Rect)
+	var (
+		mu    sync.Mutex
+		done  int
+		first error
+		wg    sync.WaitGroup
+	)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for i := 0; i < parallel; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range next {
+				t, err := render.NewTile(scene, st, frame, r)
+				if err == nil {
+					err = t.Render(ctx, 0, st.SPP)
+				}
+				mu.Lock()
+				if err == nil {
+					err = img.Place(r.X0, r.Y0, r.X1, r.Y1, t.Pixels())
+				}
+				if err != nil && first == nil {
+					first = err
+					cancel()
+				}
+				done++
+				if onTile != nil {
+					onTile(done, len(rects))
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, r := range rects {
+		if ctx.Err() != nil {
+			break
+		}
+		next <- r
+	}
+	close(next)
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return img, nil
+}

@@ -1,0 +1,98 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+)
+
+// jobSource is what waiting and downloading need from a coordinator; both the in-process
+// coordinator and the HTTP client provide it.
+type jobSource interface {
+	Status(ctx context.Context, jobID string) (coordinator.Status, error)
+	FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error)
+}
+
+// waitJob polls until the job is completed, failed or cancelled, showing progress.
+func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, changed func() <-chan struct{}) (coordinator.Status, error) {
+	for {
+		st, err := src.Status(ctx, jobID)
+		if err != nil {
+			return st, err
+		}
+		p.update(st.TilesCompleted, st.TilesTotal, fmt.Sprintf("tiles, %d/%d frames", st.FramesCompleted, st.FramesTotal))
+		switch st.State {
+		case coordinator.StateCompleted, coordinator.StateFailed, coordinator.StateCancelled:
+			p.done()
+			return st, nil
+		}
+		var wake <-chan struct{}
+		if changed != nil {
+			wake = changed()
+		}
+		select {
+		case <-ctx.Done():
+			p.done()
+			return st, ctx.Err()
+		case <-wake:
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// countReuse fills the per-request counters: tiles already completed when the request was made
+// were reused; the rest completed since were rendered for it.
+func countReuse(st *coordinator.Status, completedBefore int) {
+	st.TilesReused = completedBefore
+	st.TilesRendered = max(0, st.TilesCompleted-completedBefore)
+}
+
+// writeOutputs downloads every completed frame of a job into files named by pattern.
+func writeOutputs(ctx context.Context, src jobSource, st *coordinator.Status, pattern, format string) error {
+	for _, f := range st.Frames {
+		if f.State != "completed" {
+			continue
+		}
+		path, err := finalize.ExpandPattern(pattern, f.Frame)
+		if err != nil {
+			return err
+		}
+		data, err := src.FrameOutput(ctx, st.JobID, f.Frame, format)
+		if err != nil {
+			return fmt.Errorf("fetching frame %d: %w", f.Frame, err)
+		}
+		if err := writeFile(path, data); err != nil {
+			return fmt.Errorf("writing frame %d: %w", f.Frame, err)
+		}
+		st.Outputs = append(st.Outputs, path)
+	}
+	return nil
+}
+
+// checkPattern rejects an output pattern that would write several frames to one file.
+func checkPattern(pattern string, first, last int) error {
+	if pattern == "" {
+		return usagef("--out is required, e.g. --out 'out/shot_####.png'")
+	}
+	a, err := finalize.ExpandPattern(pattern, first)
+	if err != nil {
+		return usagef("--out %q: %v", pattern, err)
+	}
+	if b, _ := finalize.ExpandPattern(pattern, last); first != last && a == b {
+		return usagef("--out %q has no #### for the frame number, but frames %d-%d were asked for", pattern, first, last)
+	}
+	return nil
+}
+
+// writeFile writes an output atomically, creating its directory: a reader never sees half a frame.
+func writeFile(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating output directory: %w", err)
+	}
+	return finalize.WriteFileAtomic(path, data)
+}

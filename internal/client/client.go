@@ -1,0 +1,136 @@
+// Package client is the HTTP client of the coordinator API, used by the CLI's submit, status,
+// jobs, outputs and dlq commands. Errors keep the coordinator's classification, so the CLI can
+// map them onto exit codes with errors.Is.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// ErrUnavailable means the coordinator could not be reached; retrying later may work.
+var ErrUnavailable = errors.New("coordinator unavailable")
+
+// Client talks to one coordinator.
+type Client struct {
+	base string
+	http *http.Client
+}
+
+// New returns a client for a coordinator at base ("http://127.0.0.1:7070" or "127.0.0.1:7070").
+func New(base string) *Client {
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 10 * time.Minute}}
+}
+
+// Submit submits a job.
+func (c *Client) Submit(ctx context.Context, req coordinator.SubmitRequest) (coordinator.SubmitResult, error) {
+	var res coordinator.SubmitResult
+	body, err := json.Marshal(req)
+	if err != nil {
+		return res, err
+	}
+	err = c.do(ctx, http.MethodPost, "/v1/jobs", body, &res)
+	return res, err
+}
+
+// Status returns a job's status.
+func (c *Client) Status(ctx context.Context, jobID string) (coordinator.Status, error) {
+	var st coordinator.Status
+	err := c.do(ctx, http.MethodGet, "/v1/jobs/"+jobID, nil, &st)
+	return st, err
+}
+
+// Jobs lists jobs.
+func (c *Client) Jobs(ctx context.Context) ([]coordinator.Status, error) {
+	var out []coordinator.Status
+	err := c.do(ctx, http.MethodGet, "/v1/jobs", nil, &out)
+	return out, err
+}
+
+// FrameOutput downloads one output of a frame.
+func (c *Client) FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error) {
+	var raw []byte
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/jobs/%s/frames/%d/%s", jobID, frame, format), nil, &raw)
+	return raw, err
+}
+
+// DeadLetters lists the DLQ.
+func (c *Client) DeadLetters(ctx context.Context) ([]queue.DeadLetter, error) {
+	var out []queue.DeadLetter
+	err := c.do(ctx, http.MethodGet, "/v1/dlq", nil, &out)
+	return out, err
+}
+
+// Requeue puts a dead letter back on the queue.
+func (c *Client) Requeue(ctx context.Context, seq uint64) error {
+	return c.do(ctx, http.MethodPost, fmt.Sprintf("/v1/dlq/%d/requeue", seq), nil, nil)
+}
+
+// do performs a request; out may be *[]byte for a raw body, a pointer to decode JSON into, or nil.
+func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%w at %s: %v", ErrUnavailable, c.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("%w: reading response: %v", ErrUnavailable, err)
+	}
+	if resp.StatusCode >= 300 {
+		var apiErr coordinator.APIError
+		if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
+			apiErr.Error = strings.TrimSpace(string(data))
+		}
+		msg := errors.New(apiErr.Error)
+		switch apiErr.Kind {
+		case "bad_input":
+			return fmt.Errorf("%w (%w)", msg, coordinator.ErrBadInput)
+		case "conflict":
+			return fmt.Errorf("%w (%w)", msg, coordinator.ErrConflict)
+		case "busy":
+			return fmt.Errorf("%w (%w)", msg, coordinator.ErrBusy)
+		case "not_found":
+			return fmt.Errorf("%w (%w)", msg, store.ErrNotFound)
+		case "not_ready":
+			return fmt.Errorf("%w (%w)", msg, coordinator.ErrNotReady)
+		}
+		if resp.StatusCode >= 500 {
+			return fmt.Errorf("%w: %s: %v", ErrUnavailable, resp.Status, msg)
+		}
+		return fmt.Errorf("%s: %w", resp.Status, msg)
+	}
+	switch o := out.(type) {
+	case nil:
+		return nil
+	case *[]byte:
+		*o = data
+		return nil
+	default:
+		if err := json.Unmarshal(data, out); err != nil {
+			return fmt.Errorf("decoding response from %s: %w", path, err)
+		}
+		return nil
+	}
+}

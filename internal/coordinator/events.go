@@ -1,0 +1,192 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// consumerEvents is the coordinator's durable consumer on EVENTS: after a crash it resumes where
+// it stopped, and re-applying an event it had already applied changes nothing.
+const consumerEvents = "coordinator"
+
+func (c *Coordinator) consumeEvents(ctx context.Context) error {
+	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Durable:       consumerEvents,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxAckPending: 1024,
+	})
+	if err != nil {
+		return fmt.Errorf("creating events consumer: %w", err)
+	}
+	for ctx.Err() == nil {
+		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return fmt.Errorf("fetching events: %w", err)
+		}
+		for msg := range batch.Messages() {
+			var ev farm.Event
+			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+				c.log.Error("dropping undecodable event", "subject", msg.Subject(), "err", err)
+				_ = msg.Term()
+				continue
+			}
+			if err := c.applyEvent(ctx, ev); err != nil {
+				c.log.Error("applying event", "event", ev.ID, "err", err)
+				_ = msg.NakWithDelay(time.Second)
+				continue
+			}
+			_ = msg.Ack()
+		}
+		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
+			return fmt.Errorf("fetching events: %w", err)
+		}
+	}
+	return nil
+}
+
+// applyEvent folds one event into the projection, once.
+func (c *Coordinator) applyEvent(ctx context.Context, ev farm.Event) error {
+	now := c.now()
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		if seen, err := tx.SeenEvent(ev.ID); err != nil || seen {
+			return err
+		}
+		switch ev.Type {
+		case farm.EventTileStarted, farm.EventTileCompleted, farm.EventTileFailed:
+			return c.applyTileEvent(tx, ev, now)
+		case farm.EventFrameCompleted:
+			return c.settleFrame(tx, ev.FrameKey, store.FrameCompleted, "", now)
+		case farm.EventFrameFailed:
+			if !ev.Terminal {
+				return nil
+			}
+			return c.settleFrame(tx, ev.FrameKey, store.FrameFailed, "assembly: "+ev.Error, now)
+		}
+		return nil
+	})
+	if err == nil {
+		c.notify()
+		c.kickRelay() // an event may have queued an assemble job
+	}
+	return err
+}
+
+func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time) error {
+	t, err := tx.Tile(ev.TileKey)
+	if errors.Is(err, store.ErrNotFound) {
+		c.log.Warn("event for unknown tile", "tile_key", ev.TileKey, "event", ev.ID)
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if t.State == store.TileCompleted {
+		return nil // late events about a finished tile change nothing
+	}
+	f, err := tx.Frame(t.FrameKey)
+	if err != nil {
+		return err
+	}
+	switch ev.Type {
+	case farm.EventTileStarted:
+		t.Attempts++
+		t.SamplesRecovered += ev.SamplesRecovered
+		t.Move(store.TileRendering, ev.Attempt, ev.Worker, "", now)
+		if f.State == store.FrameQueued {
+			f.Move(store.FrameRendering, "", now)
+		}
+	case farm.EventTileFailed:
+		if ev.Terminal {
+			t.Move(store.TileDeadLettered, ev.Attempt, ev.Worker, ev.Error, now)
+			if !f.Terminal() {
+				f.Move(store.FrameFailed, fmt.Sprintf("tile %s (%d,%d)-(%d,%d) dead-lettered: %s",
+					t.Key[:12], t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, ev.Error), now)
+			}
+		} else {
+			t.Move(store.TileFailedRetryable, ev.Attempt, ev.Worker, ev.Error, now)
+		}
+	case farm.EventTileCompleted:
+		t.Move(store.TileCompleted, ev.Attempt, ev.Worker, "", now)
+		f.TilesCompleted++
+		if f.TilesCompleted == len(f.TileKeys) && f.State != store.FrameFailed {
+			f.Move(store.FrameAssembling, "", now)
+			if err := c.enqueueAssemble(tx, f); err != nil {
+				return err
+			}
+		}
+	}
+	if err := tx.PutTile(t); err != nil {
+		return err
+	}
+	return tx.PutFrame(f)
+}
+
+func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame) error {
+	job := farm.AssembleJob{FrameKey: f.Key, SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Formats: f.Formats}
+	if len(f.JobIDs) > 0 {
+		job.JobID = f.JobIDs[0]
+	}
+	for _, tk := range f.TileKeys {
+		t, err := tx.Tile(tk)
+		if err != nil {
+			return err
+		}
+		job.Tiles = append(job.Tiles, farm.TileRef{TileKey: tk, Rect: t.Rect})
+	}
+	data, err := json.Marshal(job)
+	if err != nil {
+		return err
+	}
+	return tx.AddOutbox(queue.SubjectAssemble, "assemble:"+f.Key, data)
+}
+
+func (c *Coordinator) settleFrame(tx *store.Tx, frameKey, state, errText string, now time.Time) error {
+	f, err := tx.Frame(frameKey)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || f.Terminal() {
+		return err
+	}
+	f.Move(state, errText, now)
+	return tx.PutFrame(f)
+}
+
+// watchDeadLetters records tiles the queue gave up on (MaxDeliver reached without the worker
+// dead-lettering it itself, e.g. because every attempt was killed).
+func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
+	return c.farm.WatchDeadLetters(ctx, c.nc, func(dl queue.DeadLetter) {
+		c.m.DeadLetters.Inc()
+		ev := farm.Event{ID: fmt.Sprintf("dead-letter:%d", dl.StreamSeq), Terminal: true, Time: c.now(),
+			Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
+		switch dl.Subject {
+		case queue.SubjectRender:
+			var job farm.TileJob
+			if json.Unmarshal(dl.Data, &job) != nil {
+				return
+			}
+			ev.Type, ev.TileKey, ev.FrameKey = farm.EventTileFailed, job.TileKey, job.FrameKey
+		case queue.SubjectAssemble:
+			var job farm.AssembleJob
+			if json.Unmarshal(dl.Data, &job) != nil {
+				return
+			}
+			ev.Type, ev.FrameKey = farm.EventFrameFailed, job.FrameKey
+		default:
+			return
+		}
+		if err := c.applyEvent(ctx, ev); err != nil {
+			c.log.Error("recording dead letter", "msg_id", dl.MsgID, "err", err)
+		}
+	})
+}

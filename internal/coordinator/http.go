@@ -1,0 +1,122 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// Handler is the HTTP API the CLI talks to, plus /metrics and /healthz.
+func (c *Coordinator) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", c.m.Handler())
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
+		var req SubmitRequest
+		body := http.MaxBytesReader(w, r.Body, farm.MaxBundleBytes*2)
+		if err := json.NewDecoder(body).Decode(&req); err != nil {
+			writeError(w, badInput("decoding submission: %v", err))
+			return
+		}
+		res, err := c.Submit(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		code := http.StatusOK
+		if res.Created {
+			code = http.StatusCreated
+		}
+		writeJSON(w, code, res)
+	})
+	mux.HandleFunc("GET /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
+		jobs, err := c.Jobs(r.Context())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, jobs)
+	})
+	mux.HandleFunc("GET /v1/jobs/{id}", func(w http.ResponseWriter, r *http.Request) {
+		st, err := c.Status(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("GET /v1/jobs/{id}/frames/{frame}/{format}", func(w http.ResponseWriter, r *http.Request) {
+		frame, err := strconv.Atoi(r.PathValue("frame"))
+		if err != nil {
+			writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+			return
+		}
+		data, err := c.FrameOutput(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+		_, _ = w.Write(data)
+	})
+	mux.HandleFunc("GET /v1/dlq", func(w http.ResponseWriter, r *http.Request) {
+		dls, err := c.farm.ListDeadLetters(r.Context())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, dls)
+	})
+	mux.HandleFunc("POST /v1/dlq/{seq}/requeue", func(w http.ResponseWriter, r *http.Request) {
+		seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+		if err != nil {
+			writeError(w, badInput("dead letter %q is not a sequence number", r.PathValue("seq")))
+			return
+		}
+		if err := c.farm.RequeueDeadLetter(r.Context(), seq); err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"requeued": seq})
+	})
+	return mux
+}
+
+// APIError is the body of every error response.
+type APIError struct {
+	Error string `json:"error"`
+	Kind  string `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, internal
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	code, kind := http.StatusInternalServerError, "internal"
+	switch {
+	case errors.Is(err, ErrBadInput):
+		code, kind = http.StatusBadRequest, "bad_input"
+	case errors.Is(err, ErrConflict):
+		code, kind = http.StatusConflict, "conflict"
+	case errors.Is(err, ErrBusy):
+		code, kind = http.StatusServiceUnavailable, "busy"
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound):
+		code, kind = http.StatusNotFound, "not_found"
+	case errors.Is(err, ErrNotReady):
+		code, kind = http.StatusConflict, "not_ready"
+	}
+	writeJSON(w, code, APIError{Error: err.Error(), Kind: kind})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,54 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/worker"
+)
+
+// ErrNotReady is returned for an output of a frame that is not completed yet.
+var ErrNotReady = errors.New("frame not completed yet")
+
+// FrameOutput returns one encoded output of a job's frame, read through its manifest and verified.
+func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error) {
+	name, ok := worker.FrameOutputName(format)
+	if !ok {
+		return nil, fmt.Errorf("%w: unknown output format %q", ErrBadInput, format)
+	}
+	var fk string
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		j, err := tx.Job(jobID)
+		if err != nil {
+			return err
+		}
+		if frame < j.First || frame > j.Last {
+			return fmt.Errorf("%w: frame %d is not in job %s (frames %d-%d)", ErrBadInput, frame, jobID, j.First, j.Last)
+		}
+		fk = j.FrameKeys[frame-j.First]
+		f, err := tx.Frame(fk)
+		if err != nil {
+			return err
+		}
+		if f.State != store.FrameCompleted {
+			return fmt.Errorf("frame %d is %s: %w", frame, f.State, ErrNotReady)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	m, err := finalize.ReadManifest(ctx, c.objects, farm.FrameManifestKey(fk))
+	if err != nil {
+		return nil, fmt.Errorf("reading manifest of frame %d: %w", frame, err)
+	}
+	data, err := finalize.ReadObject(ctx, c.objects, m, name)
+	if err != nil {
+		return nil, fmt.Errorf("reading %s of frame %d: %w", format, frame, err)
+	}
+	return data, nil
+}

@@ -1,0 +1,48 @@
+package farm
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// TerminalError marks a failure that no retry can fix (an invalid scene, a manifest conflict):
+// the message is dead-lettered at once instead of burning its deliveries.
+type TerminalError struct{ Err error }
+
+func (e *TerminalError) Error() string { return e.Err.Error() }
+func (e *TerminalError) Unwrap() error { return e.Err }
+
+// Terminal wraps err as terminal.
+func Terminal(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &TerminalError{Err: err}
+}
+
+// Terminalf formats a terminal error.
+func Terminalf(format string, args ...any) error { return Terminal(fmt.Errorf(format, args...)) }
+
+// IsTerminal reports whether err (or anything it wraps) is terminal.
+func IsTerminal(err error) bool {
+	var t *TerminalError
+	return errors.As(err, &t)
+}
+
+// BuildFingerprint identifies the build that rendered something: all workers of a farm must run
+// the same one, and every manifest records it.
+func BuildFingerprint() string {
+	amd64 := ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "GOAMD64" {
+				amd64 = "/" + s.Value
+			}
+		}
+	}
+	return fmt.Sprintf("%s %s%s render/%s", runtime.Version(), runtime.GOARCH, amd64, render.Version)
+}

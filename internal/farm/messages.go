@@ -1,0 +1,87 @@
+// Package farm holds the wire types the coordinator and the tile workers exchange over JetStream
+// and the object-store key layout they share. It has no behaviour of its own, so both sides can
+// depend on it without depending on each other.
+package farm
+
+import (
+	"time"
+
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// TileJob asks a worker to render one tile. Everything a worker needs to reproduce the tile's
+// pixels is in it, so any worker can take it and any retry renders the same bits.
+type TileJob struct {
+	JobID        string          `json:"job_id"` // the submission that first asked; for logs only
+	TileKey      string          `json:"tile_key"`
+	FrameKey     string          `json:"frame_key"`
+	SceneVersion string          `json:"scene_version"`
+	Settings     render.Settings `json:"settings"`
+	Frame        int             `json:"frame"`
+	Rect         render.Rect     `json:"rect"`
+	InputHash    string          `json:"input_hash"`
+}
+
+// TileRef names one tile of a frame for assembly.
+type TileRef struct {
+	TileKey string      `json:"tile_key"`
+	Rect    render.Rect `json:"rect"`
+}
+
+// AssembleJob asks a worker to assemble a frame from its promoted tiles.
+type AssembleJob struct {
+	JobID        string          `json:"job_id"`
+	FrameKey     string          `json:"frame_key"`
+	SceneVersion string          `json:"scene_version"`
+	Settings     render.Settings `json:"settings"`
+	Frame        int             `json:"frame"`
+	Tiles        []TileRef       `json:"tiles"`
+	Formats      []string        `json:"formats"` // "png" always; "png16", "exr" on request
+}
+
+// Event types published by workers to the EVENTS stream.
+const (
+	EventTileStarted    = "tile.started"
+	EventTileCompleted  = "tile.completed"
+	EventTileFailed     = "tile.failed"
+	EventFrameCompleted = "frame.completed"
+	EventFrameFailed    = "frame.failed"
+)
+
+// Event reports progress from a worker. ID is unique per logical event so a republished event is
+// deduplicated by JetStream and applied once by the coordinator.
+type Event struct {
+	ID               string    `json:"id"`
+	Type             string    `json:"type"`
+	JobID            string    `json:"job_id,omitempty"`
+	TileKey          string    `json:"tile_key,omitempty"`
+	FrameKey         string    `json:"frame_key"`
+	Attempt          string    `json:"attempt"`
+	Worker           string    `json:"worker"`
+	SamplesRendered  int       `json:"samples_rendered,omitempty"`
+	SamplesRecovered int       `json:"samples_recovered,omitempty"`
+	Duplicate        bool      `json:"duplicate,omitempty"` // the tile was already promoted by someone else
+	Terminal         bool      `json:"terminal,omitempty"`
+	Error            string    `json:"error,omitempty"`
+	Time             time.Time `json:"time"`
+}
+
+// Subject returns the EVENTS subject for an event type.
+func (e Event) Subject() string { return "events." + e.Type }
+
+// Object-store keys. They are built from hashes only, never from user strings.
+
+// SceneKey is where a scene bundle is stored, content-addressed by its scene version.
+func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".json" }
+
+// TileManifestKey is the logical key of a tile's manifest.
+func TileManifestKey(tileKey string) string { return "tiles/" + tileKey }
+
+// FrameManifestKey is the logical key of a frame's manifest.
+func FrameManifestKey(frameKey string) string { return "frames/" + frameKey }
+
+// CheckpointKey is where a worker uploads a tile's remote checkpoint.
+func CheckpointKey(tileKey string) string { return "checkpoints/" + tileKey }
+
+// TileOutputName is the name of a tile's float buffer inside its manifest.
+const TileOutputName = "rgb.f32"

@@ -1,0 +1,287 @@
+// Package node assembles running processes from the farm's parts: a coordinator (with an
+// embedded JetStream server and in-process workers when asked) and a standalone worker. The
+// commands in cmd/ only parse flags and call into here.
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/worker"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// CoordinatorOptions configure StartCoordinator.
+type CoordinatorOptions struct {
+	DataDir     string // coordinator database, embedded JetStream, filesystem store, in-process checkpoints
+	NATSURL     string // external NATS; empty embeds a JetStream server
+	NATSListen  string // embedded server's client address; empty means loopback on a free port
+	StoreURL    string // object store; empty means file://DataDir/store
+	HTTPListen  string // HTTP API and /metrics; empty means none
+	Queue       queue.Config
+	Coordinator coordinator.Config
+	Workers     int // in-process workers
+	Worker      worker.Config
+	Log         *slog.Logger
+}
+
+// Coordinator is a running coordinator process.
+type Coordinator struct {
+	Coord    *coordinator.Coordinator
+	Metrics  *metrics.Metrics
+	Embedded *queue.Embedded // nil with an external NATS
+	HTTPAddr string          // where the API listens, if it does
+
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup
+	closers []func()
+}
+
+// StartCoordinator starts everything and returns once the coordinator accepts submissions.
+func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator, err error) {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
+		return nil, fmt.Errorf("creating data dir %q: %w", o.DataDir, err)
+	}
+	n := &Coordinator{Metrics: metrics.New()}
+	defer func() {
+		if err != nil {
+			n.Close()
+		}
+	}()
+	nc, err := n.connect(ctx, o, log)
+	if err != nil {
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, fmt.Errorf("opening JetStream: %w", err)
+	}
+	f, err := queue.Setup(ctx, js, o.Queue)
+	if err != nil {
+		return nil, err
+	}
+	f.Log = log
+	objects, err := openStore(ctx, o.StoreURL, o.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	st, err := store.Open(filepath.Join(o.DataDir, "coordinator.db"))
+	if err != nil {
+		return nil, err
+	}
+	n.closers = append(n.closers, func() { st.Close() })
+	n.Coord = coordinator.New(o.Coordinator, st, f, nc, objects, n.Metrics, log)
+
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	n.cancel = cancel
+	n.goRun(func() { _ = n.Coord.Run(rctx) })
+
+	if o.Workers > 0 {
+		ckpts, err := tiles.OpenCheckpointStore(filepath.Join(o.DataDir, "checkpoints.db"))
+		if err != nil {
+			return nil, err
+		}
+		n.closers = append(n.closers, func() { ckpts.Close() })
+		for i := 0; i < o.Workers; i++ {
+			wc := o.Worker
+			wc.Name = fmt.Sprintf("%s-local-%d", hostname(), i+1)
+			wc.RemoteCheckpoints = wc.RemoteCheckpoints || isS3(o.StoreURL)
+			w, err := worker.New(wc, f, objects, ckpts, n.Metrics, log)
+			if err != nil {
+				return nil, err
+			}
+			n.goRun(func() { _ = w.Run(rctx) })
+		}
+	}
+	if o.HTTPListen != "" {
+		ln, err := net.Listen("tcp", o.HTTPListen)
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", o.HTTPListen, err)
+		}
+		n.HTTPAddr = ln.Addr().String()
+		srv := &http.Server{Handler: n.Coord.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		n.goRun(func() { _ = srv.Serve(ln) })
+		n.closers = append(n.closers, func() {
+			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
+			defer c()
+			_ = srv.Shutdown(sctx)
+		})
+	}
+	return n, nil
+}
+
+func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *slog.Logger) (*nats.Conn, error) {
+	if o.NATSURL != "" {
+		nc, err := nats.Connect(o.NATSURL, nats.Name("tilefarm-coordinator"), nats.MaxReconnects(-1))
+		if err != nil {
+			return nil, fmt.Errorf("connecting to NATS %s: %w", redactURL(o.NATSURL), err)
+		}
+		n.closers = append(n.closers, nc.Close)
+		return nc, nil
+	}
+	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen)
+	if err != nil {
+		return nil, err
+	}
+	n.Embedded = emb
+	n.closers = append(n.closers, emb.Shutdown)
+	nc, err := emb.Connect("tilefarm-coordinator")
+	if err != nil {
+		return nil, err
+	}
+	n.closers = append(n.closers, nc.Close)
+	if o.NATSListen != "" {
+		log.Info("embedded JetStream listening", "url", emb.ClientURL())
+	}
+	return nc, nil
+}
+
+func (n *Coordinator) goRun(fn func()) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		fn()
+	}()
+}
+
+// Close stops the loops and workers (workers checkpoint and hand back their tiles), then
+// closes connections and files in reverse order of opening.
+func (n *Coordinator) Close() {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.wg.Wait()
+	for i := len(n.closers) - 1; i >= 0; i-- {
+		n.closers[i]()
+	}
+	n.closers = nil
+}
+
+func openStore(ctx context.Context, url, dataDir string) (finalize.Store, error) {
+	if url == "" {
+		dir, err := filepath.Abs(filepath.Join(dataDir, "store"))
+		if err != nil {
+			return nil, err
+		}
+		return finalize.NewFSStore(dir)
+	}
+	return finalize.OpenStore(ctx, url)
+}
+
+func isS3(url string) bool {
+	return strings.HasPrefix(url, "s3://") || strings.HasPrefix(url, "s3+http://")
+}
+
+func hostname() string {
+	h, err := os.Hostname()
+	if err != nil {
+		return "node"
+	}
+	return h
+}
+
+// redactURL drops credentials from a URL for error messages and logs.
+func redactURL(u string) string {
+	if at := strings.LastIndex(u, "@"); at >= 0 {
+		if scheme := strings.Index(u, "://"); scheme >= 0 && scheme < at {
+			return u[:scheme+3] + "REDACTED@" + u[at+1:]
+		}
+	}
+	return u
+}
+
+// WorkerOptions configure RunWorker.
+type WorkerOptions struct {
+	NATSURL       string
+	StoreURL      string
+	CheckpointDir string
+	MetricsListen string
+	Worker        worker.Config
+	Log           *slog.Logger
+}
+
+// RunWorker runs a standalone worker until ctx is cancelled. It waits for the coordinator to
+// have set up the farm, so workers may start first.
+func RunWorker(ctx context.Context, o WorkerOptions) error {
+	log := o.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	if o.StoreURL == "" {
+		return errors.New("tileworker needs --store (the object store the coordinator uses)")
+	}
+	objects, err := finalize.OpenStore(ctx, o.StoreURL)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(o.CheckpointDir, 0o755); err != nil {
+		return fmt.Errorf("creating checkpoint dir %q: %w", o.CheckpointDir, err)
+	}
+	ckpts, err := tiles.OpenCheckpointStore(filepath.Join(o.CheckpointDir, "checkpoints.db"))
+	if err != nil {
+		return err
+	}
+	defer ckpts.Close()
+	nc, err := nats.Connect(o.NATSURL, nats.Name("tilefarm-worker"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+	if err != nil {
+		return fmt.Errorf("connecting to NATS %s: %w", redactURL(o.NATSURL), err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("opening JetStream: %w", err)
+	}
+	var f *queue.Farm
+	for {
+		f, err = queue.Open(ctx, js)
+		if err == nil {
+			break
+		}
+		log.Info("waiting for the coordinator to set up the farm", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	f.Log = log
+	m := metrics.New()
+	if o.MetricsListen != "" {
+		ln, err := net.Listen("tcp", o.MetricsListen)
+		if err != nil {
+			return fmt.Errorf("listening on %s: %w", o.MetricsListen, err)
+		}
+		srv := &http.Server{Handler: m.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+	}
+	wc := o.Worker
+	wc.RemoteCheckpoints = wc.RemoteCheckpoints || isS3(o.StoreURL)
+	w, err := worker.New(wc, f, objects, ckpts, m, log)
+	if err != nil {
+		return err
+	}
+	log.Info("worker started", "worker", w.Name(), "concurrency", wc.Concurrency, "ack_wait", f.Cfg.AckWait, "lease_ttl", f.Cfg.LeaseTTL)
+	return w.Run(ctx)
+}

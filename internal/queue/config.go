@@ -1,0 +1,73 @@
+package queue
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// ErrInvalidConfig is wrapped by Config.Validate so callers can tell a bad setting from a broken server.
+var ErrInvalidConfig = errors.New("invalid queue config")
+
+// Config holds the queue settings the farm exposes. Zero values are not defaults: start from DefaultConfig.
+type Config struct {
+	// AckWait is the visibility timeout of a delivered tile; workers extend it with InProgress.
+	AckWait time.Duration
+	// MaxDeliver is how many times a tile is delivered before it is dead-lettered.
+	MaxDeliver int
+	// Backoff replaces AckWait for ack timeouts only (not for Nak); the server needs len(Backoff) <= MaxDeliver.
+	// When set, the server uses Backoff[0] as the consumer's AckWait.
+	Backoff []time.Duration
+	// DedupWindow is how long a Nats-Msg-Id is remembered by TILES, EVENTS and DLQ.
+	DedupWindow time.Duration
+	// LeaseTTL is the bucket TTL of "leases": a lease not renewed for this long disappears.
+	LeaseTTL time.Duration
+	// Replicas is the stream and bucket replication factor (1 embedded, 3 on a cluster).
+	Replicas int
+	// SweepInterval is how often WatchDeadLetters looks for dead tiles whose advisory it missed (for
+	// example because no watcher was running when they reached MaxDeliver).
+	SweepInterval time.Duration
+}
+
+// eventsMaxAge is how long EVENTS keeps history for a coordinator catching up after downtime.
+const eventsMaxAge = 7 * 24 * time.Hour
+
+// DefaultConfig returns the defaults from DESIGN.md (ack-wait 15 s, MaxDeliver 5, dedup 10 min, lease TTL 15 s).
+func DefaultConfig() Config {
+	return Config{
+		AckWait:       15 * time.Second,
+		MaxDeliver:    5,
+		DedupWindow:   10 * time.Minute,
+		LeaseTTL:      15 * time.Second,
+		Replicas:      1,
+		SweepInterval: 30 * time.Second,
+	}
+}
+
+// Validate reports the first setting JetStream would reject or that would make the farm unsafe.
+func (c Config) Validate() error {
+	switch {
+	case c.AckWait <= 0:
+		return fmt.Errorf("%w: ack wait must be positive, got %v", ErrInvalidConfig, c.AckWait)
+	case c.MaxDeliver < 1:
+		return fmt.Errorf("%w: max deliver must be at least 1, got %d", ErrInvalidConfig, c.MaxDeliver)
+	case len(c.Backoff) > c.MaxDeliver:
+		return fmt.Errorf("%w: %d backoff steps exceed max deliver %d", ErrInvalidConfig, len(c.Backoff), c.MaxDeliver)
+	case c.DedupWindow <= 0:
+		return fmt.Errorf("%w: dedup window must be positive, got %v", ErrInvalidConfig, c.DedupWindow)
+	case c.DedupWindow > eventsMaxAge:
+		return fmt.Errorf("%w: dedup window %v exceeds the events retention %v", ErrInvalidConfig, c.DedupWindow, eventsMaxAge)
+	case c.LeaseTTL < 100*time.Millisecond:
+		return fmt.Errorf("%w: lease ttl must be at least 100ms, got %v", ErrInvalidConfig, c.LeaseTTL)
+	case c.Replicas < 1 || c.Replicas > 5:
+		return fmt.Errorf("%w: replicas must be 1..5, got %d", ErrInvalidConfig, c.Replicas)
+	case c.SweepInterval <= 0:
+		return fmt.Errorf("%w: sweep interval must be positive, got %v", ErrInvalidConfig, c.SweepInterval)
+	}
+	for i, d := range c.Backoff {
+		if d <= 0 {
+			return fmt.Errorf("%w: backoff step %d must be positive, got %v", ErrInvalidConfig, i, d)
+		}
+	}
+	return nil
+}

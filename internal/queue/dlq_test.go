@@ -1,0 +1,262 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// startWatcher runs WatchDeadLetters on its own connection and returns the channel of dead letters and a
+// stop function that asserts the watcher returned nil.
+func startWatcher(t *testing.T, tf *testFarm, waitSubscribed bool) (<-chan DeadLetter, func()) {
+	t.Helper()
+	nc, err := tf.e.Connect("dlq-watcher")
+	if err != nil {
+		t.Fatalf("Connect: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	dead := make(chan DeadLetter, 16)
+	errc := make(chan error, 1)
+	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, func(dl DeadLetter) { dead <- dl }) }()
+	if waitSubscribed {
+		subject := fmt.Sprintf("%s.%s.%s", server.JSAdvisoryConsumerMaxDeliveryExceedPre, StreamTiles, ConsumerWorkers)
+		eventually(t, 5*time.Second, "watcher subscription", func() bool {
+			return tf.e.srv.GlobalAccount().SubscriptionInterest(subject)
+		})
+	}
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Errorf("WatchDeadLetters returned %v after cancel, want nil", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Errorf("WatchDeadLetters did not return after cancel")
+		}
+		nc.Close()
+	}
+	t.Cleanup(stop)
+	return dead, stop
+}
+
+// nakUntilDead fetches and Naks the only message until the consumer gives up on it (MaxDeliver 2), noting a
+// reason per attempt, and returns the first delivery's stream sequence.
+func nakUntilDead(t *testing.T, f *Farm, msgID string) uint64 {
+	t.Helper()
+	var seq uint64
+	for attempt := 1; attempt <= f.Cfg.MaxDeliver; attempt++ {
+		m := mustFetch(t, f, 3*time.Second)
+		if got := m.Headers().Get(jetstream.MsgIDHeader); got != msgID {
+			t.Fatalf("attempt %d fetched %q, want %q", attempt, got, msgID)
+		}
+		if d := deliveries(t, m); d != uint64(attempt) {
+			t.Fatalf("attempt %d has delivery count %d", attempt, d)
+		}
+		md, _ := m.Metadata()
+		seq = md.Sequence.Stream
+		f.NoteError(msgID, fmt.Sprintf("render failed on attempt %d", attempt))
+		if err := m.Nak(); err != nil {
+			t.Fatalf("Nak: %v", err)
+		}
+	}
+	return seq
+}
+
+func TestMaxDeliveriesGoToDLQAndRequeue(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.MaxDeliver = 2
+	cfg.SweepInterval = time.Hour // only the advisory path may move the message
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+	dead, stop := startWatcher(t, tf, true)
+
+	hdr := nats.Header{"Tile-Key": []string{"frame1.0_0_64_64"}}
+	if _, err := tf.f.Publish(ctx, SubjectRender, "tile-dead", []byte("payload"), hdr); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	seq := nakUntilDead(t, tf.f, "tile-dead")
+
+	// Keep pulling (as workers do) until the advisory has been handled; the message must not come back.
+	var dl DeadLetter
+	deadline := time.Now().Add(10 * time.Second)
+wait:
+	for {
+		select {
+		case dl = <-dead:
+			break wait
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no dead letter within 10s")
+		}
+		if m, err := tf.f.FetchOne(ctx, 300*time.Millisecond); err != nil || m != nil {
+			t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
+		}
+	}
+	if dl.Subject != SubjectRender || dl.MsgID != "tile-dead" || string(dl.Data) != "payload" ||
+		dl.Header.Get("Tile-Key") != "frame1.0_0_64_64" || dl.Deliveries != 2 || dl.StreamSeq != seq || dl.DLQSeq == 0 {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	if dl.Reason != "render failed on attempt 2" {
+		t.Fatalf("reason = %q, want the last noted error", dl.Reason)
+	}
+	if n := tilesCount(t, tf.f); n != 0 {
+		t.Fatalf("dead message still in TILES: %d messages", n)
+	}
+	list, err := tf.f.ListDeadLetters(ctx)
+	if err != nil {
+		t.Fatalf("ListDeadLetters: %v", err)
+	}
+	if len(list) != 1 {
+		t.Fatalf("DLQ holds %d dead letters, want 1", len(list))
+	}
+	got := list[0]
+	if got.DLQSeq != dl.DLQSeq || got.StreamSeq != seq || got.MsgID != "tile-dead" || got.Subject != SubjectRender ||
+		got.Reason != dl.Reason || got.Deliveries != 2 || string(got.Data) != "payload" ||
+		got.Header.Get("Tile-Key") != "frame1.0_0_64_64" || got.Time.IsZero() {
+		t.Fatalf("listed dead letter = %+v", got)
+	}
+	if len(got.Header) != 1 {
+		t.Fatalf("listed dead letter leaks bookkeeping headers: %v", got.Header)
+	}
+	stop()
+
+	// Requeue: back on TILES under a fresh id, gone from the DLQ.
+	if err := tf.f.RequeueDeadLetter(ctx, dl.DLQSeq); err != nil {
+		t.Fatalf("RequeueDeadLetter: %v", err)
+	}
+	if list, err := tf.f.ListDeadLetters(ctx); err != nil || len(list) != 0 {
+		t.Fatalf("DLQ after requeue = %d entries, %v; want empty", len(list), err)
+	}
+	m := mustFetch(t, tf.f, 3*time.Second)
+	wantID := fmt.Sprintf("tile-dead:requeue:%d", dl.DLQSeq)
+	if string(m.Data()) != "payload" || m.Subject() != SubjectRender || m.Headers().Get(jetstream.MsgIDHeader) != wantID ||
+		m.Headers().Get("Tile-Key") != "frame1.0_0_64_64" || m.Headers().Get(HeaderLastError) != "" || deliveries(t, m) != 1 {
+		t.Fatalf("requeued message = %q on %q headers %v delivery %d", m.Data(), m.Subject(), m.Headers(), deliveries(t, m))
+	}
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatalf("DoubleAck: %v", err)
+	}
+	if err := tf.f.RequeueDeadLetter(ctx, dl.DLQSeq); !errors.Is(err, ErrDeadLetterNotFound) {
+		t.Fatalf("second requeue = %v, want ErrDeadLetterNotFound", err)
+	}
+}
+
+func TestSweepFindsDeadLettersWhoseAdvisoryWasMissed(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.MaxDeliver = 2
+	cfg.AckWait = 10 * time.Second
+	cfg.SweepInterval = 300 * time.Millisecond
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+
+	for _, id := range []string{"dead", "in-flight", "queued"} {
+		if _, err := tf.f.Publish(ctx, SubjectRender, id, []byte(id), nil); err != nil {
+			t.Fatalf("Publish %s: %v", id, err)
+		}
+	}
+	nakUntilDead(t, tf.f, "dead")
+	// This pull makes the consumer give up on "dead" (its advisory goes nowhere, no watcher runs yet) and
+	// hands out the next message, which a worker then completes.
+	done := mustFetch(t, tf.f, 3*time.Second)
+	if got := done.Headers().Get(jetstream.MsgIDHeader); got != "in-flight" {
+		t.Fatalf("fetched %q, want in-flight", got)
+	}
+	if err := done.DoubleAck(ctx); err != nil {
+		t.Fatalf("DoubleAck: %v", err)
+	}
+	// "queued" is delivered and held, unacked, while the watcher sweeps: it must not be touched.
+	held := mustFetch(t, tf.f, 3*time.Second)
+	if got := held.Headers().Get(jetstream.MsgIDHeader); got != "queued" {
+		t.Fatalf("fetched %q, want queued", got)
+	}
+
+	dead, _ := startWatcher(t, tf, false)
+	select {
+	case dl := <-dead:
+		if dl.MsgID != "dead" || dl.Reason != "render failed on attempt 2" || string(dl.Data) != "dead" || dl.Subject != SubjectRender {
+			t.Fatalf("swept dead letter = %+v", dl)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("sweep did not dead-letter the message within 10s")
+	}
+	// Give the sweeper more passes: it must leave the held message alone.
+	select {
+	case dl := <-dead:
+		t.Fatalf("sweep dead-lettered a live message: %+v", dl)
+	case <-time.After(5 * cfg.SweepInterval):
+	}
+	if n := tilesCount(t, tf.f); n != 1 {
+		t.Fatalf("TILES holds %d messages, want only the held one", n)
+	}
+	if err := held.DoubleAck(ctx); err != nil {
+		t.Fatalf("DoubleAck held: %v", err)
+	}
+	if list, err := tf.f.ListDeadLetters(ctx); err != nil || len(list) != 1 || list[0].MsgID != "dead" {
+		t.Fatalf("DLQ = %+v, %v; want only dead", list, err)
+	}
+}
+
+func TestDeadLetterNowCopiesThenTerms(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig()) // AckWait 1s
+	ctx := testCtx(t)
+	hdr := nats.Header{"Tile-Key": []string{"k"}}
+	if _, err := tf.f.Publish(ctx, SubjectAssemble, "assemble:f1", []byte("asm"), hdr); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	m := mustFetch(t, tf.f, 3*time.Second)
+	md, _ := m.Metadata()
+	if err := tf.f.DeadLetterNow(ctx, m, "invalid scene: unknown material"); err != nil {
+		t.Fatalf("DeadLetterNow: %v", err)
+	}
+	eventually(t, 5*time.Second, "terminated message to leave TILES", func() bool { return tilesCount(t, tf.f) == 0 })
+	if m, err := tf.f.FetchOne(ctx, 1500*time.Millisecond); err != nil || m != nil {
+		t.Fatalf("terminated message delivered again (err %v)", err)
+	}
+	list, err := tf.f.ListDeadLetters(ctx)
+	if err != nil || len(list) != 1 {
+		t.Fatalf("ListDeadLetters = %d, %v; want 1", len(list), err)
+	}
+	dl := list[0]
+	if dl.Subject != SubjectAssemble || dl.MsgID != "assemble:f1" || dl.Reason != "invalid scene: unknown material" ||
+		dl.Deliveries != 1 || dl.StreamSeq != md.Sequence.Stream || string(dl.Data) != "asm" || dl.Header.Get("Tile-Key") != "k" {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	raw, err := tf.f.DLQ.GetMsg(ctx, dl.DLQSeq)
+	if err != nil {
+		t.Fatalf("DLQ.GetMsg: %v", err)
+	}
+	if raw.Subject != "dlq."+SubjectAssemble || raw.Header.Get(jetstream.MsgIDHeader) != deadLetterMsgID(dl.StreamSeq, "assemble:f1") {
+		t.Fatalf("DLQ message on %q with msg id %q", raw.Subject, raw.Header.Get(jetstream.MsgIDHeader))
+	}
+	// Copying the same TILES message again (a repeated advisory, a second watcher) is deduplicated.
+	if _, err := tf.f.storeDeadLetter(ctx, dl); err != nil {
+		t.Fatalf("storeDeadLetter again: %v", err)
+	}
+	if list, err := tf.f.ListDeadLetters(ctx); err != nil || len(list) != 1 {
+		t.Fatalf("DLQ after repeated copy = %d, %v; want 1", len(list), err)
+	}
+}
+
+func TestRequeueRejectsUnknownSequence(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	if err := tf.f.RequeueDeadLetter(testCtx(t), 42); !errors.Is(err, ErrDeadLetterNotFound) {
+		t.Fatalf("RequeueDeadLetter(42) = %v, want ErrDeadLetterNotFound", err)
+	}
+}

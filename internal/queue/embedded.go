@@ -1,0 +1,103 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// readyTimeout bounds how long StartEmbedded waits for the server when ctx has no earlier deadline.
+const readyTimeout = 30 * time.Second
+
+// Embedded is an in-process JetStream server: the single-machine farm and every test run against a real
+// server rather than a fake, so dedup, ack-wait and KV semantics are the ones production sees.
+type Embedded struct {
+	srv *server.Server
+	dir string
+}
+
+// StartEmbedded starts a JetStream server with file storage under dir. listen "" opens only an ephemeral
+// loopback client port; "host:port" listens there so external tileworkers can join (port 0 picks a free one).
+func StartEmbedded(ctx context.Context, dir, listen string) (*Embedded, error) {
+	if dir == "" {
+		return nil, errors.New("starting embedded nats: empty store dir")
+	}
+	host, port := "127.0.0.1", server.RANDOM_PORT
+	if listen != "" {
+		h, p, err := net.SplitHostPort(listen)
+		if err != nil {
+			return nil, fmt.Errorf("starting embedded nats: parsing listen address %q: %w", listen, err)
+		}
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 || n > 65535 {
+			return nil, fmt.Errorf("starting embedded nats: bad port in listen address %q", listen)
+		}
+		if n == 0 {
+			n = server.RANDOM_PORT // 0 means the default 4222 to nats-server
+		}
+		host, port = h, n
+		if host == "" {
+			host = "0.0.0.0"
+		}
+	}
+	opts := &server.Options{
+		ServerName:             "tilefarm-embedded",
+		Host:                   host,
+		Port:                   port,
+		JetStream:              true,
+		StoreDir:               dir,
+		NoSigs:                 true, // the host process owns signal handling
+		NoLog:                  true,
+		DisableJetStreamBanner: true,
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("starting embedded nats in %q: %w", dir, err)
+	}
+	srv.Start()
+
+	deadline := time.Now().Add(readyTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	for !srv.ReadyForConnections(100 * time.Millisecond) {
+		if ctx.Err() != nil || time.Now().After(deadline) {
+			srv.Shutdown()
+			srv.WaitForShutdown()
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("starting embedded nats in %q: %w", dir, ctx.Err())
+			}
+			return nil, fmt.Errorf("starting embedded nats in %q: not ready after %v", dir, readyTimeout)
+		}
+	}
+	if !srv.JetStreamEnabled() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+		return nil, fmt.Errorf("starting embedded nats in %q: jetstream did not start", dir)
+	}
+	return &Embedded{srv: srv, dir: dir}, nil
+}
+
+// ClientURL returns the TCP URL external clients (tileworkers in other processes) connect to.
+func (e *Embedded) ClientURL() string { return e.srv.ClientURL() }
+
+// Connect opens an in-process connection, which skips TCP for clients living in the same process.
+func (e *Embedded) Connect(name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(e.srv.ClientURL(), nats.InProcessServer(e.srv), nats.Name(name))
+	if err != nil {
+		return nil, fmt.Errorf("connecting %q to embedded nats: %w", name, err)
+	}
+	return nc, nil
+}
+
+// Shutdown stops the server and waits until its stores are closed, so the directory can be reopened.
+func (e *Embedded) Shutdown() {
+	e.srv.Shutdown()
+	e.srv.WaitForShutdown()
+}

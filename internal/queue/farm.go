@@ -1,0 +1,240 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of the farm's streams, subjects, consumer and bucket. They are part of the wire contract between the
+// coordinator and tileworkers of the same farm, so changing one is a migration.
+const (
+	StreamTiles     = "TILES"
+	SubjectRender   = "tiles.render"
+	SubjectAssemble = "tiles.assemble"
+	StreamEvents    = "EVENTS"
+	StreamDLQ       = "DLQ"
+	ConsumerWorkers = "workers"
+	BucketLeases    = "leases"
+
+	tilesSubjects  = "tiles.>"
+	eventsSubjects = "events.>"
+	dlqSubjects    = "dlq.>"
+	dlqPrefix      = "dlq."
+)
+
+// maxAckPending lets every worker slot of a large farm hold a tile; the server default of 1000 would
+// silently stall dispatch on a big farm.
+const maxAckPending = 1 << 16
+
+// maxNotedErrors bounds the reason map so a farm that never dead-letters cannot grow it without limit.
+const maxNotedErrors = 8192
+
+// Farm is the set of JetStream objects one coordinator or worker uses. Create it with Setup.
+type Farm struct {
+	JS       jetstream.JetStream
+	Tiles    jetstream.Stream
+	Events   jetstream.Stream
+	DLQ      jetstream.Stream
+	Consumer jetstream.Consumer
+	Leases   *Leases
+	Cfg      Config
+	// Log receives dead-letter watcher diagnostics; Setup sets slog.Default().
+	Log *slog.Logger
+
+	mu        sync.Mutex
+	lastError map[string]string // msg id -> last error reason, for dead letters
+}
+
+// Setup creates or updates, idempotently, the TILES work queue, EVENTS and DLQ streams, the shared durable
+// pull consumer "workers" and the "leases" bucket. Coordinators and workers may all call it at start-up.
+func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("setting up queue: %w", err)
+	}
+	tiles, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamTiles,
+		Description: "tilefarm tile and assemble jobs",
+		Subjects:    []string{tilesSubjects},
+		Retention:   jetstream.WorkQueuePolicy,
+		Duplicates:  cfg.DedupWindow,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up stream %s: %w", StreamTiles, err)
+	}
+	events, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamEvents,
+		Description: "tilefarm progress, completion and failure events",
+		Subjects:    []string{eventsSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  cfg.DedupWindow,
+		MaxAge:      eventsMaxAge,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up stream %s: %w", StreamEvents, err)
+	}
+	dlq, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamDLQ,
+		Description: "tilefarm dead letters, kept until requeued",
+		Subjects:    []string{dlqSubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  cfg.DedupWindow,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up stream %s: %w", StreamDLQ, err)
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, StreamTiles, jetstream.ConsumerConfig{
+		Durable:       ConsumerWorkers,
+		Description:   "shared pull consumer of all tileworkers",
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    cfg.MaxDeliver,
+		BackOff:       cfg.Backoff,
+		MaxAckPending: maxAckPending,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+	}
+	// Bucket TTL, not per-key TTL: kv.Update drops a per-key TTL (nats.go#1994), while with a bucket TTL each
+	// revision ages from its own timestamp, so renewing really keeps a lease alive.
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketLeases,
+		Description: "tilefarm tile leases; revision is the fencing token",
+		History:     1,
+		TTL:         cfg.LeaseTTL,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up bucket %s: %w", BucketLeases, err)
+	}
+	return &Farm{
+		JS:        js,
+		Tiles:     tiles,
+		Events:    events,
+		DLQ:       dlq,
+		Consumer:  cons,
+		Leases:    &Leases{kv: kv, ttl: cfg.LeaseTTL},
+		Cfg:       cfg,
+		Log:       slog.Default(),
+		lastError: make(map[string]string),
+	}, nil
+}
+
+// Publish publishes data with Nats-Msg-Id = msgID and waits for the PubAck. duplicate reports that the
+// stream's dedup window already held msgID: nothing new was stored (count it, it is not an error).
+func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, hdr nats.Header) (duplicate bool, err error) {
+	if msgID == "" {
+		return false, fmt.Errorf("publishing to %q: empty msg id", subject)
+	}
+	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
+	maps.Copy(m.Header, hdr) // never mutate the caller's header map
+	ack, err := f.JS.PublishMsg(ctx, m, jetstream.WithMsgID(msgID))
+	if err != nil {
+		return false, fmt.Errorf("publishing %q to %q: %w", msgID, subject, err)
+	}
+	return ack.Duplicate, nil
+}
+
+// FetchOne pulls exactly one message from the shared consumer, waiting at most wait. It returns (nil, nil)
+// when no message arrived in time. One at a time, because a buffered message already burns its ack-wait.
+func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+	if wait <= 0 {
+		return nil, fmt.Errorf("fetching from %s/%s: wait must be positive, got %v", StreamTiles, ConsumerWorkers, wait)
+	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	batch, err := f.Consumer.Fetch(1, jetstream.FetchContext(fctx))
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if fctx.Err() != nil {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+	}
+	if msg, ok := <-batch.Messages(); ok && msg != nil {
+		return msg, nil
+	}
+	if err := batch.Error(); err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+	}
+	return nil, nil
+}
+
+// Depth reports how many messages TILES holds and how old the oldest is, for metrics and backpressure.
+func (f *Farm) Depth(ctx context.Context) (msgs uint64, oldest time.Duration, err error) {
+	info, err := f.Tiles.Info(ctx)
+	if err != nil {
+		return 0, 0, fmt.Errorf("reading %s depth: %w", StreamTiles, err)
+	}
+	if info.State.Msgs == 0 || info.State.FirstTime.IsZero() {
+		return info.State.Msgs, 0, nil
+	}
+	return info.State.Msgs, max(0, time.Since(info.State.FirstTime)), nil
+}
+
+// NoteError records the latest failure reason for msgID so a later dead letter carries it. An empty reason
+// forgets msgID (call it after a successful ack). The map is bounded; under pressure old reasons are dropped,
+// which only makes a dead letter's reason less specific.
+func (f *Farm) NoteError(msgID, reason string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if reason == "" {
+		delete(f.lastError, msgID)
+		return
+	}
+	if f.lastError == nil {
+		f.lastError = make(map[string]string)
+	}
+	if _, ok := f.lastError[msgID]; !ok && len(f.lastError) >= maxNotedErrors {
+		for k := range f.lastError { // drop an arbitrary entry
+			delete(f.lastError, k)
+			break
+		}
+	}
+	f.lastError[msgID] = reason
+}
+
+// logger returns f.Log, or the default logger for a Farm built by hand.
+func (f *Farm) logger() *slog.Logger {
+	if f.Log != nil {
+		return f.Log
+	}
+	return slog.Default()
+}
+
+// notedError returns the reason recorded by NoteError, or "".
+func (f *Farm) notedError(msgID string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastError[msgID]
+}
+
+// forgetError drops msgID from the reason map once its dead letter is stored.
+func (f *Farm) forgetError(msgID string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.lastError, msgID)
+}

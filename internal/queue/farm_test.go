@@ -1,0 +1,203 @@
+package queue
+
+import (
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
+	t.Parallel()
+	cfg := DefaultConfig()
+	cfg.DedupWindow = 7 * time.Minute
+	cfg.AckWait = 9 * time.Second
+	cfg.MaxDeliver = 4
+	cfg.LeaseTTL = 11 * time.Second
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+
+	if _, err := tf.f.Publish(ctx, SubjectRender, "before-second-setup", []byte("x"), nil); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	f2, err := Setup(ctx, tf.f.JS, cfg)
+	if err != nil {
+		t.Fatalf("second Setup: %v", err)
+	}
+	if n := tilesCount(t, f2); n != 1 {
+		t.Fatalf("second Setup changed TILES contents: %d messages, want 1", n)
+	}
+
+	tiles, err := f2.Tiles.Info(ctx)
+	if err != nil {
+		t.Fatalf("Tiles.Info: %v", err)
+	}
+	if tiles.Config.Retention != jetstream.WorkQueuePolicy {
+		t.Errorf("TILES retention = %v, want work queue", tiles.Config.Retention)
+	}
+	if tiles.Config.Duplicates != cfg.DedupWindow {
+		t.Errorf("TILES dedup window = %v, want %v", tiles.Config.Duplicates, cfg.DedupWindow)
+	}
+	if tiles.Config.Storage != jetstream.FileStorage {
+		t.Errorf("TILES storage = %v, want file", tiles.Config.Storage)
+	}
+	events, err := f2.Events.Info(ctx)
+	if err != nil {
+		t.Fatalf("Events.Info: %v", err)
+	}
+	if events.Config.Retention != jetstream.LimitsPolicy || events.Config.Duplicates != cfg.DedupWindow || events.Config.MaxAge < cfg.DedupWindow {
+		t.Errorf("EVENTS config = retention %v dedup %v max age %v", events.Config.Retention, events.Config.Duplicates, events.Config.MaxAge)
+	}
+	dlq, err := f2.DLQ.Info(ctx)
+	if err != nil {
+		t.Fatalf("DLQ.Info: %v", err)
+	}
+	if dlq.Config.Retention != jetstream.LimitsPolicy || dlq.Config.MaxAge != 0 {
+		t.Errorf("DLQ config = retention %v max age %v, want limits and no expiry", dlq.Config.Retention, dlq.Config.MaxAge)
+	}
+	ci, err := f2.Consumer.Info(ctx)
+	if err != nil {
+		t.Fatalf("Consumer.Info: %v", err)
+	}
+	if ci.Config.Durable != ConsumerWorkers || ci.Config.AckPolicy != jetstream.AckExplicitPolicy ||
+		ci.Config.AckWait != cfg.AckWait || ci.Config.MaxDeliver != cfg.MaxDeliver || ci.Config.MaxAckPending < 10000 {
+		t.Errorf("consumer config = %+v", ci.Config)
+	}
+	st, err := f2.Leases.kv.Status(ctx)
+	if err != nil {
+		t.Fatalf("kv.Status: %v", err)
+	}
+	if st.TTL() != cfg.LeaseTTL || st.History() != 1 {
+		t.Errorf("leases bucket ttl %v history %d, want %v and 1", st.TTL(), st.History(), cfg.LeaseTTL)
+	}
+
+	// A changed config is applied by the next Setup.
+	cfg.MaxDeliver = 6
+	cfg.Backoff = []time.Duration{2 * time.Second, 4 * time.Second}
+	f3, err := Setup(ctx, tf.f.JS, cfg)
+	if err != nil {
+		t.Fatalf("Setup with new config: %v", err)
+	}
+	ci, err = f3.Consumer.Info(ctx)
+	if err != nil {
+		t.Fatalf("Consumer.Info: %v", err)
+	}
+	if ci.Config.MaxDeliver != 6 || len(ci.Config.BackOff) != 2 {
+		t.Errorf("updated consumer config = max deliver %d backoff %v", ci.Config.MaxDeliver, ci.Config.BackOff)
+	}
+	if _, err := Setup(ctx, tf.f.JS, Config{}); err == nil {
+		t.Errorf("Setup accepted a zero Config")
+	}
+}
+
+func TestPublishDeduplicatesByMsgID(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+	hdr := nats.Header{"Tile-Key": []string{"k1"}}
+	dup, err := tf.f.Publish(ctx, SubjectRender, "tile-1", []byte("one"), hdr)
+	if err != nil || dup {
+		t.Fatalf("first Publish = %v, %v; want not duplicate", dup, err)
+	}
+	if len(hdr) != 1 {
+		t.Fatalf("Publish mutated the caller's header: %v", hdr)
+	}
+	dup, err = tf.f.Publish(ctx, SubjectRender, "tile-1", []byte("one again"), hdr)
+	if err != nil || !dup {
+		t.Fatalf("second Publish = %v, %v; want duplicate", dup, err)
+	}
+	dup, err = tf.f.Publish(ctx, SubjectAssemble, "tile-2", []byte("two"), nil)
+	if err != nil || dup {
+		t.Fatalf("other id Publish = %v, %v; want not duplicate", dup, err)
+	}
+	if n := tilesCount(t, tf.f); n != 2 {
+		t.Fatalf("TILES holds %d messages, want 2", n)
+	}
+	m := mustFetch(t, tf.f, 2*time.Second)
+	if string(m.Data()) != "one" || m.Headers().Get("Tile-Key") != "k1" || m.Headers().Get(jetstream.MsgIDHeader) != "tile-1" {
+		t.Fatalf("fetched %q with headers %v, want the first publish", m.Data(), m.Headers())
+	}
+	if _, err := tf.f.Publish(ctx, SubjectRender, "", []byte("x"), nil); err == nil {
+		t.Fatalf("Publish accepted an empty msg id")
+	}
+}
+
+func TestFetchAckAndDepth(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+
+	if m, err := tf.f.FetchOne(ctx, 200*time.Millisecond); err != nil || m != nil {
+		t.Fatalf("FetchOne on empty stream = %v, %v; want nil, nil", m, err)
+	}
+	if n, age, err := tf.f.Depth(ctx); err != nil || n != 0 || age != 0 {
+		t.Fatalf("Depth on empty stream = %d, %v, %v", n, age, err)
+	}
+	if _, err := tf.f.Publish(ctx, SubjectRender, "a", []byte("a"), nil); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	eventually(t, 2*time.Second, "oldest age to grow", func() bool {
+		_, age, err := tf.f.Depth(ctx)
+		return err == nil && age >= 100*time.Millisecond
+	})
+	m := mustFetch(t, tf.f, 2*time.Second)
+	if err := m.DoubleAck(ctx); err != nil {
+		t.Fatalf("DoubleAck: %v", err)
+	}
+	if n := tilesCount(t, tf.f); n != 0 {
+		t.Fatalf("acked work-queue message still stored: %d", n)
+	}
+	if m, err := tf.f.FetchOne(ctx, 1500*time.Millisecond); err != nil || m != nil {
+		t.Fatalf("acked message redelivered: %v, %v", m, err)
+	}
+}
+
+func TestUnackedMessageIsRedelivered(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig()) // AckWait 1s
+	ctx := testCtx(t)
+	if _, err := tf.f.Publish(ctx, SubjectRender, "r", []byte("r"), nil); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	first := mustFetch(t, tf.f, 2*time.Second)
+	if d := deliveries(t, first); d != 1 {
+		t.Fatalf("first delivery count %d", d)
+	}
+	// Not acked: after AckWait the same message comes back.
+	again := mustFetch(t, tf.f, 3*time.Second)
+	if string(again.Data()) != "r" || deliveries(t, again) != 2 {
+		t.Fatalf("redelivery = %q delivery %d, want r/2", again.Data(), deliveries(t, again))
+	}
+	if err := again.DoubleAck(ctx); err != nil {
+		t.Fatalf("DoubleAck: %v", err)
+	}
+}
+
+func TestInProgressExtendsAckWait(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig()) // AckWait 1s
+	ctx := testCtx(t)
+	if _, err := tf.f.Publish(ctx, SubjectRender, "p", []byte("p"), nil); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	m := mustFetch(t, tf.f, 2*time.Second)
+	// Keep the message in progress for 3x AckWait, polling the consumer meanwhile: it must not be redelivered.
+	start := time.Now()
+	for time.Since(start) < 3*time.Second {
+		if err := m.InProgress(); err != nil {
+			t.Fatalf("InProgress: %v", err)
+		}
+		if other, err := tf.f.FetchOne(ctx, 300*time.Millisecond); err != nil || other != nil {
+			t.Fatalf("message redelivered while in progress after %v (err %v)", time.Since(start), err)
+		}
+	}
+	// Once the heartbeats stop, ack-wait runs out and it is redelivered.
+	again := mustFetch(t, tf.f, 3*time.Second)
+	if deliveries(t, again) != 2 {
+		t.Fatalf("redelivery count %d, want 2", deliveries(t, again))
+	}
+	if err := again.DoubleAck(ctx); err != nil {
+		t.Fatalf("DoubleAck: %v", err)
+	}
+}

@@ -1,0 +1,99 @@
+package queue
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// testFarm is a farm on its own embedded server in a temp dir.
+type testFarm struct {
+	e  *Embedded
+	nc *nats.Conn
+	f  *Farm
+}
+
+// fastConfig shortens timers so redelivery and expiry tests finish in seconds.
+func fastConfig() Config {
+	c := DefaultConfig()
+	c.AckWait = time.Second
+	c.LeaseTTL = time.Second
+	c.SweepInterval = 300 * time.Millisecond
+	return c
+}
+
+func startFarm(t *testing.T, cfg Config) *testFarm {
+	t.Helper()
+	ctx := testCtx(t)
+	e, err := StartEmbedded(ctx, t.TempDir(), "")
+	if err != nil {
+		t.Fatalf("StartEmbedded: %v", err)
+	}
+	t.Cleanup(e.Shutdown)
+	nc, err := e.Connect(t.Name())
+	if err != nil {
+		t.Fatalf("Connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatalf("jetstream.New: %v", err)
+	}
+	f, err := Setup(ctx, js, cfg)
+	if err != nil {
+		t.Fatalf("Setup: %v", err)
+	}
+	return &testFarm{e: e, nc: nc, f: f}
+}
+
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond every 50ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tilesCount(t *testing.T, f *Farm) uint64 {
+	t.Helper()
+	n, _, err := f.Depth(testCtx(t))
+	if err != nil {
+		t.Fatalf("Depth: %v", err)
+	}
+	return n
+}
+
+func mustFetch(t *testing.T, f *Farm, wait time.Duration) jetstream.Msg {
+	t.Helper()
+	m, err := f.FetchOne(testCtx(t), wait)
+	if err != nil {
+		t.Fatalf("FetchOne: %v", err)
+	}
+	if m == nil {
+		t.Fatalf("FetchOne: no message within %v", wait)
+	}
+	return m
+}
+
+func deliveries(t *testing.T, m jetstream.Msg) uint64 {
+	t.Helper()
+	md, err := m.Metadata()
+	if err != nil {
+		t.Fatalf("Metadata: %v", err)
+	}
+	return md.NumDelivered
+}

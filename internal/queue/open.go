@@ -1,0 +1,49 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Open binds to a farm the coordinator has already set up, without changing any of it, and
+// reads the settings (ack-wait, MaxDeliver, lease TTL) from the server. Workers use it so that
+// one operator setting on the coordinator governs the whole farm.
+func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
+	tiles, err := js.Stream(ctx, StreamTiles)
+	if err != nil {
+		return nil, fmt.Errorf("binding to stream %s (is the coordinator running?): %w", StreamTiles, err)
+	}
+	events, err := js.Stream(ctx, StreamEvents)
+	if err != nil {
+		return nil, fmt.Errorf("binding to stream %s: %w", StreamEvents, err)
+	}
+	dlq, err := js.Stream(ctx, StreamDLQ)
+	if err != nil {
+		return nil, fmt.Errorf("binding to stream %s: %w", StreamDLQ, err)
+	}
+	cons, err := tiles.Consumer(ctx, ConsumerWorkers)
+	if err != nil {
+		return nil, fmt.Errorf("binding to consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+	}
+	kv, err := js.KeyValue(ctx, BucketLeases)
+	if err != nil {
+		return nil, fmt.Errorf("binding to bucket %s: %w", BucketLeases, err)
+	}
+	kvStatus, err := kv.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading bucket %s: %w", BucketLeases, err)
+	}
+	cc := cons.CachedInfo().Config
+	sc := tiles.CachedInfo().Config
+	cfg := DefaultConfig()
+	cfg.AckWait, cfg.MaxDeliver, cfg.Backoff = cc.AckWait, cc.MaxDeliver, cc.BackOff
+	cfg.DedupWindow, cfg.Replicas, cfg.LeaseTTL = sc.Duplicates, sc.Replicas, kvStatus.TTL()
+	return &Farm{
+		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Consumer: cons,
+		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Cfg: cfg, Log: slog.Default(),
+		lastError: make(map[string]string),
+	}, nil
+}

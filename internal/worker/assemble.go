@@ -1,0 +1,126 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+)
+
+// Frame output names inside a frame manifest, by format.
+var frameOutputNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr"}
+
+// FrameOutputName returns the manifest object name of a frame format.
+func FrameOutputName(format string) (string, bool) {
+	n, ok := frameOutputNames[format]
+	return n, ok
+}
+
+// assemble builds a frame from its promoted tiles and promotes the frame manifest. It needs no
+// lease: the output is a pure function of the tiles, so a racing assembler promotes identical
+// bytes and gets idempotent success.
+func (w *Worker) assemble(ctx context.Context, msg jetstream.Msg, job farm.AssembleJob, attempt string, log *slog.Logger) error {
+	key := farm.FrameManifestKey(job.FrameKey)
+	done, err := finalize.ManifestExists(ctx, w.objects, key)
+	if err != nil {
+		return fmt.Errorf("checking frame manifest: %w", err)
+	}
+	existing := done
+	if !done {
+		outputs, err := w.assembleOutputs(ctx, job)
+		if err != nil {
+			return err
+		}
+		p, err := finalize.Promote(ctx, w.objects, key, attempt, farm.BuildFingerprint(), outputs,
+			map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "worker": w.cfg.Name})
+		if err != nil {
+			w.m.FinalizeFailures.Inc()
+			if errors.Is(err, finalize.ErrConflict) {
+				w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
+				return farm.Terminalf("promoting frame: %w", err)
+			}
+			return fmt.Errorf("promoting frame: %w", err)
+		}
+		existing = p.Existing
+		if !existing {
+			w.m.FramesCompleted.Inc()
+		}
+	} else {
+		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+	}
+	if err := w.publishEvent(ctx, farm.Event{
+		ID: farm.EventFrameCompleted + ":" + job.FrameKey, Type: farm.EventFrameCompleted, JobID: job.JobID,
+		FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name, Duplicate: existing,
+	}); err != nil {
+		return fmt.Errorf("publishing frame event: %w", err)
+	}
+	log.Info("frame assembled", "frame", job.Frame, "duplicate", existing)
+	if err := msg.DoubleAck(ctx); err != nil {
+		log.Warn("ack failed after frame promotion", "err", err)
+	}
+	return nil
+}
+
+func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob) ([]finalize.Output, error) {
+	st := job.Settings
+	frame := finalize.NewFrame(st.Width, st.Height)
+	for _, t := range job.Tiles {
+		m, err := finalize.ReadManifest(ctx, w.objects, farm.TileManifestKey(t.TileKey))
+		if err != nil {
+			if errors.Is(err, finalize.ErrNotFound) {
+				return nil, farm.Terminalf("tile %s has no manifest", t.TileKey)
+			}
+			return nil, fmt.Errorf("reading tile manifest %s: %w", t.TileKey, err)
+		}
+		data, err := finalize.ReadObject(ctx, w.objects, m, farm.TileOutputName)
+		if err != nil {
+			return nil, fmt.Errorf("reading tile %s: %w", t.TileKey, err)
+		}
+		n := (t.Rect.X1 - t.Rect.X0) * (t.Rect.Y1 - t.Rect.Y0) * 3
+		pix, err := finalize.DecodeTile(data, n)
+		if err != nil {
+			return nil, farm.Terminalf("decoding tile %s: %w", t.TileKey, err)
+		}
+		if err := frame.Place(t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, pix); err != nil {
+			return nil, farm.Terminalf("placing tile %s: %w", t.TileKey, err)
+		}
+	}
+	return EncodeFrame(frame, st.Exposure, job.Formats)
+}
+
+// EncodeFrame encodes a frame in every requested format; "png" is always included.
+func EncodeFrame(frame *finalize.Frame, exposure float64, formats []string) ([]finalize.Output, error) {
+	outs := []finalize.Output{}
+	seen := map[string]bool{}
+	for _, f := range append([]string{"png"}, formats...) {
+		if seen[f] {
+			continue
+		}
+		seen[f] = true
+		name, ok := FrameOutputName(f)
+		if !ok {
+			return nil, farm.Terminalf("unknown output format %q", f)
+		}
+		var data []byte
+		var err error
+		switch f {
+		case "png":
+			data, err = finalize.EncodePNG8(frame, exposure)
+		case "png16":
+			data, err = finalize.EncodePNG16(frame, exposure)
+		case "exr":
+			data, err = finalize.EncodeEXR(frame, finalize.EXRZip)
+		}
+		if err != nil {
+			return nil, farm.Terminalf("encoding %s: %w", f, err)
+		}
+		outs = append(outs, finalize.Output{Name: name, Data: data})
+	}
+	return outs, nil
+}

@@ -1,0 +1,310 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/render"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// renderTile carries one tile job through steps 1-5 of the Render flow in DESIGN.md.
+func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, log *slog.Logger) error {
+	manifestKey := farm.TileManifestKey(job.TileKey)
+
+	// 1. Already promoted: tell the coordinator (it may have missed the event) and ack.
+	done, err := finalize.ManifestExists(ctx, w.objects, manifestKey)
+	if err != nil {
+		return fmt.Errorf("checking tile manifest: %w", err)
+	}
+	if done {
+		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+		log.Info("tile already promoted; acking duplicate delivery")
+		return w.complete(ctx, msg, job, attempt, 0, 0, true, nil)
+	}
+
+	// 2. Lease with fencing token.
+	lease, err := w.farm.Leases.Acquire(ctx, job.TileKey, w.cfg.Name+"/"+attempt)
+	if errors.Is(err, queue.ErrLeaseHeld) {
+		log.Info("tile leased by another worker; retrying later")
+		_ = msg.NakWithDelay(w.farm.Cfg.LeaseTTL / 2)
+		return errSettled
+	}
+	if err != nil {
+		return fmt.Errorf("acquiring lease: %w", err)
+	}
+	log = log.With("fencing_token", lease.Token)
+	released := false
+	release := func() {
+		if released {
+			return
+		}
+		released = true
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := w.farm.Leases.Release(rctx, lease); err != nil {
+			log.Warn("releasing lease", "err", err)
+		}
+	}
+	defer release()
+
+	scene, err := w.scene(ctx, job.SceneVersion)
+	if err != nil {
+		return err
+	}
+	tile, err := render.NewTile(scene, job.Settings, job.Frame, job.Rect)
+	if err != nil {
+		return farm.Terminalf("creating tile: %w", err)
+	}
+
+	// 3. Resume from a checkpoint whose input hash matches.
+	recovered := w.resume(ctx, tile, job, log)
+	if err := w.publishEvent(ctx, farm.Event{
+		ID: farm.EventTileStarted + ":" + attempt, Type: farm.EventTileStarted, JobID: job.JobID,
+		TileKey: job.TileKey, FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name, SamplesRecovered: recovered,
+	}); err != nil {
+		return fmt.Errorf("publishing start event: %w", err)
+	}
+
+	// 4. Render in passes with heartbeats; a lost lease cancels the render at once.
+	w.m.TilesInFlight.Inc()
+	defer w.m.TilesInFlight.Dec()
+	start := time.Now()
+	rctx, stopBeat := w.heartbeat(ctx, msg, lease, log)
+	err = w.renderPasses(rctx, tile, job, attempt, log)
+	lost := stopBeat()
+	if lost != nil {
+		// No finalize, no ack: the new lease holder owns the tile now.
+		released = true
+		log.Warn("lease lost; abandoning tile", "err", lost)
+		return errSettled
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			w.saveCheckpoint(context.WithoutCancel(ctx), tile, job, attempt, true, log)
+		}
+		return err
+	}
+	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
+	w.m.SamplesRendered.Add(float64(job.Settings.SPP - recovered))
+
+	// 5. Finalize, but only while still holding the lease (fencing).
+	if err := w.farm.Leases.Check(ctx, lease); err != nil {
+		released = true
+		log.Warn("lease lost before finalize; abandoning tile", "err", err)
+		return errSettled
+	}
+	p, err := finalize.Promote(ctx, w.objects, farm.TileManifestKey(job.TileKey), attempt, farm.BuildFingerprint(),
+		[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
+		map[string]string{"tile_key": job.TileKey, "frame_key": job.FrameKey, "input_hash": job.InputHash, "worker": w.cfg.Name})
+	if err != nil {
+		w.m.FinalizeFailures.Inc()
+		if errors.Is(err, finalize.ErrConflict) {
+			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
+			return farm.Terminalf("promoting tile: %w", err)
+		}
+		return fmt.Errorf("promoting tile: %w", err)
+	}
+	if p.Existing {
+		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
+	} else {
+		w.m.TilesCompleted.Inc()
+	}
+	return w.complete(ctx, msg, job, attempt, job.Settings.SPP-recovered, recovered, p.Existing, release)
+}
+
+// complete publishes tile.completed, drops the checkpoints, releases the lease and acks last.
+func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, rendered, recovered int, duplicate bool, release func()) error {
+	if err := w.publishEvent(ctx, farm.Event{
+		ID: farm.EventTileCompleted + ":" + job.TileKey, Type: farm.EventTileCompleted, JobID: job.JobID,
+		TileKey: job.TileKey, FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name,
+		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate,
+	}); err != nil {
+		return fmt.Errorf("publishing completion event: %w", err)
+	}
+	if err := w.ckpts.Delete(ctx, job.TileKey); err != nil {
+		w.log.Warn("deleting local checkpoint", "tile_key", job.TileKey, "err", err)
+	}
+	if w.cfg.RemoteCheckpoints {
+		if err := w.objects.Delete(ctx, farm.CheckpointKey(job.TileKey)); err != nil {
+			w.log.Warn("deleting remote checkpoint", "tile_key", job.TileKey, "err", err)
+		}
+	}
+	if release != nil {
+		release()
+	}
+	if err := msg.DoubleAck(ctx); err != nil {
+		// The manifest exists, so a redelivery is acked by the manifest check.
+		w.log.Warn("ack failed after promotion", "tile_key", job.TileKey, "err", err)
+	}
+	return nil
+}
+
+// resume imports the newest valid checkpoint, local first, then remote. It returns the samples recovered.
+func (w *Worker) resume(ctx context.Context, tile *render.Tile, job farm.TileJob, log *slog.Logger) int {
+	candidates := []func() (tiles.Checkpoint, bool){
+		func() (tiles.Checkpoint, bool) {
+			c, ok, err := w.ckpts.Load(ctx, job.TileKey)
+			if err != nil {
+				log.Warn("loading local checkpoint", "err", err)
+			}
+			return c, ok && err == nil
+		},
+	}
+	if w.cfg.RemoteCheckpoints {
+		candidates = append(candidates, func() (tiles.Checkpoint, bool) {
+			data, err := w.objects.Get(ctx, farm.CheckpointKey(job.TileKey))
+			if err != nil {
+				if !errors.Is(err, finalize.ErrNotFound) {
+					log.Warn("loading remote checkpoint", "err", err)
+				}
+				return tiles.Checkpoint{}, false
+			}
+			c, err := w.codec.Decode(data)
+			if err != nil {
+				log.Warn("discarding corrupt remote checkpoint", "err", err)
+				return tiles.Checkpoint{}, false
+			}
+			return c, true
+		})
+	}
+	best := tiles.Checkpoint{}
+	for _, load := range candidates {
+		c, ok := load()
+		if !ok {
+			continue
+		}
+		if !c.Matches(job.TileKey, job.InputHash) {
+			log.Warn("discarding checkpoint with a different input hash", "checkpoint_input_hash", c.InputHash)
+			continue
+		}
+		if c.Next > best.Next {
+			best = c
+		}
+	}
+	if best.Next == 0 {
+		return 0
+	}
+	if err := tile.Import(render.State{Next: best.Next, Sum: best.Sum}); err != nil {
+		log.Warn("discarding checkpoint that does not fit the tile", "err", err)
+		return 0
+	}
+	log.Info("resuming from checkpoint", "samples_recovered", best.Next)
+	w.m.CheckpointResumes.Inc()
+	w.m.SamplesRecovered.Add(float64(best.Next))
+	return best.Next
+}
+
+// renderPasses renders the remaining samples in contiguous passes, checkpointing after passes.
+func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, log *slog.Logger) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			// A panic may be deterministic; retries (bounded by MaxDeliver) tell, then it is dead-lettered.
+			err = fmt.Errorf("render panic: %v", r)
+		}
+	}()
+	spp := job.Settings.SPP
+	pass := (spp + w.cfg.PassesPerTile - 1) / w.cfg.PassesPerTile
+	var lastLocal, lastRemote time.Time
+	for tile.Next() < spp {
+		if w.cfg.Faults.PanicTileSet && job.Rect == w.cfg.Faults.PanicTile {
+			panic(fmt.Sprintf("injected fault in tile %v", job.Rect))
+		}
+		to := min(tile.Next()+pass, spp)
+		if err := tile.Render(ctx, tile.Next(), to); err != nil {
+			return err
+		}
+		if w.cfg.Faults.PassDelay > 0 {
+			sleep(ctx, w.cfg.Faults.PassDelay)
+		}
+		if to == spp {
+			break
+		}
+		now := time.Now()
+		if now.Sub(lastLocal) >= w.cfg.CheckpointEvery {
+			lastLocal = now
+			remote := w.cfg.RemoteCheckpoints && now.Sub(lastRemote) >= w.cfg.RemoteEvery
+			if remote {
+				lastRemote = now
+			}
+			w.saveCheckpoint(ctx, tile, job, attempt, remote, log)
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, remote bool, log *slog.Logger) {
+	if tile.Next() == 0 {
+		return
+	}
+	st := tile.Export()
+	c := tiles.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: st.Next, Sum: st.Sum, Attempt: attempt, SavedAt: time.Now().UTC()}
+	if err := w.ckpts.Save(ctx, c); err != nil {
+		log.Warn("saving local checkpoint", "err", err)
+	}
+	if !remote || !w.cfg.RemoteCheckpoints {
+		return
+	}
+	data, err := w.codec.Encode(c)
+	if err == nil {
+		err = w.objects.Put(ctx, farm.CheckpointKey(job.TileKey), data)
+	}
+	if err != nil {
+		log.Warn("uploading remote checkpoint", "err", err)
+	}
+}
+
+// heartbeat extends the message's ack-wait and renews the lease every Heartbeat. The returned
+// context is cancelled when the lease is lost; stop ends the heartbeat and reports that loss.
+func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, lease *queue.Lease, log *slog.Logger) (context.Context, func() error) {
+	rctx, cancel := context.WithCancelCause(ctx)
+	stopped := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(w.cfg.Heartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-stopped:
+				return
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			if err := msg.InProgress(); err != nil {
+				log.Warn("extending ack-wait", "err", err)
+			}
+			if err := w.farm.Leases.Renew(rctx, lease); err != nil {
+				if errors.Is(err, queue.ErrLeaseLost) {
+					w.m.LeaseRenewalFailures.Inc()
+					cancel(err)
+					return
+				}
+				log.Warn("renewing lease", "err", err)
+			}
+		}
+	}()
+	return rctx, func() error {
+		close(stopped)
+		<-done
+		cause := context.Cause(rctx)
+		cancel(nil)
+		if errors.Is(cause, queue.ErrLeaseLost) {
+			return cause
+		}
+		return nil
+	}
+}

@@ -1,0 +1,211 @@
+package render
+
+import (
+	"context"
+	"math"
+	"sync"
+	"testing"
+)
+
+// TestTilingInvariance renders each example with tile sizes 16, 37, 64 and
+// one full tile and requires identical frame buffers, bit for bit.
+func TestTilingInvariance(t *testing.T) {
+	for _, ex := range []struct {
+		name  string
+		frame int
+	}{{"cornell", 1}, {"shot", 7}} {
+		t.Run(ex.name, func(t *testing.T) {
+			s := loadExample(t, ex.name)
+			st := small(s, 80, 56, 2)
+			ref := renderTiled(t, s, st, ex.frame, 0)
+			nonZero := 0
+			for _, v := range ref {
+				if v != 0 {
+					nonZero++
+				}
+			}
+			if nonZero < len(ref)/2 {
+				t.Fatalf("only %d of %d values are non-zero: the render is broken", nonZero, len(ref))
+			}
+			for _, size := range []int{16, 37, 64} {
+				got := renderTiled(t, s, st, ex.frame, size)
+				if i := sameBits(ref, got); i >= 0 {
+					t.Fatalf("tile size %d differs from a full tile at value %d: %v vs %v", size, i, got[i], ref[i])
+				}
+			}
+		})
+	}
+}
+
+// TestResumeBitExact renders [0,k), exports, imports into a fresh tile and
+// renders [k,N): the sums must equal an uninterrupted [0,N) bit for bit.
+func TestResumeBitExact(t *testing.T) {
+	s := loadExample(t, "cornell")
+	const n = 6
+	st := small(s, 48, 48, n)
+	r := Rect{5, 7, 41, 30}
+	full, err := NewTile(s, st, 1, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := full.Render(context.Background(), 0, n); err != nil {
+		t.Fatal(err)
+	}
+	want := full.Export()
+	for _, k := range []int{0, 1, n / 2, n - 1, n} {
+		a, err := NewTile(s, st, 1, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Render(context.Background(), 0, k); err != nil {
+			t.Fatal(err)
+		}
+		saved := a.Export()
+		if saved.Next != k {
+			t.Fatalf("k=%d: exported Next %d", k, saved.Next)
+		}
+		b, err := NewTile(s, st, 1, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Import(saved); err != nil {
+			t.Fatalf("k=%d: import: %v", k, err)
+		}
+		if b.Next() != k {
+			t.Fatalf("k=%d: Next after import = %d", k, b.Next())
+		}
+		if err := b.Render(context.Background(), k, n); err != nil {
+			t.Fatal(err)
+		}
+		got := b.Export()
+		if got.Next != want.Next {
+			t.Fatalf("k=%d: Next %d, want %d", k, got.Next, want.Next)
+		}
+		for i := range want.Sum {
+			if math.Float64bits(got.Sum[i]) != math.Float64bits(want.Sum[i]) {
+				t.Fatalf("k=%d: sum %d differs: %v vs %v", k, i, got.Sum[i], want.Sum[i])
+			}
+		}
+		if i := sameBits(b.Pixels(), full.Pixels()); i >= 0 {
+			t.Fatalf("k=%d: pixel value %d differs", k, i)
+		}
+	}
+}
+
+// TestExportIsDeepCopy checks that rendering after Export does not change
+// the exported state.
+func TestExportIsDeepCopy(t *testing.T) {
+	s := loadExample(t, "cornell")
+	st := small(s, 16, 16, 3)
+	tl, err := NewTile(s, st, 1, Rect{0, 0, 16, 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tl.Render(context.Background(), 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	e := tl.Export()
+	before := append([]float64(nil), e.Sum...)
+	if err := tl.Render(context.Background(), 1, 3); err != nil {
+		t.Fatal(err)
+	}
+	for i := range before {
+		if e.Sum[i] != before[i] {
+			t.Fatal("exported state changed after further rendering")
+		}
+	}
+}
+
+// TestFramesDifferAndRepeat checks that animation changes the picture and
+// that the same frame rendered twice (from separately loaded scenes) does not.
+func TestFramesDifferAndRepeat(t *testing.T) {
+	s1 := loadExample(t, "shot")
+	s2 := loadExample(t, "shot")
+	st := small(s1, 48, 27, 2)
+	a := renderTiled(t, s1, st, 1, 0)
+	b := renderTiled(t, s2, st, 1, 0)
+	if i := sameBits(a, b); i >= 0 {
+		t.Fatalf("frame 1 rendered twice differs at value %d", i)
+	}
+	c := renderTiled(t, s1, st, 12, 0)
+	d := renderTiled(t, s1, st, 24, 0)
+	if sameBits(a, c) < 0 || sameBits(c, d) < 0 || sameBits(a, d) < 0 {
+		t.Fatal("frames 1, 12 and 24 are not all different")
+	}
+	// The camera moves a lot: the mean absolute difference must be large,
+	// not just noise from the frame-dependent random stream.
+	diff := 0.0
+	for i := range a {
+		diff += math.Abs(float64(a[i] - d[i]))
+	}
+	if diff/float64(len(a)) < 0.02 {
+		t.Fatalf("frames 1 and 24 differ by only %v on average", diff/float64(len(a)))
+	}
+}
+
+// TestConcurrentTiles renders the tiles of a frame from several goroutines
+// sharing one Scene (and its world cache) and compares with a sequential
+// render. Run with -race.
+func TestConcurrentTiles(t *testing.T) {
+	s := loadExample(t, "shot")
+	st := small(s, 40, 24, 1)
+	seq := renderTiled(t, loadExample(t, "shot"), st, 5, 16)
+	out := make([]float32, 3*st.Width*st.Height)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for y0 := 0; y0 < st.Height; y0 += 16 {
+		for x0 := 0; x0 < st.Width; x0 += 16 {
+			r := Rect{x0, y0, min(x0+16, st.Width), min(y0+16, st.Height)}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				tl, err := NewTile(s, st, 5, r)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if err := tl.Render(context.Background(), 0, st.SPP); err != nil {
+					errs <- err
+					return
+				}
+				px := tl.Pixels()
+				for y := r.Y0; y < r.Y1; y++ {
+					copy(out[3*(y*st.Width+r.X0):], px[3*(y-r.Y0)*r.Dx():3*(y-r.Y0+1)*r.Dx()])
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if i := sameBits(seq, out); i >= 0 {
+		t.Fatalf("concurrent render differs from sequential at value %d", i)
+	}
+}
+
+// TestGolden pins the exact output of both examples. Any change to these
+// hashes changes pixels and MUST come with a render.Version bump (the farm
+// keys cached tiles and frames by it).
+func TestGolden(t *testing.T) {
+	cases := []struct {
+		name  string
+		frame int
+		want  string
+	}{
+		{"cornell", 1, "TODO"},
+		{"shot", 1, "TODO"},
+		{"shot", 17, "TODO"},
+	}
+	for _, c := range cases {
+		s := loadExample(t, c.name)
+		got := hashPixels(renderTiled(t, s, small(s, 64, 48, 4), c.frame, 32))
+		if got != c.want {
+			t.Errorf("%s frame %d: sha256 %s, want %s (bump render.Version if pixels changed on purpose)", c.name, c.frame, got, c.want)
+		}
+	}
+	if Version != "pt-1" {
+		t.Errorf("Version is %q: update the golden hashes together with it", Version)
+	}
+}

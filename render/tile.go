@@ -1,0 +1,160 @@
+package render
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Rect is a half-open pixel rectangle [X0, X1) × [Y0, Y1); y=0 is the top row.
+type Rect struct{ X0, Y0, X1, Y1 int }
+
+// Dx returns the width of r.
+func (r Rect) Dx() int { return r.X1 - r.X0 }
+
+// Dy returns the height of r.
+func (r Rect) Dy() int { return r.Y1 - r.Y0 }
+
+// State is a tile's progress: the float64 per-pixel RGB sums of samples
+// [0, Next), row-major over the rect. Restoring it with Import resumes the
+// tile bit for bit.
+type State struct {
+	Next int
+	Sum  []float64
+}
+
+// Tile renders one pixel rectangle of one frame progressively. A Tile is not
+// safe for concurrent use; callers parallelise over tiles.
+type Tile struct {
+	w    *world
+	cam  camFrame
+	st   Settings
+	rect Rect
+	fk   uint64
+	next int
+	sum  []float64
+	pass []float64 // radiance of the pass in progress, committed to sum when complete
+	rays uint64    // rays cast, for benchmarks
+}
+
+// NewTile prepares rendering rect r of frame with settings st, which are
+// validated against s. Bad settings or a rect outside the image are
+// *SceneError (field "settings.*" or "rect").
+func NewTile(s *Scene, st Settings, frame int, r Rect) (*Tile, error) {
+	if err := s.Validate(st); err != nil {
+		return nil, err
+	}
+	if r.X0 < 0 || r.Y0 < 0 || r.X1 > st.Width || r.Y1 > st.Height || r.X0 >= r.X1 || r.Y0 >= r.Y1 {
+		return nil, sceneErr("rect", "rect [%d,%d)x[%d,%d) is empty or outside the %dx%d image", r.X0, r.X1, r.Y0, r.Y1, st.Width, st.Height)
+	}
+	if frame < -maxFrame || frame > maxFrame {
+		return nil, sceneErr("frame", "frame %d out of range", frame)
+	}
+	ci := s.cameraIndex(st.Camera)
+	cam, err := s.cameras[ci].at(frame)
+	if err != nil {
+		return nil, sceneErr(fmt.Sprintf("cameras[%d]", ci), "%v", err)
+	}
+	w, err := s.world(frame)
+	if err != nil {
+		return nil, err
+	}
+	n := 3 * r.Dx() * r.Dy()
+	return &Tile{
+		w:    w,
+		cam:  cam,
+		st:   st,
+		rect: r,
+		fk:   frameKey(st.Seed, frame),
+		sum:  make([]float64, n),
+		pass: make([]float64, n),
+	}, nil
+}
+
+// Render renders sample indices [from, to) of every pixel. from must equal
+// Next() and to must not exceed the settings' SPP. Samples are rendered one
+// index at a time over the whole tile and committed only when the index is
+// complete, so a cancellation (checked after every row) leaves the tile at
+// the last complete sample index and returns ctx.Err().
+func (t *Tile) Render(ctx context.Context, from, to int) error {
+	if from != t.next {
+		return fmt.Errorf("render: from = %d, but the tile's next sample is %d", from, t.next)
+	}
+	if to < from || to > t.st.SPP {
+		return fmt.Errorf("render: sample range [%d,%d) is outside [%d,%d]", from, to, t.next, t.st.SPP)
+	}
+	fw, fh := float64(t.st.Width), float64(t.st.Height)
+	for si := from; si < to; si++ {
+		i := 0
+		for y := t.rect.Y0; y < t.rect.Y1; y++ {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			for x := t.rect.X0; x < t.rect.X1; x++ {
+				s := newSampler(t.fk, x, y, si)
+				jx, jy := s.at(dimPixel), s.at(dimPixel+1)
+				l1, l2 := s.at(dimLens), s.at(dimLens+1)
+				r := t.cam.generate(float64(x)+jx, float64(y)+jy, fw, fh, l1, l2)
+				c := t.w.radiance(r, &s, t.st.MaxDepth, &t.rays)
+				if !c.Finite() {
+					c = Vec{} // a NaN/Inf sample is discarded, never poisons the pixel
+				}
+				t.pass[i], t.pass[i+1], t.pass[i+2] = c.X, c.Y, c.Z
+				i += 3
+			}
+		}
+		for k, v := range t.pass {
+			t.sum[k] += v
+		}
+		t.next = si + 1
+	}
+	return nil
+}
+
+// Next returns the next sample index to render.
+func (t *Tile) Next() int { return t.next }
+
+// Rect returns the tile's pixel rectangle.
+func (t *Tile) Rect() Rect { return t.rect }
+
+// Export returns a deep copy of the tile's progress.
+func (t *Tile) Export() State {
+	return State{Next: t.next, Sum: append([]float64(nil), t.sum...)}
+}
+
+// Import restores progress saved by Export, after checking that it fits
+// this tile and holds only finite sums.
+func (t *Tile) Import(st State) error {
+	if len(st.Sum) != len(t.sum) {
+		return fmt.Errorf("render: state has %d sums, tile needs %d", len(st.Sum), len(t.sum))
+	}
+	if st.Next < 0 || st.Next > t.st.SPP {
+		return fmt.Errorf("render: state next sample %d outside [0,%d]", st.Next, t.st.SPP)
+	}
+	for _, v := range st.Sum {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return errors.New("render: state holds a non-finite sum")
+		}
+		if st.Next == 0 && v != 0 {
+			return errors.New("render: state has sums but no samples")
+		}
+	}
+	copy(t.sum, st.Sum)
+	t.next = st.Next
+	return nil
+}
+
+// Pixels returns the mean radiance of the samples so far, RGB interleaved,
+// row-major over the rect (len 3·w·h); all zero before the first sample.
+func (t *Tile) Pixels() []float32 {
+	out := make([]float32, len(t.sum))
+	if t.next == 0 {
+		return out
+	}
+	inv := 1 / float64(t.next)
+	for i, v := range t.sum {
+		out[i] = float32(v * inv)
+	}
+	return out
+}

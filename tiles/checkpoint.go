@@ -1,0 +1,307 @@
+package tiles
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Checkpoint is the resumable state of one tile: the float64 accumulators of
+// its pixels after samples [0, Next) and the identities that say which tile
+// and which inputs they belong to. Sum is stored bit for bit, so a tile
+// resumed from a checkpoint equals an uninterrupted one exactly.
+type Checkpoint struct {
+	TileKey   string
+	InputHash string
+	Next      int // next sample index to render
+	Sum       []float64
+	Attempt   string // attempt that wrote it (for logs)
+	SavedAt   time.Time
+}
+
+// Matches reports whether c belongs to the given tile and was made from the
+// same inputs. A worker resumes only from a matching checkpoint; anything
+// else (older renderer, other settings, another tile) must be discarded.
+func (c Checkpoint) Matches(tileKey, inputHash string) bool {
+	return c.TileKey == tileKey && c.InputHash == inputHash
+}
+
+// ErrCorruptCheckpoint is wrapped by every decoding error: whatever the
+// damage, the checkpoint is unusable and the tile restarts from sample 0.
+var ErrCorruptCheckpoint = errors.New("corrupt checkpoint")
+
+// Limits of the checkpoint format. Anything larger is treated as corruption
+// rather than trusted, so a damaged header cannot make a decoder allocate
+// gigabytes.
+const (
+	// MaxCheckpointFloats is the largest Sum a checkpoint may hold: a
+	// MaxTileSize x MaxTileSize tile with four float64 channels (512 MiB).
+	MaxCheckpointFloats = MaxTileSize * MaxTileSize * 4
+	// MaxCheckpointString is the longest key or attempt id stored.
+	MaxCheckpointString = 1024
+	// MaxCheckpointNext is the largest sample index stored.
+	MaxCheckpointNext = math.MaxInt32
+)
+
+// Layout of an encoded checkpoint (all integers little endian):
+//
+//	"TFCK" | version u8 | len u16 + TileKey | len u16 + InputHash |
+//	len u16 + Attempt | Next u64 | SavedAt unix seconds i64 | SavedAt nanos u32 |
+//	float count u64 | payload length u32 | zstd(float64 bits, little endian) |
+//	CRC-32C (Castagnoli) u32 of everything before it
+const (
+	checkpointMagic   = "TFCK"
+	checkpointVersion = 1
+	crcSize           = 4
+	// minCheckpointSize is the encoding with empty strings and no payload.
+	minCheckpointSize = len(checkpointMagic) + 1 + 3*2 + 8 + 8 + 4 + 8 + 4 + crcSize
+)
+
+// Codec encodes and decodes checkpoints, reusing one zstd encoder and decoder.
+// It is safe for concurrent use. Hot paths (a worker checkpointing after every
+// pass) should hold one Codec rather than call the free functions.
+type Codec struct {
+	enc *zstd.Encoder
+	dec *zstd.Decoder
+}
+
+// NewCodec creates a Codec. Close releases its zstd resources.
+func NewCodec() (*Codec, error) {
+	enc, err := zstd.NewWriter(nil,
+		zstd.WithEncoderLevel(zstd.SpeedFastest),
+		zstd.WithEncoderConcurrency(2),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("creating zstd encoder: %w", err)
+	}
+	// The decoder never produces more than MaxCheckpointFloats*8 bytes, and
+	// with WithDecodeAllCapLimit each call is limited to the capacity of its
+	// destination, which Decode sizes to what the header declares.
+	dec, err := zstd.NewReader(nil,
+		zstd.WithDecoderConcurrency(2),
+		zstd.WithDecoderMaxMemory(MaxCheckpointFloats*8),
+		zstd.WithDecodeAllCapLimit(true),
+	)
+	if err != nil {
+		enc.Close()
+		return nil, fmt.Errorf("creating zstd decoder: %w", err)
+	}
+	return &Codec{enc: enc, dec: dec}, nil
+}
+
+// Close releases the codec's encoder and decoder. The codec must not be used
+// afterwards.
+func (c *Codec) Close() error {
+	c.dec.Close()
+	if err := c.enc.Close(); err != nil {
+		return fmt.Errorf("closing zstd encoder: %w", err)
+	}
+	return nil
+}
+
+// EncodeCheckpoint encodes c with a one-off Codec. See Codec.Encode.
+func EncodeCheckpoint(c Checkpoint) ([]byte, error) {
+	codec, err := NewCodec()
+	if err != nil {
+		return nil, err
+	}
+	defer codec.Close()
+	return codec.Encode(c)
+}
+
+// DecodeCheckpoint decodes b with a one-off Codec. See Codec.Decode.
+func DecodeCheckpoint(b []byte) (Checkpoint, error) {
+	codec, err := NewCodec()
+	if err != nil {
+		return Checkpoint{}, err
+	}
+	defer codec.Close()
+	return codec.Decode(b)
+}
+
+// Encode serializes ck: a small header, the zstd-compressed float64 bits of
+// Sum and a CRC-32C over everything, so that any damage on disk or in
+// object storage is detected by Decode. It refuses values the decoder would
+// reject, so every encoded checkpoint decodes.
+func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
+	for _, f := range []struct{ name, s string }{
+		{"tile key", ck.TileKey}, {"input hash", ck.InputHash}, {"attempt", ck.Attempt},
+	} {
+		if len(f.s) > MaxCheckpointString {
+			return nil, fmt.Errorf("encoding checkpoint: %s is %d bytes, more than %d", f.name, len(f.s), MaxCheckpointString)
+		}
+	}
+	if ck.Next < 0 || ck.Next > MaxCheckpointNext {
+		return nil, fmt.Errorf("encoding checkpoint: next sample index %d out of range [0, %d]", ck.Next, MaxCheckpointNext)
+	}
+	if len(ck.Sum) > MaxCheckpointFloats {
+		return nil, fmt.Errorf("encoding checkpoint: %d floats, more than %d", len(ck.Sum), MaxCheckpointFloats)
+	}
+
+	raw := make([]byte, 8*len(ck.Sum))
+	for i, v := range ck.Sum {
+		binary.LittleEndian.PutUint64(raw[8*i:], math.Float64bits(v))
+	}
+	var payload []byte
+	if len(raw) > 0 {
+		payload = c.enc.EncodeAll(raw, nil)
+	}
+	if uint64(len(payload)) > math.MaxUint32 {
+		return nil, fmt.Errorf("encoding checkpoint: compressed payload of %d bytes too large", len(payload))
+	}
+
+	size := minCheckpointSize + len(ck.TileKey) + len(ck.InputHash) + len(ck.Attempt) + len(payload)
+	b := make([]byte, 0, size)
+	b = append(b, checkpointMagic...)
+	b = append(b, checkpointVersion)
+	b = appendString16(b, ck.TileKey)
+	b = appendString16(b, ck.InputHash)
+	b = appendString16(b, ck.Attempt)
+	b = binary.LittleEndian.AppendUint64(b, uint64(ck.Next))
+	b = binary.LittleEndian.AppendUint64(b, uint64(ck.SavedAt.Unix()))
+	b = binary.LittleEndian.AppendUint32(b, uint32(ck.SavedAt.Nanosecond()))
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(ck.Sum)))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(payload)))
+	b = append(b, payload...)
+	b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli()))
+	return b, nil
+}
+
+// Decode parses an encoded checkpoint. Every kind of damage (bad magic or
+// version, truncation, CRC mismatch, zstd error, length mismatch, absurd
+// sizes) returns an error wrapping ErrCorruptCheckpoint; it never panics.
+// SavedAt is returned in UTC; an empty Sum decodes as nil.
+func (c *Codec) Decode(b []byte) (Checkpoint, error) {
+	if len(b) < minCheckpointSize {
+		return Checkpoint{}, corruptf("%d bytes, shorter than the minimum %d", len(b), minCheckpointSize)
+	}
+	if string(b[:len(checkpointMagic)]) != checkpointMagic {
+		return Checkpoint{}, corruptf("bad magic %q", b[:len(checkpointMagic)])
+	}
+	if v := b[len(checkpointMagic)]; v != checkpointVersion {
+		return Checkpoint{}, corruptf("unsupported version %d", v)
+	}
+	body := b[:len(b)-crcSize]
+	want := binary.LittleEndian.Uint32(b[len(body):])
+	if got := crc32.Checksum(body, castagnoli()); got != want {
+		return Checkpoint{}, corruptf("crc32c mismatch: stored %08x, computed %08x", want, got)
+	}
+
+	r := reader{b: body[len(checkpointMagic)+1:]}
+	var ck Checkpoint
+	ck.TileKey = r.string16()
+	ck.InputHash = r.string16()
+	ck.Attempt = r.string16()
+	next := r.uint64()
+	secs := int64(r.uint64())
+	nanos := r.uint32()
+	count := r.uint64()
+	payloadLen := r.uint32()
+	if r.err != nil {
+		return Checkpoint{}, corruptf("header: %w", r.err)
+	}
+	if next > MaxCheckpointNext {
+		return Checkpoint{}, corruptf("next sample index %d out of range", next)
+	}
+	if nanos >= uint32(time.Second) {
+		return Checkpoint{}, corruptf("saved-at nanoseconds %d out of range", nanos)
+	}
+	if count > MaxCheckpointFloats {
+		return Checkpoint{}, corruptf("%d floats, more than %d", count, MaxCheckpointFloats)
+	}
+	if uint64(len(r.b)) != uint64(payloadLen) {
+		return Checkpoint{}, corruptf("payload length %d, header declares %d", len(r.b), payloadLen)
+	}
+	ck.Next = int(next)
+	ck.SavedAt = time.Unix(secs, int64(nanos)).UTC()
+
+	if count == 0 {
+		if payloadLen != 0 {
+			return Checkpoint{}, corruptf("%d payload bytes for zero floats", payloadLen)
+		}
+		return ck, nil
+	}
+	wantBytes := int(count) * 8
+	raw, err := c.dec.DecodeAll(r.b, make([]byte, 0, wantBytes))
+	if err != nil {
+		return Checkpoint{}, corruptf("decompressing payload: %w", err)
+	}
+	if len(raw) != wantBytes {
+		return Checkpoint{}, corruptf("payload decompresses to %d bytes, header declares %d", len(raw), wantBytes)
+	}
+	ck.Sum = make([]float64, count)
+	for i := range ck.Sum {
+		ck.Sum[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
+	}
+	return ck, nil
+}
+
+// corruptf formats a decoding error that wraps ErrCorruptCheckpoint.
+func corruptf(format string, args ...any) error {
+	return fmt.Errorf("decoding checkpoint: %w: %w", ErrCorruptCheckpoint, fmt.Errorf(format, args...))
+}
+
+// castagnoli returns the CRC-32C table; crc32 caches it internally.
+func castagnoli() *crc32.Table { return crc32.MakeTable(crc32.Castagnoli) }
+
+// appendString16 appends a u16 length and s. Callers have checked the length.
+func appendString16(b []byte, s string) []byte {
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(s)))
+	return append(b, s...)
+}
+
+// errShortHeader reports a header that ends before all its fields.
+var errShortHeader = errors.New("truncated header")
+
+// reader reads little-endian header fields and remembers the first error, so
+// decoding stays a straight sequence of reads.
+type reader struct {
+	b   []byte
+	err error
+}
+
+// take returns the next n bytes, or nil after setting r.err.
+func (r *reader) take(n int) []byte {
+	if r.err != nil {
+		return nil
+	}
+	if n > len(r.b) {
+		r.err = errShortHeader
+		return nil
+	}
+	out := r.b[:n]
+	r.b = r.b[n:]
+	return out
+}
+
+func (r *reader) uint64() uint64 {
+	if p := r.take(8); p != nil {
+		return binary.LittleEndian.Uint64(p)
+	}
+	return 0
+}
+
+func (r *reader) uint32() uint32 {
+	if p := r.take(4); p != nil {
+		return binary.LittleEndian.Uint32(p)
+	}
+	return 0
+}
+
+func (r *reader) string16() string {
+	p := r.take(2)
+	if p == nil {
+		return ""
+	}
+	n := int(binary.LittleEndian.Uint16(p))
+	if n > MaxCheckpointString {
+		r.err = fmt.Errorf("string of %d bytes, more than %d", n, MaxCheckpointString)
+		return ""
+	}
+	return string(r.take(n))
+}
