@@ -80,7 +80,7 @@ func EncodeEXR(f *Frame, compression EXRCompression) ([]byte, error) {
 		chlist.WriteString(ch.name)
 		chlist.WriteByte(0)
 		chlist.Write(le.AppendUint32(nil, exrFloat))
-		chlist.Write([]byte{0, 0, 0, 0})       // pLinear, reserved
+		chlist.Write([]byte{0, 0, 0, 0})      // pLinear, reserved
 		chlist.Write(le.AppendUint32(nil, 1)) // xSampling
 		chlist.Write(le.AppendUint32(nil, 1)) // ySampling
 	}

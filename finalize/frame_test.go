@@ -43,13 +43,13 @@ func TestFramePlace(t *testing.T) {
 
 	before := slices.Clone(f.Pix)
 	bad := []struct{ x0, y0, x1, y1, n int }{
-		{-1, 0, 2, 2, 2 * 2 * 3},  // negative origin
-		{0, 0, 6, 1, 6 * 1 * 3},   // past the right edge
-		{0, 3, 2, 5, 2 * 2 * 3},   // past the bottom edge
-		{2, 2, 2, 3, 0},           // empty
-		{3, 3, 1, 1, 12},          // reversed
-		{0, 0, 2, 2, 2*2*3 - 1},   // short buffer
-		{0, 0, 2, 2, 2*2*3 + 3},   // long buffer
+		{-1, 0, 2, 2, 2 * 2 * 3}, // negative origin
+		{0, 0, 6, 1, 6 * 1 * 3},  // past the right edge
+		{0, 3, 2, 5, 2 * 2 * 3},  // past the bottom edge
+		{2, 2, 2, 3, 0},          // empty
+		{3, 3, 1, 1, 12},         // reversed
+		{0, 0, 2, 2, 2*2*3 - 1},  // short buffer
+		{0, 0, 2, 2, 2*2*3 + 3},  // long buffer
 	}
 	for _, b := range bad {
 		if err := f.Place(b.x0, b.y0, b.x1, b.y1, make([]float32, b.n)); err == nil {

@@ -37,7 +37,10 @@ func jsonError(data []byte, err error, field string) error {
 	case errors.As(err, &ute):
 		f := joinField(field, ute.Field)
 		if strings.HasPrefix(ute.Value, "number") && isNumberKind(ute.Type) {
-			return sceneErr(f, "%s is not valid here: want %s in range (NaN and Inf are rejected)", ute.Value, describeType(ute.Type))
+			if k := ute.Type.Kind(); k == reflect.Float64 || k == reflect.Float32 {
+				return sceneErr(f, "%s is out of range (NaN and Inf are rejected)", ute.Value)
+			}
+			return sceneErr(f, "%s is not %s in range", ute.Value, describeType(ute.Type))
 		}
 		return sceneErr(f, "got %s, want %s", ute.Value, describeType(ute.Type))
 	case errors.Is(err, io.EOF):

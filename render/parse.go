@@ -44,15 +44,15 @@ type rawSky struct {
 }
 
 type rawCamera struct {
-	Name          string         `json:"name"`
-	Position      []float64      `json:"position"`
-	LookAt        []float64      `json:"look_at"`
-	Up            []float64      `json:"up"`
-	FOV           *float64       `json:"fov"`
-	Aperture      *float64       `json:"aperture"`
-	FocusDistance *float64       `json:"focus_distance"`
-	Easing        *string        `json:"easing"`
-	Keyframes     []rawCameraKey `json:"keyframes"`
+	Name          string            `json:"name"`
+	Position      []float64         `json:"position"`
+	LookAt        []float64         `json:"look_at"`
+	Up            []float64         `json:"up"`
+	FOV           *float64          `json:"fov"`
+	Aperture      *float64          `json:"aperture"`
+	FocusDistance *float64          `json:"focus_distance"`
+	Easing        *string           `json:"easing"`
+	Keyframes     []json.RawMessage `json:"keyframes"`
 }
 
 type rawCameraKey struct {
@@ -76,20 +76,20 @@ type rawMaterial struct {
 }
 
 type rawObject struct {
-	Type      string         `json:"type"`
-	Material  string         `json:"material"`
-	Center    []float64      `json:"center"`
-	Radius    *float64       `json:"radius"`
-	Corner    []float64      `json:"corner"`
-	U         []float64      `json:"u"`
-	V         []float64      `json:"v"`
-	Point     []float64      `json:"point"`
-	Normal    []float64      `json:"normal"`
-	File      *string        `json:"file"`
-	Smooth    *bool          `json:"smooth"`
-	Transform *rawTransform  `json:"transform"`
-	Easing    *string        `json:"easing"`
-	Keyframes []rawObjectKey `json:"keyframes"`
+	Type      string            `json:"type"`
+	Material  string            `json:"material"`
+	Center    []float64         `json:"center"`
+	Radius    *float64          `json:"radius"`
+	Corner    []float64         `json:"corner"`
+	U         []float64         `json:"u"`
+	V         []float64         `json:"v"`
+	Point     []float64         `json:"point"`
+	Normal    []float64         `json:"normal"`
+	File      *string           `json:"file"`
+	Smooth    *bool             `json:"smooth"`
+	Transform json.RawMessage   `json:"transform"`
+	Easing    *string           `json:"easing"`
+	Keyframes []json.RawMessage `json:"keyframes"`
 }
 
 type rawTransform struct {
@@ -356,9 +356,12 @@ func (s *Scene) parseCamera(field string, rc *rawCamera) (camera, error) {
 		return c, err
 	}
 	frames := []int{s.first, s.last}
-	for i := range rc.Keyframes {
-		k := &rc.Keyframes[i]
+	for i, data := range rc.Keyframes {
 		kf := fmt.Sprintf("%s.keyframes[%d]", field, i)
+		k := &rawCameraKey{}
+		if err := decodeStrict(data, k, kf); err != nil {
+			return c, err
+		}
 		if k.Frame == nil {
 			return c, sceneErr(kf+".frame", "missing keyframe frame number")
 		}
@@ -528,8 +531,12 @@ func (s *Scene) parseObject(field string, ro *rawObject) (object, error) {
 func parseObjectAnimation(field string, ro *rawObject, o *object) error {
 	o.scale = Vec{1, 1, 1}
 	var err error
-	if t := ro.Transform; t != nil {
+	if ro.Transform != nil {
 		tf := field + ".transform"
+		t := &rawTransform{}
+		if err := decodeStrict(ro.Transform, t, tf); err != nil {
+			return err
+		}
 		if o.translate, err = vec3(tf+".translate", t.Translate, &Vec{}); err != nil {
 			return err
 		}
@@ -543,9 +550,12 @@ func parseObjectAnimation(field string, ro *rawObject, o *object) error {
 	if o.easing, err = parseEasing(field+".easing", ro.Easing); err != nil {
 		return err
 	}
-	for i := range ro.Keyframes {
-		k := &ro.Keyframes[i]
+	for i, data := range ro.Keyframes {
 		kf := fmt.Sprintf("%s.keyframes[%d]", field, i)
+		k := &rawObjectKey{}
+		if err := decodeStrict(data, k, kf); err != nil {
+			return err
+		}
 		if k.Frame == nil {
 			return sceneErr(kf+".frame", "missing keyframe frame number")
 		}

@@ -117,6 +117,9 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 	if err != nil {
 		return 0, err
 	}
+	if *out == "" {
+		return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
+	}
 	req, err := submitRequest(pos[0], *frames, *camera, *spp, *width, *height, *tile, *out, *format)
 	if err != nil {
 		return 0, err

@@ -55,7 +55,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
 	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads (S3 stores)")
 	passes := fs.Int("passes", 16, "passes a tile's samples are split into (checkpoint granularity)")
-	faultTile := fs.String("fault-panic-tile", "", "testing only: panic when rendering the tile with rectangle X0,Y0,X1,Y1")
+	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if pos, err := parseArgs(fs, args); err != nil {
@@ -74,11 +74,16 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		RemoteEvery: *remoteEvery, PassesPerTile: *passes}
 	wc.Faults.PassDelay = *faultDelay
 	if *faultTile != "" {
-		r, err := parseRect(*faultTile)
+		fr, rect, _ := strings.Cut(*faultTile, ":")
+		n, err := strconv.Atoi(fr)
+		if err != nil {
+			return usagef("--fault-panic-tile %q: want FRAME:X0,Y0,X1,Y1", *faultTile)
+		}
+		r, err := parseRect(rect)
 		if err != nil {
 			return err
 		}
-		wc.Faults.PanicTile, wc.Faults.PanicTileSet = r, true
+		wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
 	}
 	return node.RunWorker(ctx, node.WorkerOptions{NATSURL: *natsURL, StoreURL: *storeURL, CheckpointDir: *ckptDir,
 		MetricsListen: *metricsListen, Worker: wc, Log: log})

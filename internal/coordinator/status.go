@@ -24,7 +24,7 @@ type FrameStatus struct {
 	TilesTotal     int      `json:"tiles_total"`
 	TilesCompleted int      `json:"tiles_completed"`
 	Error          string   `json:"error,omitempty"`
-	Outputs        []string `json:"outputs,omitempty"` // object names in the frame manifest, once completed
+	TileKeys       []string `json:"tile_keys"`
 }
 
 // Status is where a job stands. It is what `status --json` prints.
@@ -97,7 +97,7 @@ func jobStatus(tx *store.Tx, j *store.Job) (Status, error) {
 			return st, fmt.Errorf("job %s frame %d: %w", j.ID, j.First+i, err)
 		}
 		fs := FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: f.State, TilesTotal: len(f.TileKeys),
-			TilesCompleted: f.TilesCompleted, Error: f.Error}
+			TilesCompleted: f.TilesCompleted, Error: f.Error, TileKeys: f.TileKeys}
 		st.TilesTotal += fs.TilesTotal
 		st.TilesCompleted += fs.TilesCompleted
 		if f.State != store.FrameQueued {

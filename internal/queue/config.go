@@ -24,9 +24,6 @@ type Config struct {
 	LeaseTTL time.Duration
 	// Replicas is the stream and bucket replication factor (1 embedded, 3 on a cluster).
 	Replicas int
-	// SweepInterval is how often WatchDeadLetters looks for dead tiles whose advisory it missed (for
-	// example because no watcher was running when they reached MaxDeliver).
-	SweepInterval time.Duration
 }
 
 // eventsMaxAge is how long EVENTS keeps history for a coordinator catching up after downtime.
@@ -35,12 +32,11 @@ const eventsMaxAge = 7 * 24 * time.Hour
 // DefaultConfig returns the defaults from DESIGN.md (ack-wait 15 s, MaxDeliver 5, dedup 10 min, lease TTL 15 s).
 func DefaultConfig() Config {
 	return Config{
-		AckWait:       15 * time.Second,
-		MaxDeliver:    5,
-		DedupWindow:   10 * time.Minute,
-		LeaseTTL:      15 * time.Second,
-		Replicas:      1,
-		SweepInterval: 30 * time.Second,
+		AckWait:     15 * time.Second,
+		MaxDeliver:  5,
+		DedupWindow: 10 * time.Minute,
+		LeaseTTL:    15 * time.Second,
+		Replicas:    1,
 	}
 }
 
@@ -61,8 +57,6 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: lease ttl must be at least 100ms, got %v", ErrInvalidConfig, c.LeaseTTL)
 	case c.Replicas < 1 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas must be 1..5, got %d", ErrInvalidConfig, c.Replicas)
-	case c.SweepInterval <= 0:
-		return fmt.Errorf("%w: sweep interval must be positive, got %v", ErrInvalidConfig, c.SweepInterval)
 	}
 	for i, d := range c.Backoff {
 		if d <= 0 {

@@ -23,7 +23,6 @@ func TestConfigValidateRejects(t *testing.T) {
 		"tiny lease ttl":      func(c *Config) { c.LeaseTTL = time.Millisecond },
 		"zero replicas":       func(c *Config) { c.Replicas = 0 },
 		"six replicas":        func(c *Config) { c.Replicas = 6 },
-		"zero sweep interval": func(c *Config) { c.SweepInterval = 0 },
 	}
 	for name, mutate := range cases {
 		t.Run(name, func(t *testing.T) {

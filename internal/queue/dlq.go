@@ -91,9 +91,9 @@ func (f *Farm) reasonFor(msgID string, hdr nats.Header) string {
 	return reasonMaxDelivers
 }
 
-// deadLetterSeq moves TILES message seq to the DLQ: copy first, then delete. ok is false when the message is
-// already gone (handled before, or acked late by a worker that did finish it).
-func (f *Farm) deadLetterSeq(ctx context.Context, seq, deliveries uint64) (dl DeadLetter, ok bool, err error) {
+// copyDeadLetter copies TILES message seq to the DLQ (deduplicated by deadLetterMsgID). ok is false when the
+// message is already gone: dead-lettered before, or acked late by a worker that did finish it.
+func (f *Farm) copyDeadLetter(ctx context.Context, seq, deliveries uint64) (dl DeadLetter, ok bool, err error) {
 	raw, err := f.Tiles.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -114,141 +114,132 @@ func (f *Farm) deadLetterSeq(ctx context.Context, seq, deliveries uint64) (dl De
 	if err != nil {
 		return DeadLetter{}, false, err
 	}
-	if err := f.Tiles.DeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return DeadLetter{}, false, fmt.Errorf("deleting dead-lettered %s seq %d: %w", StreamTiles, seq, err)
-	}
-	f.forgetError(msgID)
 	return dl, true, nil
 }
 
-// WatchDeadLetters moves every TILES message that reached MaxDeliver to the DLQ and then calls onDead (nil
-// is allowed). It listens to the MAX_DELIVERIES advisory and, because advisories are fire-and-forget core
-// NATS messages lost while nobody listens, also sweeps TILES every Cfg.SweepInterval. It runs until ctx is
-// done and then returns nil; per-message failures are logged and retried by the next sweep.
-func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(DeadLetter)) error {
-	subject := fmt.Sprintf("%s.%s.%s", server.JSAdvisoryConsumerMaxDeliveryExceedPre, StreamTiles, ConsumerWorkers)
-	ch := make(chan *nats.Msg, 1024) // on overflow the advisory is dropped; the sweep still finds the tile
-	sub, err := nc.ChanSubscribe(subject, ch)
-	if err != nil {
-		return fmt.Errorf("subscribing to %q: %w", subject, err)
+// removeDeadLetter deletes a dead letter's original from TILES once its copy is stored.
+func (f *Farm) removeDeadLetter(ctx context.Context, dl DeadLetter) error {
+	if err := f.Tiles.DeleteMsg(ctx, dl.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		return fmt.Errorf("deleting dead-lettered %s seq %d: %w", StreamTiles, dl.StreamSeq, err)
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	fctx, cancel := context.WithTimeout(ctx, 10*time.Second) // FlushWithContext needs a deadline
-	err = nc.FlushWithContext(fctx)
-	cancel()
+	f.forgetError(dl.MsgID)
+	return nil
+}
+
+// maxDeliveriesSubject is where the server announces that TILES/workers gave up on a message.
+const maxDeliveriesSubject = server.JSAdvisoryConsumerMaxDeliveryExceedPre + "." + StreamTiles + "." + ConsumerWorkers
+
+// advisoryRetryBase and advisoryRetryMax bound the redelivery delay of an advisory whose dead-lettering
+// failed (DLQ unavailable, for example).
+const (
+	advisoryRetryBase = time.Second
+	advisoryRetryMax  = time.Minute
+)
+
+// WatchDeadLetters moves every TILES message that reached MaxDeliver to the DLQ and reports it to onDead
+// (nil is allowed). It reads the $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TILES.workers advisories from the
+// TILES_ADVISORIES stream that Setup creates to capture them, through the shared durable consumer
+// "dead-letters": an advisory raised while no coordinator was running is handled when one starts, and several
+// coordinators can watch at once. Per advisory: copy the message to "dlq.<subject>", call onDead, delete the
+// message from TILES, ack the advisory. A crash anywhere in that sequence repeats it from the start, so the
+// DLQ copy is deduplicated and onDead is called at least once per dead letter: it must be idempotent
+// (key it by DeadLetter.StreamSeq). Failures are logged and the advisory is redelivered with backoff.
+// nc carries the watcher's traffic (nil means f.JS's connection). It runs until ctx is done, then returns nil.
+func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(DeadLetter)) error {
+	js := f.JS
+	if nc != nil {
+		var err error
+		if js, err = jetstream.New(nc); err != nil {
+			return fmt.Errorf("watching dead letters: %w", err)
+		}
+	}
+	cons, err := js.Consumer(ctx, StreamAdvisories, ConsumerDeadLetters)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("subscribing to %q: %w", subject, err)
+		return fmt.Errorf("watching dead letters: opening consumer %s/%s: %w", StreamAdvisories, ConsumerDeadLetters, err)
 	}
 	log := f.logger().With("stream", StreamTiles, "consumer", ConsumerWorkers)
-	dead := func(dl DeadLetter) {
+	for ctx.Err() == nil {
+		// FetchContext without a deadline waits up to the client default (30 s) and returns early on cancel.
+		batch, err := cons.Fetch(64, jetstream.FetchContext(ctx))
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, nats.ErrConnectionClosed) {
+				return fmt.Errorf("watching dead letters: %w", err)
+			}
+			log.Error("fetching max deliveries advisories", "err", err)
+			if !sleepCtx(ctx, advisoryRetryBase) {
+				return nil
+			}
+			continue
+		}
+		for m := range batch.Messages() {
+			f.handleAdvisory(ctx, m, onDead, log)
+		}
+		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
+			log.Error("fetching max deliveries advisories", "err", err)
+			if !sleepCtx(ctx, advisoryRetryBase) {
+				return nil
+			}
+		}
+	}
+	return nil
+}
+
+// handleAdvisory dead-letters the TILES message one advisory names and settles the advisory.
+func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(DeadLetter), log *slog.Logger) {
+	var adv server.JSConsumerDeliveryExceededAdvisory
+	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 {
+		log.Error("dropping undecodable max deliveries advisory", "err", err, "data", string(m.Data()))
+		_ = m.Term()
+		return
+	}
+	retry := func(err error) {
+		attempt := 1
+		if md, merr := m.Metadata(); merr == nil {
+			attempt = int(min(md.NumDelivered, 64))
+		}
+		if ctx.Err() == nil {
+			log.Error("dead-lettering", "stream_seq", adv.StreamSeq, "attempt", attempt, "err", err)
+		}
+		_ = m.NakWithDelay(Backoff(attempt, advisoryRetryBase, advisoryRetryMax, CryptoJitter))
+	}
+	dl, ok, err := f.copyDeadLetter(ctx, adv.StreamSeq, adv.Deliveries)
+	if err != nil {
+		retry(err)
+		return
+	}
+	if ok {
 		log.Warn("tile dead-lettered", "msg_id", dl.MsgID, "stream_seq", dl.StreamSeq, "dlq_seq", dl.DLQSeq,
 			"deliveries", dl.Deliveries, "reason", dl.Reason)
 		if onDead != nil {
 			onDead(dl)
 		}
-	}
-	sw := sweeper{f: f}
-	sw.sweep(ctx, dead, log)
-	ticker := time.NewTicker(f.Cfg.SweepInterval)
-	defer ticker.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-ticker.C:
-			sw.sweep(ctx, dead, log)
-		case m := <-ch:
-			var adv server.JSConsumerDeliveryExceededAdvisory
-			if err := json.Unmarshal(m.Data, &adv); err != nil {
-				log.Error("decoding max deliveries advisory", "err", err)
-				continue
-			}
-			dl, ok, err := f.deadLetterSeq(ctx, adv.StreamSeq, adv.Deliveries)
-			if err != nil {
-				if ctx.Err() == nil {
-					log.Error("dead-lettering from advisory", "stream_seq", adv.StreamSeq, "err", err)
-				}
-				continue
-			}
-			if ok {
-				dead(dl)
-			}
+		if err := f.removeDeadLetter(ctx, dl); err != nil {
+			retry(err)
+			return
 		}
+	}
+	if err := m.Ack(); err != nil {
+		// The advisory comes back, finds the message gone and is acked then: harmless.
+		log.Warn("acking max deliveries advisory", "stream_seq", adv.StreamSeq, "err", err)
 	}
 }
 
-// sweeper finds dead tiles without an advisory. In a work-queue stream an acked message is removed, so one
-// still stored at or below the consumer's ack floor was given up by the consumer after MaxDeliver. The floor
-// moves a moment before an acked message is removed, so a candidate is dead-lettered only when two
-// consecutive sweeps both see it.
-type sweeper struct {
-	f    *Farm
-	prev map[uint64]bool
-}
-
-// sweep runs one pass; errors are logged because the next pass retries.
-func (s *sweeper) sweep(ctx context.Context, dead func(DeadLetter), log *slog.Logger) {
-	cands, err := s.f.deadCandidates(ctx)
-	ci, _ := s.f.Consumer.Info(ctx)
-	si, _ := s.f.Tiles.Info(ctx)
-	log.Info("DEBUG sweep", "cands", cands, "prev", s.prev, "err", err, "floor", ci.AckFloor, "state", si.State)
-	if err != nil {
-		if ctx.Err() == nil {
-			log.Error("sweeping for dead tiles", "err", err)
-		}
-		return
+// sleepCtx waits d or until ctx is done; it reports whether the full wait elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
-	next := make(map[uint64]bool, len(cands))
-	for _, seq := range cands {
-		if !s.prev[seq] {
-			next[seq] = true
-			continue
-		}
-		dl, ok, err := s.f.deadLetterSeq(ctx, seq, uint64(s.f.Cfg.MaxDeliver))
-		if err != nil {
-			if ctx.Err() == nil {
-				log.Error("dead-lettering from sweep", "stream_seq", seq, "err", err)
-			}
-			next[seq] = true // still confirmed; retry next pass
-			continue
-		}
-		if ok {
-			dead(dl)
-		}
-	}
-	s.prev = next
-}
-
-// deadCandidates lists TILES sequences at or below the consumer's stream ack floor that are still stored.
-func (f *Farm) deadCandidates(ctx context.Context) ([]uint64, error) {
-	ci, err := f.Consumer.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reading consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
-	}
-	floor := ci.AckFloor.Stream
-	si, err := f.Tiles.Info(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("reading stream %s: %w", StreamTiles, err)
-	}
-	var out []uint64
-	for seq := si.State.FirstSeq; seq > 0 && seq <= floor; {
-		raw, err := f.Tiles.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(tilesSubjects))
-		if err != nil {
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				break
-			}
-			return nil, fmt.Errorf("scanning %s at seq %d: %w", StreamTiles, seq, err)
-		}
-		if raw.Sequence > floor {
-			break
-		}
-		out = append(out, raw.Sequence)
-		seq = raw.Sequence + 1
-	}
-	return out, nil
 }
 
 // DeadLetterNow dead-letters msg at once with reason (terminal errors: invalid scene, deterministic panic).

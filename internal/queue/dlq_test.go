@@ -7,16 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
 // startWatcher runs WatchDeadLetters on its own connection and returns the channel of dead letters and a
 // stop function that asserts the watcher returned nil.
-func startWatcher(t *testing.T, tf *testFarm, waitSubscribed bool) (<-chan DeadLetter, func()) {
+func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, func()) {
 	t.Helper()
-	nc, err := tf.e.Connect("dlq-watcher")
+	nc, err := tf.e.Connect(name)
 	if err != nil {
 		t.Fatalf("Connect: %v", err)
 	}
@@ -24,12 +23,6 @@ func startWatcher(t *testing.T, tf *testFarm, waitSubscribed bool) (<-chan DeadL
 	dead := make(chan DeadLetter, 16)
 	errc := make(chan error, 1)
 	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, func(dl DeadLetter) { dead <- dl }) }()
-	if waitSubscribed {
-		subject := fmt.Sprintf("%s.%s.%s", server.JSAdvisoryConsumerMaxDeliveryExceedPre, StreamTiles, ConsumerWorkers)
-		eventually(t, 5*time.Second, "watcher subscription", func() bool {
-			return tf.e.srv.GlobalAccount().SubscriptionInterest(subject)
-		})
-	}
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -78,10 +71,9 @@ func TestMaxDeliveriesGoToDLQAndRequeue(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
 	cfg.MaxDeliver = 2
-	cfg.SweepInterval = time.Hour // only the advisory path may move the message
 	tf := startFarm(t, cfg)
 	ctx := testCtx(t)
-	dead, stop := startWatcher(t, tf, true)
+	dead, stop := startWatcher(t, tf, "watcher")
 
 	hdr := nats.Header{"Tile-Key": []string{"frame1.0_0_64_64"}}
 	if _, err := tf.f.Publish(ctx, SubjectRender, "tile-dead", []byte("payload"), hdr); err != nil {
@@ -113,9 +105,8 @@ wait:
 	if dl.Reason != "render failed on attempt 2" {
 		t.Fatalf("reason = %q, want the last noted error", dl.Reason)
 	}
-	if n := tilesCount(t, tf.f); n != 0 {
-		t.Fatalf("dead message still in TILES: %d messages", n)
-	}
+	// onDead runs between the DLQ copy and the delete from TILES.
+	eventually(t, 5*time.Second, "dead message to leave TILES", func() bool { return tilesCount(t, tf.f) == 0 })
 	list, err := tf.f.ListDeadLetters(ctx)
 	if err != nil {
 		t.Fatalf("ListDeadLetters: %v", err)
@@ -155,56 +146,84 @@ wait:
 	}
 }
 
-func TestSweepFindsDeadLettersWhoseAdvisoryWasMissed(t *testing.T) {
+func TestAdvisoryRaisedWhileNoWatcherRunsIsHandledLater(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
 	cfg.MaxDeliver = 2
 	cfg.AckWait = 10 * time.Second
-	cfg.SweepInterval = 300 * time.Millisecond
 	tf := startFarm(t, cfg)
 	ctx := testCtx(t)
 
-	for _, id := range []string{"dead", "in-flight", "queued"} {
-		if _, err := tf.f.Publish(ctx, SubjectRender, id, []byte(id), nil); err != nil {
-			t.Fatalf("Publish %s: %v", id, err)
-		}
+	if _, err := tf.f.Publish(ctx, SubjectRender, "dead", []byte("dead"), nil); err != nil {
+		t.Fatalf("Publish: %v", err)
 	}
 	nakUntilDead(t, tf.f, "dead")
-	// This pull makes the consumer give up on "dead" (its advisory goes nowhere, no watcher runs yet) and
-	// hands out the next message, which a worker then completes.
-	done := mustFetch(t, tf.f, 3*time.Second)
-	if got := done.Headers().Get(jetstream.MsgIDHeader); got != "in-flight" {
+	// Pull until the consumer gives up on "dead". No watcher runs: the advisory must wait in its stream.
+	advisories, err := tf.f.JS.Stream(ctx, StreamAdvisories)
+	if err != nil {
+		t.Fatalf("Stream(%s): %v", StreamAdvisories, err)
+	}
+	advisoryCount := func() uint64 {
+		si, err := advisories.Info(ctx)
+		if err != nil {
+			t.Fatalf("advisories Info: %v", err)
+		}
+		return si.State.Msgs
+	}
+	eventually(t, 5*time.Second, "max deliveries advisory to be stored", func() bool {
+		if m, err := tf.f.FetchOne(ctx, 200*time.Millisecond); err != nil || m != nil {
+			t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
+		}
+		return advisoryCount() == 1
+	})
+	// An advisory for a message that is already gone (acked late by a worker that finished it) is settled
+	// without a dead letter.
+	fake := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.max_deliver","stream":"TILES","consumer":"workers","stream_seq":%d,"deliveries":2}`, 999)
+	if _, err := tf.f.JS.Publish(ctx, maxDeliveriesSubject, []byte(fake)); err != nil {
+		t.Fatalf("publishing fake advisory: %v", err)
+	}
+	// A live message stays in flight, unacked, while the watchers run: it must not be touched.
+	if _, err := tf.f.Publish(ctx, SubjectRender, "in-flight", []byte("live"), nil); err != nil {
+		t.Fatalf("Publish: %v", err)
+	}
+	held := mustFetch(t, tf.f, 3*time.Second)
+	if got := held.Headers().Get(jetstream.MsgIDHeader); got != "in-flight" {
 		t.Fatalf("fetched %q, want in-flight", got)
 	}
-	if err := done.DoubleAck(ctx); err != nil {
-		t.Fatalf("DoubleAck: %v", err)
-	}
-	// "queued" is delivered and held, unacked, while the watcher sweeps: it must not be touched.
-	held := mustFetch(t, tf.f, 3*time.Second)
-	if got := held.Headers().Get(jetstream.MsgIDHeader); got != "queued" {
-		t.Fatalf("fetched %q, want queued", got)
-	}
 
-	dead, _ := startWatcher(t, tf, false)
-	select {
-	case dl := <-dead:
-		if dl.MsgID != "dead" || dl.Reason != "render failed on attempt 2" || string(dl.Data) != "dead" || dl.Subject != SubjectRender {
-			t.Fatalf("swept dead letter = %+v", dl)
+	// Two coordinators watch at once: the dead letter is produced exactly once.
+	dead1, _ := startWatcher(t, tf, "watcher-1")
+	dead2, _ := startWatcher(t, tf, "watcher-2")
+	var got []DeadLetter
+	timeout := time.After(10 * time.Second)
+	for len(got) == 0 {
+		select {
+		case dl := <-dead1:
+			got = append(got, dl)
+		case dl := <-dead2:
+			got = append(got, dl)
+		case <-timeout:
+			t.Fatalf("the stored advisory was not handled within 10s")
 		}
-	case <-time.After(10 * time.Second):
-		t.Fatalf("sweep did not dead-letter the message within 10s")
 	}
-	// Give the sweeper more passes: it must leave the held message alone.
+	dl := got[0]
+	if dl.MsgID != "dead" || dl.Reason != "render failed on attempt 2" || string(dl.Data) != "dead" ||
+		dl.Subject != SubjectRender || dl.Deliveries != 2 {
+		t.Fatalf("dead letter = %+v", dl)
+	}
+	eventually(t, 5*time.Second, "both advisories to be settled", func() bool { return advisoryCount() == 0 })
 	select {
-	case dl := <-dead:
-		t.Fatalf("sweep dead-lettered a live message: %+v", dl)
-	case <-time.After(5 * cfg.SweepInterval):
+	case dl := <-dead1:
+		t.Fatalf("second dead letter: %+v", dl)
+	case dl := <-dead2:
+		t.Fatalf("second dead letter: %+v", dl)
+	default:
 	}
 	if n := tilesCount(t, tf.f); n != 1 {
 		t.Fatalf("TILES holds %d messages, want only the held one", n)
 	}
 	if err := held.DoubleAck(ctx); err != nil {
-		t.Fatalf("DoubleAck held: %v", err)
+		t.Fatalf("DoubleAck held message: %v", err)
 	}
 	if list, err := tf.f.ListDeadLetters(ctx); err != nil || len(list) != 1 || list[0].MsgID != "dead" {
 		t.Fatalf("DLQ = %+v, %v; want only dead", list, err)

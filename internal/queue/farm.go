@@ -23,6 +23,11 @@ const (
 	StreamDLQ       = "DLQ"
 	ConsumerWorkers = "workers"
 	BucketLeases    = "leases"
+	// StreamAdvisories durably captures the MAX_DELIVERIES advisories of TILES/workers, which the server
+	// publishes as fire-and-forget core messages, so none is lost while no coordinator is watching.
+	StreamAdvisories = "TILES_ADVISORIES"
+	// ConsumerDeadLetters is the durable consumer WatchDeadLetters reads those advisories with.
+	ConsumerDeadLetters = "dead-letters"
 
 	tilesSubjects  = "tiles.>"
 	eventsSubjects = "events.>"
@@ -109,6 +114,25 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 	if err != nil {
 		return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
 	}
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamAdvisories,
+		Description: "max-deliveries advisories of TILES/workers awaiting dead-lettering",
+		Subjects:    []string{maxDeliveriesSubject},
+		Retention:   jetstream.WorkQueuePolicy,
+		MaxAge:      eventsMaxAge,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return nil, fmt.Errorf("setting up stream %s: %w", StreamAdvisories, err)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, StreamAdvisories, jetstream.ConsumerConfig{
+		Durable:     ConsumerDeadLetters,
+		Description: "dead-letter watchers of all coordinators",
+		AckPolicy:   jetstream.AckExplicitPolicy,
+		AckWait:     30 * time.Second,
+	}); err != nil {
+		return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamAdvisories, ConsumerDeadLetters, err)
+	}
 	// Bucket TTL, not per-key TTL: kv.Update drops a per-key TTL (nats.go#1994), while with a bucket TTL each
 	// revision ages from its own timestamp, so renewing really keeps a lease alive.
 	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -155,6 +179,9 @@ func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, 
 func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	if wait <= 0 {
 		return nil, fmt.Errorf("fetching from %s/%s: wait must be positive, got %v", StreamTiles, ConsumerWorkers, wait)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
 	}
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()

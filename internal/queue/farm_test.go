@@ -1,6 +1,8 @@
 package queue
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -83,8 +85,9 @@ func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Consumer.Info: %v", err)
 	}
-	if ci.Config.MaxDeliver != 6 || len(ci.Config.BackOff) != 2 {
-		t.Errorf("updated consumer config = max deliver %d backoff %v", ci.Config.MaxDeliver, ci.Config.BackOff)
+	if ci.Config.MaxDeliver != 6 || len(ci.Config.BackOff) != 2 || ci.Config.AckWait != 2*time.Second {
+		t.Errorf("updated consumer config = max deliver %d backoff %v ack wait %v (want Backoff[0])",
+			ci.Config.MaxDeliver, ci.Config.BackOff, ci.Config.AckWait)
 	}
 	if _, err := Setup(ctx, tf.f.JS, Config{}); err == nil {
 		t.Errorf("Setup accepted a zero Config")
@@ -199,5 +202,26 @@ func TestInProgressExtendsAckWait(t *testing.T) {
 	}
 	if err := again.DoubleAck(ctx); err != nil {
 		t.Fatalf("DoubleAck: %v", err)
+	}
+}
+
+func TestFetchOneHonoursContext(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx, cancel := context.WithCancel(testCtx(t))
+	time.AfterFunc(300*time.Millisecond, cancel)
+	start := time.Now()
+	m, err := tf.f.FetchOne(ctx, 20*time.Second)
+	if m != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("FetchOne with cancelled ctx = %v, %v; want context.Canceled", m, err)
+	}
+	if since := time.Since(start); since > 5*time.Second {
+		t.Fatalf("FetchOne ignored cancellation and blocked %v", since)
+	}
+	if m, err := tf.f.FetchOne(ctx, time.Second); m != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("FetchOne with an already cancelled ctx = %v, %v; want context.Canceled", m, err)
+	}
+	if _, err := tf.f.FetchOne(testCtx(t), 0); err == nil {
+		t.Fatalf("FetchOne accepted a zero wait")
 	}
 }

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -21,7 +22,6 @@ func fastConfig() Config {
 	c := DefaultConfig()
 	c.AckWait = time.Second
 	c.LeaseTTL = time.Second
-	c.SweepInterval = 300 * time.Millisecond
 	return c
 }
 
@@ -46,6 +46,7 @@ func startFarm(t *testing.T, cfg Config) *testFarm {
 	if err != nil {
 		t.Fatalf("Setup: %v", err)
 	}
+	f.Log = slog.New(slog.NewTextHandler(t.Output(), nil)) // shown only for failing or -v runs
 	return &testFarm{e: e, nc: nc, f: f}
 }
 

@@ -91,7 +91,8 @@ func (l *Leases) Owner(ctx context.Context, key string) (owner string, token uin
 }
 
 // Check is the fencing test done right before an irreversible step: it returns ErrLeaseLost unless the
-// lease's current revision is still lease.Token.
+// lease's current revision is still lease.Token. On a replicated bucket the read may be served by a lagging
+// replica, so Check narrows the window but the final guard stays the manifest's create-if-absent.
 func (l *Leases) Check(ctx context.Context, lease *Lease) error {
 	owner, token, err := l.Owner(ctx, lease.Key)
 	if err != nil {

@@ -216,8 +216,8 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.T
 	pass := (spp + w.cfg.PassesPerTile - 1) / w.cfg.PassesPerTile
 	var lastLocal, lastRemote time.Time
 	for tile.Next() < spp {
-		if w.cfg.Faults.PanicTileSet && job.Rect == w.cfg.Faults.PanicTile {
-			panic(fmt.Sprintf("injected fault in tile %v", job.Rect))
+		if f := w.cfg.Faults; f.PanicTileSet && job.Frame == f.PanicFrame && job.Rect == f.PanicTile {
+			panic(fmt.Sprintf("injected fault in frame %d tile %v", job.Frame, job.Rect))
 		}
 		to := min(tile.Next()+pass, spp)
 		if err := tile.Render(ctx, tile.Next(), to); err != nil {
@@ -253,6 +253,8 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm
 	c := tiles.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: st.Next, Sum: st.Sum, Attempt: attempt, SavedAt: time.Now().UTC()}
 	if err := w.ckpts.Save(ctx, c); err != nil {
 		log.Warn("saving local checkpoint", "err", err)
+	} else {
+		log.Debug("checkpoint saved", "next_sample", st.Next)
 	}
 	if !remote || !w.cfg.RemoteCheckpoints {
 		return

@@ -41,8 +41,9 @@ type Config struct {
 // Faults are test hooks that make the worker misbehave at named seams, so fault tests can
 // exercise real processes without special builds.
 type Faults struct {
-	PanicTile    render.Rect   // a tile whose rectangle equals this panics in every attempt
-	PanicTileSet bool          // PanicTile is set
+	PanicFrame   int           // with PanicTile: the frame whose tile panics in every attempt
+	PanicTile    render.Rect   // the rectangle of that tile
+	PanicTileSet bool          // PanicFrame and PanicTile are set
 	PassDelay    time.Duration // sleep after each pass, so a test can kill a worker mid-tile
 }
 

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+)
+
+// One tile per frame and many slow passes, so a test can act in the middle of a tile.
+var oneTile = []string{"--width", "64", "--height", "36", "--spp", "32", "--tile", "64"}
+
+var slowWorker = []string{"--fault-pass-delay", "250ms", "--checkpoint-every", "0", "--passes", "16"}
+
+// waitCheckpoint waits until the worker has checkpointed at least minSample samples.
+func waitCheckpoint(t *testing.T, p *proc, minSample int) {
+	t.Helper()
+	rx := regexp.MustCompile(`checkpoint saved.*next_sample=(\d+)`)
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, m := range rx.FindAllStringSubmatch(p.log(), -1) {
+			if n, _ := strconv.Atoi(m[1]); n >= minSample {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("worker never checkpointed %d samples:\n%s", minSample, p.log())
+}
+
+// Must show 3: a worker process killed with SIGKILL mid-tile; the restarted worker resumes the
+// tile from its checkpoint and the frame equals the reference.
+func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--ack-wait", "3s", "--lease-ttl", "3s")
+	ckpts := t.TempDir()
+	a := f.worker("victim", ckpts, slowWorker...)
+	st, r := f.submit(append([]string{scene, "--frames", "4"}, oneTile...)...)
+	if r.code != 42 && r.code != 3 {
+		t.Fatalf("submit: %s", r)
+	}
+	waitCheckpoint(t, a, 8)
+	a.kill9()
+
+	b := f.worker("successor", ckpts)
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" {
+		t.Fatalf("job after the kill: %+v", done)
+	}
+	if done.SamplesRecovered < 8 {
+		t.Fatalf("samples recovered %d, want at least the 8 checkpointed before the kill", done.SamplesRecovered)
+	}
+	if !strings.Contains(b.log(), "resuming from checkpoint") {
+		t.Fatalf("successor did not resume from the checkpoint:\n%s", b.log())
+	}
+	out := filepath.Join(t.TempDir(), "k_####.png")
+	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	samePixels(t, strings.Replace(out, "####", "0004", 1), reference(t, scene, 4, oneTile...))
+}
+
+// Must show 4: a worker paused beyond its lease loses the tile to another worker; when it wakes
+// it cannot promote anything, and its late ack loses nothing.
+func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
+	scene := example("shot")
+	data := t.TempDir()
+	f := startServe(t, data, "--ack-wait", "2s", "--lease-ttl", "2s")
+	a := f.worker("zombie", t.TempDir(), slowWorker...)
+	st, _ := f.submit(append([]string{scene, "--frames", "5"}, oneTile...)...)
+	waitCheckpoint(t, a, 4)
+	a.signal(syscall.SIGSTOP)
+
+	f.worker("rescuer", t.TempDir())
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" {
+		t.Fatalf("job while the zombie sleeps: %+v", done)
+	}
+	a.signal(syscall.SIGCONT)
+	if !a.waitLog(`lease lost`, 30*time.Second) {
+		t.Fatalf("zombie did not notice it lost the lease:\n%s", a.log())
+	}
+	time.Sleep(2 * time.Second) // anything the zombie would still do, it does now
+
+	objects, err := finalize.NewFSStore(filepath.Join(data, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	tileKey := tileKeys(t, f, st.JobID)[0]
+	m, err := finalize.ReadManifest(ctx, objects, farm.TileManifestKey(tileKey))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Meta["worker"] != "rescuer" {
+		t.Fatalf("tile manifest promoted by %q, want rescuer", m.Meta["worker"])
+	}
+	attempts, err := objects.List(ctx, "attempts/"+farm.TileManifestKey(tileKey)+"/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(attempts) != 1 {
+		t.Fatalf("zombie uploaded tile results after losing its lease: %v", attempts)
+	}
+	if strings.Contains(a.log(), "tile already promoted") || regexp.MustCompile(`level=INFO msg="frame assembled"`).MatchString(a.log()) {
+		t.Fatalf("zombie acted on the tile after waking:\n%s", a.log())
+	}
+	after, r := f.status(st.JobID)
+	if r.code != 0 || after.TilesCompleted != after.TilesTotal {
+		t.Fatalf("job after the zombie woke: %s", r)
+	}
+	if n := tilesInQueue(t, f.natsURL()); n != 0 {
+		t.Fatalf("%d messages left in TILES", n)
+	}
+	out := filepath.Join(t.TempDir(), "z_####.png")
+	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	samePixels(t, strings.Replace(out, "####", "0005", 1), reference(t, scene, 5, oneTile...))
+}
+
+// tileKeys lists a job's tile keys (from the JSON status of its frames' tiles).
+func tileKeys(t *testing.T, f *farmProc, job string) []string {
+	t.Helper()
+	st, _ := f.status(job)
+	var keys []string
+	for _, fr := range st.Frames {
+		keys = append(keys, fr.TileKeys...)
+	}
+	if len(keys) == 0 {
+		t.Fatalf("job %s lists no tile keys", job)
+	}
+	return keys
+}
+
+// Must show 5: the coordinator killed with SIGKILL between writing the outbox and publishing,
+// and between publishing and deleting the outbox record: nothing lost, nothing rendered twice,
+// and the duplicate publish is caught and counted.
+func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
+	for _, seam := range []string{"outbox-before-publish", "outbox-after-publish"} {
+		t.Run(seam, func(t *testing.T) {
+			scene := example("shot")
+			f := startServe(t, t.TempDir(), "--fault-crash", seam)
+			args := append([]string{scene, "--frames", "6-7"}, small...)
+			_, r := f.submit(args...)
+			if r.code != 42 && r.code != 75 {
+				t.Fatalf("submit to a coordinator about to crash: %s", r)
+			}
+			if !f.serve.waitExit(30 * time.Second) {
+				t.Fatalf("coordinator did not crash at %s:\n%s", seam, f.serve.log())
+			}
+			if !strings.Contains(f.serve.log(), "fault injection: killing coordinator") {
+				t.Fatalf("coordinator exited without reaching the seam:\n%s", f.serve.log())
+			}
+
+			f.restart("--workers", "2")
+			st, r := f.submit(args...) // the cron job re-runs submit
+			if r.code == 1 || r.code == 2 || r.code == 75 {
+				t.Fatalf("re-submit after the crash: %s", r)
+			}
+			done := f.waitDone(st.JobID, 3*time.Minute)
+			if done.State != "completed" || done.TilesCompleted != done.TilesTotal {
+				t.Fatalf("job after the crash: %+v", done)
+			}
+			if done.TileAttempts != done.TilesTotal {
+				t.Fatalf("%d tile attempts for %d tiles: a tile was rendered twice", done.TileAttempts, done.TilesTotal)
+			}
+			if seam == "outbox-after-publish" {
+				dedup := metricValue(t, f.http, `tilefarm_duplicates_suppressed_total{layer="publish_dedup"}`)
+				manifest := metricValue(t, f.http, `tilefarm_duplicates_suppressed_total{layer="worker_manifest_check"}`)
+				if dedup+manifest < 1 {
+					t.Fatalf("the republished outbox record was not caught: publish_dedup %v, manifest check %v", dedup, manifest)
+				}
+			}
+			out := filepath.Join(t.TempDir(), "c_####.png")
+			if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+				t.Fatalf("outputs: %s", r)
+			}
+			for _, fr := range []int{6, 7} {
+				samePixels(t, strings.Replace(out, "####", "000"+strconv.Itoa(fr), 1), reference(t, scene, fr, small...))
+			}
+		})
+	}
+}
+
+// Must show 6: a tile that fails in every attempt is dead-lettered after MaxDeliver with its
+// error; the other tiles and frames complete; status exits 1 and names it.
+func TestPoisonTileIsDeadLettered(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--max-deliver", "3")
+	f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,32")
+	st, _ := f.submit(append([]string{scene, "--frames", "8-9"}, small...)...)
+	done := f.waitDone(st.JobID, 3*time.Minute)
+	_, r := f.status(st.JobID)
+	if r.code != 1 || done.State != "failed" {
+		t.Fatalf("status of a job with a poison tile: want exit 1, got %s", r)
+	}
+	if done.FramesCompleted != 1 || done.TilesFailed != 1 || done.TilesCompleted != done.TilesTotal-1 {
+		t.Fatalf("want frame 9 and every other tile completed: %+v", done)
+	}
+	text := f.cli("status", st.JobID)
+	if !strings.Contains(text.stdout, "frame 8") || !strings.Contains(text.stdout, "(32,0)-(64,32)") || !strings.Contains(text.stdout, "injected fault") {
+		t.Fatalf("status does not name the poison tile and its error:\n%s", text)
+	}
+	dlq := f.cli("dlq", "list")
+	if dlq.code != 0 || strings.Count(dlq.stdout, "tiles.render") != 1 || !strings.Contains(dlq.stdout, "injected fault") {
+		t.Fatalf("dlq list: %s", dlq)
+	}
+	// Exactly MaxDeliver attempts were made.
+	if done.TileAttempts != done.TilesTotal-1+3 {
+		t.Fatalf("tile attempts %d, want %d (each tile once, the poison tile 3 times)", done.TileAttempts, done.TilesTotal-1+3)
+	}
+	out := filepath.Join(t.TempDir(), "p_####.png")
+	r = f.cli("outputs", st.JobID, "--out", out)
+	if r.code != 1 || !strings.Contains(r.stderr, "1 of 2 frames") {
+		t.Fatalf("outputs of a half-failed job: %s", r)
+	}
+	samePixels(t, strings.Replace(out, "####", "0009", 1), reference(t, scene, 9, small...))
+}

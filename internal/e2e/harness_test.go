@@ -1,0 +1,363 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image"
+	"image/png"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+)
+
+// bin holds the binaries built once for all tests.
+var bin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "tilefarm-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	build := exec.Command("go", "build", "-o", dir, "./cmd/coordinator", "./cmd/tileworker")
+	build.Dir = root
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building binaries:", err)
+		os.Exit(1)
+	}
+	bin = dir
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func example(name string) string {
+	p, _ := filepath.Abs(filepath.Join("../../examples", name, "scene.json"))
+	return p
+}
+
+// small settings keep farm tests fast; tiles 32 px give several tiles per frame.
+var small = []string{"--width", "96", "--height", "54", "--spp", "8", "--tile", "32"}
+
+// result of a finished command.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// run runs a binary to completion.
+func run(t *testing.T, name string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("running %s %v: %v", name, args, err)
+	}
+	return result{code: code, stdout: out.String(), stderr: errb.String()}
+}
+
+// proc is a long-running process (serve, tileworker) whose output goes to a log file.
+type proc struct {
+	t       *testing.T
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{}
+	mu      sync.Mutex
+	exited  bool
+}
+
+func start(t *testing.T, name string, args ...string) *proc {
+	t.Helper()
+	logf, err := os.CreateTemp(t.TempDir(), name+"-*.log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(bin, name), args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting %s: %v", name, err)
+	}
+	p := &proc{t: t, name: name, cmd: cmd, logPath: logf.Name(), done: make(chan struct{})}
+	go func() {
+		_ = cmd.Wait()
+		logf.Close()
+		p.mu.Lock()
+		p.exited = true
+		p.mu.Unlock()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.signal(syscall.SIGCONT)
+		p.signal(syscall.SIGKILL)
+		<-p.done
+		if t.Failed() {
+			t.Logf("---- log of %s %v ----\n%s", name, args, p.log())
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(s syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.exited {
+		_ = p.cmd.Process.Signal(s)
+	}
+}
+
+func (p *proc) log() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
+// kill9 kills the process with SIGKILL and waits for it to be gone.
+func (p *proc) kill9() {
+	p.signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// waitExit waits for the process to exit by itself.
+func (p *proc) waitExit(d time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// waitLog waits until the process log matches re.
+func (p *proc) waitLog(re string, d time.Duration) bool {
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if rx.MatchString(p.log()) {
+			return true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return false
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// farm is a running `coordinator serve`.
+type farmProc struct {
+	t        *testing.T
+	data     string
+	http     string
+	natsAddr string
+	store    string
+	serve    *proc
+}
+
+// startServe starts `coordinator serve` on free ports with a filesystem store under data.
+func startServe(t *testing.T, data string, extra ...string) *farmProc {
+	t.Helper()
+	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store")}
+	f.restart(extra...)
+	return f
+}
+
+// restart starts serve again on the same ports and data.
+func (f *farmProc) restart(extra ...string) {
+	f.t.Helper()
+	if f.http == "" {
+		f.http, f.natsAddr = freePort(f.t), freePort(f.t)
+	}
+	args := append([]string{"serve", "--data", f.data, "--listen", f.http, "--nats-listen", f.natsAddr,
+		"--store", f.store, "--log-level", "debug"}, extra...)
+	f.serve = start(f.t, "coordinator", args...)
+	f.waitHealthy()
+}
+
+func (f *farmProc) waitHealthy() {
+	f.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get("http://" + f.http + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return
+			}
+		}
+		select {
+		case <-f.serve.done:
+			f.t.Fatalf("coordinator serve exited:\n%s", f.serve.log())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	f.t.Fatalf("coordinator serve did not become healthy:\n%s", f.serve.log())
+}
+
+func (f *farmProc) natsURL() string { return "nats://" + f.natsAddr }
+
+// worker starts a tileworker process for this farm.
+func (f *farmProc) worker(name, ckptDir string, extra ...string) *proc {
+	args := append([]string{"--nats", f.natsURL(), "--store", f.store, "--checkpoints", ckptDir,
+		"--name", name, "--concurrency", "1", "--log-level", "debug"}, extra...)
+	return start(f.t, "tileworker", args...)
+}
+
+// cli runs a client command against this farm.
+func (f *farmProc) cli(args ...string) result {
+	f.t.Helper()
+	return run(f.t, "coordinator", append(args, "--server", f.http)...)
+}
+
+// submit submits and decodes the JSON status.
+func (f *farmProc) submit(args ...string) (coordinator.Status, result) {
+	f.t.Helper()
+	r := f.cli(append([]string{"submit", "--json"}, args...)...)
+	var st coordinator.Status
+	if r.code != 1 && r.code != 2 && r.code != 75 {
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+			f.t.Fatalf("decoding submit output: %v\n%s", err, r)
+		}
+	}
+	return st, r
+}
+
+func (f *farmProc) status(job string) (coordinator.Status, result) {
+	f.t.Helper()
+	r := f.cli("status", job, "--json")
+	var st coordinator.Status
+	if r.code != 2 && r.code != 75 {
+		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+			f.t.Fatalf("decoding status output: %v\n%s", err, r)
+		}
+	}
+	return st, r
+}
+
+// waitState polls status until the job reaches a terminal state or d passes.
+func (f *farmProc) waitDone(job string, d time.Duration) coordinator.Status {
+	f.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st, r := f.status(job)
+		if r.code == 0 || r.code == 1 {
+			return st
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("job %s not finished after %v: %s", job, d, r)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// metric reads one sample from the coordinator's /metrics.
+func metricValue(t *testing.T, addr, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("reading metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, name+" ") {
+			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
+			if err != nil {
+				t.Fatalf("metric %s: %v", name, err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("metric %s not found in:\n%s", name, body)
+	return 0
+}
+
+// reference renders frames locally with `tileworker render`, once per settings and frame.
+func reference(t *testing.T, scene string, frame int, settings ...string) string {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), fmt.Sprintf("ref_%04d.png", frame))
+	args := append([]string{"render", scene, "--frame", strconv.Itoa(frame), "--out", out, "-q"}, settings...)
+	if r := run(t, "tileworker", args...); r.code != 0 {
+		t.Fatalf("reference render: %s", r)
+	}
+	return out
+}
+
+// samePixels asserts two PNG files decode to identical pixels.
+func samePixels(t *testing.T, got, want string) {
+	t.Helper()
+	a, b := decodePNG(t, got), decodePNG(t, want)
+	if a.Bounds() != b.Bounds() {
+		t.Fatalf("%s is %v, reference %s is %v", got, a.Bounds(), want, b.Bounds())
+	}
+	diff := 0
+	for y := a.Bounds().Min.Y; y < a.Bounds().Max.Y; y++ {
+		for x := a.Bounds().Min.X; x < a.Bounds().Max.X; x++ {
+			r1, g1, b1, a1 := a.At(x, y).RGBA()
+			r2, g2, b2, a2 := b.At(x, y).RGBA()
+			if r1 != r2 || g1 != g2 || b1 != b2 || a1 != a2 {
+				diff++
+			}
+		}
+	}
+	if diff > 0 {
+		t.Fatalf("%s differs from the reference %s in %d pixels", got, want, diff)
+	}
+}
+
+func decodePNG(t *testing.T, path string) image.Image {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("decoding %s: %v", path, err)
+	}
+	return img
+}
+
+func containsFold(s, sub string) bool {
+	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
+}

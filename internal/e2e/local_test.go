@@ -1,0 +1,98 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+)
+
+func renderJSON(t *testing.T, args ...string) coordinator.Status {
+	t.Helper()
+	r := run(t, "coordinator", append([]string{"render", "--json"}, args...)...)
+	if r.code != 0 {
+		t.Fatalf("coordinator render: %s", r)
+	}
+	var st coordinator.Status
+	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
+		t.Fatalf("decoding --json output: %v\n%s", err, r)
+	}
+	return st
+}
+
+// Must show 1 and 2: a one-shot farm render equals the reference, and a re-run renders nothing.
+func TestRenderEqualsReferenceAndRerunReusesEverything(t *testing.T) {
+	scene := example("shot")
+	data := t.TempDir()
+	out := filepath.Join(t.TempDir(), "shot_####.png")
+	args := append([]string{scene, "--frames", "1-3", "--out", out, "--data", data, "--workers", "2"}, small...)
+
+	st := renderJSON(t, args...)
+	if st.State != "completed" || st.FramesCompleted != 3 || st.TilesTotal != 3*6 || st.TilesCompleted != st.TilesTotal {
+		t.Fatalf("first render: %+v", st)
+	}
+	if st.TilesRendered != st.TilesTotal || st.TilesReused != 0 {
+		t.Fatalf("first render: tiles_rendered %d tiles_reused %d, want %d and 0", st.TilesRendered, st.TilesReused, st.TilesTotal)
+	}
+	if len(st.Outputs) != 3 {
+		t.Fatalf("outputs %v, want 3 files", st.Outputs)
+	}
+	for f := 1; f <= 3; f++ {
+		got := filepath.Join(filepath.Dir(out), fmt.Sprintf("shot_%04d.png", f))
+		samePixels(t, got, reference(t, scene, f, small...))
+	}
+
+	again := renderJSON(t, args...)
+	if again.JobID != st.JobID {
+		t.Fatalf("re-run job %s, first %s", again.JobID, st.JobID)
+	}
+	if again.TilesRendered != 0 || again.TilesReused != again.TilesTotal || again.TileAttempts != st.TileAttempts {
+		t.Fatalf("re-run: tiles_rendered %d tiles_reused %d of %d, attempts %d (first %d): want nothing rendered",
+			again.TilesRendered, again.TilesReused, again.TilesTotal, again.TileAttempts, st.TileAttempts)
+	}
+}
+
+// Another tile size is the same picture: tiling is not part of a frame's identity.
+func TestRenderTileSizeDoesNotChangePixels(t *testing.T) {
+	scene := example("cornell")
+	out := filepath.Join(t.TempDir(), "c_####.png")
+	st := renderJSON(t, scene, "--frames", "1", "--out", out, "--data", t.TempDir(),
+		"--width", "64", "--height", "64", "--spp", "4", "--tile", "23")
+	if st.TilesTotal != 9 {
+		t.Fatalf("tiles_total %d, want 9 tiles of 23 px on 64x64", st.TilesTotal)
+	}
+	samePixels(t, st.Outputs[0], reference(t, scene, 1, "--width", "64", "--height", "64", "--spp", "4", "--tile", "64"))
+}
+
+func TestRenderBadInput(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name string
+		args []string
+		code int
+		want string
+	}{
+		{"reversed frames", []string{"render", example("shot"), "--frames", "5-2", "--out", dir + "/x_####.png"}, 1, "reversed"},
+		{"missing scene", []string{"render", dir + "/nope.json", "--out", dir + "/x.png"}, 1, "nope.json"},
+		{"no out", []string{"render", example("shot"), "--frames", "1"}, 2, "--out"},
+		{"pattern without ####", []string{"render", example("shot"), "--frames", "1-2", "--out", dir + "/x.png"}, 2, "####"},
+		{"bad frames", []string{"render", example("shot"), "--frames", "a-b", "--out", dir + "/x.png"}, 2, "--frames"},
+		{"unknown flag", []string{"render", "--bogus"}, 2, "bogus"},
+		{"unknown command", []string{"frobnicate"}, 2, "unknown command"},
+		{"absurd spp", []string{"render", example("shot"), "--frames", "1", "--spp", "999999999", "--out", dir + "/x.png"}, 1, "spp"},
+		{"unknown camera", []string{"render", example("shot"), "--frames", "1", "--camera", "nope", "--out", dir + "/x.png"}, 1, "nope"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := run(t, "coordinator", append(c.args, "--data", dir+"/d")...)
+			if r.code != c.code || !containsFold(r.stderr, c.want) {
+				t.Fatalf("want exit %d and %q in stderr, got %s", c.code, c.want, r)
+			}
+		})
+	}
+	if matches, _ := filepath.Glob(dir + "/x*"); len(matches) > 0 {
+		t.Fatalf("bad input left outputs behind: %v", matches)
+	}
+}

@@ -1,0 +1,132 @@
+package e2e
+
+import (
+	"context"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// tilesInQueue reads the TILES stream depth straight from the farm's JetStream.
+func tilesInQueue(t *testing.T, natsURL string) uint64 {
+	t.Helper()
+	nc, err := nats.Connect(natsURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "TILES")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// waitQueue waits until TILES holds n messages (the outbox relay publishes asynchronously).
+func waitQueue(t *testing.T, natsURL string, n uint64) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for tilesInQueue(t, natsURL) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("TILES holds %d messages, want %d", tilesInQueue(t, natsURL), n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// Must show 2 and 7: idempotent submit, conflicts, and the exit-code contract.
+func TestServeIdempotencyAndExitCodes(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir())
+	args := append([]string{scene, "--frames", "1-2"}, small...)
+
+	st, r := f.submit(args...)
+	if r.code != 42 || st.State != "queued" || st.JobID == "" {
+		t.Fatalf("first submit with no workers: want exit 42 and queued, got %s", r)
+	}
+	waitQueue(t, f.natsURL(), 12)
+
+	st2, r := f.submit(args...)
+	if r.code != 42 || st2.JobID != st.JobID {
+		t.Fatalf("second submit: want exit 42 and job %s, got %s", st.JobID, r)
+	}
+	time.Sleep(1500 * time.Millisecond) // give a wrongly enqueued duplicate time to show up
+	waitQueue(t, f.natsURL(), 12)
+
+	keyed := append([]string{"--idempotency-key", "nightly-42"}, args...)
+	if _, r := f.submit(keyed...); r.code != 42 {
+		t.Fatalf("submit with a key: %s", r)
+	}
+	_, r = f.submit(append(keyed, "--spp", "9")...)
+	if r.code != 1 || !strings.Contains(r.stderr, "conflict") {
+		t.Fatalf("same key, different payload: want exit 1 and a conflict message, got %s", r)
+	}
+
+	if _, r := f.status(st.JobID); r.code != 42 {
+		t.Fatalf("status while queued: want 42, got %s", r)
+	}
+	if r := f.cli("status", "job-doesnotexist"); r.code != 1 || !strings.Contains(r.stderr, "no job") {
+		t.Fatalf("status of an unknown job: %s", r)
+	}
+	if r := f.cli("status"); r.code != 2 {
+		t.Fatalf("status without a job: want 2, got %s", r)
+	}
+	if r := f.cli("submit", scene, "--frames", "3-1"); r.code != 1 || !strings.Contains(r.stderr, "reversed") {
+		t.Fatalf("reversed frames: want exit 1, got %s", r)
+	}
+	if r := f.cli("submit", scene, "--tile", "0"); r.code != 2 {
+		t.Fatalf("bad --tile: want exit 2, got %s", r)
+	}
+	if r := run(t, "coordinator", "status", st.JobID, "--server", freePort(t)); r.code != 75 {
+		t.Fatalf("status against an unreachable coordinator: want 75, got %s", r)
+	}
+
+	// A slow worker, so the job is observably in progress before it completes.
+	f.worker("w1", t.TempDir(), "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, r := f.status(st.JobID)
+		if r.code == 3 {
+			break
+		}
+		if r.code != 42 || time.Now().After(deadline) {
+			t.Fatalf("status once a worker runs: want 42 then 3, got %s", r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	done := f.waitDone(st.JobID, 3*time.Minute)
+	if _, r := f.status(st.JobID); r.code != 0 || done.State != "completed" {
+		t.Fatalf("status when completed: want 0, got %s", r)
+	}
+	if done.TileAttempts != done.TilesTotal {
+		t.Fatalf("tile attempts %d for %d tiles: some tile was rendered twice", done.TileAttempts, done.TilesTotal)
+	}
+	// A re-submission of a finished job exits 0 at once and renders nothing.
+	st3, r := f.submit(args...)
+	if r.code != 0 || st3.TilesReused != st3.TilesTotal || st3.TilesRendered != 0 {
+		t.Fatalf("re-submit of a completed job: %s", r)
+	}
+
+	// outputs downloads verified frames equal to the reference.
+	out := filepath.Join(t.TempDir(), "o_####.png")
+	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	for _, fr := range []int{1, 2} {
+		samePixels(t, strings.Replace(out, "####", []string{"", "0001", "0002"}[fr], 1), reference(t, scene, fr, small...))
+	}
+	if r := f.cli("jobs"); r.code != 0 || !strings.Contains(r.stdout, st.JobID) {
+		t.Fatalf("jobs: %s", r)
+	}
+}
