@@ -176,10 +176,25 @@ func (w *world) pickLight(u float64) int {
 
 // intersect finds the closest hit of r, if any.
 func (w *world) intersect(r *ray, h *hit) bool {
-	tmax := math.Inf(1)
+	return w.traverse(r, math.Inf(1), false, h)
+}
+
+// occluded reports whether anything blocks r before distance tmax.
+func (w *world) occluded(r *ray, tmax float64) bool {
+	var h hit
+	return w.traverse(r, tmax, true, &h)
+}
+
+// traverse walks the planes and the BVH. With anyHit it returns at the first
+// hit closer than tmax; otherwise it records the closest hit in h. The box
+// test is written out inline: it is the hottest code of the renderer.
+func (w *world) traverse(r *ray, tmax float64, anyHit bool, h *hit) bool {
 	found := false
 	for i := range w.planes {
 		if t := w.planes[i].intersect(r, tmax); t > 0 {
+			if anyHit {
+				return true
+			}
 			tmax, h.t, h.ref, found = t, t, makeRef(primPlane, i), true
 		}
 	}
@@ -187,14 +202,48 @@ func (w *world) intersect(r *ray, h *hit) bool {
 	if len(nodes) == 0 {
 		return found
 	}
-	inv := Vec{1 / r.D.X, 1 / r.D.Y, 1 / r.D.Z}
-	neg := [3]bool{inv.X < 0, inv.Y < 0, inv.Z < 0}
+	ix, iy, iz := 1/r.D.X, 1/r.D.Y, 1/r.D.Z
+	ox, oy, oz := r.O.X, r.O.Y, r.O.Z
+	neg := [3]bool{ix < 0, iy < 0, iz < 0}
 	var stack [bvhStack]int32
 	sp := 0
 	idx := int32(0)
 	for {
 		n := &nodes[idx]
-		if n.hitBox(r.O, inv, tmax) {
+		// Slab test; NaN distances (origin on a slab of an axis-parallel
+		// ray) fail every comparison and so impose no constraint.
+		lo, hi := 0.0, tmax
+		t0, t1 := (n.lo.X-ox)*ix, (n.hi.X-ox)*ix
+		if t0 > t1 {
+			t0, t1 = t1, t0
+		}
+		if t0 > lo {
+			lo = t0
+		}
+		if t1 < hi {
+			hi = t1
+		}
+		t0, t1 = (n.lo.Y-oy)*iy, (n.hi.Y-oy)*iy
+		if t0 > t1 {
+			t0, t1 = t1, t0
+		}
+		if t0 > lo {
+			lo = t0
+		}
+		if t1 < hi {
+			hi = t1
+		}
+		t0, t1 = (n.lo.Z-oz)*iz, (n.hi.Z-oz)*iz
+		if t0 > t1 {
+			t0, t1 = t1, t0
+		}
+		if t0 > lo {
+			lo = t0
+		}
+		if t1 < hi {
+			hi = t1
+		}
+		if lo <= hi {
 			if n.count == 0 {
 				if neg[n.axis] {
 					stack[sp], idx = idx+1, n.index
@@ -208,14 +257,23 @@ func (w *world) intersect(r *ray, h *hit) bool {
 				switch ref.kind() {
 				case primSphere:
 					if t := w.spheres[ref.index()].intersect(r, tmax); t > 0 {
+						if anyHit {
+							return true
+						}
 						tmax, h.t, h.ref, found = t, t, ref, true
 					}
 				case primQuad:
 					if t := w.quads[ref.index()].intersect(r, tmax); t > 0 {
+						if anyHit {
+							return true
+						}
 						tmax, h.t, h.ref, found = t, t, ref, true
 					}
 				default:
 					if t, b1, b2 := w.tris[ref.index()].intersect(r, tmax); t > 0 {
+						if anyHit {
+							return true
+						}
 						tmax, h.t, h.ref, h.b1, h.b2, found = t, t, ref, b1, b2, true
 					}
 				}
@@ -223,59 +281,6 @@ func (w *world) intersect(r *ray, h *hit) bool {
 		}
 		if sp == 0 {
 			return found
-		}
-		sp--
-		idx = stack[sp]
-	}
-}
-
-// occluded reports whether anything blocks r before distance tmax.
-func (w *world) occluded(r *ray, tmax float64) bool {
-	for i := range w.planes {
-		if w.planes[i].intersect(r, tmax) > 0 {
-			return true
-		}
-	}
-	nodes := w.bvh.nodes
-	if len(nodes) == 0 {
-		return false
-	}
-	inv := Vec{1 / r.D.X, 1 / r.D.Y, 1 / r.D.Z}
-	neg := [3]bool{inv.X < 0, inv.Y < 0, inv.Z < 0}
-	var stack [bvhStack]int32
-	sp := 0
-	idx := int32(0)
-	for {
-		n := &nodes[idx]
-		if n.hitBox(r.O, inv, tmax) {
-			if n.count == 0 {
-				if neg[n.axis] {
-					stack[sp], idx = idx+1, n.index
-				} else {
-					stack[sp], idx = n.index, idx+1
-				}
-				sp++
-				continue
-			}
-			for _, ref := range w.bvh.refs[n.index : n.index+n.count] {
-				switch ref.kind() {
-				case primSphere:
-					if w.spheres[ref.index()].intersect(r, tmax) > 0 {
-						return true
-					}
-				case primQuad:
-					if w.quads[ref.index()].intersect(r, tmax) > 0 {
-						return true
-					}
-				default:
-					if t, _, _ := w.tris[ref.index()].intersect(r, tmax); t > 0 {
-						return true
-					}
-				}
-			}
-		}
-		if sp == 0 {
-			return false
 		}
 		sp--
 		idx = stack[sp]

@@ -32,6 +32,7 @@ Commands:
   jobs                                      list jobs
   outputs JOB --out PATTERN                 download a job's finished frames
   dlq list | dlq requeue SEQ                inspect and requeue dead-lettered tiles
+  gc [--grace D]                            delete unreferenced attempt objects and old checkpoints
 
 Run 'coordinator COMMAND -h' for the flags of a command.
 Exit codes: 0 completed, 42 accepted/queued, 3 in progress, 1 failed, 2 usage error, 75 busy/unreachable (retry).
@@ -65,6 +66,8 @@ func Coordinator(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		err = cmdOutputs(ctx, rest, stdout, stderr)
 	case "dlq":
 		err = cmdDLQ(ctx, rest, stdout, stderr)
+	case "gc":
+		err = cmdGC(ctx, rest, stdout, stderr)
 	default:
 		err = usagef("unknown command %q", cmd)
 		name = "coordinator"

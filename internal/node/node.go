@@ -278,6 +278,9 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	wc := o.Worker
 	wc.RemoteCheckpoints = wc.RemoteCheckpoints || isS3(o.StoreURL)
+	if wc.SceneCacheDir == "" {
+		wc.SceneCacheDir = filepath.Join(o.CheckpointDir, "scenes")
+	}
 	w, err := worker.New(wc, f, objects, ckpts, m, log)
 	if err != nil {
 		return err

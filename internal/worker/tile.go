@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -22,9 +23,13 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 	manifestKey := farm.TileManifestKey(job.TileKey)
 
 	// 1. Already promoted: tell the coordinator (it may have missed the event) and ack.
-	done, err := finalize.ManifestExists(ctx, w.objects, manifestKey)
+	var done bool
+	err := w.retryInfra(ctx, msg, log, "checking tile manifest", func(ctx context.Context) (err error) {
+		done, err = finalize.ManifestExists(ctx, w.objects, manifestKey)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("checking tile manifest: %w", err)
+		return err
 	}
 	if done {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
@@ -32,7 +37,8 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 		return w.complete(ctx, msg, job, attempt, 0, 0, true, nil)
 	}
 
-	// 2. Lease with fencing token.
+	// 2. Lease with fencing token; from here on the heartbeat keeps lease and message alive
+	// until the tile is settled.
 	lease, err := w.farm.Leases.Acquire(ctx, job.TileKey, w.cfg.Name+"/"+attempt)
 	if errors.Is(err, queue.ErrLeaseHeld) {
 		log.Info("tile leased by another worker; retrying later")
@@ -43,21 +49,39 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 		return fmt.Errorf("acquiring lease: %w", err)
 	}
 	log = log.With("fencing_token", lease.Token)
+	hctx, stopBeat := w.heartbeat(ctx, msg, lease, log)
 	released := false
-	release := func() {
+	// finish ends the heartbeat and releases the lease; after a lost lease there is nothing to release.
+	finish := func() {
 		if released {
 			return
 		}
 		released = true
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := w.farm.Leases.Release(rctx, lease); err != nil {
-			log.Warn("releasing lease", "err", err)
+		if lost := stopBeat(); lost != nil {
+			log.Warn("lease lost; abandoning tile", "err", lost)
+			return
 		}
+		w.release(ctx, lease, log)
 	}
-	defer release()
+	defer finish()
+	err = w.renderAndPromote(hctx, msg, job, attempt, lease, finish, log)
+	if errors.Is(context.Cause(hctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
+		// No finalize, no ack: the new lease holder owns the tile now.
+		if err != nil && errors.Is(err, queue.ErrLeaseLost) {
+			log.Warn("lease lost; abandoning tile", "err", err)
+		}
+		return errSettled
+	}
+	return err
+}
 
-	scene, err := w.scene(ctx, job.SceneVersion)
+// renderAndPromote is steps 3-5 of the Render flow, run under a live lease.
+func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, lease *queue.Lease, finish func(), log *slog.Logger) error {
+	var scene *render.Scene
+	err := w.retryInfra(ctx, msg, log, "fetching scene", func(ctx context.Context) (err error) {
+		scene, err = w.scene(ctx, job.SceneVersion)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -75,51 +99,77 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 		return fmt.Errorf("publishing start event: %w", err)
 	}
 
-	// 4. Render in passes with heartbeats; a lost lease cancels the render at once.
+	// 4. Render in passes; a lost lease cancels ctx at once.
 	w.m.TilesInFlight.Inc()
-	defer w.m.TilesInFlight.Dec()
 	start := time.Now()
-	rctx, stopBeat := w.heartbeat(ctx, msg, lease, log)
-	err = w.renderPasses(rctx, tile, job, attempt, log)
-	lost := stopBeat()
-	if lost != nil {
-		// No finalize, no ack: the new lease holder owns the tile now.
-		released = true
-		log.Warn("lease lost; abandoning tile", "err", lost)
-		return errSettled
-	}
+	err = w.renderPasses(ctx, tile, job, attempt, log)
+	w.m.TilesInFlight.Dec()
 	if err != nil {
-		if ctx.Err() != nil {
+		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
+			// Shutting down: keep what was rendered for whoever resumes the tile.
 			w.saveCheckpoint(context.WithoutCancel(ctx), tile, job, attempt, true, log)
 		}
 		return err
 	}
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
 	w.m.SamplesRendered.Add(float64(job.Settings.SPP - recovered))
+	// The finished state is checkpointed too, so a storage outage during finalize costs no rendering.
+	w.saveCheckpoint(ctx, tile, job, attempt, false, log)
 
 	// 5. Finalize, but only while still holding the lease (fencing).
 	if err := w.farm.Leases.Check(ctx, lease); err != nil {
-		released = true
-		log.Warn("lease lost before finalize; abandoning tile", "err", err)
-		return errSettled
+		return fmt.Errorf("before finalize: %w", err)
 	}
-	p, err := finalize.Promote(ctx, w.objects, farm.TileManifestKey(job.TileKey), attempt, farm.BuildFingerprint(),
-		[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
-		map[string]string{"tile_key": job.TileKey, "frame_key": job.FrameKey, "input_hash": job.InputHash, "worker": w.cfg.Name})
+	var p finalize.Promotion
+	err = w.retryInfra(ctx, msg, log, "promoting tile", func(ctx context.Context) (err error) {
+		p, err = finalize.Promote(ctx, w.objects, farm.TileManifestKey(job.TileKey), attempt, farm.BuildFingerprint(),
+			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
+			map[string]string{"tile_key": job.TileKey, "frame_key": job.FrameKey, "input_hash": job.InputHash, "worker": w.cfg.Name})
+		return err
+	})
 	if err != nil {
 		w.m.FinalizeFailures.Inc()
 		if errors.Is(err, finalize.ErrConflict) {
 			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
 			return farm.Terminalf("promoting tile: %w", err)
 		}
-		return fmt.Errorf("promoting tile: %w", err)
+		return err
 	}
 	if p.Existing {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 	} else {
 		w.m.TilesCompleted.Inc()
 	}
-	return w.complete(ctx, msg, job, attempt, job.Settings.SPP-recovered, recovered, p.Existing, release)
+	return w.complete(ctx, msg, job, attempt, job.Settings.SPP-recovered, recovered, p.Existing, finish)
+}
+
+func (w *Worker) release(ctx context.Context, lease *queue.Lease, log *slog.Logger) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := w.farm.Leases.Release(rctx, lease); err != nil {
+		log.Warn("releasing lease", "err", err)
+	}
+}
+
+// retryInfra runs op, retrying in place with backoff while it fails with a retryable storage
+// error, for at most InfraRetryFor. The message's ack-wait is extended meanwhile, so a storage
+// outage does not burn the tile's deliveries and end in a dead letter.
+func (w *Worker) retryInfra(ctx context.Context, msg jetstream.Msg, log *slog.Logger, what string, op func(context.Context) error) error {
+	deadline := time.Now().Add(w.cfg.InfraRetryFor)
+	for try := 1; ; try++ {
+		err := op(ctx)
+		if err == nil || !finalize.IsRetryable(err) || ctx.Err() != nil || time.Now().After(deadline) {
+			if err != nil && !farm.IsTerminal(err) {
+				err = fmt.Errorf("%s: %w", what, err)
+			}
+			return err
+		}
+		delay := queue.Backoff(try, w.cfg.RetryBase, 8*w.cfg.RetryBase, w.jitter)
+		log.Warn("storage unavailable; retrying in place", "op", what, "try", try, "delay", delay, "err", err)
+		w.m.Retries.Inc()
+		_ = msg.InProgress()
+		sleep(ctx, delay)
+	}
 }
 
 // complete publishes tile.completed, drops the checkpoints, releases the lease and acks last.
@@ -299,14 +349,17 @@ func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, lease *queue.
 			}
 		}
 	}()
+	var once sync.Once
+	var lost error
 	return rctx, func() error {
-		close(stopped)
-		<-done
-		cause := context.Cause(rctx)
-		cancel(nil)
-		if errors.Is(cause, queue.ErrLeaseLost) {
-			return cause
-		}
-		return nil
+		once.Do(func() {
+			close(stopped)
+			<-done
+			if cause := context.Cause(rctx); errors.Is(cause, queue.ErrLeaseLost) {
+				lost = cause
+			}
+			cancel(nil)
+		})
+		return lost
 	}
 }

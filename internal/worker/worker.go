@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -35,6 +37,8 @@ type Config struct {
 	RetryBase         time.Duration // first NakWithDelay backoff; default 1 s
 	RetryMax          time.Duration // backoff cap; default 30 s
 	FetchWait         time.Duration // how long one Fetch(1) waits; default 2 s
+	InfraRetryFor     time.Duration // how long a storage outage is retried in place before Nak; default 2 min
+	SceneCacheDir     string        // disk cache of scene bundles by scene_version; empty: memory only
 	Faults            Faults
 }
 
@@ -68,6 +72,9 @@ func (c *Config) normalize() {
 	}
 	if c.RetryMax <= 0 {
 		c.RetryMax = 30 * time.Second
+	}
+	if c.InfraRetryFor <= 0 {
+		c.InfraRetryFor = 2 * time.Minute
 	}
 	if c.FetchWait <= 0 {
 		c.FetchWait = 2 * time.Second
@@ -248,7 +255,8 @@ func (w *Worker) publishEvent(ctx context.Context, ev farm.Event) error {
 	return err
 }
 
-// scene returns the parsed scene for a version, fetching and caching it.
+// scene returns the parsed scene for a version: from memory, else the local disk cache, else
+// the object store (then cached on disk, so a restarted worker does not download it again).
 func (w *Worker) scene(ctx context.Context, version string) (*render.Scene, error) {
 	w.mu.Lock()
 	s, ok := w.scenes[version]
@@ -256,19 +264,26 @@ func (w *Worker) scene(ctx context.Context, version string) (*render.Scene, erro
 	if ok {
 		return s, nil
 	}
-	data, err := w.objects.Get(ctx, farm.SceneKey(version))
+	b, err := w.cachedBundle(version)
 	if err != nil {
-		if errors.Is(err, finalize.ErrNotFound) {
-			return nil, farm.Terminalf("scene %s is not in the object store: %w", version, err)
+		data, gerr := w.objects.Get(ctx, farm.SceneKey(version))
+		if gerr != nil {
+			if errors.Is(gerr, finalize.ErrNotFound) {
+				return nil, farm.Terminalf("scene %s is not in the object store: %w", version, gerr)
+			}
+			return nil, fmt.Errorf("fetching scene %s: %w", version, gerr)
 		}
-		return nil, fmt.Errorf("fetching scene %s: %w", version, err)
-	}
-	b, err := farm.DecodeBundle(data)
-	if err != nil {
-		return nil, farm.Terminal(err)
-	}
-	if got := b.Version(); got != version {
-		return nil, fmt.Errorf("scene bundle %s has version %s: corrupt download", version, got)
+		if b, err = farm.DecodeBundle(data); err != nil {
+			return nil, farm.Terminal(err)
+		}
+		if got := b.Version(); got != version {
+			return nil, fmt.Errorf("scene bundle %s has version %s: corrupt download", version, got)
+		}
+		if w.cfg.SceneCacheDir != "" {
+			if err := finalize.WriteFileAtomic(w.scenePath(version), data); err != nil {
+				w.log.Warn("caching scene", "scene_version", version, "err", err)
+			}
+		}
 	}
 	s, err = b.Parse()
 	if err != nil {
@@ -278,6 +293,27 @@ func (w *Worker) scene(ctx context.Context, version string) (*render.Scene, erro
 	w.scenes[version] = s
 	w.mu.Unlock()
 	return s, nil
+}
+
+func (w *Worker) scenePath(version string) string {
+	return filepath.Join(w.cfg.SceneCacheDir, version+".json")
+}
+
+// cachedBundle reads a bundle from the disk cache; one that does not hash to its name is ignored.
+func (w *Worker) cachedBundle(version string) (*farm.Bundle, error) {
+	if w.cfg.SceneCacheDir == "" {
+		return nil, os.ErrNotExist
+	}
+	data, err := os.ReadFile(w.scenePath(version))
+	if err != nil {
+		return nil, err
+	}
+	b, err := farm.DecodeBundle(data)
+	if err != nil || b.Version() != version {
+		w.log.Warn("ignoring corrupt cached scene", "scene_version", version)
+		return nil, errors.New("corrupt cached scene")
+	}
+	return b, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) {

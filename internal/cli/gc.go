@@ -1,0 +1,54 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+)
+
+// gcPrefixes are where unreferenced objects accumulate: attempt uploads that lost a promotion
+// race or whose worker died before promoting, and remote checkpoints of finished tiles.
+var gcPrefixes = []string{"attempts/", farm.CheckpointKey("")}
+
+func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("coordinator gc", "coordinator gc [--store URL | --data DIR] [--grace D] [--json]", `
+Delete attempt objects and remote checkpoints that no manifest references and that are older
+than --grace. Nothing a manifest names is ever deleted, and a tile still rendering keeps its
+checkpoint fresh, so the grace period protects it. Run it from cron on the coordinator host.`, stderr)
+	storeURL := fs.String("store", "", "object store URL (default: the filesystem store under --data)")
+	data := fs.String("data", ".tilefarm", "coordinator data directory, for the default filesystem store")
+	grace := fs.Duration("grace", 24*time.Hour, "only delete objects older than this")
+	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if *grace < 0 {
+		return usagef("--grace %v: must not be negative", *grace)
+	}
+	url := *storeURL
+	if url == "" {
+		url = "file://" + mustAbs(filepath.Join(*data, "store"))
+	}
+	objects, err := finalize.OpenStore(ctx, url)
+	if err != nil {
+		return err
+	}
+	rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), nil)
+	if err != nil {
+		return err
+	}
+	if *jsonOut {
+		return json.NewEncoder(stdout).Encode(rep)
+	}
+	fmt.Fprintf(stdout, "deleted %d objects; kept %d referenced, %d younger than %v; %d manifests checked\n",
+		len(rep.Deleted), len(rep.Referenced), len(rep.Young), *grace, rep.Manifests)
+	return nil
+}
