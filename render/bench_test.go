@@ -54,7 +54,7 @@ func benchTile(b *testing.B, s *Scene, st Settings) {
 		}
 	}
 	sec := b.Elapsed().Seconds()
-	samples := float64(tl.Next()-0) * float64(r.Dx()*r.Dy())
+	samples := float64(tl.Next()) * float64(r.Dx()*r.Dy())
 	b.ReportMetric(samples/sec, "samples/s")
 	b.ReportMetric(float64(tl.rays)/sec, "rays/s")
 }

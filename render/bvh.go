@@ -46,30 +46,68 @@ type bvh struct {
 type bvhBuilder struct {
 	refs    []primRef
 	bounds  []box
-	centers []Vec
+	centers [][3]float64
 	nodes   []bvhNode
+	bins    [3][bvhBins]bvhBin // scratch for sahSplit
+}
+
+// bvhBin accumulates the primitives whose centroids fall in one SAH bin.
+type bvhBin struct {
+	b box
+	n int
 }
 
 // buildBVH builds a BVH over refs, whose bounds are given in the same order.
+// The result depends only on the input order, never on timing.
 func buildBVH(refs []primRef, bounds []box) bvh {
 	if len(refs) == 0 {
 		return bvh{}
 	}
-	b := &bvhBuilder{refs: refs, bounds: bounds, centers: make([]Vec, len(refs))}
+	b := &bvhBuilder{refs: refs, bounds: bounds, centers: make([][3]float64, len(refs))}
 	for i := range bounds {
-		b.centers[i] = bounds[i].center()
+		c := bounds[i].center()
+		b.centers[i] = [3]float64{c.X, c.Y, c.Z}
 	}
-	b.nodes = make([]bvhNode, 0, 2*len(refs)/bvhLeafSize+1)
+	b.nodes = make([]bvhNode, 0, len(refs)+len(refs)/4+1)
 	b.build(0, len(refs), 0)
 	return bvh{nodes: b.nodes, refs: b.refs}
 }
 
+// fmin and fmax are min and max without the NaN and signed-zero handling of
+// the builtins (inputs here are finite): they compile to plain compares.
+func fmin(a, b float64) float64 {
+	if a < b {
+		return a
+	}
+	return b
+}
+
+func fmax(a, b float64) float64 {
+	if a > b {
+		return a
+	}
+	return b
+}
+
+// grow extends a to contain o, in place.
+func (a *box) grow(o *box) {
+	a.lo = Vec{fmin(a.lo.X, o.lo.X), fmin(a.lo.Y, o.lo.Y), fmin(a.lo.Z, o.lo.Z)}
+	a.hi = Vec{fmax(a.hi.X, o.hi.X), fmax(a.hi.Y, o.hi.Y), fmax(a.hi.Z, o.hi.Z)}
+}
+
 // build emits the subtree over refs[lo:hi] and returns its node index.
 func (b *bvhBuilder) build(lo, hi, depth int) int32 {
-	bb, cb := emptyBox(), emptyBox()
+	bb := emptyBox()
+	var cmin, cmax [3]float64
+	cmin = b.centers[lo]
+	cmax = cmin
 	for i := lo; i < hi; i++ {
-		bb = bb.extend(b.bounds[i])
-		cb = cb.extendPoint(b.centers[i])
+		bb.grow(&b.bounds[i])
+		c := &b.centers[i]
+		for a := range 3 {
+			cmin[a] = fmin(cmin[a], c[a])
+			cmax[a] = fmax(cmax[a], c[a])
+		}
 	}
 	self := int32(len(b.nodes))
 	b.nodes = append(b.nodes, bvhNode{lo: bb.lo, hi: bb.hi})
@@ -79,18 +117,18 @@ func (b *bvhBuilder) build(lo, hi, depth int) int32 {
 		b.nodes[self].count = int32(n)
 		return self
 	}
-	if n <= 1 {
+	if n <= 2 {
 		return leaf()
 	}
 	axis, mid := -1, 0
 	if depth < bvhSAHDepth {
-		axis, mid = b.sahSplit(lo, hi, bb, cb)
+		axis, mid = b.sahSplit(lo, hi, bb, cmin, cmax)
 	}
 	if axis < 0 {
 		if n <= bvhLeafSize {
 			return leaf()
 		}
-		axis, mid = b.medianSplit(lo, hi, cb)
+		axis, mid = b.medianSplit(lo, hi, cmin, cmax)
 	} else if mid < 0 { // SAH prefers a leaf
 		return leaf()
 	}
@@ -100,45 +138,50 @@ func (b *bvhBuilder) build(lo, hi, depth int) int32 {
 	return self
 }
 
-// sahSplit bins centroids along each axis and partitions at the cheapest
-// plane. It returns axis -1 when no binning is possible (all centroids
-// coincide), and mid -1 when a leaf is cheaper than any split.
-func (b *bvhBuilder) sahSplit(lo, hi int, bb, cb box) (axis, mid int) {
-	type bin struct {
-		b box
-		n int
-	}
+// sahSplit bins centroids along all three axes in one pass and partitions
+// at the cheapest plane. It returns axis -1 when no binning is possible (all
+// centroids coincide), and mid -1 when a leaf is cheaper than any split.
+func (b *bvhBuilder) sahSplit(lo, hi int, bb box, cmin, cmax [3]float64) (axis, mid int) {
 	n := hi - lo
-	bestCost, bestAxis, bestSplit := 0.0, -1, 0
-	ext := cb.hi.Sub(cb.lo)
+	nb := min(bvhBins, n)
+	bins := &b.bins
+	var k [3]float64
 	for a := range 3 {
-		e := ext.Axis(a)
-		if !(e > 0) {
+		if e := cmax[a] - cmin[a]; e > 0 {
+			k[a] = float64(nb) * (1 - 1e-9) / e
+		}
+		for i := range nb {
+			bins[a][i] = bvhBin{b: emptyBox()}
+		}
+	}
+	for i := lo; i < hi; i++ {
+		c := &b.centers[i]
+		for a := range 3 {
+			if k[a] == 0 {
+				continue
+			}
+			j := binIndex(c[a], cmin[a], k[a], nb)
+			bins[a][j].b.grow(&b.bounds[i])
+			bins[a][j].n++
+		}
+	}
+	bestCost, bestAxis, bestSplit := 0.0, -1, 0
+	for a := range 3 {
+		if k[a] == 0 {
 			continue
-		}
-		var bins [bvhBins]bin
-		for i := range bins {
-			bins[i].b = emptyBox()
-		}
-		k := bvhBins * (1 - 1e-9) / e
-		base := cb.lo.Axis(a)
-		for i := lo; i < hi; i++ {
-			j := binIndex(b.centers[i].Axis(a), base, k)
-			bins[j].b = bins[j].b.extend(b.bounds[i])
-			bins[j].n++
 		}
 		var rightArea [bvhBins]float64
 		var rightN [bvhBins]int
 		acc, cnt := emptyBox(), 0
-		for i := bvhBins - 1; i > 0; i-- {
-			acc = acc.extend(bins[i].b)
-			cnt += bins[i].n
+		for i := nb - 1; i > 0; i-- {
+			acc.grow(&bins[a][i].b)
+			cnt += bins[a][i].n
 			rightArea[i], rightN[i] = acc.area(), cnt
 		}
 		acc, cnt = emptyBox(), 0
-		for i := 0; i < bvhBins-1; i++ {
-			acc = acc.extend(bins[i].b)
-			cnt += bins[i].n
+		for i := 0; i < nb-1; i++ {
+			acc.grow(&bins[a][i].b)
+			cnt += bins[a][i].n
 			if cnt == 0 || rightN[i+1] == 0 {
 				continue
 			}
@@ -156,30 +199,31 @@ func (b *bvhBuilder) sahSplit(lo, hi int, bb, cb box) (axis, mid int) {
 	if n <= bvhMaxLeaf && area > 0 && 0.125+bestCost/area >= float64(n) {
 		return bestAxis, -1
 	}
-	k := bvhBins * (1 - 1e-9) / ext.Axis(bestAxis)
-	base := cb.lo.Axis(bestAxis)
-	mid = b.partition(lo, hi, func(i int) bool {
-		return binIndex(b.centers[i].Axis(bestAxis), base, k) < bestSplit
-	})
-	return bestAxis, mid
+	ka, base := k[bestAxis], cmin[bestAxis]
+	i := lo
+	for j := lo; j < hi; j++ {
+		if binIndex(b.centers[j][bestAxis], base, ka, nb) < bestSplit {
+			b.swap(i, j)
+			i++
+		}
+	}
+	return bestAxis, i
 }
 
-// binIndex maps a centroid coordinate to its bin.
-func binIndex(c, base, k float64) int {
+// binIndex maps a centroid coordinate to one of nb bins.
+func binIndex(c, base, k float64, nb int) int {
 	j := int((c - base) * k)
-	return max(0, min(bvhBins-1, j))
+	return max(0, min(nb-1, j))
 }
 
 // medianSplit splits at the middle index along the widest centroid axis,
 // ordering by centroid with a deterministic selection.
-func (b *bvhBuilder) medianSplit(lo, hi int, cb box) (int, int) {
-	ext := cb.hi.Sub(cb.lo)
+func (b *bvhBuilder) medianSplit(lo, hi int, cmin, cmax [3]float64) (int, int) {
 	axis := 0
-	if ext.Y > ext.X {
-		axis = 1
-	}
-	if ext.Z > ext.Axis(axis) {
-		axis = 2
+	for a := 1; a < 3; a++ {
+		if cmax[a]-cmin[a] > cmax[axis]-cmin[axis] {
+			axis = a
+		}
 	}
 	mid := (lo + hi) / 2
 	b.nthElement(lo, hi, mid, axis)
@@ -190,13 +234,13 @@ func (b *bvhBuilder) medianSplit(lo, hi int, cb box) (int, int) {
 // greater than those after it (quickselect with middle pivots: deterministic).
 func (b *bvhBuilder) nthElement(lo, hi, k, axis int) {
 	for hi-lo > 1 {
-		p := b.centers[lo+(hi-lo)/2].Axis(axis)
+		p := b.centers[lo+(hi-lo)/2][axis]
 		i, j := lo, hi-1
 		for i <= j {
-			for b.centers[i].Axis(axis) < p {
+			for b.centers[i][axis] < p {
 				i++
 			}
-			for b.centers[j].Axis(axis) > p {
+			for b.centers[j][axis] > p {
 				j--
 			}
 			if i <= j {
@@ -214,19 +258,6 @@ func (b *bvhBuilder) nthElement(lo, hi, k, axis int) {
 			return
 		}
 	}
-}
-
-// partition moves refs for which left is true to the front of [lo, hi) and
-// returns the boundary.
-func (b *bvhBuilder) partition(lo, hi int, left func(int) bool) int {
-	i := lo
-	for j := lo; j < hi; j++ {
-		if left(j) {
-			b.swap(i, j)
-			i++
-		}
-	}
-	return i
 }
 
 func (b *bvhBuilder) swap(i, j int) {

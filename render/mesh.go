@@ -2,9 +2,6 @@ package render
 
 import "math"
 
-// sqrt is math.Sqrt, short for the geometry code.
-func sqrt(x float64) float64 { return math.Sqrt(x) }
-
 // triangle is a world-space triangle v0, v0+e1, v0+e2.
 type triangle struct {
 	v0, e1, e2 Vec

@@ -9,9 +9,6 @@ type Vec struct {
 	X, Y, Z float64
 }
 
-// V is a short constructor for Vec.
-func V(x, y, z float64) Vec { return Vec{x, y, z} }
-
 // Add returns a+b.
 func (a Vec) Add(b Vec) Vec { return Vec{a.X + b.X, a.Y + b.Y, a.Z + b.Z} }
 
@@ -96,6 +93,9 @@ func (a Vec) Luminance() float64 { return 0.2126*a.X + 0.7152*a.Y + 0.0722*a.Z }
 
 // Reflect returns direction a mirrored about normal n (a points toward the surface).
 func (a Vec) Reflect(n Vec) Vec { return a.Sub(n.MulScalar(2 * n.Dot(a))) }
+
+// sqrt is math.Sqrt, short for the geometry code.
+func sqrt(x float64) float64 { return math.Sqrt(x) }
 
 // basis returns two unit vectors that form an orthonormal basis with unit n
 // (Duff et al., "Building an Orthonormal Basis, Revisited").

@@ -2,6 +2,7 @@ package render
 
 import (
 	"math"
+	"slices"
 	"sync"
 )
 
@@ -95,6 +96,10 @@ func buildWorld(s *Scene, f int) (*world, error) {
 // triangles that are degenerate.
 func (w *world) addMesh(o *object, xf *transform) {
 	m := o.mesh
+	w.tris = slices.Grow(w.tris, len(m.tris))
+	if o.smooth {
+		w.triNormals = slices.Grow(w.triNormals, len(m.tris))
+	}
 	pos := make([]Vec, len(m.positions))
 	for i, p := range m.positions {
 		pos[i] = xf.point(p)

@@ -64,7 +64,7 @@ func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
 	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
 		t.Fatalf("outputs: %s", r)
 	}
-	samePixels(t, strings.Replace(out, "####", "0004", 1), reference(t, scene, 4, oneTile...))
+	samePixels(t, frameFile(out, 4), reference(t, scene, 4, oneTile...))
 }
 
 // Must show 4: a worker paused beyond its lease loses the tile to another worker; when it wakes
@@ -123,7 +123,7 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
 		t.Fatalf("outputs: %s", r)
 	}
-	samePixels(t, strings.Replace(out, "####", "0005", 1), reference(t, scene, 5, oneTile...))
+	samePixels(t, frameFile(out, 5), reference(t, scene, 5, oneTile...))
 }
 
 // tileKeys lists a job's tile keys (from the JSON status of its frames' tiles).
@@ -184,7 +184,7 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 				t.Fatalf("outputs: %s", r)
 			}
 			for _, fr := range []int{6, 7} {
-				samePixels(t, strings.Replace(out, "####", "000"+strconv.Itoa(fr), 1), reference(t, scene, fr, small...))
+				samePixels(t, frameFile(out, fr), reference(t, scene, fr, small...))
 			}
 		})
 	}
@@ -222,5 +222,5 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, "1 of 2 frames") {
 		t.Fatalf("outputs of a half-failed job: %s", r)
 	}
-	samePixels(t, strings.Replace(out, "####", "0009", 1), reference(t, scene, 9, small...))
+	samePixels(t, frameFile(out, 9), reference(t, scene, 9, small...))
 }

@@ -73,9 +73,16 @@ func (r result) String() string {
 // run runs a binary to completion.
 func run(t *testing.T, name string, args ...string) result {
 	t.Helper()
+	return runEnv(t, nil, name, args...)
+}
+
+// runEnv runs a binary to completion with extra environment variables.
+func runEnv(t *testing.T, env []string, name string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
@@ -102,11 +109,18 @@ type proc struct {
 
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
+	return startEnv(t, nil, name, args...)
+}
+
+// startEnv starts a process with extra environment variables.
+func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
+	t.Helper()
 	logf, err := os.CreateTemp(t.TempDir(), name+"-*.log")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(filepath.Join(bin, name), args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("starting %s: %v", name, err)
@@ -190,13 +204,20 @@ type farmProc struct {
 	http     string
 	natsAddr string
 	store    string
+	env      []string // e.g. S3 credentials, for every process of the farm
 	serve    *proc
 }
 
 // startServe starts `coordinator serve` on free ports with a filesystem store under data.
 func startServe(t *testing.T, data string, extra ...string) *farmProc {
 	t.Helper()
-	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store")}
+	return startServeStore(t, data, "file://"+filepath.Join(data, "store"), nil, extra...)
+}
+
+// startServeStore starts `coordinator serve` on an object store with the given environment.
+func startServeStore(t *testing.T, data, store string, env []string, extra ...string) *farmProc {
+	t.Helper()
+	f := &farmProc{t: t, data: data, store: store, env: env}
 	f.restart(extra...)
 	return f
 }
@@ -209,7 +230,7 @@ func (f *farmProc) restart(extra ...string) {
 	}
 	args := append([]string{"serve", "--data", f.data, "--listen", f.http, "--nats-listen", f.natsAddr,
 		"--store", f.store, "--log-level", "debug"}, extra...)
-	f.serve = start(f.t, "coordinator", args...)
+	f.serve = startEnv(f.t, f.env, "coordinator", args...)
 	f.waitHealthy()
 }
 
@@ -239,13 +260,13 @@ func (f *farmProc) natsURL() string { return "nats://" + f.natsAddr }
 func (f *farmProc) worker(name, ckptDir string, extra ...string) *proc {
 	args := append([]string{"--nats", f.natsURL(), "--store", f.store, "--checkpoints", ckptDir,
 		"--name", name, "--concurrency", "1", "--log-level", "debug"}, extra...)
-	return start(f.t, "tileworker", args...)
+	return startEnv(f.t, f.env, "tileworker", args...)
 }
 
 // cli runs a client command against this farm.
 func (f *farmProc) cli(args ...string) result {
 	f.t.Helper()
-	return run(f.t, "coordinator", append(args, "--server", f.http)...)
+	return runEnv(f.t, f.env, "coordinator", append(args, "--server", f.http)...)
 }
 
 // submit submits and decodes the JSON status.

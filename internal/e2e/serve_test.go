@@ -124,7 +124,7 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 		t.Fatalf("outputs: %s", r)
 	}
 	for _, fr := range []int{1, 2} {
-		samePixels(t, strings.Replace(out, "####", []string{"", "0001", "0002"}[fr], 1), reference(t, scene, fr, small...))
+		samePixels(t, frameFile(out, fr), reference(t, scene, fr, small...))
 	}
 	if r := f.cli("jobs"); r.code != 0 || !strings.Contains(r.stdout, st.JobID) {
 		t.Fatalf("jobs: %s", r)

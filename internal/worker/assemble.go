@@ -27,18 +27,30 @@ func FrameOutputName(format string) (string, bool) {
 // bytes and gets idempotent success.
 func (w *Worker) assemble(ctx context.Context, msg jetstream.Msg, job farm.AssembleJob, attempt string, log *slog.Logger) error {
 	key := farm.FrameManifestKey(job.FrameKey)
-	done, err := finalize.ManifestExists(ctx, w.objects, key)
+	var done bool
+	err := w.retryInfra(ctx, msg, log, "checking frame manifest", func(ctx context.Context) (err error) {
+		done, err = finalize.ManifestExists(ctx, w.objects, key)
+		return err
+	})
 	if err != nil {
-		return fmt.Errorf("checking frame manifest: %w", err)
+		return err
 	}
 	existing := done
 	if !done {
-		outputs, err := w.assembleOutputs(ctx, job)
+		var outputs []finalize.Output
+		err := w.retryInfra(ctx, msg, log, "reading tiles", func(ctx context.Context) (err error) {
+			outputs, err = w.assembleOutputs(ctx, job)
+			return err
+		})
 		if err != nil {
 			return err
 		}
-		p, err := finalize.Promote(ctx, w.objects, key, attempt, farm.BuildFingerprint(), outputs,
-			map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "worker": w.cfg.Name})
+		var p finalize.Promotion
+		err = w.retryInfra(ctx, msg, log, "promoting frame", func(ctx context.Context) (err error) {
+			p, err = finalize.Promote(ctx, w.objects, key, attempt, farm.BuildFingerprint(), outputs,
+				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "worker": w.cfg.Name})
+			return err
+		})
 		if err != nil {
 			w.m.FinalizeFailures.Inc()
 			if errors.Is(err, finalize.ErrConflict) {
