@@ -61,8 +61,9 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 	m := miniotest.Start(t)
 	scene := example("shot")
 	f := startServeStore(t, t.TempDir(), m.URL(), m.Env())
-	w1 := f.worker("node-a", t.TempDir())
-	w2 := f.worker("node-b", t.TempDir())
+	dirA, dirB := t.TempDir(), t.TempDir()
+	w1 := f.worker("node-a", dirA)
+	w2 := f.worker("node-b", dirB)
 	st, r := f.submit(append([]string{scene, "--frames", "1-3", "--format", "exr"}, small...)...)
 	if r.code != 42 && r.code != 3 {
 		t.Fatalf("submit: %s", r)
@@ -75,6 +76,16 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 		if !strings.Contains(w.log(), "worker started") {
 			t.Fatalf("worker did not start:\n%s", w.log())
 		}
+	}
+	// Workers keep the scene in a local cache keyed by scene_version.
+	cached := 0
+	for _, d := range []string{dirA, dirB} {
+		if _, err := os.Stat(filepath.Join(d, "scenes", done.SceneVersion+".json")); err == nil {
+			cached++
+		}
+	}
+	if cached == 0 {
+		t.Fatalf("no worker cached scene %s", done.SceneVersion)
 	}
 
 	dir := t.TempDir()
