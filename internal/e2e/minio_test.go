@@ -77,6 +77,12 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 			t.Fatalf("worker did not start:\n%s", w.log())
 		}
 	}
+	for _, w := range []*proc{w1, w2} {
+		// In a clean run every message is acked once: no redelivery reaches the manifest check.
+		if strings.Contains(w.log(), "ack failed") || strings.Contains(w.log(), "tile already promoted") {
+			t.Fatalf("a tile was delivered again in a clean run:\n%s", w.log())
+		}
+	}
 	// Workers keep the scene in a local cache keyed by scene_version.
 	cached := 0
 	for _, d := range []string{dirA, dirB} {

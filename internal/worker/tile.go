@@ -192,7 +192,10 @@ func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJ
 	if release != nil {
 		release()
 	}
-	if err := msg.DoubleAck(ctx); err != nil {
+	// The lease release above ends the heartbeat context; the ack must still go out.
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := msg.DoubleAck(actx); err != nil {
 		// The manifest exists, so a redelivery is acked by the manifest check.
 		w.log.Warn("ack failed after promotion", "tile_key", job.TileKey, "err", err)
 	}

@@ -280,7 +280,11 @@ func (w *Worker) scene(ctx context.Context, version string) (*render.Scene, erro
 			return nil, fmt.Errorf("scene bundle %s has version %s: corrupt download", version, got)
 		}
 		if w.cfg.SceneCacheDir != "" {
-			if err := finalize.WriteFileAtomic(w.scenePath(version), data); err != nil {
+			err := os.MkdirAll(w.cfg.SceneCacheDir, 0o755)
+			if err == nil {
+				err = finalize.WriteFileAtomic(w.scenePath(version), data)
+			}
+			if err != nil {
 				w.log.Warn("caching scene", "scene_version", version, "err", err)
 			}
 		}
