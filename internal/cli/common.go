@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 // Exit codes of the command contract in DESIGN.md.
@@ -143,4 +144,43 @@ func mustAbs(p string) string {
 		return p
 	}
 	return a
+}
+
+// renderFlags are the settings overrides shared by render, submit and tileworker render.
+type renderFlags struct {
+	spp, width, height, tile int
+	camera                   string
+}
+
+func addRenderFlags(fs *flag.FlagSet) *renderFlags {
+	rf := &renderFlags{}
+	fs.IntVar(&rf.spp, "spp", 0, "samples per pixel (default: the scene's)")
+	fs.IntVar(&rf.width, "width", 0, "image width override")
+	fs.IntVar(&rf.height, "height", 0, "image height override")
+	fs.StringVar(&rf.camera, "camera", "", "camera name (default: the scene's)")
+	fs.IntVar(&rf.tile, "tile", 64, "tile size in pixels (never changes a pixel)")
+	return rf
+}
+
+// check rejects values no scene could accept; the scene validates the rest and names the field.
+func (rf *renderFlags) check() error {
+	if rf.tile < 1 || rf.tile > 4096 {
+		return usagef("--tile %d: want 1-4096", rf.tile)
+	}
+	return nil
+}
+
+// apply overrides the scene's settings with the flags that were given.
+func (rf *renderFlags) apply(st *render.Settings) {
+	if rf.camera != "" {
+		st.Camera = rf.camera
+	}
+	for _, o := range []struct {
+		v   int
+		dst *int
+	}{{rf.spp, &st.SPP}, {rf.width, &st.Width}, {rf.height, &st.Height}} {
+		if o.v != 0 {
+			*o.dst = o.v
+		}
+	}
 }

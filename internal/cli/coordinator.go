@@ -97,11 +97,7 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
 	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
-	spp := fs.Int("spp", 0, "samples per pixel (default: the scene's)")
-	width := fs.Int("width", 0, "image width override")
-	height := fs.Int("height", 0, "image height override")
-	camera := fs.String("camera", "", "camera name (default: the scene's)")
-	tile := fs.Int("tile", 64, "tile size in pixels")
+	rf := addRenderFlags(fs)
 	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers")
 	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
 	jsonOut := fs.Bool("json", false, "print one JSON summary object on stdout")
@@ -123,7 +119,7 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 	if *out == "" {
 		return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
 	}
-	req, err := submitRequest(pos[0], *frames, *camera, *spp, *width, *height, *tile, *out, *format)
+	req, err := submitRequest(pos[0], *frames, rf, *out, *format)
 	if err != nil {
 		return 0, err
 	}
@@ -151,7 +147,7 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 }
 
 // submitRequest builds a submission from the shared flags of render and submit.
-func submitRequest(scene, frames, camera string, spp, width, height, tile int, out, format string) (coordinator.SubmitRequest, error) {
+func submitRequest(scene, frames string, rf *renderFlags, out, format string) (coordinator.SubmitRequest, error) {
 	var req coordinator.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
@@ -160,13 +156,8 @@ func submitRequest(scene, frames, camera string, spp, width, height, tile int, o
 			return req, err
 		}
 	}
-	if tile < 1 || tile > 4096 {
-		return req, usagef("--tile %d: want 1-4096", tile)
-	}
-	for name, v := range map[string]int{"--spp": spp, "--width": width, "--height": height} {
-		if v < 0 {
-			return req, usagef("%s %d: must not be negative", name, v)
-		}
+	if err := rf.check(); err != nil {
+		return req, err
 	}
 	f, err := formatFor(format, out)
 	if err != nil {
@@ -188,8 +179,8 @@ func submitRequest(scene, frames, camera string, spp, width, height, tile int, o
 			return req, err
 		}
 	}
-	return coordinator.SubmitRequest{Bundle: b, Camera: camera, First: first, Last: last, SPP: spp,
-		Width: width, Height: height, TileSize: tile, Formats: []string{f}}, nil
+	return coordinator.SubmitRequest{Bundle: b, Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
+		Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: []string{f}}, nil
 }
 
 func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
@@ -292,11 +283,7 @@ Submit SCENE to a running coordinator. Safe to re-run from cron: the same reques
 request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued, 3 in progress,
 1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`, stderr)
 	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
-	camera := fs.String("camera", "", "camera name (default: the scene's)")
-	spp := fs.Int("spp", 0, "samples per pixel (default: the scene's)")
-	width := fs.Int("width", 0, "image width override")
-	height := fs.Int("height", 0, "image height override")
-	tile := fs.Int("tile", 64, "tile size in pixels")
+	rf := addRenderFlags(fs)
 	format := fs.String("format", "png", "output format: png, png16 or exr (png is always produced)")
 	priority := fs.Int("priority", 0, "priority (recorded; dispatch bands are on the roadmap)")
 	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
@@ -311,7 +298,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	if len(pos) != 1 {
 		return 0, usagef("want exactly one SCENE, got %d arguments", len(pos))
 	}
-	req, err := submitRequest(pos[0], *frames, *camera, *spp, *width, *height, *tile, "", *format)
+	req, err := submitRequest(pos[0], *frames, rf, "", *format)
 	if err != nil {
 		return 0, err
 	}

@@ -113,11 +113,7 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 	frame := fs.Int("frame", 0, "frame number (default: the scene's first frame)")
 	out := fs.String("out", "", "output file (.png, or .exr for 32-bit float OpenEXR)")
 	format := fs.String("format", "", "png, png16 or exr (default from --out's extension)")
-	spp := fs.Int("spp", 0, "samples per pixel (default: the scene's)")
-	width := fs.Int("width", 0, "image width override")
-	height := fs.Int("height", 0, "image height override")
-	camera := fs.String("camera", "", "camera name (default: the scene's)")
-	tile := fs.Int("tile", 64, "tile size in pixels")
+	rf := addRenderFlags(fs)
 	jobs := fs.Int("j", runtime.NumCPU(), "tiles rendered in parallel")
 	quiet := fs.Bool("q", false, "no progress bar")
 	pos, err := parseArgs(fs, args)
@@ -130,8 +126,8 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 	if *out == "" {
 		return usagef("--out is required")
 	}
-	if *tile < 1 || *tile > 4096 {
-		return usagef("--tile %d: want 1-4096", *tile)
+	if err := rf.check(); err != nil {
+		return err
 	}
 	if *jobs < 1 {
 		return usagef("-j %d: want at least 1", *jobs)
@@ -145,17 +141,7 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 		return err
 	}
 	st := scene.Defaults()
-	if *camera != "" {
-		st.Camera = *camera
-	}
-	for _, o := range []struct {
-		v   int
-		dst *int
-	}{{*spp, &st.SPP}, {*width, &st.Width}, {*height, &st.Height}} {
-		if o.v != 0 {
-			*o.dst = o.v
-		}
-	}
+	rf.apply(&st)
 	if err := scene.Validate(st); err != nil {
 		return err
 	}
@@ -164,7 +150,7 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 		fr, _ = scene.Frames()
 	}
 	p := newProgress(stderr, *quiet)
-	img, err := RenderFrame(ctx, scene, st, fr, *tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
+	img, err := RenderFrame(ctx, scene, st, fr, rf.tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
 	p.done()
 	if err != nil {
 		return err
