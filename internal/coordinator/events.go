@@ -28,30 +28,34 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("creating events consumer: %w", err)
 	}
-	for ctx.Err() == nil {
-		batch, err := cons.Fetch(256, jetstream.FetchMaxWait(time.Second))
-		if err != nil {
-			return fmt.Errorf("fetching events: %w", err)
-		}
-		for msg := range batch.Messages() {
-			var ev farm.Event
-			if err := json.Unmarshal(msg.Data(), &ev); err != nil {
-				c.log.Error("dropping undecodable event", "subject", msg.Subject(), "err", err)
-				_ = msg.Term()
-				continue
-			}
-			if err := c.applyEvent(ctx, ev); err != nil {
-				c.log.Error("applying event", "event", ev.ID, "err", err)
-				_ = msg.NakWithDelay(time.Second)
-				continue
-			}
-			_ = msg.Ack()
-		}
-		if err := batch.Error(); err != nil && !errors.Is(err, jetstream.ErrNoMessages) && ctx.Err() == nil {
-			return fmt.Errorf("fetching events: %w", err)
-		}
+	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	if err != nil {
+		return fmt.Errorf("consuming events: %w", err)
 	}
-	return nil
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	defer it.Stop()
+	for {
+		msg, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+				return nil
+			}
+			return fmt.Errorf("consuming events: %w", err)
+		}
+		var ev farm.Event
+		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
+			c.log.Error("dropping undecodable event", "subject", msg.Subject(), "err", err)
+			_ = msg.Term()
+			continue
+		}
+		if err := c.applyEvent(ctx, ev); err != nil {
+			c.log.Error("applying event", "event", ev.ID, "err", err)
+			_ = msg.NakWithDelay(time.Second)
+			continue
+		}
+		_ = msg.Ack()
+	}
 }
 
 // applyEvent folds one event into the projection, once.

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 )
@@ -94,5 +96,33 @@ func TestRenderBadInput(t *testing.T) {
 	}
 	if matches, _ := filepath.Glob(dir + "/x*"); len(matches) > 0 {
 		t.Fatalf("bad input left outputs behind: %v", matches)
+	}
+}
+
+// Ctrl-C during `coordinator render`, then the same command again: finished tiles are reused,
+// the rest are rendered (in-flight ones from their checkpoints), and the frames equal the reference.
+func TestRenderInterruptedThenResumed(t *testing.T) {
+	scene := example("shot")
+	data := t.TempDir()
+	out := filepath.Join(t.TempDir(), "i_####.png")
+	heavy := []string{"--width", "96", "--height", "54", "--spp", "256", "--tile", "16"}
+	args := append([]string{"render", scene, "--frames", "1-2", "--out", out, "--data", data, "--workers", "1"}, heavy...)
+	p := start(t, "coordinator", args...)
+	if !p.waitLog(`(^|\n)[1-9]\d*/48 tiles`, 60*time.Second) {
+		t.Fatalf("no progress before the interrupt:\n%s", p.log())
+	}
+	p.signal(syscall.SIGINT)
+	if !p.waitExit(30 * time.Second) {
+		t.Fatalf("render did not stop on SIGINT:\n%s", p.log())
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 130 {
+		t.Fatalf("exit code %d after SIGINT, want 130:\n%s", code, p.log())
+	}
+	st := renderJSON(t, append(args[1:], "--workers", "2")...)
+	if st.State != "completed" || st.TilesReused == 0 || st.TilesReused+st.TilesRendered != st.TilesTotal || st.TilesRendered == 0 {
+		t.Fatalf("resumed render: reused %d rendered %d of %d (%s)", st.TilesReused, st.TilesRendered, st.TilesTotal, st.State)
+	}
+	for f := 1; f <= 2; f++ {
+		samePixels(t, frameFile(out, f), reference(t, scene, f, heavy...))
 	}
 }
