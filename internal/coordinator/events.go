@@ -122,9 +122,11 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 	case farm.EventTileCompleted:
 		t.Move(store.TileCompleted, ev.Attempt, ev.Worker, "", now)
 		f.TilesCompleted++
-		if f.TilesCompleted == len(f.TileKeys) && f.State != store.FrameFailed {
+		if f.TilesCompleted == len(f.TileKeys) {
+			// A frame that failed on a dead-lettered tile recovers when an operator requeues it.
+			retry := f.State == store.FrameFailed
 			f.Move(store.FrameAssembling, "", now)
-			if err := c.enqueueAssemble(tx, f); err != nil {
+			if err := c.enqueueAssemble(tx, f, retry); err != nil {
 				return err
 			}
 		}
@@ -135,7 +137,9 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 	return tx.PutFrame(f)
 }
 
-func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame) error {
+// enqueueAssemble queues the frame's assembly through the outbox. A retry after a failure gets
+// its own dedup id, since the first one may still sit in the dedup window.
+func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame, retry bool) error {
 	job := farm.AssembleJob{FrameKey: f.Key, SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Formats: f.Formats}
 	if len(f.JobIDs) > 0 {
 		job.JobID = f.JobIDs[0]
@@ -151,7 +155,11 @@ func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame) error {
 	if err != nil {
 		return err
 	}
-	return tx.AddOutbox(queue.SubjectAssemble, "assemble:"+f.Key, data)
+	msgID := "assemble:" + f.Key
+	if retry {
+		msgID += fmt.Sprintf(":retry:%d", len(f.History))
+	}
+	return tx.AddOutbox(queue.SubjectAssemble, msgID, data)
 }
 
 func (c *Coordinator) settleFrame(tx *store.Tx, frameKey, state, errText string, now time.Time) error {

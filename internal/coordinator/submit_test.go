@@ -287,6 +287,7 @@ func TestSubmitSharedFrameGetsRequestedFormats(t *testing.T) {
 	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
 	reqB := smallRequest(t, 1, 1, 32, 32, 32)
 	reqB.Formats = []string{"exr"}
+	reqB.IdempotencyKey = "exr-delivery" // see TestSubmitOtherFormatWithoutKeyIsNoConflict for the derived key
 	b := h.submit(t, reqB)
 	if !b.Created || b.Status.JobID == a.Status.JobID {
 		t.Fatalf("exr job: created %v id %s; want a new job", b.Created, b.Status.JobID)
@@ -294,6 +295,28 @@ func TestSubmitSharedFrameGetsRequestedFormats(t *testing.T) {
 	f := h.frame(t, h.job(t, b.Status.JobID).FrameKeys[0])
 	if !slices.Contains(f.Formats, "exr") {
 		t.Errorf("shared frame formats %v: job %s asked for exr but the assembler will not produce it", f.Formats, b.Status.JobID)
+	}
+}
+
+// TestSubmitOtherFormatWithoutKeyIsNoConflict: an artist who rendered PNGs and now asks for
+// the same frames as EXR, without an explicit idempotency key, gave no key that could conflict.
+// The derived key leaves formats out while payload_hash covers them, so today this is reported as
+// "idempotency key ... already names job ... with a different request" (exit 1), and
+// `coordinator render --out x_####.exr` after a PNG render in the same --data fails.
+func TestSubmitOtherFormatWithoutKeyIsNoConflict(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
+	req := smallRequest(t, 1, 1, 32, 32, 32)
+	req.Formats = []string{"exr"}
+	res, err := h.c.Submit(h.ctx, req)
+	if errors.Is(err, ErrConflict) {
+		t.Fatalf("asking for exr of a job first submitted as png, with no idempotency key: %v", err)
+	}
+	if err != nil {
+		t.Fatalf("Submit: %v", err)
+	}
+	if res.Status.JobID == a.Status.JobID && !slices.Contains(h.job(t, res.Status.JobID).Formats, "exr") {
+		t.Errorf("exr request returned png-only job %s", res.Status.JobID)
 	}
 }
 

@@ -195,7 +195,7 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 func TestPoisonTileIsDeadLettered(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-deliver", "3")
-	f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,32")
+	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,32")
 	st, _ := f.submit(append([]string{scene, "--frames", "8-9"}, small...)...)
 	done := f.waitDone(st.JobID, 3*time.Minute)
 	_, r := f.status(st.JobID)
@@ -223,4 +223,24 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 		t.Fatalf("outputs of a half-failed job: %s", r)
 	}
 	samePixels(t, frameFile(out, 9), reference(t, scene, 9, small...))
+
+	// The operator fixes the cause (a healthy worker) and requeues the dead letter: the frame
+	// recovers and the job completes.
+	poisoned.kill9()
+	f.worker("healthy", t.TempDir())
+	seq := strings.Fields(strings.Split(dlq.stdout, "\n")[1])[0]
+	if r := f.cli("dlq", "requeue", seq); r.code != 0 {
+		t.Fatalf("dlq requeue %s: %s", seq, r)
+	}
+	healed := f.waitCode(st.JobID, 0, 2*time.Minute)
+	if healed.FramesCompleted != 2 || healed.TilesFailed != 0 || healed.State != "completed" {
+		t.Fatalf("job after requeue: %+v", healed)
+	}
+	if r := f.cli("dlq", "list"); strings.Contains(r.stdout, "tiles.render") {
+		t.Fatalf("dead letter still listed after requeue: %s", r)
+	}
+	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs after requeue: %s", r)
+	}
+	samePixels(t, frameFile(out, 8), reference(t, scene, 8, small...))
 }

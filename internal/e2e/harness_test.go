@@ -382,3 +382,19 @@ func decodePNG(t *testing.T, path string) image.Image {
 func containsFold(s, sub string) bool {
 	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
 }
+
+// waitCode polls status until it exits with code.
+func (f *farmProc) waitCode(job string, code int, d time.Duration) coordinator.Status {
+	f.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		st, r := f.status(job)
+		if r.code == code {
+			return st
+		}
+		if time.Now().After(deadline) {
+			f.t.Fatalf("job %s: status never exited %d within %v: %s", job, code, d, r)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

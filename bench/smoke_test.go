@@ -1,0 +1,110 @@
+package bench
+
+import (
+	"context"
+	"math"
+	"testing"
+	"time"
+)
+
+// TestBenchSmoke runs every benchmark body once at tiny sizes so CI exercises the code: the
+// measurements must succeed (which includes the farm matching the reference pixel for pixel and
+// resumed tiles matching fresh ones bit for bit) and every ratio and rate must be finite and
+// positive. No timing is asserted.
+func TestBenchSmoke(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	bundle := loadBundle(t, "shot")
+	tiny := workload{width: 48, height: 27, spp: 2, first: 1, last: 2, tileSize: 16, parallel: 2}
+
+	t.Run("FarmEfficiency", func(t *testing.T) {
+		e, err := measureEfficiency(ctx, t.TempDir(), bundle, tiny)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := 2 * 3 * 2; e.tiles != want { // 48x27 in 16 px tiles: 3x2 per frame
+			t.Errorf("tiles = %d, want %d", e.tiles, want)
+		}
+		if e.attempts < e.tiles {
+			t.Errorf("attempts = %d for %d tiles: some tile was never started", e.attempts, e.tiles)
+		}
+		m := metricSet{}
+		reportEfficiency(m, e, 1)
+		checkMetrics(t, m, "farm/local", "tiles/s", "local-tiles/s", "startup-s", "attempts/tile")
+	})
+
+	t.Run("PerTileOverhead", func(t *testing.T) {
+		w := tiny
+		w.last = w.first
+		sizes := []int{8, 32}
+		es, err := measurePerTile(ctx, t.TempDir(), bundle, w, sizes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if es[0].tiles != 6*4 || es[1].tiles != 2*1 {
+			t.Errorf("tiles = %d and %d, want 24 and 2", es[0].tiles, es[1].tiles)
+		}
+		m := metricSet{}
+		reportPerTile(m, sizes, es)
+		checkMetrics(t, m, "t8-farm/local", "t32-farm/local")
+		checkFinite(t, m, "t8-overhead-s/tile", "t32-overhead-s/tile", "marginal-s/tile")
+	})
+
+	t.Run("Resume", func(t *testing.T) {
+		w := resumeWorkload{width: 48, height: 27, spp: 4, frame: 1, tileSize: 16, reps: 2, codecReps: 2}
+		res, err := measureResume(ctx, bundle, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.samplesRecovered != w.reps*w.spp/2 {
+			t.Errorf("samples recovered = %d, want %d", res.samplesRecovered, w.reps*w.spp/2)
+		}
+		m := metricSet{}
+		reportResume(m, res, w.spp, w.reps)
+		checkMetrics(t, m, "resume/fresh", "ckpt-encode-MB/s", "ckpt-decode-MB/s", "ckpt-size/raw")
+		if got := m["expected-resume/fresh"]; got != 0.5 {
+			t.Errorf("expected-resume/fresh = %v, want 0.5 from a half-way checkpoint", got)
+		}
+	})
+
+	t.Run("Dispatch", func(t *testing.T) {
+		d, err := measureDispatch(ctx, t.TempDir(), 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := metricSet{}
+		reportDispatch(m, d)
+		checkMetrics(t, m, "publish-msgs/s", "fetch-ack-msgs/s", "msgs/s", "core-msgs/s", "dispatch/core", "publish/core")
+	})
+}
+
+// checkMetrics asserts that each named metric was reported and is finite and positive.
+func checkMetrics(t *testing.T, m metricSet, units ...string) {
+	t.Helper()
+	for _, u := range units {
+		v, ok := m[u]
+		if !ok {
+			t.Errorf("metric %q not reported (have %v)", u, m)
+			continue
+		}
+		if !finitePositive(v) {
+			t.Errorf("metric %q = %v, want finite and positive", u, v)
+		}
+	}
+}
+
+// checkFinite asserts that each named metric was reported and is finite; overheads may be
+// negative when they drown in noise.
+func checkFinite(t *testing.T, m metricSet, units ...string) {
+	t.Helper()
+	for _, u := range units {
+		v, ok := m[u]
+		if !ok {
+			t.Errorf("metric %q not reported (have %v)", u, m)
+			continue
+		}
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			t.Errorf("metric %q = %v, want finite", u, v)
+		}
+	}
+}
