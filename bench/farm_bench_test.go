@@ -23,7 +23,7 @@ var perTileSizes = []int{16, 64}
 // shotResume is a 64x64 tile at the centre of the shot's 192x108 frame with 64 samples, so a
 // fresh render takes long enough to dwarf timer noise.
 func shotResume() resumeWorkload {
-	return resumeWorkload{width: 192, height: 108, spp: 64, frame: 1, tileSize: 64, reps: 3, codecReps: 50}
+	return resumeWorkload{width: 192, height: 108, spp: 64, frame: 1, tileSize: 64, reps: 3, codecReps: 300}
 }
 
 // dispatchMessages is how many tile messages BenchmarkDispatch pushes through per iteration.

@@ -30,7 +30,8 @@ type workload struct {
 	width, height, spp int
 	first, last        int
 	tileSize           int
-	parallel           int // local goroutines and in-process farm workers
+	parallel           int           // local goroutines and in-process farm workers
+	worker             worker.Config // in-process workers; zero is what `coordinator render` uses
 }
 
 func (w workload) frames() int { return w.last - w.first + 1 }
@@ -114,7 +115,7 @@ type farmRun struct {
 func renderFarm(ctx context.Context, dir string, bundle *farm.Bundle, w workload) (farmRun, error) {
 	start := time.Now()
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{
-		DataDir: dir, Queue: queue.DefaultConfig(), Workers: w.parallel, Log: quietLogger(),
+		DataDir: dir, Queue: queue.DefaultConfig(), Workers: w.parallel, Worker: w.worker, Log: quietLogger(),
 	})
 	if err != nil {
 		return farmRun{}, fmt.Errorf("starting farm in %q: %w", dir, err)

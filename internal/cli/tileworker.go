@@ -70,6 +70,9 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	if err != nil {
 		return err
 	}
+	if *ckptEvery == 0 {
+		*ckptEvery = -1 // the flag's 0 means after every pass
+	}
 	wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
 		RemoteEvery: *remoteEvery, PassesPerTile: *passes}
 	wc.Faults.PassDelay = *faultDelay

@@ -30,7 +30,7 @@ type Config struct {
 	Name              string        // worker identity in logs, leases and events
 	Concurrency       int           // tiles rendered at once; default 1
 	Heartbeat         time.Duration // InProgress + lease renewal; default 3 s
-	CheckpointEvery   time.Duration // minimum time between checkpoints; default 2 s (0 after Normalize means every pass)
+	CheckpointEvery   time.Duration // minimum time between checkpoints; 0 means the default 2 s, negative means after every pass
 	PassesPerTile     int           // passes a tile's samples are split into; default 16
 	RemoteCheckpoints bool          // also upload checkpoints to the object store
 	RemoteEvery       time.Duration // minimum time between remote checkpoint uploads; default 5 s
@@ -58,7 +58,10 @@ func (c *Config) normalize() {
 	if c.Heartbeat <= 0 {
 		c.Heartbeat = 3 * time.Second
 	}
-	if c.CheckpointEvery < 0 {
+	switch {
+	case c.CheckpointEvery == 0:
+		c.CheckpointEvery = 2 * time.Second
+	case c.CheckpointEvery < 0:
 		c.CheckpointEvery = 0
 	}
 	if c.PassesPerTile <= 0 {
