@@ -85,7 +85,7 @@ func renderLocal(ctx context.Context, bundle *farm.Bundle, w workload) (run, err
 		if err != nil {
 			return run{}, fmt.Errorf("encoding frame %d: %w", f, err)
 		}
-		name, _ := worker.FrameOutputName("png")
+		name, _ := farm.FrameOutputName("png")
 		for _, o := range outs {
 			if o.Name == name {
 				r.png[f] = o.Data

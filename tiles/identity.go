@@ -183,9 +183,11 @@ func JobID(idempotencyKey string) string {
 }
 
 // DerivedIdempotencyKey is the idempotency key used when the artist gives
-// none: two submissions of the same project, scene, camera, frame range and
-// settings are the same request.
-func DerivedIdempotencyKey(project, sceneVersion, camera string, first, last int, settingsHash string) string {
+// none: two submissions of the same project, scene, camera, frame range,
+// settings and output formats are the same request. Formats are in it because
+// the payload hash covers them: asking for EXR after PNG is a new request, not
+// a conflict. formats must be sorted.
+func DerivedIdempotencyKey(project, sceneVersion, camera string, first, last int, settingsHash string, formats []string) string {
 	f := newFieldHasher(tagDerivedIdemKey)
 	f.str(project)
 	f.str(sceneVersion)
@@ -193,6 +195,10 @@ func DerivedIdempotencyKey(project, sceneVersion, camera string, first, last int
 	f.int(first)
 	f.int(last)
 	f.str(settingsHash)
+	f.int(len(formats))
+	for _, fm := range formats {
+		f.str(fm)
+	}
 	return f.hex()
 }
 

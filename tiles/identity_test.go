@@ -259,22 +259,23 @@ func TestJobID(t *testing.T) {
 }
 
 func TestDerivedIdempotencyKey(t *testing.T) {
-	base := DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh")
+	base := DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh", []string{"png"})
 	if !hex64.MatchString(base) {
 		t.Fatalf("DerivedIdempotencyKey %q is not 64 lowercase hex", base)
 	}
-	if DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh") != base {
+	if DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh", []string{"png"}) != base {
 		t.Fatal("DerivedIdempotencyKey not stable")
 	}
 	variants := map[string]string{
-		"project":       DerivedIdempotencyKey("proj2", "sv", "main", 1, 24, "sh"),
-		"scene version": DerivedIdempotencyKey("proj", "sv2", "main", 1, 24, "sh"),
-		"camera":        DerivedIdempotencyKey("proj", "sv", "side", 1, 24, "sh"),
-		"first":         DerivedIdempotencyKey("proj", "sv", "main", 2, 24, "sh"),
-		"last":          DerivedIdempotencyKey("proj", "sv", "main", 1, 25, "sh"),
-		"swapped range": DerivedIdempotencyKey("proj", "sv", "main", 24, 1, "sh"),
-		"settings":      DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh2"),
-		"shift":         DerivedIdempotencyKey("pro", "jsv", "main", 1, 24, "sh"),
+		"project":       DerivedIdempotencyKey("proj2", "sv", "main", 1, 24, "sh", []string{"png"}),
+		"scene version": DerivedIdempotencyKey("proj", "sv2", "main", 1, 24, "sh", []string{"png"}),
+		"camera":        DerivedIdempotencyKey("proj", "sv", "side", 1, 24, "sh", []string{"png"}),
+		"first":         DerivedIdempotencyKey("proj", "sv", "main", 2, 24, "sh", []string{"png"}),
+		"last":          DerivedIdempotencyKey("proj", "sv", "main", 1, 25, "sh", []string{"png"}),
+		"swapped range": DerivedIdempotencyKey("proj", "sv", "main", 24, 1, "sh", []string{"png"}),
+		"settings":      DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh2", []string{"png"}),
+		"formats":       DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh", []string{"exr", "png"}),
+		"shift":         DerivedIdempotencyKey("pro", "jsv", "main", 1, 24, "sh", []string{"png"}),
 	}
 	seen := map[string]string{base: "base"}
 	for name, k := range variants {

@@ -44,10 +44,10 @@ func exitCode(stderr io.Writer, cmd string, err error) int {
 	}
 	var ue *usageError
 	switch {
-	case errors.As(err, &ue), errors.Is(err, flag.ErrHelp):
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintf(stderr, "%s: %v\nRun '%s -h' for usage.\n", cmd, err, cmd)
-		}
+	case errors.Is(err, flag.ErrHelp):
+		return ExitOK // the usage was asked for and printed
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "%s: %v\nRun '%s -h' for usage.\n", cmd, err, cmd)
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)

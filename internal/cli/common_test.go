@@ -118,7 +118,7 @@ func TestExitCode(t *testing.T) {
 	}{
 		{"nil", nil, ExitOK, ""},
 		{"usage", usagef("want exactly one SCENE"), ExitUsage, "Run 'coordinator render -h'"},
-		{"help", flag.ErrHelp, ExitUsage, ""},
+		{"help", flag.ErrHelp, ExitOK, ""},
 		{"busy", fmt.Errorf("submitting: %w", coordinator.ErrBusy), ExitBusy, "retry later"},
 		{"unavailable", fmt.Errorf("%w at http://x: refused", client.ErrUnavailable), ExitBusy, "retry later"},
 		{"canceled", fmt.Errorf("waiting: %w", context.Canceled), ExitInterrupt, "interrupted"},

@@ -167,11 +167,17 @@ func submitRequest(scene, frames string, rf *renderFlags, out, format string) (c
 	if err != nil {
 		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
+	// Validate here too, so bad input fails before anything starts or is sent.
+	s, err := b.Parse()
+	if err != nil {
+		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+	}
+	st := s.Defaults()
+	rf.apply(&st)
+	if err := s.Validate(st); err != nil {
+		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+	}
 	if first == 0 && last == 0 {
-		s, err := b.Parse()
-		if err != nil {
-			return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
-		}
 		first, last = s.Frames()
 	}
 	if out != "" {

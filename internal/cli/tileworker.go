@@ -162,13 +162,8 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 	if err != nil {
 		return err
 	}
-	name, _ := worker.FrameOutputName(f)
-	for _, o := range outs {
-		if o.Name == name {
-			if err := writeFile(*out, o.Data); err != nil {
-				return err
-			}
-		}
+	if err := writeFile(*out, outs[0].Data); err != nil {
+		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s (%dx%d, %d spp, frame %d)\n", filepath.Clean(*out), st.Width, st.Height, st.SPP, fr)
 	return nil

@@ -91,6 +91,9 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err() // interrupted, not unavailable
+		}
 		return fmt.Errorf("%w at %s: %v", ErrUnavailable, c.base, err)
 	}
 	defer resp.Body.Close()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -69,7 +70,7 @@ func (c *Coordinator) applyEvent(ctx context.Context, ev farm.Event) error {
 		case farm.EventTileStarted, farm.EventTileCompleted, farm.EventTileFailed:
 			return c.applyTileEvent(tx, ev, now)
 		case farm.EventFrameCompleted:
-			return c.settleFrame(tx, ev.FrameKey, store.FrameCompleted, "", now)
+			return c.frameCompleted(tx, ev, now)
 		case farm.EventFrameFailed:
 			if !ev.Terminal {
 				return nil
@@ -124,9 +125,12 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 		f.TilesCompleted++
 		if f.TilesCompleted == len(f.TileKeys) {
 			// A frame that failed on a dead-lettered tile recovers when an operator requeues it.
-			retry := f.State == store.FrameFailed
+			suffix := ""
+			if f.State == store.FrameFailed {
+				suffix = "retry"
+			}
 			f.Move(store.FrameAssembling, "", now)
-			if err := c.enqueueAssemble(tx, f, retry); err != nil {
+			if err := c.enqueueAssemble(tx, f, suffix); err != nil {
 				return err
 			}
 		}
@@ -137,9 +141,10 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 	return tx.PutFrame(f)
 }
 
-// enqueueAssemble queues the frame's assembly through the outbox. A retry after a failure gets
-// its own dedup id, since the first one may still sit in the dedup window.
-func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame, retry bool) error {
+// enqueueAssemble queues the frame's assembly through the outbox. The first assembly's dedup id
+// is "assemble:<frame_key>"; a later one (a retry after a failure, more formats) names why and
+// when, since the first id may still sit in the dedup window.
+func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame, suffix string) error {
 	job := farm.AssembleJob{FrameKey: f.Key, SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Formats: f.Formats}
 	if len(f.JobIDs) > 0 {
 		job.JobID = f.JobIDs[0]
@@ -156,10 +161,33 @@ func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame, retry bool) 
 		return err
 	}
 	msgID := "assemble:" + f.Key
-	if retry {
-		msgID += fmt.Sprintf(":retry:%d", len(f.History))
+	if suffix != "" {
+		msgID += fmt.Sprintf(":%s:%d", suffix, len(f.History))
 	}
 	return tx.AddOutbox(queue.SubjectAssemble, msgID, data)
+}
+
+// frameCompleted completes a frame once every format it owes has been promoted; a frame asked
+// for more formats while it was being assembled is assembled again for those.
+func (c *Coordinator) frameCompleted(tx *store.Tx, ev farm.Event, now time.Time) error {
+	f, err := tx.Frame(ev.FrameKey)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	if err != nil || f.Terminal() {
+		return err
+	}
+	for _, format := range f.Formats {
+		if !slices.Contains(ev.Formats, format) {
+			if err := c.enqueueAssemble(tx, f, "formats"); err != nil {
+				return err
+			}
+			f.Move(store.FrameAssembling, "", now)
+			return tx.PutFrame(f)
+		}
+	}
+	f.Move(store.FrameCompleted, "", now)
+	return tx.PutFrame(f)
 }
 
 func (c *Coordinator) settleFrame(tx *store.Tx, frameKey, state, errText string, now time.Time) error {

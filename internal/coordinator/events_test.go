@@ -131,7 +131,7 @@ func TestApplyEventTwiceChangesNothing(t *testing.T) {
 		tileEvent("c0", farm.EventTileCompleted, t0),
 		tileEvent("s2", farm.EventTileStarted, t1),
 		tileEvent("c1", farm.EventTileCompleted, t1), // last tile: enqueues assembly
-		{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: f.Key},
+		{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: f.Key, Formats: []string{"png"}},
 	}
 	for _, ev := range events {
 		h.apply(t, ev)
@@ -200,14 +200,14 @@ func TestFrameCompletedCompletesFrameAndJob(t *testing.T) {
 			h.apply(t, tileEvent(fmt.Sprintf("c%d-%d", n, i), farm.EventTileCompleted, h.tile(t, tk)))
 		}
 	}
-	h.apply(t, farm.Event{ID: "fc0", Type: farm.EventFrameCompleted, FrameKey: fks[0]})
+	h.apply(t, farm.Event{ID: "fc0", Type: farm.EventFrameCompleted, FrameKey: fks[0], Formats: []string{"png"}})
 	if fr := h.frame(t, fks[0]); fr.State != store.FrameCompleted || fr.Error != "" {
 		t.Errorf("frame after frame.completed: %q %q", fr.State, fr.Error)
 	}
 	if st := h.status(t, jobID); st.State != StateRendering || st.FramesCompleted != 1 {
 		t.Errorf("job with 1 of 2 frames done: %q, %d completed", st.State, st.FramesCompleted)
 	}
-	h.apply(t, farm.Event{ID: "fc1", Type: farm.EventFrameCompleted, FrameKey: fks[1]})
+	h.apply(t, farm.Event{ID: "fc1", Type: farm.EventFrameCompleted, FrameKey: fks[1], Formats: []string{"png"}})
 	st := h.status(t, jobID)
 	if st.State != "completed" || ExitCode(st.State) != 0 {
 		t.Errorf("job state %q (exit %d), want completed (0)", st.State, ExitCode(st.State))
@@ -329,15 +329,15 @@ func TestJobStateAndExitCode(t *testing.T) {
 		}
 	}
 	check("all tiles, frames assembling", "rendering", 3)
-	h.apply(t, farm.Event{ID: "f0", Type: farm.EventFrameCompleted, FrameKey: fks[0]})
-	h.apply(t, farm.Event{ID: "f1", Type: farm.EventFrameCompleted, FrameKey: fks[1]})
+	h.apply(t, farm.Event{ID: "f0", Type: farm.EventFrameCompleted, FrameKey: fks[0], Formats: []string{"png"}})
+	h.apply(t, farm.Event{ID: "f1", Type: farm.EventFrameCompleted, FrameKey: fks[1], Formats: []string{"png"}})
 	check("all frames", "completed", 0)
 
 	// A second job: one frame completed, the other fails -> failed (1).
 	h2 := newHarness(t, Config{})
 	jobID, fks = eventJob(t, h2, 1, 2)
 	h = h2
-	h.apply(t, farm.Event{ID: "f0", Type: farm.EventFrameCompleted, FrameKey: fks[0]})
+	h.apply(t, farm.Event{ID: "f0", Type: farm.EventFrameCompleted, FrameKey: fks[0], Formats: []string{"png"}})
 	check("one frame completed", "rendering", 3)
 	h.apply(t, farm.Event{ID: "x", Type: farm.EventFrameFailed, FrameKey: fks[1], Terminal: true, Error: "boom"})
 	check("one completed, one failed", "failed", 1)
@@ -387,7 +387,7 @@ func TestEventForUnknownTileOrFrameIsIgnored(t *testing.T) {
 	jobID, _ := eventJob(t, h, 1, 1)
 	before := h.status(t, jobID)
 	h.apply(t, farm.Event{ID: "u1", Type: farm.EventTileCompleted, TileKey: "no-such-tile", FrameKey: "no-such-frame"})
-	h.apply(t, farm.Event{ID: "u2", Type: farm.EventFrameCompleted, FrameKey: "no-such-frame"})
+	h.apply(t, farm.Event{ID: "u2", Type: farm.EventFrameCompleted, FrameKey: "no-such-frame", Formats: []string{"png"}})
 	h.apply(t, farm.Event{ID: "u3", Type: "tile.exploded", TileKey: "x"})
 	after := h.status(t, jobID)
 	b, _ := json.Marshal(before)

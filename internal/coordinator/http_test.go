@@ -13,7 +13,6 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/worker"
 )
 
 // call sends a request to the handler and decodes the JSON body into out (if not nil).
@@ -139,16 +138,16 @@ func TestHTTPFrameOutputOfCompletedFrame(t *testing.T) {
 	// Assembling is not completed: still not ready.
 	expectError(t, srv, "GET", path, nil, http.StatusConflict, "not_ready")
 
-	name, ok := worker.FrameOutputName("png")
+	name, ok := farm.FrameOutputName("png")
 	if !ok {
 		t.Fatal("no output name for png")
 	}
 	want := []byte("\x89PNG pretend frame bytes")
-	if _, err := finalize.Promote(h.ctx, h.objects, farm.FrameManifestKey(fks[0]), "att-1", "test-build",
+	if _, err := finalize.Promote(h.ctx, h.objects, farm.FrameManifestKey(fks[0], "png"), "att-1", "test-build",
 		[]finalize.Output{{Name: name, Data: want}}, nil); err != nil {
 		t.Fatalf("Promote: %v", err)
 	}
-	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fks[0]})
+	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fks[0], Formats: []string{"png"}})
 	code, body := call(t, srv, "GET", path, nil, nil)
 	if code != http.StatusOK || !bytes.Equal(body, want) {
 		t.Errorf("GET completed frame = %d %q, want 200 with the promoted bytes", code, body)

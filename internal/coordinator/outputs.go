@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/store"
-	"github.com/tilefarm/tilefarm/internal/worker"
 )
 
 // ErrNotReady is returned for an output of a frame that is not completed yet.
@@ -16,7 +16,7 @@ var ErrNotReady = errors.New("frame not completed yet")
 
 // FrameOutput returns one encoded output of a job's frame, read through its manifest and verified.
 func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error) {
-	name, ok := worker.FrameOutputName(format)
+	name, ok := farm.FrameOutputName(format)
 	if !ok {
 		return nil, fmt.Errorf("%w: unknown output format %q", ErrBadInput, format)
 	}
@@ -34,6 +34,9 @@ func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, 
 		if err != nil {
 			return err
 		}
+		if !slices.Contains(f.Formats, format) {
+			return fmt.Errorf("%w: frame %d was not requested as %s (submit again with --format %s)", ErrBadInput, frame, format, format)
+		}
 		if f.State != store.FrameCompleted {
 			return fmt.Errorf("frame %d is %s: %w", frame, f.State, ErrNotReady)
 		}
@@ -42,7 +45,7 @@ func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, 
 	if err != nil {
 		return nil, err
 	}
-	m, err := finalize.ReadManifest(ctx, c.objects, farm.FrameManifestKey(fk))
+	m, err := finalize.ReadManifest(ctx, c.objects, farm.FrameManifestKey(fk, format))
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest of frame %d: %w", frame, err)
 	}

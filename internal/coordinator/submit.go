@@ -124,13 +124,9 @@ func (c *Coordinator) planSubmission(req SubmitRequest) (*plan, error) {
 	if len(rects)*(last-first+1) > MaxTilesPerJob {
 		return nil, badInput("%d frames of %d tiles exceed %d tiles per job", last-first+1, len(rects), MaxTilesPerJob)
 	}
-	formats := slices.Clone(req.Formats)
-	slices.Sort(formats)
-	formats = slices.Compact(formats)
-	for _, f := range formats {
-		if f != "png" && f != "png16" && f != "exr" {
-			return nil, badInput("unknown output format %q (want png, png16 or exr)", f)
-		}
+	formats, err := farm.NormalizeFormats(req.Formats)
+	if err != nil {
+		return nil, badInput("%v", err)
 	}
 	bundle, err := req.Bundle.Encode()
 	if err != nil {
@@ -142,7 +138,7 @@ func (c *Coordinator) planSubmission(req SubmitRequest) (*plan, error) {
 		First: first, Last: last, SettingsHash: sh, Formats: formats})
 	key := req.IdempotencyKey
 	if key == "" {
-		key = tiles.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, sh)
+		key = tiles.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, sh, formats)
 	}
 	j := store.Job{
 		ID: tiles.JobID(key), IdempotencyKey: key, PayloadHash: tiles.PayloadHash(payload), Project: req.Project,
@@ -186,8 +182,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 		for i, fk := range p.job.FrameKeys {
 			f, err := tx.Frame(fk)
 			if err == nil {
-				f.JobIDs = append(f.JobIDs, p.job.ID)
-				if err := tx.PutFrame(f); err != nil {
+				if err := c.shareFrame(tx, f, &p.job, now); err != nil {
 					return err
 				}
 				continue
@@ -210,6 +205,23 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 		return SubmitResult{}, err
 	}
 	return SubmitResult{Status: st, Created: created}, nil
+}
+
+// shareFrame attaches a job to a frame another job already asked for. Formats the frame does not
+// have yet are added; a frame already assembled is assembled again for just those.
+func (c *Coordinator) shareFrame(tx *store.Tx, f *store.Frame, j *store.Job, now time.Time) error {
+	f.JobIDs = append(f.JobIDs, j.ID)
+	union, _ := farm.NormalizeFormats(append(slices.Clone(f.Formats), j.Formats...))
+	if !slices.Equal(union, f.Formats) {
+		f.Formats = union
+		if f.State == store.FrameCompleted {
+			f.Move(store.FrameAssembling, "", now)
+			if err := c.enqueueAssemble(tx, f, "formats"); err != nil {
+				return err
+			}
+		}
+	}
+	return tx.PutFrame(f)
 }
 
 func (c *Coordinator) addFrame(tx *store.Tx, j *store.Job, frame int, fk string, rects []render.Rect, now time.Time) error {

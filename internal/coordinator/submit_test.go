@@ -259,7 +259,7 @@ func TestSubmitReusesCompletedFrame(t *testing.T) {
 	fk := h.job(t, a.Status.JobID).FrameKeys[0]
 	tk := h.frame(t, fk).TileKeys[0]
 	h.apply(t, farm.Event{ID: "c1", Type: farm.EventTileCompleted, TileKey: tk, FrameKey: fk, Attempt: "a1", Worker: "w"})
-	h.apply(t, farm.Event{ID: "f1", Type: farm.EventFrameCompleted, FrameKey: fk})
+	h.apply(t, farm.Event{ID: "f1", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
 	nBefore := len(h.outbox(t))
 
 	b := h.submit(t, smallRequest(t, 1, 2, w, ht, size))
@@ -331,7 +331,7 @@ func TestSubmitBadInputWritesNothing(t *testing.T) {
 		"unknown format":    func(r *SubmitRequest) { r.Formats = []string{"png", "jpg"} },
 		"absurd spp":        func(r *SubmitRequest) { r.SPP = 1 << 30 },
 		"negative spp":      func(r *SubmitRequest) { r.SPP = -4 },
-		"absurd resolution": func(r *SubmitRequest) { r.Width, r.Height = 1 << 20, 1 << 20 },
+		"absurd resolution": func(r *SubmitRequest) { r.Width, r.Height = 1<<20, 1<<20 },
 		"no bundle":         func(r *SubmitRequest) { r.Bundle = nil },
 		"missing asset":     func(r *SubmitRequest) { r.Bundle.Assets = map[string][]byte{} },
 		"garbage scene":     func(r *SubmitRequest) { r.Bundle.Scene = []byte("{not json") },

@@ -111,19 +111,22 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 		sameEXR(t, frameFile(exr, fr), refEXR)
 	}
 
-	// The frame manifest lists every output with its checksum and the build fingerprint.
+	// Each output format has a manifest naming it with its checksum and the build fingerprint.
 	objects := s3Store(t, m)
-	man, err := finalize.ReadManifest(context.Background(), objects, farm.FrameManifestKey(done.Frames[0].FrameKey))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(man.Objects) != 2 || !strings.Contains(man.Build, "render/") {
-		t.Fatalf("frame manifest: %+v", man)
-	}
-	for _, o := range man.Objects {
-		if len(o.SHA256) != 64 || o.Size == 0 {
-			t.Fatalf("manifest object without checksum: %+v", o)
+	for _, format := range []string{"png", "exr"} {
+		man, err := finalize.ReadManifest(context.Background(), objects, farm.FrameManifestKey(done.Frames[0].FrameKey, format))
+		if err != nil {
+			t.Fatal(err)
 		}
+		name, _ := farm.FrameOutputName(format)
+		o, ok := man.Object(name)
+		if !ok || len(o.SHA256) != 64 || o.Size == 0 || !strings.Contains(man.Build, "render/") {
+			t.Fatalf("%s manifest: %+v", format, man)
+		}
+	}
+	// Without a request for png16 there is none, and asking for it is a clear error (exit 1).
+	if r := f.cli("outputs", st.JobID, "--out", filepath.Join(dir, "x_####.png"), "--format", "png16"); r.code != 1 || !strings.Contains(r.stderr, "png16") {
+		t.Fatalf("outputs of a format never requested: %s", r)
 	}
 }
 

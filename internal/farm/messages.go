@@ -4,6 +4,8 @@
 package farm
 
 import (
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/tilefarm/tilefarm/render"
@@ -36,7 +38,7 @@ type AssembleJob struct {
 	Settings     render.Settings `json:"settings"`
 	Frame        int             `json:"frame"`
 	Tiles        []TileRef       `json:"tiles"`
-	Formats      []string        `json:"formats"` // "png" always; "png16", "exr" on request
+	Formats      []string        `json:"formats"` // sorted; always has "png"; "png16", "exr" on request
 }
 
 // Event types published by workers to the EVENTS stream.
@@ -62,6 +64,7 @@ type Event struct {
 	SamplesRecovered int       `json:"samples_recovered,omitempty"`
 	Duplicate        bool      `json:"duplicate,omitempty"` // the tile was already promoted by someone else
 	Terminal         bool      `json:"terminal,omitempty"`
+	Formats          []string  `json:"formats,omitempty"` // frame.completed: the formats now promoted
 	Error            string    `json:"error,omitempty"`
 	Time             time.Time `json:"time"`
 }
@@ -77,8 +80,32 @@ func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".
 // TileManifestKey is the logical key of a tile's manifest.
 func TileManifestKey(tileKey string) string { return "tiles/" + tileKey }
 
-// FrameManifestKey is the logical key of a frame's manifest.
-func FrameManifestKey(frameKey string) string { return "frames/" + frameKey }
+// FrameManifestKey is the logical key of one output format of a frame. Each format has its own
+// manifest, so a later job can ask for another format of a finished frame without touching the
+// manifests readers already trust.
+func FrameManifestKey(frameKey, format string) string { return "frames/" + frameKey + "/" + format }
+
+// Formats are the frame output formats and their object names inside a frame manifest.
+var formatNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr"}
+
+// FrameOutputName returns the manifest object name of a frame format, or false for an unknown one.
+func FrameOutputName(format string) (string, bool) {
+	n, ok := formatNames[format]
+	return n, ok
+}
+
+// NormalizeFormats validates formats and returns them sorted, de-duplicated, with "png" always in.
+func NormalizeFormats(formats []string) ([]string, error) {
+	out := []string{"png"}
+	for _, f := range formats {
+		if _, ok := formatNames[f]; !ok {
+			return nil, fmt.Errorf("unknown output format %q (want png, png16 or exr)", f)
+		}
+		out = append(out, f)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
 
 // CheckpointKey is where a worker uploads a tile's remote checkpoint.
 func CheckpointKey(tileKey string) string { return "checkpoints/" + tileKey }

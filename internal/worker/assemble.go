@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -13,73 +14,73 @@ import (
 	"github.com/tilefarm/tilefarm/internal/metrics"
 )
 
-// Frame output names inside a frame manifest, by format.
-var frameOutputNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr"}
-
-// FrameOutputName returns the manifest object name of a frame format.
-func FrameOutputName(format string) (string, bool) {
-	n, ok := frameOutputNames[format]
-	return n, ok
-}
-
 // assemble builds a frame from its promoted tiles and promotes the frame manifest. It needs no
 // lease: the output is a pure function of the tiles, so a racing assembler promotes identical
 // bytes and gets idempotent success.
 func (w *Worker) assemble(ctx context.Context, msg jetstream.Msg, job farm.AssembleJob, attempt string, log *slog.Logger) error {
-	key := farm.FrameManifestKey(job.FrameKey)
-	var done bool
-	err := w.retryInfra(ctx, msg, log, "checking frame manifest", func(ctx context.Context) (err error) {
-		done, err = finalize.ManifestExists(ctx, w.objects, key)
-		return err
-	})
-	if err != nil {
-		return err
+	var missing []string
+	for _, format := range job.Formats {
+		var done bool
+		err := w.retryInfra(ctx, msg, log, "checking frame manifest", func(ctx context.Context) (err error) {
+			done, err = finalize.ManifestExists(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, format))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if !done {
+			missing = append(missing, format)
+		}
 	}
-	existing := done
-	if !done {
+	if len(missing) == 0 {
+		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+	} else {
 		var outputs []finalize.Output
 		err := w.retryInfra(ctx, msg, log, "reading tiles", func(ctx context.Context) (err error) {
-			outputs, err = w.assembleOutputs(ctx, job)
+			outputs, err = w.assembleOutputs(ctx, job, missing)
 			return err
 		})
 		if err != nil {
 			return err
 		}
-		var p finalize.Promotion
-		err = w.retryInfra(ctx, msg, log, "promoting frame", func(ctx context.Context) (err error) {
-			p, err = finalize.Promote(ctx, w.objects, key, attempt, farm.BuildFingerprint(), outputs,
-				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "worker": w.cfg.Name})
-			return err
-		})
-		if err != nil {
-			w.m.FinalizeFailures.Inc()
-			if errors.Is(err, finalize.ErrConflict) {
-				w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
-				return farm.Terminalf("promoting frame: %w", err)
+		for i, out := range outputs {
+			var p finalize.Promotion
+			err = w.retryInfra(ctx, msg, log, "promoting frame", func(ctx context.Context) (err error) {
+				p, err = finalize.Promote(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, missing[i]), attempt,
+					farm.BuildFingerprint(), []finalize.Output{out},
+					map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
+				return err
+			})
+			if err != nil {
+				w.m.FinalizeFailures.Inc()
+				if errors.Is(err, finalize.ErrConflict) {
+					w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
+					return farm.Terminalf("promoting frame: %w", err)
+				}
+				return err
 			}
-			return fmt.Errorf("promoting frame: %w", err)
+			if p.Existing {
+				w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
+			}
 		}
-		existing = p.Existing
-		if !existing {
-			w.m.FramesCompleted.Inc()
-		}
-	} else {
-		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+		w.m.FramesCompleted.Inc()
 	}
 	if err := w.publishEvent(ctx, farm.Event{
-		ID: farm.EventFrameCompleted + ":" + job.FrameKey, Type: farm.EventFrameCompleted, JobID: job.JobID,
-		FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name, Duplicate: existing,
+		ID:   farm.EventFrameCompleted + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
+		Type: farm.EventFrameCompleted, JobID: job.JobID, FrameKey: job.FrameKey, Attempt: attempt,
+		Worker: w.cfg.Name, Duplicate: len(missing) == 0, Formats: job.Formats,
 	}); err != nil {
 		return fmt.Errorf("publishing frame event: %w", err)
 	}
-	log.Info("frame assembled", "frame", job.Frame, "duplicate", existing)
+	log.Info("frame assembled", "frame", job.Frame, "formats", job.Formats, "promoted", missing)
 	if err := msg.DoubleAck(ctx); err != nil {
 		log.Warn("ack failed after frame promotion", "err", err)
 	}
 	return nil
 }
 
-func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob) ([]finalize.Output, error) {
+// assembleOutputs reads the frame's tiles through their manifests and encodes the formats asked for.
+func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, formats []string) ([]finalize.Output, error) {
 	st := job.Settings
 	frame := finalize.NewFrame(st.Width, st.Height)
 	for _, t := range job.Tiles {
@@ -103,19 +104,14 @@ func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob) ([]f
 			return nil, farm.Terminalf("placing tile %s: %w", t.TileKey, err)
 		}
 	}
-	return EncodeFrame(frame, st.Exposure, job.Formats)
+	return EncodeFrame(frame, st.Exposure, formats)
 }
 
-// EncodeFrame encodes a frame in every requested format; "png" is always included.
+// EncodeFrame encodes a frame in each of formats, in order.
 func EncodeFrame(frame *finalize.Frame, exposure float64, formats []string) ([]finalize.Output, error) {
-	outs := []finalize.Output{}
-	seen := map[string]bool{}
-	for _, f := range append([]string{"png"}, formats...) {
-		if seen[f] {
-			continue
-		}
-		seen[f] = true
-		name, ok := FrameOutputName(f)
+	outs := make([]finalize.Output, 0, len(formats))
+	for _, f := range formats {
+		name, ok := farm.FrameOutputName(f)
 		if !ok {
 			return nil, farm.Terminalf("unknown output format %q", f)
 		}

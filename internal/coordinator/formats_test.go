@@ -1,0 +1,63 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// A frame finished as PNG and then asked for as EXR by another job is assembled again for the
+// new format, without rendering a tile; a frame.completed that lacks a format it owes does not
+// complete it.
+func TestExtraFormatOfCompletedFrameReassembles(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
+	fk := h.job(t, a.Status.JobID).FrameKeys[0]
+	for i, tk := range h.frame(t, fk).TileKeys {
+		h.apply(t, tileEvent(fmt.Sprintf("c%d", i), farm.EventTileCompleted, h.tile(t, tk)))
+	}
+	h.apply(t, farm.Event{ID: "png-done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	if f := h.frame(t, fk); f.State != store.FrameCompleted {
+		t.Fatalf("png frame: %s", f.State)
+	}
+	before := len(assembleRecords(t, h))
+
+	req := smallRequest(t, 1, 1, 32, 32, 32)
+	req.Formats = []string{"exr"}
+	b := h.submit(t, req)
+	if b.Status.JobID == a.Status.JobID || b.Status.State != StateRendering {
+		t.Fatalf("exr job %s state %s, want a new job in progress", b.Status.JobID, b.Status.State)
+	}
+	f := h.frame(t, fk)
+	if f.State != store.FrameAssembling || !slices.Equal(f.Formats, []string{"exr", "png"}) {
+		t.Fatalf("shared frame after the exr request: %s %v", f.State, f.Formats)
+	}
+	recs := assembleRecords(t, h)
+	if len(recs) != before+1 {
+		t.Fatalf("%d assemble records, want %d", len(recs), before+1)
+	}
+	var job farm.AssembleJob
+	if err := json.Unmarshal(recs[len(recs)-1].Data, &job); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(job.Formats, []string{"exr", "png"}) || recs[len(recs)-1].MsgID == "assemble:"+fk {
+		t.Fatalf("re-assembly %s asks for %v", recs[len(recs)-1].MsgID, job.Formats)
+	}
+
+	// A stale png-only completion does not complete the frame: it is assembled again.
+	h.apply(t, farm.Event{ID: "stale", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	if f := h.frame(t, fk); f.State != store.FrameAssembling {
+		t.Fatalf("frame completed without its exr: %s", f.State)
+	}
+	if n := len(assembleRecords(t, h)); n != before+2 {
+		t.Fatalf("%d assemble records after a stale completion, want %d", n, before+2)
+	}
+	h.apply(t, farm.Event{ID: "exr-done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"exr", "png"}})
+	if st := h.status(t, b.Status.JobID); st.State != StateCompleted || h.status(t, a.Status.JobID).State != StateCompleted {
+		t.Fatalf("jobs after the exr assembly: %s / %s", st.State, h.status(t, a.Status.JobID).State)
+	}
+}
