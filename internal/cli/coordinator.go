@@ -263,7 +263,7 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	if err != nil {
 		return err
 	}
-	nurl := *natsURL
+	nurl := node.RedactURL(*natsURL)
 	if n.Embedded != nil {
 		nurl = n.Embedded.ClientURL()
 	}
@@ -271,6 +271,7 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	<-ctx.Done()
 	log.Info("coordinator stopping")
 	n.Close()
+	log.Info("coordinator stopped")
 	return nil
 }
 

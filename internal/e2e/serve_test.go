@@ -4,6 +4,7 @@ import (
 	"context"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -128,5 +129,22 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 	}
 	if r := f.cli("jobs"); r.code != 0 || !strings.Contains(r.stdout, st.JobID) {
 		t.Fatalf("jobs: %s", r)
+	}
+
+	// A coordinator on an external NATS URL with credentials never logs them, and SIGTERM stops
+	// both coordinators cleanly.
+	g := &farmProc{t: t, data: t.TempDir(), store: f.store}
+	g.restart("--nats", "nats://tilefarm:S3CRET-PASSWORD@"+f.natsAddr)
+	for _, c := range []*farmProc{g, f} {
+		c.serve.signal(syscall.SIGTERM)
+		if !c.serve.waitExit(15 * time.Second) {
+			t.Fatalf("coordinator did not stop on SIGTERM:\n%s", c.serve.log())
+		}
+		if code := c.serve.cmd.ProcessState.ExitCode(); code != 0 {
+			t.Fatalf("coordinator exited %d on SIGTERM:\n%s", code, c.serve.log())
+		}
+	}
+	if strings.Contains(g.serve.log(), "S3CRET") || !strings.Contains(g.serve.log(), "REDACTED") {
+		t.Fatalf("credentials in the coordinator log:\n%s", g.serve.log())
 	}
 }

@@ -49,6 +49,7 @@ type Coordinator struct {
 	Embedded *queue.Embedded // nil with an external NATS
 	HTTPAddr string          // where the API listens, if it does
 
+	http    *http.Server
 	cancel  context.CancelFunc
 	wg      sync.WaitGroup
 	closers []func()
@@ -120,13 +121,8 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 			return nil, fmt.Errorf("listening on %s: %w", o.HTTPListen, err)
 		}
 		n.HTTPAddr = ln.Addr().String()
-		srv := &http.Server{Handler: n.Coord.Handler(), ReadHeaderTimeout: 10 * time.Second}
-		n.goRun(func() { _ = srv.Serve(ln) })
-		n.closers = append(n.closers, func() {
-			sctx, c := context.WithTimeout(context.Background(), 5*time.Second)
-			defer c()
-			_ = srv.Shutdown(sctx)
-		})
+		n.http = &http.Server{Handler: n.Coord.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = n.http.Serve(ln) }()
 	}
 	return n, nil
 }
@@ -135,7 +131,7 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 	if o.NATSURL != "" {
 		nc, err := nats.Connect(o.NATSURL, nats.Name("tilefarm-coordinator"), nats.MaxReconnects(-1))
 		if err != nil {
-			return nil, fmt.Errorf("connecting to NATS %s: %w", redactURL(o.NATSURL), err)
+			return nil, fmt.Errorf("connecting to NATS %s: %w", RedactURL(o.NATSURL), err)
 		}
 		n.closers = append(n.closers, nc.Close)
 		return nc, nil
@@ -168,6 +164,13 @@ func (n *Coordinator) goRun(fn func()) {
 // Close stops the loops and workers (workers checkpoint and hand back their tiles), then
 // closes connections and files in reverse order of opening.
 func (n *Coordinator) Close() {
+	if n.http != nil {
+		// Stop taking requests first; in-flight ones finish while everything is still open.
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = n.http.Shutdown(sctx)
+		cancel()
+		n.http = nil
+	}
 	if n.cancel != nil {
 		n.cancel()
 	}
@@ -201,8 +204,8 @@ func hostname() string {
 	return h
 }
 
-// redactURL drops credentials from a URL for error messages and logs.
-func redactURL(u string) string {
+// RedactURL drops credentials from a URL for error messages and logs.
+func RedactURL(u string) string {
 	if at := strings.LastIndex(u, "@"); at >= 0 {
 		if scheme := strings.Index(u, "://"); scheme >= 0 && scheme < at {
 			return u[:scheme+3] + "REDACTED@" + u[at+1:]
@@ -245,7 +248,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	defer ckpts.Close()
 	nc, err := nats.Connect(o.NATSURL, nats.Name("tilefarm-worker"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
 	if err != nil {
-		return fmt.Errorf("connecting to NATS %s: %w", redactURL(o.NATSURL), err)
+		return fmt.Errorf("connecting to NATS %s: %w", RedactURL(o.NATSURL), err)
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
