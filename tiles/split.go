@@ -52,3 +52,24 @@ func Split(width, height, size int) ([]render.Rect, error) {
 
 // ceilDiv returns ceil(a/b) for positive a and b without overflowing.
 func ceilDiv(a, b int) int { return (a-1)/b + 1 }
+
+// FrameTile is one tile of a frame: its tile_key and pixel rectangle.
+type FrameTile struct {
+	Key  string
+	Rect render.Rect
+}
+
+// FrameTiles lists a frame's tiles in Split order. Tiles are derived from the frame, never
+// stored with it, so a frame record and an assemble message stay small however many tiles the
+// frame has.
+func FrameTiles(frameKey string, width, height, size int) ([]FrameTile, error) {
+	rects, err := Split(width, height, size)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]FrameTile, len(rects))
+	for i, r := range rects {
+		out[i] = FrameTile{Key: TileKey(frameKey, r), Rect: r}
+	}
+	return out, nil
+}

@@ -97,3 +97,22 @@ func TestSplitErrors(t *testing.T) {
 		t.Errorf("Split at MaxTilesPerFrame: %d tiles, %v", len(rects), err)
 	}
 }
+
+func TestFrameTilesMatchSplitAndTileKey(t *testing.T) {
+	got, err := FrameTiles("fk", 100, 50, 37)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rects, _ := Split(100, 50, 37)
+	if len(got) != len(rects) {
+		t.Fatalf("%d tiles, want %d", len(got), len(rects))
+	}
+	for i, ft := range got {
+		if ft.Rect != rects[i] || ft.Key != TileKey("fk", rects[i]) {
+			t.Fatalf("tile %d = %+v", i, ft)
+		}
+	}
+	if _, err := FrameTiles("fk", 100, 50, 0); err == nil {
+		t.Fatal("tile size 0 accepted")
+	}
+}

@@ -102,10 +102,13 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 	if err != nil {
 		return err
 	}
+	wasFailed := t.State == store.TileDeadLettered
 	switch ev.Type {
 	case farm.EventTileStarted:
 		t.Attempts++
 		t.SamplesRecovered += ev.SamplesRecovered
+		f.TileAttempts++
+		f.SamplesRecovered += ev.SamplesRecovered
 		t.Move(store.TileRendering, ev.Attempt, ev.Worker, "", now)
 		if f.State == store.FrameQueued {
 			f.Move(store.FrameRendering, "", now)
@@ -123,7 +126,7 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 	case farm.EventTileCompleted:
 		t.Move(store.TileCompleted, ev.Attempt, ev.Worker, "", now)
 		f.TilesCompleted++
-		if f.TilesCompleted == len(f.TileKeys) {
+		if f.TilesCompleted == f.TilesTotal {
 			// A frame that failed on a dead-lettered tile recovers when an operator requeues it.
 			suffix := ""
 			if f.State == store.FrameFailed {
@@ -135,6 +138,13 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 			}
 		}
 	}
+	// Keep the frame's failed-tile count in step with its tiles (a requeued tile leaves the state).
+	switch isFailed := t.State == store.TileDeadLettered; {
+	case isFailed && !wasFailed:
+		f.TilesFailed++
+	case !isFailed && wasFailed:
+		f.TilesFailed--
+	}
 	if err := tx.PutTile(t); err != nil {
 		return err
 	}
@@ -145,16 +155,10 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 // is "assemble:<frame_key>"; a later one (a retry after a failure, more formats) names why and
 // when, since the first id may still sit in the dedup window.
 func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame, suffix string) error {
-	job := farm.AssembleJob{FrameKey: f.Key, SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Formats: f.Formats}
+	job := farm.AssembleJob{FrameKey: f.Key, SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame,
+		Formats: f.Formats, TileSize: f.TileSize}
 	if len(f.JobIDs) > 0 {
 		job.JobID = f.JobIDs[0]
-	}
-	for _, tk := range f.TileKeys {
-		t, err := tx.Tile(tk)
-		if err != nil {
-			return err
-		}
-		job.Tiles = append(job.Tiles, farm.TileRef{TileKey: tk, Rect: t.Rect})
 	}
 	data, err := json.Marshal(job)
 	if err != nil {

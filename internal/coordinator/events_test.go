@@ -10,6 +10,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // eventJob submits one job of frames first-last at 64x32 in 32 px tiles (two tiles per frame)
@@ -40,10 +41,10 @@ func TestApplyTileEventsMoveStatesAndCounts(t *testing.T) {
 	h := newHarness(t, Config{})
 	jobID, fks := eventJob(t, h, 1, 1)
 	f := h.frame(t, fks[0])
-	if len(f.TileKeys) != 2 {
-		t.Fatalf("frame has %d tiles, want 2", len(f.TileKeys))
+	if len(tileKeys(t, f)) != 2 {
+		t.Fatalf("frame has %d tiles, want 2", len(tileKeys(t, f)))
 	}
-	t0 := h.tile(t, f.TileKeys[0])
+	t0 := h.tile(t, tileKeys(t, f)[0])
 
 	changed := h.c.Changed()
 	ev := tileEvent("s1", farm.EventTileStarted, t0)
@@ -106,7 +107,7 @@ func TestApplyEventTwiceChangesNothing(t *testing.T) {
 	h := newHarness(t, Config{})
 	jobID, fks := eventJob(t, h, 1, 1)
 	f := h.frame(t, fks[0])
-	t0, t1 := h.tile(t, f.TileKeys[0]), h.tile(t, f.TileKeys[1])
+	t0, t1 := h.tile(t, tileKeys(t, f)[0]), h.tile(t, tileKeys(t, f)[1])
 
 	type snapshot struct {
 		tiles  [2]*store.Tile
@@ -149,15 +150,15 @@ func TestLastTileCompletedEnqueuesOneAssembly(t *testing.T) {
 	// Frame 7's tiles complete; frame 8 stays queued.
 	f := h.frame(t, fks[0])
 	tilesOut := len(h.outbox(t))
-	for i, tk := range f.TileKeys {
+	for i, tk := range tileKeys(t, f) {
 		h.apply(t, tileEvent(fmt.Sprintf("c%d", i), farm.EventTileCompleted, h.tile(t, tk)))
 	}
 	// A second worker also finishing the last tile (another attempt) must not enqueue again.
-	h.apply(t, tileEvent("dup", farm.EventTileCompleted, h.tile(t, f.TileKeys[1])))
+	h.apply(t, tileEvent("dup", farm.EventTileCompleted, h.tile(t, tileKeys(t, f)[1])))
 
 	fr := h.frame(t, f.Key)
-	if fr.State != store.FrameAssembling || fr.TilesCompleted != len(fr.TileKeys) {
-		t.Errorf("frame after its last tile: state %q completed %d/%d, want assembling", fr.State, fr.TilesCompleted, len(fr.TileKeys))
+	if fr.State != store.FrameAssembling || fr.TilesCompleted != len(tileKeys(t, fr)) {
+		t.Errorf("frame after its last tile: state %q completed %d/%d, want assembling", fr.State, fr.TilesCompleted, len(tileKeys(t, fr)))
 	}
 	recs := assembleRecords(t, h)
 	if len(recs) != 1 {
@@ -179,12 +180,18 @@ func TestLastTileCompletedEnqueuesOneAssembly(t *testing.T) {
 		job.Settings != j.Settings || !slices.Equal(job.Formats, []string{"png"}) {
 		t.Errorf("assemble job = %+v", job)
 	}
-	if len(job.Tiles) != len(f.TileKeys) {
-		t.Fatalf("assemble job names %d tiles, want %d", len(job.Tiles), len(f.TileKeys))
+	// The assembler derives exactly the frame's recorded tiles from the job.
+	derived, err := tiles.FrameTiles(job.FrameKey, job.Settings.Width, job.Settings.Height, job.TileSize)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i, ref := range job.Tiles {
-		if ref.TileKey != f.TileKeys[i] || ref.Rect != h.tile(t, ref.TileKey).Rect {
-			t.Errorf("assemble tile %d = %+v, want %s with its rect", i, ref, f.TileKeys[i])
+	keys := tileKeys(t, f)
+	if len(derived) != len(keys) {
+		t.Fatalf("assemble job derives %d tiles, want %d", len(derived), len(keys))
+	}
+	for i, ref := range derived {
+		if ref.Key != keys[i] || ref.Rect != h.tile(t, ref.Key).Rect {
+			t.Errorf("assemble tile %d = %+v, want %s with its rect", i, ref, keys[i])
 		}
 	}
 	if st := h.status(t, jobID); st.State != StateRendering || ExitCode(st.State) != 3 {
@@ -196,7 +203,7 @@ func TestFrameCompletedCompletesFrameAndJob(t *testing.T) {
 	h := newHarness(t, Config{})
 	jobID, fks := eventJob(t, h, 1, 2)
 	for n, fk := range fks {
-		for i, tk := range h.frame(t, fk).TileKeys {
+		for i, tk := range tileKeys(t, h.frame(t, fk)) {
 			h.apply(t, tileEvent(fmt.Sprintf("c%d-%d", n, i), farm.EventTileCompleted, h.tile(t, tk)))
 		}
 	}
@@ -226,7 +233,7 @@ func TestTerminalTileFailureFailsFrameAndNamesTile(t *testing.T) {
 	h := newHarness(t, Config{})
 	jobID, fks := eventJob(t, h, 1, 1)
 	f := h.frame(t, fks[0])
-	bad, good := h.tile(t, f.TileKeys[1]), h.tile(t, f.TileKeys[0])
+	bad, good := h.tile(t, tileKeys(t, f)[1]), h.tile(t, tileKeys(t, f)[0])
 
 	ev := tileEvent("dead", farm.EventTileFailed, bad)
 	ev.Terminal, ev.Error = true, "panic: poisoned triangle"
@@ -269,7 +276,7 @@ func TestRequeuedDeadLetterCanCompleteFrame(t *testing.T) {
 	h := newHarness(t, Config{})
 	jobID, fks := eventJob(t, h, 1, 1)
 	f := h.frame(t, fks[0])
-	bad, good := h.tile(t, f.TileKeys[0]), h.tile(t, f.TileKeys[1])
+	bad, good := h.tile(t, tileKeys(t, f)[0]), h.tile(t, tileKeys(t, f)[1])
 	dead := tileEvent("dead-letter:17", farm.EventTileFailed, bad)
 	dead.Terminal, dead.Error = true, "dead-lettered after 5 deliveries"
 	h.apply(t, dead)
@@ -281,8 +288,8 @@ func TestRequeuedDeadLetterCanCompleteFrame(t *testing.T) {
 	h.apply(t, tileEvent("again-start", farm.EventTileStarted, bad))
 	h.apply(t, tileEvent("again-done", farm.EventTileCompleted, bad))
 	fr := h.frame(t, f.Key)
-	if fr.TilesCompleted != len(fr.TileKeys) {
-		t.Fatalf("frame has %d/%d tiles completed", fr.TilesCompleted, len(fr.TileKeys))
+	if fr.TilesCompleted != len(tileKeys(t, fr)) {
+		t.Fatalf("frame has %d/%d tiles completed", fr.TilesCompleted, len(tileKeys(t, fr)))
 	}
 	if fr.State != store.FrameAssembling {
 		t.Errorf("frame with every tile completed after a requeue is %q (%s), want assembling", fr.State, fr.Error)
@@ -321,10 +328,10 @@ func TestJobStateAndExitCode(t *testing.T) {
 	}
 	check("submitted", "queued", 42)
 	f0 := h.frame(t, fks[0])
-	h.apply(t, tileEvent("s", farm.EventTileStarted, h.tile(t, f0.TileKeys[0])))
+	h.apply(t, tileEvent("s", farm.EventTileStarted, h.tile(t, tileKeys(t, f0)[0])))
 	check("one tile started", "rendering", 3)
 	for n, fk := range fks {
-		for i, tk := range h.frame(t, fk).TileKeys {
+		for i, tk := range tileKeys(t, h.frame(t, fk)) {
 			h.apply(t, tileEvent(fmt.Sprintf("c%d%d", n, i), farm.EventTileCompleted, h.tile(t, tk)))
 		}
 	}
@@ -353,7 +360,7 @@ func TestLateEventsForCompletedTileChangeNothing(t *testing.T) {
 	h := newHarness(t, Config{})
 	_, fks := eventJob(t, h, 1, 1)
 	f := h.frame(t, fks[0])
-	tl := h.tile(t, f.TileKeys[0])
+	tl := h.tile(t, tileKeys(t, f)[0])
 	h.apply(t, tileEvent("s1", farm.EventTileStarted, tl))
 	h.apply(t, tileEvent("c1", farm.EventTileCompleted, tl))
 	before := h.tile(t, tl.Key)

@@ -17,7 +17,7 @@ func TestExtraFormatOfCompletedFrameReassembles(t *testing.T) {
 	h := newHarness(t, Config{})
 	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
 	fk := h.job(t, a.Status.JobID).FrameKeys[0]
-	for i, tk := range h.frame(t, fk).TileKeys {
+	for i, tk := range tileKeys(t, h.frame(t, fk)) {
 		h.apply(t, tileEvent(fmt.Sprintf("c%d", i), farm.EventTileCompleted, h.tile(t, tk)))
 	}
 	h.apply(t, farm.Event{ID: "png-done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})

@@ -188,3 +188,17 @@ func sortedCopy(s []string) []string {
 	sort.Strings(c)
 	return c
 }
+
+// tileKeys derives a frame's tile keys, in Split order.
+func tileKeys(t *testing.T, f *store.Frame) []string {
+	t.Helper()
+	ft, err := f.Tiles()
+	if err != nil {
+		t.Fatalf("tiles of frame %s: %v", f.Key, err)
+	}
+	keys := make([]string, len(ft))
+	for i, x := range ft {
+		keys[i] = x.Key
+	}
+	return keys
+}

@@ -131,7 +131,7 @@ func TestHTTPFrameOutputOfCompletedFrame(t *testing.T) {
 	srv := httptest.NewServer(h.c.Handler())
 	t.Cleanup(srv.Close)
 	jobID, fks := eventJob(t, h, 4, 4)
-	for i, tk := range h.frame(t, fks[0]).TileKeys {
+	for i, tk := range tileKeys(t, h.frame(t, fks[0])) {
 		h.apply(t, tileEvent(fmt.Sprintf("c%d", i), farm.EventTileCompleted, h.tile(t, tk)))
 	}
 	path := fmt.Sprintf("/v1/jobs/%s/frames/4/png", jobID)

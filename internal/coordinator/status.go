@@ -18,13 +18,12 @@ const (
 
 // FrameStatus is one frame of a job.
 type FrameStatus struct {
-	Frame          int      `json:"frame"`
-	FrameKey       string   `json:"frame_key"`
-	State          string   `json:"state"`
-	TilesTotal     int      `json:"tiles_total"`
-	TilesCompleted int      `json:"tiles_completed"`
-	Error          string   `json:"error,omitempty"`
-	TileKeys       []string `json:"tile_keys"`
+	Frame          int    `json:"frame"`
+	FrameKey       string `json:"frame_key"`
+	State          string `json:"state"`
+	TilesTotal     int    `json:"tiles_total"`
+	TilesCompleted int    `json:"tiles_completed"`
+	Error          string `json:"error,omitempty"`
 }
 
 // Status is where a job stands. It is what `status --json` prints.
@@ -96,10 +95,13 @@ func jobStatus(tx *store.Tx, j *store.Job) (Status, error) {
 		if err != nil {
 			return st, fmt.Errorf("job %s frame %d: %w", j.ID, j.First+i, err)
 		}
-		fs := FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: f.State, TilesTotal: len(f.TileKeys),
-			TilesCompleted: f.TilesCompleted, Error: f.Error, TileKeys: f.TileKeys}
+		fs := FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: f.State, TilesTotal: f.TilesTotal,
+			TilesCompleted: f.TilesCompleted, Error: f.Error}
 		st.TilesTotal += fs.TilesTotal
 		st.TilesCompleted += fs.TilesCompleted
+		st.TilesFailed += f.TilesFailed
+		st.TileAttempts += f.TileAttempts
+		st.SamplesRecovered += f.SamplesRecovered
 		if f.State != store.FrameQueued {
 			started = true
 		}
@@ -109,17 +111,6 @@ func jobStatus(tx *store.Tx, j *store.Job) (Status, error) {
 		case store.FrameFailed:
 			st.FramesFailed++
 			st.Failures = append(st.Failures, fmt.Sprintf("frame %d: %s", f.Frame, f.Error))
-		}
-		for _, tk := range f.TileKeys {
-			t, err := tx.Tile(tk)
-			if err != nil {
-				return st, err
-			}
-			st.TileAttempts += t.Attempts
-			st.SamplesRecovered += t.SamplesRecovered
-			if t.State == store.TileDeadLettered || t.State == store.TileFailedTerminal {
-				st.TilesFailed++
-			}
 		}
 		st.Frames = append(st.Frames, fs)
 	}

@@ -226,11 +226,10 @@ func (c *Coordinator) shareFrame(tx *store.Tx, f *store.Frame, j *store.Job, now
 
 func (c *Coordinator) addFrame(tx *store.Tx, j *store.Job, frame int, fk string, rects []render.Rect, now time.Time) error {
 	f := &store.Frame{Key: fk, Frame: frame, SceneVersion: j.SceneVersion, Settings: j.Settings,
-		Formats: j.Formats, JobIDs: []string{j.ID}}
+		Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: len(rects)}
 	f.Move(store.FrameQueued, "", now)
 	for _, r := range rects {
 		tk := tiles.TileKey(fk, r)
-		f.TileKeys = append(f.TileKeys, tk)
 		t := &store.Tile{Key: tk, FrameKey: fk, Rect: r}
 		t.Move(store.TileQueued, "", "", "", now)
 		if err := tx.PutTile(t); err != nil {

@@ -79,11 +79,11 @@ func TestSubmitWritesJobFramesTilesAndOneOutboxRecordPerTile(t *testing.T) {
 		if f.Frame != first+i || f.State != store.FrameQueued || !slices.Equal(f.JobIDs, []string{j.ID}) {
 			t.Errorf("frame %d: number %d state %q jobs %v", first+i, f.Frame, f.State, f.JobIDs)
 		}
-		if len(f.TileKeys) != perFrame {
-			t.Fatalf("frame %d has %d tiles, want %d", f.Frame, len(f.TileKeys), perFrame)
+		if len(tileKeys(t, f)) != perFrame {
+			t.Fatalf("frame %d has %d tiles, want %d", f.Frame, len(tileKeys(t, f)), perFrame)
 		}
 		covered := make([]int, w*ht)
-		for _, tk := range f.TileKeys {
+		for _, tk := range tileKeys(t, f) {
 			tl := h.tile(t, tk)
 			if tl.State != store.TileQueued || tl.FrameKey != fk || tl.Attempts != 0 {
 				t.Errorf("tile %s: state %q frame %s attempts %d", tk, tl.State, tl.FrameKey, tl.Attempts)
@@ -229,8 +229,8 @@ func TestSubmitOverlappingJobsShareFrames(t *testing.T) {
 		if !slices.Equal(sortedCopy(f.JobIDs), sortedCopy([]string{ja.ID, jb.ID})) {
 			t.Errorf("shared frame %d job ids %v, want both jobs", f.Frame, f.JobIDs)
 		}
-		if len(f.TileKeys) != perFrame {
-			t.Errorf("shared frame %d has %d tiles, want %d", f.Frame, len(f.TileKeys), perFrame)
+		if len(tileKeys(t, f)) != perFrame {
+			t.Errorf("shared frame %d has %d tiles, want %d", f.Frame, len(tileKeys(t, f)), perFrame)
 		}
 	}
 	newTiles := map[string]bool{}
@@ -257,7 +257,7 @@ func TestSubmitReusesCompletedFrame(t *testing.T) {
 	const w, ht, size = 32, 32, 32 // one tile per frame
 	a := h.submit(t, smallRequest(t, 1, 1, w, ht, size))
 	fk := h.job(t, a.Status.JobID).FrameKeys[0]
-	tk := h.frame(t, fk).TileKeys[0]
+	tk := tileKeys(t, h.frame(t, fk))[0]
 	h.apply(t, farm.Event{ID: "c1", Type: farm.EventTileCompleted, TileKey: tk, FrameKey: fk, Attempt: "a1", Worker: "w"})
 	h.apply(t, farm.Event{ID: "f1", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
 	nBefore := len(h.outbox(t))

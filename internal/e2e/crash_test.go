@@ -12,6 +12,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // One tile per frame and many slow passes, so a test can act in the middle of a tile.
@@ -126,16 +127,22 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	samePixels(t, frameFile(out, 5), reference(t, scene, 5, oneTile...))
 }
 
-// tileKeys lists a job's tile keys (from the JSON status of its frames' tiles).
+// tileKeys derives a job's tile keys from its frames (all tests here use oneTile settings).
 func tileKeys(t *testing.T, f *farmProc, job string) []string {
 	t.Helper()
 	st, _ := f.status(job)
 	var keys []string
 	for _, fr := range st.Frames {
-		keys = append(keys, fr.TileKeys...)
+		ft, err := tiles.FrameTiles(fr.FrameKey, 64, 36, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, x := range ft {
+			keys = append(keys, x.Key)
+		}
 	}
 	if len(keys) == 0 {
-		t.Fatalf("job %s lists no tile keys", job)
+		t.Fatalf("job %s has no tiles", job)
 	}
 	return keys
 }

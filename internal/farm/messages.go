@@ -24,12 +24,6 @@ type TileJob struct {
 	InputHash    string          `json:"input_hash"`
 }
 
-// TileRef names one tile of a frame for assembly.
-type TileRef struct {
-	TileKey string      `json:"tile_key"`
-	Rect    render.Rect `json:"rect"`
-}
-
 // AssembleJob asks a worker to assemble a frame from its promoted tiles.
 type AssembleJob struct {
 	JobID        string          `json:"job_id"`
@@ -37,8 +31,8 @@ type AssembleJob struct {
 	SceneVersion string          `json:"scene_version"`
 	Settings     render.Settings `json:"settings"`
 	Frame        int             `json:"frame"`
-	Tiles        []TileRef       `json:"tiles"`
-	Formats      []string        `json:"formats"` // sorted; always has "png"; "png16", "exr" on request
+	TileSize     int             `json:"tile_size"` // the tiles are derived with tiles.FrameTiles
+	Formats      []string        `json:"formats"`   // sorted; always has "png"; "png16", "exr" on request
 }
 
 // Event types published by workers to the EVENTS stream.

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/render"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // Tile states.
@@ -60,17 +61,21 @@ type Job struct {
 
 // Frame is one frame_key. Jobs asking for the same frame_key share it.
 type Frame struct {
-	Key            string          `json:"key"`
-	Frame          int             `json:"frame"`
-	SceneVersion   string          `json:"scene_version"`
-	Settings       render.Settings `json:"settings"`
-	TileKeys       []string        `json:"tile_keys"`
-	TilesCompleted int             `json:"tiles_completed"`
-	State          string          `json:"state"`
-	Error          string          `json:"error,omitempty"`
-	Formats        []string        `json:"formats"`
-	JobIDs         []string        `json:"job_ids"`
-	History        []Transition    `json:"history"`
+	Key              string          `json:"key"`
+	Frame            int             `json:"frame"`
+	SceneVersion     string          `json:"scene_version"`
+	Settings         render.Settings `json:"settings"`
+	TileSize         int             `json:"tile_size"` // tiles are derived: see Tiles
+	TilesTotal       int             `json:"tiles_total"`
+	TilesCompleted   int             `json:"tiles_completed"`
+	TilesFailed      int             `json:"tiles_failed"`
+	TileAttempts     int             `json:"tile_attempts"`
+	SamplesRecovered int             `json:"samples_recovered"`
+	State            string          `json:"state"`
+	Error            string          `json:"error,omitempty"`
+	Formats          []string        `json:"formats"`
+	JobIDs           []string        `json:"job_ids"`
+	History          []Transition    `json:"history"`
 }
 
 // Tile is one tile_key.
@@ -105,6 +110,11 @@ func (t *Tile) Move(state, attempt, worker, errText string, now time.Time) {
 func (f *Frame) Move(state, errText string, now time.Time) {
 	f.State, f.Error = state, errText
 	f.History = append(f.History, Transition{State: state, Error: errText, Time: now})
+}
+
+// Tiles derives the frame's tiles from its key, size and tile size.
+func (f *Frame) Tiles() ([]tiles.FrameTile, error) {
+	return tiles.FrameTiles(f.Key, f.Settings.Width, f.Settings.Height, f.TileSize)
 }
 
 // Terminal reports whether the frame is finished one way or the other.

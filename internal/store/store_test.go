@@ -59,7 +59,7 @@ func TestUpdateRollsBackEveryWriteOnError(t *testing.T) {
 		if err := tx.PutJob(testJob("job1", "key1", time.Now())); err != nil {
 			return err
 		}
-		if err := tx.PutFrame(&store.Frame{Key: "f1", Frame: 1, TileKeys: []string{"t1"}}); err != nil {
+		if err := tx.PutFrame(&store.Frame{Key: "f1", Frame: 1, TileSize: 4, TilesTotal: 1}); err != nil {
 			return err
 		}
 		if err := tx.PutTile(&store.Tile{Key: "t1", FrameKey: "f1", Rect: render.Rect{X1: 4, Y1: 4}}); err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // assemble builds a frame from its promoted tiles and promotes the frame manifest. It needs no
@@ -83,25 +84,29 @@ func (w *Worker) assemble(ctx context.Context, msg jetstream.Msg, job farm.Assem
 func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, formats []string) ([]finalize.Output, error) {
 	st := job.Settings
 	frame := finalize.NewFrame(st.Width, st.Height)
-	for _, t := range job.Tiles {
-		m, err := finalize.ReadManifest(ctx, w.objects, farm.TileManifestKey(t.TileKey))
+	frameTiles, err := tiles.FrameTiles(job.FrameKey, st.Width, st.Height, job.TileSize)
+	if err != nil {
+		return nil, farm.Terminalf("tiling frame: %w", err)
+	}
+	for _, t := range frameTiles {
+		m, err := finalize.ReadManifest(ctx, w.objects, farm.TileManifestKey(t.Key))
 		if err != nil {
 			if errors.Is(err, finalize.ErrNotFound) {
-				return nil, farm.Terminalf("tile %s has no manifest", t.TileKey)
+				return nil, farm.Terminalf("tile %s has no manifest", t.Key)
 			}
-			return nil, fmt.Errorf("reading tile manifest %s: %w", t.TileKey, err)
+			return nil, fmt.Errorf("reading tile manifest %s: %w", t.Key, err)
 		}
 		data, err := finalize.ReadObject(ctx, w.objects, m, farm.TileOutputName)
 		if err != nil {
-			return nil, fmt.Errorf("reading tile %s: %w", t.TileKey, err)
+			return nil, fmt.Errorf("reading tile %s: %w", t.Key, err)
 		}
 		n := (t.Rect.X1 - t.Rect.X0) * (t.Rect.Y1 - t.Rect.Y0) * 3
 		pix, err := finalize.DecodeTile(data, n)
 		if err != nil {
-			return nil, farm.Terminalf("decoding tile %s: %w", t.TileKey, err)
+			return nil, farm.Terminalf("decoding tile %s: %w", t.Key, err)
 		}
 		if err := frame.Place(t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, pix); err != nil {
-			return nil, farm.Terminalf("placing tile %s: %w", t.TileKey, err)
+			return nil, farm.Terminalf("placing tile %s: %w", t.Key, err)
 		}
 	}
 	return EncodeFrame(frame, st.Exposure, formats)
