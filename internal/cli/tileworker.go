@@ -53,7 +53,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
-	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads (S3 stores)")
+	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to S3 stores (0: with every checkpoint)")
 	passes := fs.Int("passes", 16, "passes a tile's samples are split into (checkpoint granularity)")
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
@@ -70,8 +70,11 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	if err != nil {
 		return err
 	}
-	if *ckptEvery == 0 {
-		*ckptEvery = -1 // the flag's 0 means after every pass
+	// The flags' 0 means "every time"; the worker's zero value means "default".
+	for _, d := range []*time.Duration{ckptEvery, remoteEvery} {
+		if *d == 0 {
+			*d = -1
+		}
 	}
 	wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
 		RemoteEvery: *remoteEvery, PassesPerTile: *passes}

@@ -19,6 +19,9 @@ import (
 // lease: the output is a pure function of the tiles, so a racing assembler promotes identical
 // bytes and gets idempotent success.
 func (w *Worker) assemble(ctx context.Context, msg jetstream.Msg, job farm.AssembleJob, attempt string, log *slog.Logger) error {
+	// Reading thousands of tiles and encoding EXR can outlast the ack-wait: keep the message alive.
+	hb := w.startHeartbeat(ctx, msg, nil, log)
+	defer hb.stop()
 	var missing []string
 	for _, format := range job.Formats {
 		var done bool
@@ -95,6 +98,9 @@ func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, form
 				return nil, farm.Terminalf("tile %s has no manifest", t.Key)
 			}
 			return nil, fmt.Errorf("reading tile manifest %s: %w", t.Key, err)
+		}
+		if m.Build != farm.BuildFingerprint() {
+			return nil, farm.Terminalf("build mismatch: tile %s was rendered by %q, this assembler is %q", t.Key, m.Build, farm.BuildFingerprint())
 		}
 		data, err := finalize.ReadObject(ctx, w.objects, m, farm.TileOutputName)
 		if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -20,6 +19,9 @@ import (
 
 // renderTile carries one tile job through steps 1-5 of the Render flow in DESIGN.md.
 func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, log *slog.Logger) error {
+	if err := checkIdentity(job); err != nil {
+		return err
+	}
 	manifestKey := farm.TileManifestKey(job.TileKey)
 
 	// 1. Already promoted: tell the coordinator (it may have missed the event) and ack.
@@ -34,22 +36,17 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 	if done {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
 		log.Info("tile already promoted; acking duplicate delivery")
-		return w.complete(ctx, msg, job, attempt, 0, 0, true, nil)
+		return w.complete(ctx, msg, job, attempt, 0, 0, true, nil, log)
 	}
 
 	// 2. Lease with fencing token; from here on the heartbeat keeps lease and message alive
 	// until the tile is settled.
-	lease, err := w.farm.Leases.Acquire(ctx, job.TileKey, w.cfg.Name+"/"+attempt)
-	if errors.Is(err, queue.ErrLeaseHeld) {
-		log.Info("tile leased by another worker; retrying later")
-		_ = msg.NakWithDelay(w.farm.Cfg.LeaseTTL / 2)
-		return errSettled
-	}
-	if err != nil {
-		return fmt.Errorf("acquiring lease: %w", err)
+	lease, err := w.acquire(ctx, msg, job, attempt, log)
+	if err != nil || lease == nil {
+		return err
 	}
 	log = log.With("fencing_token", lease.Token)
-	hctx, stopBeat := w.heartbeat(ctx, msg, lease, log)
+	hb := w.startHeartbeat(ctx, msg, lease, log)
 	released := false
 	// finish ends the heartbeat and releases the lease; after a lost lease there is nothing to release.
 	finish := func() {
@@ -57,15 +54,15 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 			return
 		}
 		released = true
-		if lost := stopBeat(); lost != nil {
+		if lost := hb.stop(); lost != nil {
 			log.Warn("lease lost; abandoning tile", "err", lost)
 			return
 		}
 		w.release(ctx, lease, log)
 	}
 	defer finish()
-	err = w.renderAndPromote(hctx, msg, job, attempt, lease, finish, log)
-	if errors.Is(context.Cause(hctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
+	err = w.renderAndPromote(hb.ctx, msg, job, attempt, hb, finish, log)
+	if errors.Is(context.Cause(hb.ctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
 		// No finalize, no ack: the new lease holder owns the tile now.
 		if err != nil && errors.Is(err, queue.ErrLeaseLost) {
 			log.Warn("lease lost; abandoning tile", "err", err)
@@ -75,8 +72,52 @@ func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.Til
 	return err
 }
 
+// checkIdentity recomputes the job's keys with this worker's renderer. A mismatch means the job
+// was made by a build with another render.Version: rendering it here would resume foreign
+// checkpoints and promote pixels under keys that promise other ones.
+func checkIdentity(job farm.TileJob) error {
+	fk := tiles.FrameKey(job.SceneVersion, job.Settings.Camera, job.Frame, tiles.SettingsHash(job.Settings))
+	if fk != job.FrameKey || tiles.TileKey(fk, job.Rect) != job.TileKey ||
+		tiles.InputHash(job.SceneVersion, job.Settings, job.Frame, job.Rect) != job.InputHash {
+		return farm.Terminalf("build mismatch: tile %s was not made for render version %s (all workers of a farm must run the coordinator's build)", job.TileKey, render.Version)
+	}
+	return nil
+}
+
+// acquire takes the tile's lease. While another live owner holds it (a redelivery or duplicate
+// of a tile still rendering elsewhere) it waits, keeping the message alive, instead of burning a
+// delivery per try: until the tile is promoted (then it acks the duplicate), the lease is free,
+// or two lease TTLs pass (then it hands the message back). A nil lease means the message is settled.
+func (w *Worker) acquire(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, log *slog.Logger) (*queue.Lease, error) {
+	deadline := time.Now().Add(2 * w.farm.Cfg.LeaseTTL)
+	for {
+		lease, err := w.farm.Leases.Acquire(ctx, job.TileKey, w.cfg.Name+"/"+attempt)
+		if err == nil {
+			return lease, nil
+		}
+		if !errors.Is(err, queue.ErrLeaseHeld) {
+			return nil, fmt.Errorf("acquiring lease: %w", err)
+		}
+		if time.Now().After(deadline) {
+			log.Info("tile still leased by another worker; handing it back")
+			_ = msg.NakWithDelay(w.farm.Cfg.LeaseTTL)
+			return nil, nil
+		}
+		_ = msg.InProgress()
+		sleep(ctx, w.cfg.Heartbeat)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if done, err := finalize.ManifestExists(ctx, w.objects, farm.TileManifestKey(job.TileKey)); err == nil && done {
+			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+			log.Info("tile promoted by the lease holder; acking duplicate delivery")
+			return nil, w.complete(ctx, msg, job, attempt, 0, 0, true, nil, log)
+		}
+	}
+}
+
 // renderAndPromote is steps 3-5 of the Render flow, run under a live lease.
-func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, lease *queue.Lease, finish func(), log *slog.Logger) error {
+func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, hb *heartbeat, finish func(), log *slog.Logger) error {
 	var scene *render.Scene
 	err := w.retryInfra(ctx, msg, log, "fetching scene", func(ctx context.Context) (err error) {
 		scene, err = w.scene(ctx, job.SceneVersion)
@@ -106,8 +147,11 @@ func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job fa
 	w.m.TilesInFlight.Dec()
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
-			// Shutting down: keep what was rendered for whoever resumes the tile.
-			w.saveCheckpoint(context.WithoutCancel(ctx), tile, job, attempt, true, log)
+			// Shutting down: keep what was rendered for whoever resumes the tile, but never hang
+			// the shutdown on a slow store.
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			w.saveCheckpoint(sctx, tile, job, attempt, true, log)
+			cancel()
 		}
 		return err
 	}
@@ -117,7 +161,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job fa
 	w.saveCheckpoint(ctx, tile, job, attempt, false, log)
 
 	// 5. Finalize, but only while still holding the lease (fencing).
-	if err := w.farm.Leases.Check(ctx, lease); err != nil {
+	if err := hb.check(ctx); err != nil {
 		return fmt.Errorf("before finalize: %w", err)
 	}
 	var p finalize.Promotion
@@ -140,7 +184,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job fa
 	} else {
 		w.m.TilesCompleted.Inc()
 	}
-	return w.complete(ctx, msg, job, attempt, job.Settings.SPP-recovered, recovered, p.Existing, finish)
+	return w.complete(ctx, msg, job, attempt, job.Settings.SPP-recovered, recovered, p.Existing, finish, log)
 }
 
 func (w *Worker) release(ctx context.Context, lease *queue.Lease, log *slog.Logger) {
@@ -173,7 +217,7 @@ func (w *Worker) retryInfra(ctx context.Context, msg jetstream.Msg, log *slog.Lo
 }
 
 // complete publishes tile.completed, drops the checkpoints, releases the lease and acks last.
-func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, rendered, recovered int, duplicate bool, release func()) error {
+func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, rendered, recovered int, duplicate bool, release func(), log *slog.Logger) error {
 	if err := w.publishEvent(ctx, farm.Event{
 		ID: farm.EventTileCompleted + ":" + job.TileKey, Type: farm.EventTileCompleted, JobID: job.JobID,
 		TileKey: job.TileKey, FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name,
@@ -182,11 +226,11 @@ func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJ
 		return fmt.Errorf("publishing completion event: %w", err)
 	}
 	if err := w.ckpts.Delete(ctx, job.TileKey); err != nil {
-		w.log.Warn("deleting local checkpoint", "tile_key", job.TileKey, "err", err)
+		log.Warn("deleting local checkpoint", "err", err)
 	}
 	if w.cfg.RemoteCheckpoints {
 		if err := w.objects.Delete(ctx, farm.CheckpointKey(job.TileKey)); err != nil {
-			w.log.Warn("deleting remote checkpoint", "tile_key", job.TileKey, "err", err)
+			log.Warn("deleting remote checkpoint", "err", err)
 		}
 	}
 	if release != nil {
@@ -197,7 +241,7 @@ func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJ
 	defer cancel()
 	if err := msg.DoubleAck(actx); err != nil {
 		// The manifest exists, so a redelivery is acked by the manifest check.
-		w.log.Warn("ack failed after promotion", "tile_key", job.TileKey, "err", err)
+		log.Warn("ack failed after promotion", "err", err)
 	}
 	return nil
 }
@@ -258,13 +302,7 @@ func (w *Worker) resume(ctx context.Context, tile *render.Tile, job farm.TileJob
 }
 
 // renderPasses renders the remaining samples in contiguous passes, checkpointing after passes.
-func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, log *slog.Logger) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			// A panic may be deterministic; retries (bounded by MaxDeliver) tell, then it is dead-lettered.
-			err = fmt.Errorf("render panic: %v", r)
-		}
-	}()
+func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, log *slog.Logger) error {
 	spp := job.Settings.SPP
 	pass := (spp + w.cfg.PassesPerTile - 1) / w.cfg.PassesPerTile
 	var lastLocal, lastRemote time.Time
@@ -318,51 +356,5 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm
 	}
 	if err != nil {
 		log.Warn("uploading remote checkpoint", "err", err)
-	}
-}
-
-// heartbeat extends the message's ack-wait and renews the lease every Heartbeat. The returned
-// context is cancelled when the lease is lost; stop ends the heartbeat and reports that loss.
-func (w *Worker) heartbeat(ctx context.Context, msg jetstream.Msg, lease *queue.Lease, log *slog.Logger) (context.Context, func() error) {
-	rctx, cancel := context.WithCancelCause(ctx)
-	stopped := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		t := time.NewTicker(w.cfg.Heartbeat)
-		defer t.Stop()
-		for {
-			select {
-			case <-stopped:
-				return
-			case <-rctx.Done():
-				return
-			case <-t.C:
-			}
-			if err := msg.InProgress(); err != nil {
-				log.Warn("extending ack-wait", "err", err)
-			}
-			if err := w.farm.Leases.Renew(rctx, lease); err != nil {
-				if errors.Is(err, queue.ErrLeaseLost) {
-					w.m.LeaseRenewalFailures.Inc()
-					cancel(err)
-					return
-				}
-				log.Warn("renewing lease", "err", err)
-			}
-		}
-	}()
-	var once sync.Once
-	var lost error
-	return rctx, func() error {
-		once.Do(func() {
-			close(stopped)
-			<-done
-			if cause := context.Cause(rctx); errors.Is(cause, queue.ErrLeaseLost) {
-				lost = cause
-			}
-			cancel(nil)
-		})
-		return lost
 	}
 }

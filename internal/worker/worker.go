@@ -33,7 +33,7 @@ type Config struct {
 	CheckpointEvery   time.Duration // minimum time between checkpoints; 0 means the default 2 s, negative means after every pass
 	PassesPerTile     int           // passes a tile's samples are split into; default 16
 	RemoteCheckpoints bool          // also upload checkpoints to the object store
-	RemoteEvery       time.Duration // minimum time between remote checkpoint uploads; default 5 s
+	RemoteEvery       time.Duration // minimum time between remote checkpoint uploads; 0 means 5 s, negative means every checkpoint
 	RetryBase         time.Duration // first NakWithDelay backoff; default 1 s
 	RetryMax          time.Duration // backoff cap; default 30 s
 	FetchWait         time.Duration // how long one Fetch(1) waits; default 2 s
@@ -67,8 +67,11 @@ func (c *Config) normalize() {
 	if c.PassesPerTile <= 0 {
 		c.PassesPerTile = 16
 	}
-	if c.RemoteEvery <= 0 {
+	switch {
+	case c.RemoteEvery == 0:
 		c.RemoteEvery = 5 * time.Second
+	case c.RemoteEvery < 0:
+		c.RemoteEvery = 0
 	}
 	if c.RetryBase <= 0 {
 		c.RetryBase = time.Second
@@ -164,34 +167,38 @@ func (w *Worker) slot(ctx context.Context) {
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 	attempt := tiles.NewAttemptID()
 	log := w.log.With("attempt_id", attempt, "subject", msg.Subject())
-	var err error
 	var describe func(error) farm.Event
-	switch msg.Subject() {
-	case queue.SubjectRender:
-		var job farm.TileJob
-		if err = json.Unmarshal(msg.Data(), &job); err != nil {
-			err = farm.Terminalf("decoding tile job: %w", err)
-			break
+	err := func() (err error) {
+		defer func() {
+			// A panic anywhere in a job must not take the process (and its other slots) down.
+			if r := recover(); r != nil {
+				err = fmt.Errorf("panic: %v", r)
+			}
+		}()
+		switch msg.Subject() {
+		case queue.SubjectRender:
+			var job farm.TileJob
+			if err := json.Unmarshal(msg.Data(), &job); err != nil {
+				return farm.Terminalf("decoding tile job: %w", err)
+			}
+			log = log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
+			describe = func(e error) farm.Event {
+				return farm.Event{Type: farm.EventTileFailed, JobID: job.JobID, TileKey: job.TileKey, FrameKey: job.FrameKey}
+			}
+			return w.renderTile(ctx, msg, job, attempt, log)
+		case queue.SubjectAssemble:
+			var job farm.AssembleJob
+			if err := json.Unmarshal(msg.Data(), &job); err != nil {
+				return farm.Terminalf("decoding assemble job: %w", err)
+			}
+			log = log.With("job_id", job.JobID, "frame_key", job.FrameKey)
+			describe = func(e error) farm.Event {
+				return farm.Event{Type: farm.EventFrameFailed, JobID: job.JobID, FrameKey: job.FrameKey}
+			}
+			return w.assemble(ctx, msg, job, attempt, log)
 		}
-		log = log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
-		describe = func(e error) farm.Event {
-			return farm.Event{Type: farm.EventTileFailed, JobID: job.JobID, TileKey: job.TileKey, FrameKey: job.FrameKey}
-		}
-		err = w.renderTile(ctx, msg, job, attempt, log)
-	case queue.SubjectAssemble:
-		var job farm.AssembleJob
-		if err = json.Unmarshal(msg.Data(), &job); err != nil {
-			err = farm.Terminalf("decoding assemble job: %w", err)
-			break
-		}
-		log = log.With("job_id", job.JobID, "frame_key", job.FrameKey)
-		describe = func(e error) farm.Event {
-			return farm.Event{Type: farm.EventFrameFailed, JobID: job.JobID, FrameKey: job.FrameKey}
-		}
-		err = w.assemble(ctx, msg, job, attempt, log)
-	default:
-		err = farm.Terminalf("unknown subject %q", msg.Subject())
-	}
+		return farm.Terminalf("unknown subject %q", msg.Subject())
+	}()
 	if err == nil || errors.Is(err, errSettled) {
 		return
 	}
@@ -216,6 +223,15 @@ func (w *Worker) fail(ctx context.Context, msg jetstream.Msg, attempt string, er
 		delivered = md.NumDelivered
 	}
 	terminal := farm.IsTerminal(err) || delivered >= uint64(w.farm.Cfg.MaxDeliver)
+	if terminal {
+		log.Error("dead-lettering", "err", err, "deliveries", delivered)
+		if dlErr := w.farm.DeadLetterNow(cctx, msg, err.Error()); dlErr != nil {
+			log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
+			return
+		}
+		w.m.DeadLetters.Inc()
+	}
+	// The failure event goes out only once the message's fate is sealed (copied to the DLQ, or about to be retried).
 	if describe != nil {
 		ev := describe(err)
 		ev.Error, ev.Terminal, ev.Attempt, ev.Worker = err.Error(), terminal, attempt, w.cfg.Name
@@ -225,12 +241,6 @@ func (w *Worker) fail(ctx context.Context, msg jetstream.Msg, attempt string, er
 		}
 	}
 	if terminal {
-		log.Error("dead-lettering", "err", err, "deliveries", delivered)
-		if dlErr := w.farm.DeadLetterNow(cctx, msg, err.Error()); dlErr != nil {
-			log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
-			return
-		}
-		w.m.DeadLetters.Inc()
 		return
 	}
 	delay := queue.Backoff(int(delivered), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
