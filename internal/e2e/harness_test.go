@@ -39,7 +39,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	build := exec.Command("go", "build", "-o", dir, "./cmd/coordinator", "./cmd/tileworker")
+	args := []string{"build", "-o", dir}
+	if os.Getenv("TILEFARM_E2E_RACE") != "" {
+		args = append(args, "-race") // the binaries then fail (exit 66) on a data race
+	}
+	build := exec.Command("go", append(args, "./cmd/coordinator", "./cmd/tileworker")...)
 	build.Dir = root
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -138,6 +142,9 @@ func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
 		p.signal(syscall.SIGCONT)
 		p.signal(syscall.SIGKILL)
 		<-p.done
+		if strings.Contains(p.log(), "WARNING: DATA RACE") {
+			t.Errorf("%s reported a data race", name)
+		}
 		if t.Failed() {
 			t.Logf("---- log of %s %v ----\n%s", name, args, p.log())
 		}
