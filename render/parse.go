@@ -148,14 +148,14 @@ func parseFrames(data json.RawMessage) (int, int, error) {
 	if rf.First != nil {
 		first = *rf.First
 	}
-	if err := checkRange("frames.first", first, -maxFrame, maxFrame); err != nil {
+	if err := checkRange("frames.first", first, -MaxFrame, MaxFrame); err != nil {
 		return 0, 0, err
 	}
 	last = first
 	if rf.Last != nil {
 		last = *rf.Last
 	}
-	if err := checkRange("frames.last", last, -maxFrame, maxFrame); err != nil {
+	if err := checkRange("frames.last", last, -MaxFrame, MaxFrame); err != nil {
 		return 0, 0, err
 	}
 	if last < first {
@@ -366,7 +366,7 @@ func (s *Scene) parseCamera(field string, rc *rawCamera) (camera, error) {
 			return c, sceneErr(kf+".frame", "missing keyframe frame number")
 		}
 		f := *k.Frame
-		if err := checkRange(kf+".frame", f, -maxFrame, maxFrame); err != nil {
+		if err := checkRange(kf+".frame", f, -MaxFrame, MaxFrame); err != nil {
 			return c, err
 		}
 		frames = append(frames, f)
@@ -560,7 +560,7 @@ func parseObjectAnimation(field string, ro *rawObject, o *object) error {
 			return sceneErr(kf+".frame", "missing keyframe frame number")
 		}
 		f := *k.Frame
-		if err := checkRange(kf+".frame", f, -maxFrame, maxFrame); err != nil {
+		if err := checkRange(kf+".frame", f, -MaxFrame, MaxFrame); err != nil {
 			return err
 		}
 		if err := addVecKey(&o.tTrack, kf+".translate", f, k.Translate); err != nil {

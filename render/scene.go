@@ -14,8 +14,8 @@ const (
 	MaxSceneBytes = 64 << 20  // scene JSON
 	MaxOBJBytes   = 256 << 20 // one OBJ file
 	MaxTriangles  = 10_000_000
-	maxCoord      = 1e9 // largest accepted coordinate or scalar magnitude
-	maxFrame      = 1_000_000_000
+	maxCoord      = 1e9           // largest accepted coordinate or scalar magnitude
+	MaxFrame      = 1_000_000_000 // largest frame number magnitude; keyframes and frames are within ±MaxFrame
 )
 
 // AssetReader returns the bytes of an asset named in a scene file, by the

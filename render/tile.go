@@ -48,7 +48,7 @@ func NewTile(s *Scene, st Settings, frame int, r Rect) (*Tile, error) {
 	if r.X0 < 0 || r.Y0 < 0 || r.X1 > st.Width || r.Y1 > st.Height || r.X0 >= r.X1 || r.Y0 >= r.Y1 {
 		return nil, sceneErr("rect", "rect [%d,%d)x[%d,%d) is empty or outside the %dx%d image", r.X0, r.X1, r.Y0, r.Y1, st.Width, st.Height)
 	}
-	if frame < -maxFrame || frame > maxFrame {
+	if frame < -MaxFrame || frame > MaxFrame {
 		return nil, sceneErr("frame", "frame %d out of range", frame)
 	}
 	ci := s.cameraIndex(st.Camera)

@@ -101,13 +101,7 @@ func parseFrames(s string) (first, last int, err error) {
 	if err1 != nil || err2 != nil {
 		return 0, 0, usagef("--frames %q: want A-B or N, e.g. 1-24", s)
 	}
-	if last < first {
-		return 0, 0, fmt.Errorf("%w: frame range %d-%d is reversed", coordinator.ErrBadInput, first, last)
-	}
-	if last-first+1 > coordinator.MaxFramesPerJob {
-		return 0, 0, fmt.Errorf("%w: frame range %d-%d has more than %d frames", coordinator.ErrBadInput, first, last, coordinator.MaxFramesPerJob)
-	}
-	return first, last, nil
+	return first, last, coordinator.CheckFrameRange(first, last)
 }
 
 // formatFor picks the output format from an explicit flag or the output file's extension.

@@ -178,7 +178,8 @@ func (c *Coordinator) frameCompleted(tx *store.Tx, ev farm.Event, now time.Time)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil
 	}
-	if err != nil || f.Terminal() {
+	// A failed frame may complete: its assembly was requeued from the DLQ and succeeded.
+	if err != nil || f.State == store.FrameCompleted {
 		return err
 	}
 	for _, format := range f.Formats {

@@ -61,3 +61,57 @@ func TestExtraFormatOfCompletedFrameReassembles(t *testing.T) {
 		t.Fatalf("jobs after the exr assembly: %s / %s", st.State, h.status(t, a.Status.JobID).State)
 	}
 }
+
+// A new job asking for a frame that failed on a dead-lettered tile retries that tile (under a
+// new dedup id) and reuses the completed ones.
+func TestNewJobRetriesFailedFrame(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, smallRequest(t, 1, 1, 64, 32, 32))
+	fk := h.job(t, a.Status.JobID).FrameKeys[0]
+	keys := tileKeys(t, h.frame(t, fk))
+	h.apply(t, tileEvent("ok", farm.EventTileCompleted, h.tile(t, keys[0])))
+	bad := tileEvent("bad", farm.EventTileFailed, h.tile(t, keys[1]))
+	bad.Terminal, bad.Error = true, "poison"
+	h.apply(t, bad)
+	if st := h.status(t, a.Status.JobID); st.State != StateFailed || st.TilesFailed != 1 {
+		t.Fatalf("first job: %+v", st)
+	}
+	before := len(h.outbox(t))
+
+	req := smallRequest(t, 1, 1, 64, 32, 32)
+	req.IdempotencyKey = "second-try"
+	b := h.submit(t, req)
+	if b.Status.State != StateRendering || b.Status.TilesFailed != 0 || b.Status.TilesCompleted != 1 {
+		t.Fatalf("retrying job: %+v", b.Status)
+	}
+	recs := h.outbox(t)[before:]
+	if len(recs) != 1 || recs[0].MsgID != keys[1]+":retry:"+b.Status.JobID {
+		t.Fatalf("retry outbox records %+v, want one for tile %s", recs, keys[1])
+	}
+	if tl := h.tile(t, keys[1]); tl.State != store.TileQueued {
+		t.Fatalf("retried tile is %s", tl.State)
+	}
+	h.apply(t, tileEvent("ok2", farm.EventTileCompleted, h.tile(t, keys[1])))
+	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	if st := h.status(t, b.Status.JobID); st.State != StateCompleted {
+		t.Fatalf("retried job: %s", st.State)
+	}
+}
+
+// An assembly that was dead-lettered and then requeued by an operator completes its frame.
+func TestRequeuedAssemblyCompletesFailedFrame(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
+	fk := h.job(t, a.Status.JobID).FrameKeys[0]
+	for i, tk := range tileKeys(t, h.frame(t, fk)) {
+		h.apply(t, tileEvent(fmt.Sprintf("c%d", i), farm.EventTileCompleted, h.tile(t, tk)))
+	}
+	h.apply(t, farm.Event{ID: "ff", Type: farm.EventFrameFailed, FrameKey: fk, Terminal: true, Error: "disk full"})
+	if st := h.status(t, a.Status.JobID); st.State != StateFailed {
+		t.Fatalf("job after a failed assembly: %s", st.State)
+	}
+	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	if st := h.status(t, a.Status.JobID); st.State != StateCompleted {
+		t.Fatalf("job after the requeued assembly: %s", st.State)
+	}
+}

@@ -67,6 +67,20 @@ type canonicalPayload struct {
 	Formats      []string `json:"formats"`
 }
 
+// CheckFrameRange rejects reversed, too long and out-of-range frame ranges, without the
+// integer overflow a naive last-first+1 has at the extremes.
+func CheckFrameRange(first, last int) error {
+	switch {
+	case last < first:
+		return badInput("frame range %d-%d is reversed", first, last)
+	case first < -render.MaxFrame || last > render.MaxFrame:
+		return badInput("frame range %d-%d is outside ±%d", first, last, render.MaxFrame)
+	case last-first >= MaxFramesPerJob: // cannot overflow within ±MaxFrame
+		return badInput("frame range %d-%d has more than %d frames", first, last, MaxFramesPerJob)
+	}
+	return nil
+}
+
 func badInput(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
 }
@@ -107,11 +121,8 @@ func (c *Coordinator) planSubmission(req SubmitRequest) (*plan, error) {
 	if first == 0 && last == 0 {
 		first, last = scene.Frames()
 	}
-	if last < first {
-		return nil, badInput("frame range %d-%d is reversed", first, last)
-	}
-	if last-first+1 > MaxFramesPerJob {
-		return nil, badInput("frame range %d-%d has more than %d frames", first, last, MaxFramesPerJob)
+	if err := CheckFrameRange(first, last); err != nil {
+		return nil, err
 	}
 	size := req.TileSize
 	if size == 0 {
@@ -159,6 +170,11 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	if err != nil {
 		return SubmitResult{}, err
 	}
+	// A resubmission of a known job is answered even when the farm is busy: a cron job re-running
+	// submit must see its job's state, not "busy".
+	if res, ok, err := c.existing(ctx, p); ok || err != nil {
+		return res, err
+	}
 	if c.backpressure(ctx) {
 		return SubmitResult{}, ErrBusy
 	}
@@ -168,13 +184,10 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	}
 	created := false
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
-		if old, err := tx.JobByIdempotencyKey(p.job.IdempotencyKey); err == nil {
-			if old.PayloadHash != p.job.PayloadHash {
-				return fmt.Errorf("%w: idempotency key %q already names job %s with a different request", ErrConflict, p.job.IdempotencyKey, old.ID)
+		if old, err := sameJob(tx, p); old != nil || err != nil {
+			if old != nil {
+				p.job = *old
 			}
-			p.job = *old
-			return nil
-		} else if !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		created = true
@@ -208,12 +221,18 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 }
 
 // shareFrame attaches a job to a frame another job already asked for. Formats the frame does not
-// have yet are added; a frame already assembled is assembled again for just those.
+// have yet are added; a frame already assembled is assembled again for just those; a frame that
+// failed is tried again.
 func (c *Coordinator) shareFrame(tx *store.Tx, f *store.Frame, j *store.Job, now time.Time) error {
 	f.JobIDs = append(f.JobIDs, j.ID)
 	union, _ := farm.NormalizeFormats(append(slices.Clone(f.Formats), j.Formats...))
-	if !slices.Equal(union, f.Formats) {
-		f.Formats = union
+	grew := !slices.Equal(union, f.Formats)
+	f.Formats = union
+	if f.State == store.FrameFailed {
+		if err := c.retryFrame(tx, f, j.ID, now); err != nil {
+			return err
+		}
+	} else if grew {
 		if f.State == store.FrameCompleted {
 			f.Move(store.FrameAssembling, "", now)
 			if err := c.enqueueAssemble(tx, f, "formats"); err != nil {
@@ -224,27 +243,92 @@ func (c *Coordinator) shareFrame(tx *store.Tx, f *store.Frame, j *store.Job, now
 	return tx.PutFrame(f)
 }
 
+// sameJob returns the job already holding the plan's idempotency key, ErrConflict if that job
+// was submitted with a different payload, or nil if the key is new.
+func sameJob(tx *store.Tx, p *plan) (*store.Job, error) {
+	old, err := tx.JobByIdempotencyKey(p.job.IdempotencyKey)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	if old.PayloadHash != p.job.PayloadHash {
+		return nil, fmt.Errorf("%w: idempotency key %q already names job %s with a different request", ErrConflict, p.job.IdempotencyKey, old.ID)
+	}
+	return old, nil
+}
+
+// existing answers a resubmission from a read-only look-up.
+func (c *Coordinator) existing(ctx context.Context, p *plan) (SubmitResult, bool, error) {
+	var old *store.Job
+	err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+		old, err = sameJob(tx, p)
+		return err
+	})
+	if err != nil || old == nil {
+		return SubmitResult{}, false, err
+	}
+	st, err := c.Status(ctx, old.ID)
+	return SubmitResult{Status: st}, true, err
+}
+
 func (c *Coordinator) addFrame(tx *store.Tx, j *store.Job, frame int, fk string, rects []render.Rect, now time.Time) error {
 	f := &store.Frame{Key: fk, Frame: frame, SceneVersion: j.SceneVersion, Settings: j.Settings,
 		Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: len(rects)}
 	f.Move(store.FrameQueued, "", now)
 	for _, r := range rects {
-		tk := tiles.TileKey(fk, r)
-		t := &store.Tile{Key: tk, FrameKey: fk, Rect: r}
-		t.Move(store.TileQueued, "", "", "", now)
-		if err := tx.PutTile(t); err != nil {
-			return err
-		}
-		data, err := json.Marshal(farm.TileJob{JobID: j.ID, TileKey: tk, FrameKey: fk, SceneVersion: j.SceneVersion,
-			Settings: j.Settings, Frame: frame, Rect: r, InputHash: tiles.InputHash(j.SceneVersion, j.Settings, frame, r)})
-		if err != nil {
-			return err
-		}
-		if err := tx.AddOutbox(queue.SubjectRender, tk, data); err != nil {
+		t := &store.Tile{Key: tiles.TileKey(fk, r), FrameKey: fk, Rect: r}
+		if err := enqueueTile(tx, j.ID, f, t, t.Key, now); err != nil {
 			return err
 		}
 	}
 	return tx.PutFrame(f)
+}
+
+// enqueueTile queues a tile and writes the outbox record that dispatches it under msgID.
+func enqueueTile(tx *store.Tx, jobID string, f *store.Frame, t *store.Tile, msgID string, now time.Time) error {
+	t.Move(store.TileQueued, "", "", "", now)
+	if err := tx.PutTile(t); err != nil {
+		return err
+	}
+	data, err := json.Marshal(farm.TileJob{JobID: jobID, TileKey: t.Key, FrameKey: f.Key, SceneVersion: f.SceneVersion,
+		Settings: f.Settings, Frame: f.Frame, Rect: t.Rect, InputHash: tiles.InputHash(f.SceneVersion, f.Settings, f.Frame, t.Rect)})
+	if err != nil {
+		return err
+	}
+	return tx.AddOutbox(queue.SubjectRender, msgID, data)
+}
+
+// retryFrame gives a failed frame another go for a new job: every tile not completed is queued
+// again under a new dedup id (completed tiles are reused), or, if only the assembly failed, the
+// frame is assembled again.
+func (c *Coordinator) retryFrame(tx *store.Tx, f *store.Frame, jobID string, now time.Time) error {
+	ft, err := f.Tiles()
+	if err != nil {
+		return err
+	}
+	pending := 0
+	for _, x := range ft {
+		t, err := tx.Tile(x.Key)
+		if err != nil {
+			return err
+		}
+		if t.State == store.TileCompleted {
+			continue
+		}
+		pending++
+		if err := enqueueTile(tx, jobID, f, t, t.Key+":retry:"+jobID, now); err != nil {
+			return err
+		}
+	}
+	f.TilesFailed = 0
+	if pending > 0 {
+		f.Move(store.FrameRendering, "", now)
+		return nil
+	}
+	f.Move(store.FrameAssembling, "", now)
+	return c.enqueueAssemble(tx, f, "retry")
 }
 
 func (c *Coordinator) putScene(ctx context.Context, version string, bundle []byte) error {

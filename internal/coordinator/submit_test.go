@@ -409,3 +409,45 @@ func TestSubmitBusyRefusesAndWritesNothing(t *testing.T) {
 		t.Errorf("%d outbox records while busy", len(recs))
 	}
 }
+
+// A cron job re-running submit for a job the farm already holds gets the job's state, not
+// "busy", however full the queue is.
+func TestResubmitWhileBusyReturnsTheJob(t *testing.T) {
+	h := newHarness(t, Config{MaxQueued: 1})
+	first := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
+	for i := range 2 {
+		if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, fmt.Sprintf("filler-%d", i), []byte("{}"), nil); err != nil {
+			t.Fatalf("Publish: %v", err)
+		}
+	}
+	again, err := h.c.Submit(h.ctx, smallRequest(t, 1, 1, 32, 32, 32))
+	if err != nil || again.Created || again.Status.JobID != first.Status.JobID {
+		t.Fatalf("resubmit while busy: %+v, %v; want job %s", again, err, first.Status.JobID)
+	}
+	if _, err := h.c.Submit(h.ctx, smallRequest(t, 2, 2, 32, 32, 32)); !errors.Is(err, ErrBusy) {
+		t.Fatalf("a new job while busy: %v, want ErrBusy", err)
+	}
+}
+
+func TestCheckFrameRange(t *testing.T) {
+	const maxInt = int(^uint(0) >> 1)
+	for _, c := range []struct {
+		first, last int
+		ok          bool
+	}{
+		{1, 24, true},
+		{-5, 5, true},
+		{1, MaxFramesPerJob, true},
+		{1, MaxFramesPerJob + 1, false},
+		{5, 2, false},
+		{0, maxInt, false},
+		{-maxInt - 1, maxInt, false},
+		{-maxInt - 1, -maxInt - 1, false},
+		{maxInt, maxInt, false},
+	} {
+		err := CheckFrameRange(c.first, c.last)
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadInput)) {
+			t.Errorf("CheckFrameRange(%d, %d) = %v, want ok=%v", c.first, c.last, err, c.ok)
+		}
+	}
+}
