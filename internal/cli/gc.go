@@ -16,6 +16,8 @@ import (
 // race or whose worker died before promoting, and remote checkpoints of finished tiles.
 var gcPrefixes = []string{"attempts/", farm.CheckpointKey("")}
 
+const minGrace = time.Hour
+
 func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("coordinator gc", "coordinator gc [--store URL | --data DIR] [--grace D] [--json]", `
 Delete attempt objects and remote checkpoints that no manifest references and that are older
@@ -25,6 +27,7 @@ checkpoint fresh, so the grace period protects it. Run it from cron on the coord
 	data := fs.String("data", ".tilefarm", "coordinator data directory, for the default filesystem store")
 	grace := fs.Duration("grace", 24*time.Hour, "only delete objects older than this")
 	jsonOut := fs.Bool("json", false, "print the report as JSON")
+	force := fs.Bool("force", false, "allow a grace period under the 1h minimum (only when no worker is running)")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
 	} else if len(pos) > 0 {
@@ -32,6 +35,12 @@ checkpoint fresh, so the grace period protects it. Run it from cron on the coord
 	}
 	if *grace < 0 {
 		return usagef("--grace %v: must not be negative", *grace)
+	}
+	// An attempt object is unreferenced from its upload until its manifest exists; a grace period
+	// shorter than a stalled promotion (storage retries, ack-wait x MaxDeliver) could delete it
+	// under a manifest about to name it.
+	if *grace < minGrace && !*force {
+		return usagef("--grace %v is under the %v minimum that protects in-flight promotions; add --force if no worker is running", *grace, minGrace)
 	}
 	url := *storeURL
 	if url == "" {

@@ -63,6 +63,9 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	} else if len(pos) > 0 {
 		return usagef("unexpected argument %q", pos[0])
 	}
+	if *storeURL == "" {
+		return usagef("--store is required: the object store the coordinator uses (file:///DIR or s3://HOST:PORT/BUCKET)")
+	}
 	if *concurrency < 1 || *concurrency > 1024 {
 		return usagef("--concurrency %d: want 1-1024", *concurrency)
 	}

@@ -119,7 +119,8 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 		case "not_ready":
 			return fmt.Errorf("%w (%w)", msg, coordinator.ErrNotReady)
 		}
-		if resp.StatusCode >= 500 {
+		switch resp.StatusCode {
+		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 			return fmt.Errorf("%w: %s: %v", ErrUnavailable, resp.Status, msg)
 		}
 		return fmt.Errorf("%s: %w", resp.Status, msg)

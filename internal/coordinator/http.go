@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
@@ -20,7 +21,8 @@ func (c *Coordinator) Handler() http.Handler {
 	})
 	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
 		var req SubmitRequest
-		body := http.MaxBytesReader(w, r.Body, farm.MaxBundleBytes*2)
+		// The bundle's bytes travel base64-encoded (4/3) inside the JSON request.
+		body := http.MaxBytesReader(w, r.Body, farm.MaxBundleBytes/3*4+1<<20)
 		if err := json.NewDecoder(body).Decode(&req); err != nil {
 			writeError(w, badInput("decoding submission: %v", err))
 			return
@@ -105,8 +107,10 @@ func writeError(w http.ResponseWriter, err error) {
 		code, kind = http.StatusConflict, "conflict"
 	case errors.Is(err, ErrBusy):
 		code, kind = http.StatusServiceUnavailable, "busy"
-	case errors.Is(err, store.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound):
+	case errors.Is(err, store.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound), errors.Is(err, finalize.ErrNotFound):
 		code, kind = http.StatusNotFound, "not_found"
+	case errors.Is(err, finalize.ErrCorrupt):
+		code, kind = http.StatusInternalServerError, "corrupt"
 	case errors.Is(err, ErrNotReady):
 		code, kind = http.StatusConflict, "not_ready"
 	}

@@ -23,7 +23,7 @@ import (
 // Limits on a submission, so a typo cannot enqueue a million frames.
 const (
 	MaxFramesPerJob = 100000
-	MaxTilesPerJob  = 2000000
+	MaxTilesPerJob  = 500000 // all written in one transaction
 )
 
 // ErrBadInput marks a submission that can never succeed as given (exit code 1).

@@ -225,7 +225,10 @@ func TestMinIOOutageThenGC(t *testing.T) {
 	if err != nil || len(manifests) != done.TilesTotal+4 {
 		t.Fatalf("manifests before gc: %d (%v), want %d", len(manifests), err, done.TilesTotal+4)
 	}
-	r := runEnv(t, f.env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s", "--json")
+	if r := runEnv(t, f.env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s"); r.code != 2 || !strings.Contains(r.stderr, "--force") {
+		t.Fatalf("gc with no grace period and no --force: %s", r)
+	}
+	r := runEnv(t, f.env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s", "--force", "--json")
 	if r.code != 0 {
 		t.Fatalf("gc: %s", r)
 	}

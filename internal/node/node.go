@@ -5,7 +5,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -231,9 +230,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if log == nil {
 		log = slog.Default()
 	}
-	if o.StoreURL == "" {
-		return errors.New("tileworker needs --store (the object store the coordinator uses)")
-	}
+
 	objects, err := finalize.OpenStore(ctx, o.StoreURL)
 	if err != nil {
 		return err

@@ -41,6 +41,10 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 	cfg := DefaultConfig()
 	cfg.AckWait, cfg.MaxDeliver, cfg.Backoff = cc.AckWait, cc.MaxDeliver, cc.BackOff
 	cfg.DedupWindow, cfg.Replicas, cfg.LeaseTTL = sc.Duplicates, sc.Replicas, kvStatus.TTL()
+	if err := cfg.Validate(); err != nil {
+		// A bucket without a TTL would make a crashed worker's leases immortal.
+		return nil, fmt.Errorf("the farm on this server is misconfigured: %w", err)
+	}
 	return &Farm{
 		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Consumer: cons,
 		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Cfg: cfg, Log: slog.Default(),

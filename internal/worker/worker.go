@@ -90,6 +90,9 @@ func (c *Config) normalize() {
 	}
 }
 
+// maxCachedScenes bounds the parsed scenes (BVHs, meshes) a worker keeps in memory.
+const maxCachedScenes = 4
+
 // Worker renders tiles from the farm queue.
 type Worker struct {
 	cfg     Config
@@ -100,8 +103,9 @@ type Worker struct {
 	log     *slog.Logger
 	m       *metrics.Metrics
 
-	mu     sync.Mutex
-	scenes map[string]*render.Scene // by scene_version
+	mu         sync.Mutex
+	scenes     map[string]*render.Scene // by scene_version
+	sceneOrder []string                 // oldest first, for eviction
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -114,6 +118,10 @@ func New(cfg Config, f *queue.Farm, objects finalize.Store, ckpts *tiles.Checkpo
 		cfg.Heartbeat = min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 5
 	}
 	cfg.normalize()
+	if limit := min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 2; cfg.Heartbeat > limit {
+		return nil, fmt.Errorf("heartbeat %v is too slow for the farm's ack-wait %v and lease TTL %v: use at most %v",
+			cfg.Heartbeat, f.Cfg.AckWait, f.Cfg.LeaseTTL, limit)
+	}
 	codec, err := tiles.NewCodec()
 	if err != nil {
 		return nil, err
@@ -307,6 +315,14 @@ func (w *Worker) scene(ctx context.Context, version string) (*render.Scene, erro
 		return nil, farm.Terminalf("parsing scene %s: %w", version, err)
 	}
 	w.mu.Lock()
+	if _, ok := w.scenes[version]; !ok {
+		w.sceneOrder = append(w.sceneOrder, version)
+		if len(w.sceneOrder) > maxCachedScenes {
+			// A long-lived worker sees many shots; keep only the newest parsed scenes in memory.
+			delete(w.scenes, w.sceneOrder[0])
+			w.sceneOrder = w.sceneOrder[1:]
+		}
+	}
 	w.scenes[version] = s
 	w.mu.Unlock()
 	return s, nil
