@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
@@ -210,7 +211,7 @@ func (c *Coordinator) settleFrame(tx *store.Tx, frameKey, state, errText string,
 // watchDeadLetters records tiles the queue gave up on (MaxDeliver reached without the worker
 // dead-lettering it itself, e.g. because every attempt was killed).
 func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
-	return c.farm.WatchDeadLetters(ctx, c.nc, func(dl queue.DeadLetter) {
+	return c.farm.WatchDeadLetters(ctx, c.nc, func(dl queue.DeadLetter) error {
 		c.m.DeadLetters.Inc()
 		ev := farm.Event{ID: fmt.Sprintf("dead-letter:%d", dl.StreamSeq), Terminal: true, Time: c.now(),
 			Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
@@ -218,20 +219,22 @@ func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
 		case queue.SubjectRender:
 			var job farm.TileJob
 			if json.Unmarshal(dl.Data, &job) != nil {
-				return
+				return nil // nothing to record for an undecodable message
+			}
+			// A tile promoted after all (its last ack was lost) is not a failure.
+			if done, err := finalize.ManifestExists(ctx, c.objects, farm.TileManifestKey(job.TileKey)); err != nil || done {
+				return err
 			}
 			ev.Type, ev.TileKey, ev.FrameKey = farm.EventTileFailed, job.TileKey, job.FrameKey
 		case queue.SubjectAssemble:
 			var job farm.AssembleJob
 			if json.Unmarshal(dl.Data, &job) != nil {
-				return
+				return nil // nothing to record for an undecodable message
 			}
 			ev.Type, ev.FrameKey = farm.EventFrameFailed, job.FrameKey
 		default:
-			return
+			return nil
 		}
-		if err := c.applyEvent(ctx, ev); err != nil {
-			c.log.Error("recording dead letter", "msg_id", dl.MsgID, "err", err)
-		}
+		return c.applyEvent(ctx, ev)
 	})
 }

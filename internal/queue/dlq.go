@@ -143,9 +143,9 @@ const (
 // coordinators can watch at once. Per advisory: copy the message to "dlq.<subject>", call onDead, delete the
 // message from TILES, ack the advisory. A crash anywhere in that sequence repeats it from the start, so the
 // DLQ copy is deduplicated and onDead is called at least once per dead letter: it must be idempotent
-// (key it by DeadLetter.StreamSeq). Failures are logged and the advisory is redelivered with backoff.
+// (key it by DeadLetter.StreamSeq). An error from onDead leaves the message in TILES and retries. Failures are logged and the advisory is redelivered with backoff.
 // nc carries the watcher's traffic (nil means f.JS's connection). It runs until ctx is done, then returns nil.
-func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(DeadLetter)) error {
+func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(DeadLetter) error) error {
 	js := f.JS
 	if nc != nil {
 		var err error
@@ -191,7 +191,7 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(
 }
 
 // handleAdvisory dead-letters the TILES message one advisory names and settles the advisory.
-func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(DeadLetter), log *slog.Logger) {
+func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(DeadLetter) error, log *slog.Logger) {
 	var adv server.JSConsumerDeliveryExceededAdvisory
 	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 {
 		log.Error("dropping undecodable max deliveries advisory", "err", err, "data", string(m.Data()))
@@ -217,7 +217,11 @@ func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(
 		log.Warn("tile dead-lettered", "msg_id", dl.MsgID, "stream_seq", dl.StreamSeq, "dlq_seq", dl.DLQSeq,
 			"deliveries", dl.Deliveries, "reason", dl.Reason)
 		if onDead != nil {
-			onDead(dl)
+			if err := onDead(dl); err != nil {
+				// Keep the message in TILES: the advisory comes back and onDead is tried again.
+				retry(fmt.Errorf("recording dead letter: %w", err))
+				return
+			}
 		}
 		if err := f.removeDeadLetter(ctx, dl); err != nil {
 			retry(err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, f
 	ctx, cancel := context.WithCancel(context.Background())
 	dead := make(chan DeadLetter, 16)
 	errc := make(chan error, 1)
-	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, func(dl DeadLetter) { dead <- dl }) }()
+	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, func(dl DeadLetter) error { dead <- dl; return nil }) }()
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -277,5 +278,75 @@ func TestRequeueRejectsUnknownSequence(t *testing.T) {
 	tf := startFarm(t, fastConfig())
 	if err := tf.f.RequeueDeadLetter(testCtx(t), 42); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Fatalf("RequeueDeadLetter(42) = %v, want ErrDeadLetterNotFound", err)
+	}
+}
+
+// A watcher whose onDead fails keeps the message in TILES and tries again; the DLQ still holds
+// exactly one copy.
+func TestOnDeadFailureIsRetried(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.MaxDeliver = 2
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+	nc, err := tf.e.Connect("flaky-watcher")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	calls := make(chan uint64, 8)
+	var n atomic.Int32
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		_ = tf.f.WatchDeadLetters(wctx, nc, func(dl DeadLetter) error {
+			calls <- dl.StreamSeq
+			if n.Add(1) == 1 {
+				// Still in TILES while onDead runs.
+				if _, err := tf.f.Tiles.GetMsg(ctx, dl.StreamSeq); err != nil {
+					t.Errorf("message gone from TILES during onDead: %v", err)
+				}
+				return errors.New("projection unavailable")
+			}
+			return nil
+		})
+	}()
+	if _, err := tf.f.Publish(ctx, SubjectRender, "tile-flaky", []byte("payload"), nil); err != nil {
+		t.Fatal(err)
+	}
+	seq := nakUntilDead(t, tf.f, "tile-flaky")
+	deadline := time.Now().Add(20 * time.Second)
+	for i := 0; i < 2; {
+		select {
+		case got := <-calls:
+			if got != seq {
+				t.Fatalf("onDead for seq %d, want %d", got, seq)
+			}
+			i++
+			continue
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("onDead called %d times, want a retry after the failure", i)
+		}
+		// Keep pulling, as workers do: the server raises the advisory on a redelivery attempt.
+		if m, err := tf.f.FetchOne(ctx, 300*time.Millisecond); err != nil || m != nil {
+			t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
+		}
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		_, err := tf.f.Tiles.GetMsg(ctx, seq)
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("message still in TILES after a successful onDead: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	dls, err := tf.f.ListDeadLetters(ctx)
+	if err != nil || len(dls) != 1 {
+		t.Fatalf("dead letters %v (%v), want exactly one", dls, err)
 	}
 }
