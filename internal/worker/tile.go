@@ -143,14 +143,14 @@ func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job fa
 	// 4. Render in passes; a lost lease cancels ctx at once.
 	w.m.TilesInFlight.Inc()
 	start := time.Now()
-	err = w.renderPasses(ctx, tile, job, attempt, log)
+	err = w.renderPasses(ctx, tile, job, attempt, hb, log)
 	w.m.TilesInFlight.Dec()
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
 			// Shutting down: keep what was rendered for whoever resumes the tile, but never hang
 			// the shutdown on a slow store.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			w.saveCheckpoint(sctx, tile, job, attempt, true, log)
+			w.saveCheckpoint(sctx, tile, job, attempt, hb, log)
 			cancel()
 		}
 		return err
@@ -158,7 +158,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job fa
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
 	w.m.SamplesRendered.Add(float64(job.Settings.SPP - recovered))
 	// The finished state is checkpointed too, so a storage outage during finalize costs no rendering.
-	w.saveCheckpoint(ctx, tile, job, attempt, false, log)
+	w.saveCheckpoint(ctx, tile, job, attempt, nil, log)
 
 	// 5. Finalize, but only while still holding the lease (fencing).
 	if err := hb.check(ctx); err != nil {
@@ -302,7 +302,7 @@ func (w *Worker) resume(ctx context.Context, tile *render.Tile, job farm.TileJob
 }
 
 // renderPasses renders the remaining samples in contiguous passes, checkpointing after passes.
-func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, log *slog.Logger) error {
+func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, hb *heartbeat, log *slog.Logger) error {
 	spp := job.Settings.SPP
 	pass := (spp + w.cfg.PassesPerTile - 1) / w.cfg.PassesPerTile
 	var lastLocal, lastRemote time.Time
@@ -323,11 +323,13 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.T
 		now := time.Now()
 		if now.Sub(lastLocal) >= w.cfg.CheckpointEvery {
 			lastLocal = now
-			remote := w.cfg.RemoteCheckpoints && now.Sub(lastRemote) >= w.cfg.RemoteEvery
-			if remote {
+			fence := hb // a non-nil fence also uploads the remote checkpoint
+			if !w.cfg.RemoteCheckpoints || now.Sub(lastRemote) < w.cfg.RemoteEvery {
+				fence = nil
+			} else {
 				lastRemote = now
 			}
-			w.saveCheckpoint(ctx, tile, job, attempt, remote, log)
+			w.saveCheckpoint(ctx, tile, job, attempt, fence, log)
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -336,7 +338,10 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.T
 	return nil
 }
 
-func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, remote bool, log *slog.Logger) {
+// saveCheckpoint saves the tile's state locally and, given a fence, uploads it as the remote
+// checkpoint, but only while the lease is still ours: a worker that slept through losing its
+// lease must not overwrite the new holder's newer checkpoint.
+func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, fence *heartbeat, log *slog.Logger) {
 	if tile.Next() == 0 {
 		return
 	}
@@ -347,7 +352,11 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm
 	} else {
 		log.Debug("checkpoint saved", "next_sample", st.Next)
 	}
-	if !remote || !w.cfg.RemoteCheckpoints {
+	if fence == nil || !w.cfg.RemoteCheckpoints {
+		return
+	}
+	if err := fence.check(ctx); err != nil {
+		log.Warn("not uploading checkpoint: lease no longer ours", "err", err)
 		return
 	}
 	data, err := w.codec.Encode(c)
