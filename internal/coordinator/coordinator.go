@@ -122,6 +122,7 @@ func (c *Coordinator) backpressure(ctx context.Context) bool {
 func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
+	var lastPrune time.Time
 	for {
 		depth, oldest, err := c.farm.Depth(ctx)
 		if err == nil {
@@ -130,6 +131,15 @@ func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 		}
 		if n, err := c.store.OutboxLen(ctx); err == nil {
 			c.m.OutboxPending.Set(float64(n))
+		}
+		if time.Since(lastPrune) > time.Hour {
+			lastPrune = time.Now()
+			// EVENTS keeps a week of history; markers of events older than that can go.
+			if n, err := c.store.PruneEvents(ctx, c.now().Add(-queue.EventsRetention-24*time.Hour)); err != nil {
+				c.log.Warn("pruning applied event ids", "err", err)
+			} else if n > 0 {
+				c.log.Info("pruned applied event ids", "count", n)
+			}
 		}
 		select {
 		case <-ctx.Done():

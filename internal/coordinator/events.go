@@ -64,7 +64,7 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 func (c *Coordinator) applyEvent(ctx context.Context, ev farm.Event) error {
 	now := c.now()
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		if seen, err := tx.SeenEvent(ev.ID); err != nil || seen {
+		if seen, err := tx.SeenEvent(ev.ID, now); err != nil || seen {
 			return err
 		}
 		switch ev.Type {

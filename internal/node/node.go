@@ -103,6 +103,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 			return nil, err
 		}
 		n.closers = append(n.closers, func() { ckpts.Close() })
+		n.goRun(func() { worker.PruneCheckpoints(rctx, ckpts, objects, 10*time.Minute, log) })
 		for i := 0; i < o.Workers; i++ {
 			wc := o.Worker
 			wc.Name = fmt.Sprintf("%s-local-%d", hostname(), i+1)
@@ -285,6 +286,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if err != nil {
 		return err
 	}
+	go worker.PruneCheckpoints(ctx, ckpts, objects, 10*time.Minute, log)
 	log.Info("worker started", "worker", w.Name(), "concurrency", wc.Concurrency, "ack_wait", f.Cfg.AckWait, "lease_ttl", f.Cfg.LeaseTTL)
 	return w.Run(ctx)
 }

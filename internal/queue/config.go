@@ -26,8 +26,8 @@ type Config struct {
 	Replicas int
 }
 
-// eventsMaxAge is how long EVENTS keeps history for a coordinator catching up after downtime.
-const eventsMaxAge = 7 * 24 * time.Hour
+// EventsRetention is how long EVENTS keeps history for a coordinator catching up after downtime.
+const EventsRetention = 7 * 24 * time.Hour
 
 // DefaultConfig returns the defaults from DESIGN.md (ack-wait 15 s, MaxDeliver 5, dedup 10 min, lease TTL 15 s).
 func DefaultConfig() Config {
@@ -51,8 +51,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %d backoff steps exceed max deliver %d", ErrInvalidConfig, len(c.Backoff), c.MaxDeliver)
 	case c.DedupWindow <= 0:
 		return fmt.Errorf("%w: dedup window must be positive, got %v", ErrInvalidConfig, c.DedupWindow)
-	case c.DedupWindow > eventsMaxAge:
-		return fmt.Errorf("%w: dedup window %v exceeds the events retention %v", ErrInvalidConfig, c.DedupWindow, eventsMaxAge)
+	case c.DedupWindow > EventsRetention:
+		return fmt.Errorf("%w: dedup window %v exceeds the events retention %v", ErrInvalidConfig, c.DedupWindow, EventsRetention)
 	case c.LeaseTTL < 100*time.Millisecond:
 		return fmt.Errorf("%w: lease ttl must be at least 100ms, got %v", ErrInvalidConfig, c.LeaseTTL)
 	case c.Replicas < 1 || c.Replicas > 5:

@@ -82,7 +82,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 		Subjects:    []string{eventsSubjects},
 		Retention:   jetstream.LimitsPolicy,
 		Duplicates:  cfg.DedupWindow,
-		MaxAge:      eventsMaxAge,
+		MaxAge:      EventsRetention,
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	})
@@ -119,7 +119,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 		Description: "max-deliveries advisories of TILES/workers awaiting dead-lettering",
 		Subjects:    []string{maxDeliveriesSubject},
 		Retention:   jetstream.WorkQueuePolicy,
-		MaxAge:      eventsMaxAge,
+		MaxAge:      EventsRetention,
 		Storage:     jetstream.FileStorage,
 		Replicas:    cfg.Replicas,
 	}); err != nil {

@@ -157,12 +157,33 @@ func (tx *Tx) AddOutbox(subject, msgID string, data []byte) error {
 }
 
 // SeenEvent reports whether an event id was applied before, and marks it applied.
-func (tx *Tx) SeenEvent(id string) (bool, error) {
+func (tx *Tx) SeenEvent(id string, now time.Time) (bool, error) {
 	b := tx.tx.Bucket(bucketEvents)
 	if b.Get([]byte(id)) != nil {
 		return true, nil
 	}
-	return false, b.Put([]byte(id), []byte{1})
+	var stamp [8]byte
+	binary.BigEndian.PutUint64(stamp[:], uint64(now.Unix()))
+	return false, b.Put([]byte(id), stamp[:])
+}
+
+// PruneEvents forgets applied event ids recorded before cutoff. Call it with a cutoff older than
+// the EVENTS stream's retention: an event that can no longer be redelivered needs no marker.
+func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time) (int, error) {
+	n := 0
+	err := s.Update(ctx, func(tx *Tx) error {
+		c := tx.tx.Bucket(bucketEvents).Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) < cutoff.Unix() {
+				if err := c.Delete(); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		return nil
+	})
+	return n, err
 }
 
 func seqKey(seq uint64) string {

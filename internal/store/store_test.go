@@ -70,7 +70,7 @@ func TestUpdateRollsBackEveryWriteOnError(t *testing.T) {
 				return err
 			}
 		}
-		if seen, err := tx.SeenEvent("ev1"); err != nil || seen {
+		if seen, err := tx.SeenEvent("ev1", time.Now()); err != nil || seen {
 			return fmt.Errorf("SeenEvent inside tx = %v, %v; want false, nil", seen, err)
 		}
 		// Everything is visible inside the transaction before it fails.
@@ -117,7 +117,7 @@ func TestUpdateRollsBackEveryWriteOnError(t *testing.T) {
 	checkRolledBack(s)
 	// The rolled-back event mark is gone too: the event would be applied on redelivery.
 	err = s.Update(ctx, func(tx *store.Tx) error {
-		seen, err := tx.SeenEvent("ev1")
+		seen, err := tx.SeenEvent("ev1", time.Now())
 		if err == nil && seen {
 			t.Errorf("event marked by a rolled-back transaction is still seen")
 		}
@@ -323,7 +323,7 @@ func TestSeenEventMarksOnce(t *testing.T) {
 		var got bool
 		err := s.Update(ctx, func(tx *store.Tx) error {
 			var err error
-			got, err = tx.SeenEvent(id)
+			got, err = tx.SeenEvent(id, time.Now())
 			return err
 		})
 		if err != nil {
@@ -332,11 +332,11 @@ func TestSeenEventMarksOnce(t *testing.T) {
 		return got
 	}
 	err := s.Update(ctx, func(tx *store.Tx) error {
-		first, err := tx.SeenEvent("e1")
+		first, err := tx.SeenEvent("e1", time.Now())
 		if err != nil {
 			return err
 		}
-		second, err := tx.SeenEvent("e1")
+		second, err := tx.SeenEvent("e1", time.Now())
 		if err != nil {
 			return err
 		}
@@ -477,4 +477,36 @@ func TestTileAndFrameMove(t *testing.T) {
 	if !f.Terminal() || f.Error != "" {
 		t.Errorf("completed frame = %+v", f)
 	}
+}
+
+func TestPruneEventsForgetsOnlyOldIDs(t *testing.T) {
+	ctx := context.Background()
+	s, err := store.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	old, recent := time.Now().Add(-30*24*time.Hour), time.Now()
+	if err := s.Update(ctx, func(tx *store.Tx) error {
+		if _, err := tx.SeenEvent("old", old); err != nil {
+			return err
+		}
+		_, err := tx.SeenEvent("recent", recent)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.PruneEvents(ctx, time.Now().Add(-8*24*time.Hour))
+	if err != nil || n != 1 {
+		t.Fatalf("pruned %d (%v), want 1", n, err)
+	}
+	_ = s.Update(ctx, func(tx *store.Tx) error {
+		if seen, _ := tx.SeenEvent("recent", recent); !seen {
+			t.Error("a recent event id was forgotten")
+		}
+		if seen, _ := tx.SeenEvent("old", recent); seen {
+			t.Error("an old event id was kept")
+		}
+		return nil
+	})
 }

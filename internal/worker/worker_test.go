@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -101,5 +102,41 @@ func TestSceneCache(t *testing.T) {
 	}
 	if _, err := w.scene(ctx, versions[1]); !errors.Is(err, finalize.ErrNotFound) || !farm.IsTerminal(err) {
 		t.Fatalf("corrupt cache and no stored scene: %v, want a terminal not-found", err)
+	}
+}
+
+func TestPruneCheckpointsDropsOnlyPromotedTiles(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	objects, err := finalize.NewFSStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpts, err := tiles.OpenCheckpointStore(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ckpts.Close()
+	done, live := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	for _, k := range []string{done, live} {
+		if err := ckpts.Save(ctx, tiles.Checkpoint{TileKey: k, InputHash: "h", Next: 1, Sum: []float64{1, 2, 3}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := finalize.Promote(ctx, objects, farm.TileManifestKey(done), "att", "build",
+		[]finalize.Output{{Name: farm.TileOutputName, Data: []byte("px")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	go PruneCheckpoints(ctx, ckpts, objects, time.Hour, slog.New(slog.DiscardHandler))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		keys, _ := ckpts.List(ctx)
+		if len(keys) == 1 && keys[0] == live {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("checkpoints left: %v, want only the unfinished tile", keys)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

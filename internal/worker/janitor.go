@@ -1,0 +1,41 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// PruneCheckpoints deletes local checkpoints of tiles that are promoted: a tile this node
+// started but another node finished (from the remote checkpoint) would otherwise leave its
+// local checkpoint behind for good. It runs now and then every interval until ctx is done.
+func PruneCheckpoints(ctx context.Context, ckpts *tiles.CheckpointStore, objects finalize.Store, interval time.Duration, log *slog.Logger) {
+	for {
+		keys, err := ckpts.List(ctx)
+		if err != nil && ctx.Err() == nil {
+			log.Warn("listing local checkpoints", "err", err)
+		}
+		pruned := 0
+		for _, k := range keys {
+			done, err := finalize.ManifestExists(ctx, objects, farm.TileManifestKey(k))
+			if err != nil || !done {
+				continue
+			}
+			if err := ckpts.Delete(ctx, k); err == nil {
+				pruned++
+			}
+		}
+		if pruned > 0 {
+			log.Info("pruned checkpoints of tiles finished elsewhere", "count", pruned)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
+}
