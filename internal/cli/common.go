@@ -15,6 +15,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/store"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -115,11 +116,23 @@ func formatFor(flagValue, out string) (string, error) {
 			f = "png"
 		}
 	}
-	switch f {
-	case "png", "png16", "exr":
-		return f, nil
+	if _, ok := farm.FrameOutputName(f); !ok {
+		return "", usagef("--format %q: want png, png16 or exr", f)
 	}
-	return "", usagef("--format %q: want png, png16 or exr", f)
+	return f, nil
+}
+
+// formatList parses submit's comma-separated --format list.
+func formatList(flagValue string) ([]string, error) {
+	var out []string
+	for _, f := range strings.Split(flagValue, ",") {
+		f, err := formatFor(strings.TrimSpace(f), "")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, f)
+	}
+	return out, nil
 }
 
 func newLogger(stderr io.Writer, level string) (*slog.Logger, error) {

@@ -119,11 +119,14 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 	if *out == "" {
 		return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
 	}
-	req, err := submitRequest(pos[0], *frames, rf, *out, *format)
+	fmtName, err := formatFor(*format, *out)
 	if err != nil {
 		return 0, err
 	}
-	fmtName, _ := formatFor(*format, *out)
+	req, err := submitRequest(pos[0], *frames, rf, *out, []string{fmtName})
+	if err != nil {
+		return 0, err
+	}
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers, Log: log})
 	if err != nil {
 		return 0, err
@@ -147,7 +150,7 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 }
 
 // submitRequest builds a submission from the shared flags of render and submit.
-func submitRequest(scene, frames string, rf *renderFlags, out, format string) (coordinator.SubmitRequest, error) {
+func submitRequest(scene, frames string, rf *renderFlags, out string, formats []string) (coordinator.SubmitRequest, error) {
 	var req coordinator.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
@@ -157,10 +160,6 @@ func submitRequest(scene, frames string, rf *renderFlags, out, format string) (c
 		}
 	}
 	if err := rf.check(); err != nil {
-		return req, err
-	}
-	f, err := formatFor(format, out)
-	if err != nil {
 		return req, err
 	}
 	b, err := farm.ReadBundle(scene)
@@ -186,7 +185,7 @@ func submitRequest(scene, frames string, rf *renderFlags, out, format string) (c
 		}
 	}
 	return coordinator.SubmitRequest{Bundle: b, Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
-		Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: []string{f}}, nil
+		Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, nil
 }
 
 func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
@@ -291,7 +290,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`, stderr)
 	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
 	rf := addRenderFlags(fs)
-	format := fs.String("format", "png", "output format: png, png16 or exr (png is always produced)")
+	format := fs.String("format", "png", "output formats, comma-separated: png, png16, exr (png is always produced)")
 	priority := fs.Int("priority", 0, "priority (recorded; dispatch bands are on the roadmap)")
 	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
 	project := fs.String("project", "", "project name (part of the derived idempotency key)")
@@ -305,7 +304,11 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	if len(pos) != 1 {
 		return 0, usagef("want exactly one SCENE, got %d arguments", len(pos))
 	}
-	req, err := submitRequest(pos[0], *frames, rf, "", *format)
+	formats, err := formatList(*format)
+	if err != nil {
+		return 0, err
+	}
+	req, err := submitRequest(pos[0], *frames, rf, "", formats)
 	if err != nil {
 		return 0, err
 	}

@@ -125,8 +125,27 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 		}
 	}
 	// Without a request for png16 there is none, and asking for it is a clear error (exit 1).
-	if r := f.cli("outputs", st.JobID, "--out", filepath.Join(dir, "x_####.png"), "--format", "png16"); r.code != 1 || !strings.Contains(r.stderr, "png16") {
+	png16 := filepath.Join(dir, "s16_####.png")
+	if r := f.cli("outputs", st.JobID, "--out", png16, "--format", "png16"); r.code != 1 || !strings.Contains(r.stderr, "png16") {
 		t.Fatalf("outputs of a format never requested: %s", r)
+	}
+	// Asking for it (submit --wait) assembles the finished frames again without rendering a tile.
+	st16, r := f.submit(append([]string{scene, "--frames", "1-3", "--format", "png16", "--wait"}, small...)...)
+	if r.code != 0 || st16.JobID == st.JobID || st16.TilesReused != st16.TilesTotal || st16.TilesRendered != 0 {
+		t.Fatalf("submit --wait for png16: %s", r)
+	}
+	if again, _ := f.status(st.JobID); again.TileAttempts != done.TileAttempts {
+		t.Fatalf("png16 request rendered tiles again: %d attempts, before %d", again.TileAttempts, done.TileAttempts)
+	}
+	if r := f.cli("outputs", st16.JobID, "--out", png16, "--format", "png16"); r.code != 0 {
+		t.Fatalf("outputs png16: %s", r)
+	}
+	for fr := 1; fr <= 3; fr++ {
+		ref16 := filepath.Join(t.TempDir(), "ref16.png")
+		if r := run(t, "tileworker", append([]string{"render", scene, "--frame", strconv.Itoa(fr), "--out", ref16, "--format", "png16", "-q"}, small...)...); r.code != 0 {
+			t.Fatalf("reference png16: %s", r)
+		}
+		samePixels(t, frameFile(png16, fr), ref16)
 	}
 }
 
