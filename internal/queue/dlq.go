@@ -126,8 +126,8 @@ func (f *Farm) removeDeadLetter(ctx context.Context, dl DeadLetter) error {
 	return nil
 }
 
-// maxDeliveriesSubject is where the server announces that TILES/workers gave up on a message.
-const maxDeliveriesSubject = server.JSAdvisoryConsumerMaxDeliveryExceedPre + "." + StreamTiles + "." + ConsumerWorkers
+// maxDeliveriesSubject is where the server announces that a TILES consumer gave up on a message.
+const maxDeliveriesSubject = server.JSAdvisoryConsumerMaxDeliveryExceedPre + "." + StreamTiles + ".*"
 
 // advisoryRetryBase and advisoryRetryMax bound the redelivery delay of an advisory whose dead-lettering
 // failed (DLQ unavailable, for example).

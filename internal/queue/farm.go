@@ -22,7 +22,9 @@ const (
 	StreamEvents    = "EVENTS"
 	StreamDLQ       = "DLQ"
 	ConsumerWorkers = "workers"
-	BucketLeases    = "leases"
+	// ConsumerAssemblers is the consumer of assemble jobs, taken before tiles.
+	ConsumerAssemblers = "assemblers"
+	BucketLeases       = "leases"
 	// StreamAdvisories durably captures the MAX_DELIVERIES advisories of TILES/workers, which the server
 	// publishes as fire-and-forget core messages, so none is lost while no coordinator is watching.
 	StreamAdvisories = "TILES_ADVISORIES"
@@ -48,9 +50,11 @@ type Farm struct {
 	Tiles    jetstream.Stream
 	Events   jetstream.Stream
 	DLQ      jetstream.Stream
-	Consumer jetstream.Consumer
-	Leases   *Leases
-	Cfg      Config
+	Consumer jetstream.Consumer // tile render jobs
+	// Assemblers is the consumer of assemble jobs.
+	Assemblers jetstream.Consumer
+	Leases     *Leases
+	Cfg        Config
 	// Log receives dead-letter watcher diagnostics; Setup sets slog.Default().
 	Log *slog.Logger
 
@@ -101,22 +105,32 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 	if err != nil {
 		return nil, fmt.Errorf("setting up stream %s: %w", StreamDLQ, err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, StreamTiles, jetstream.ConsumerConfig{
-		Durable:       ConsumerWorkers,
-		Description:   "shared pull consumer of all tileworkers",
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       cfg.AckWait,
-		MaxDeliver:    cfg.MaxDeliver,
-		BackOff:       cfg.Backoff,
-		MaxAckPending: maxAckPending,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+	// Two consumers on disjoint subjects, so workers can take assembly before more tiles: frames
+	// then complete as their tiles do instead of all at the end of a shot.
+	var consumers [2]jetstream.Consumer
+	for i, c := range []struct{ name, subject, what string }{
+		{ConsumerWorkers, SubjectRender, "tile render jobs"},
+		{ConsumerAssemblers, SubjectAssemble, "frame assembly jobs"},
+	} {
+		consumers[i], err = js.CreateOrUpdateConsumer(ctx, StreamTiles, jetstream.ConsumerConfig{
+			Durable:       c.name,
+			Description:   "shared pull consumer of all tileworkers: " + c.what,
+			FilterSubject: c.subject,
+			DeliverPolicy: jetstream.DeliverAllPolicy,
+			AckPolicy:     jetstream.AckExplicitPolicy,
+			AckWait:       cfg.AckWait,
+			MaxDeliver:    cfg.MaxDeliver,
+			BackOff:       cfg.Backoff,
+			MaxAckPending: maxAckPending,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.name, err)
+		}
 	}
+	cons := consumers[0]
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        StreamAdvisories,
-		Description: "max-deliveries advisories of TILES/workers awaiting dead-lettering",
+		Description: "max-deliveries advisories of the TILES consumers awaiting dead-lettering",
 		Subjects:    []string{maxDeliveriesSubject},
 		Retention:   jetstream.WorkQueuePolicy,
 		MaxAge:      EventsRetention,
@@ -147,15 +161,16 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 		return nil, fmt.Errorf("setting up bucket %s: %w", BucketLeases, err)
 	}
 	return &Farm{
-		JS:        js,
-		Tiles:     tiles,
-		Events:    events,
-		DLQ:       dlq,
-		Consumer:  cons,
-		Leases:    &Leases{kv: kv, ttl: cfg.LeaseTTL},
-		Cfg:       cfg,
-		Log:       slog.Default(),
-		lastError: make(map[string]string),
+		JS:         js,
+		Tiles:      tiles,
+		Events:     events,
+		DLQ:        dlq,
+		Consumer:   cons,
+		Assemblers: consumers[1],
+		Leases:     &Leases{kv: kv, ttl: cfg.LeaseTTL},
+		Cfg:        cfg,
+		Log:        slog.Default(),
+		lastError:  make(map[string]string),
 	}, nil
 }
 
@@ -174,7 +189,8 @@ func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, 
 	return ack.Duplicate, nil
 }
 
-// FetchOne pulls exactly one message from the shared consumer, waiting at most wait. It returns (nil, nil)
+// FetchOne pulls exactly one message, an assemble job if one is waiting, else a tile, waiting at
+// most wait. It returns (nil, nil)
 // when no message arrived in time. One at a time, because a buffered message already burns its ack-wait.
 func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	if wait <= 0 {
@@ -182,6 +198,14 @@ func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg,
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	// Assembly first: it is short and finishes a frame the artist is waiting for.
+	if f.Assemblers != nil {
+		if batch, err := f.Assemblers.FetchNoWait(1); err == nil {
+			if msg, ok := <-batch.Messages(); ok && msg != nil {
+				return msg, nil
+			}
+		}
 	}
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()

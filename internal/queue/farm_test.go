@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -110,7 +111,7 @@ func TestPublishDeduplicatesByMsgID(t *testing.T) {
 	if err != nil || !dup {
 		t.Fatalf("second Publish = %v, %v; want duplicate", dup, err)
 	}
-	dup, err = tf.f.Publish(ctx, SubjectAssemble, "tile-2", []byte("two"), nil)
+	dup, err = tf.f.Publish(ctx, SubjectRender, "tile-2", []byte("two"), nil)
 	if err != nil || dup {
 		t.Fatalf("other id Publish = %v, %v; want not duplicate", dup, err)
 	}
@@ -223,5 +224,28 @@ func TestFetchOneHonoursContext(t *testing.T) {
 	}
 	if _, err := tf.f.FetchOne(testCtx(t), 0); err == nil {
 		t.Fatalf("FetchOne accepted a zero wait")
+	}
+}
+
+// Assemble jobs are taken before tiles queued earlier, so frames complete as their tiles do.
+func TestFetchOnePrefersAssembly(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+	for i, subj := range []string{SubjectRender, SubjectRender, SubjectAssemble} {
+		if _, err := tf.f.Publish(ctx, subj, fmt.Sprintf("m%d", i), []byte(subj), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var order []string
+	for range 3 {
+		m := mustFetch(t, tf.f, 2*time.Second)
+		order = append(order, m.Subject())
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if order[0] != SubjectAssemble || order[1] != SubjectRender || order[2] != SubjectRender {
+		t.Fatalf("fetch order %v, want the assemble job first", order)
 	}
 }

@@ -28,6 +28,10 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("binding to consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
 	}
+	assemblers, err := tiles.Consumer(ctx, ConsumerAssemblers)
+	if err != nil {
+		return nil, fmt.Errorf("binding to consumer %s/%s: %w", StreamTiles, ConsumerAssemblers, err)
+	}
 	kv, err := js.KeyValue(ctx, BucketLeases)
 	if err != nil {
 		return nil, fmt.Errorf("binding to bucket %s: %w", BucketLeases, err)
@@ -46,7 +50,7 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 		return nil, fmt.Errorf("the farm on this server is misconfigured: %w", err)
 	}
 	return &Farm{
-		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Consumer: cons,
+		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Consumer: cons, Assemblers: assemblers,
 		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Cfg: cfg, Log: slog.Default(),
 		lastError: make(map[string]string),
 	}, nil
