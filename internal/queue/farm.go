@@ -190,26 +190,48 @@ func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, 
 }
 
 // FetchOne pulls exactly one message, an assemble job if one is waiting, else a tile, waiting at
-// most wait. It returns (nil, nil)
-// when no message arrived in time. One at a time, because a buffered message already burns its ack-wait.
+// most wait; (nil, nil) when nothing arrived in time. One at a time, because a buffered message
+// already burns its ack-wait. While idle it polls both consumers every assemblyPoll, so an
+// assemble job waits at most that long for an idle worker.
 func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	if wait <= 0 {
 		return nil, fmt.Errorf("fetching from %s/%s: wait must be positive, got %v", StreamTiles, ConsumerWorkers, wait)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	// Assembly first: it is short and finishes a frame the artist is waiting for.
-	if f.Assemblers != nil {
-		if batch, err := f.Assemblers.FetchNoWait(1); err == nil {
-			if msg, ok := <-batch.Messages(); ok && msg != nil {
-				return msg, nil
+	deadline := time.Now().Add(wait)
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		// Assembly first: it is short and finishes a frame the artist is waiting for.
+		if f.Assemblers != nil {
+			if batch, err := f.Assemblers.FetchNoWait(1); err == nil {
+				if msg, ok := <-batch.Messages(); ok && msg != nil {
+					return msg, nil
+				}
 			}
 		}
+		slice := min(time.Until(deadline), assemblyPoll)
+		if f.Assemblers == nil {
+			slice = time.Until(deadline)
+		}
+		if slice <= 0 {
+			return nil, nil
+		}
+		msg, err := fetchOne(ctx, f.Consumer, slice)
+		if msg != nil || err != nil {
+			return msg, err
+		}
 	}
+}
+
+// assemblyPoll bounds how long an idle worker blocks on tiles before looking for assembly again.
+const assemblyPoll = 100 * time.Millisecond
+
+// fetchOne pulls one message from cons, waiting at most wait; (nil, nil) on timeout.
+func fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) (jetstream.Msg, error) {
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	batch, err := f.Consumer.Fetch(1, jetstream.FetchContext(fctx))
+	batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
@@ -217,7 +239,7 @@ func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg,
 		if fctx.Err() != nil {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
 	if msg, ok := <-batch.Messages(); ok && msg != nil {
 		return msg, nil
@@ -229,7 +251,7 @@ func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg,
 		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
 	return nil, nil
 }
