@@ -93,7 +93,8 @@ func cmdRender(ctx context.Context, args []string, stdout, stderr io.Writer) (in
 Render frames of SCENE on this machine: an embedded JetStream server, a filesystem store and
 in-process workers, all under --data. Nothing else needs to run. A re-run with the same --data
 after Ctrl-C resumes from checkpoints and skips finished tiles; a re-run of a finished render
-renders nothing and writes the outputs again. '####' in --out is the zero-padded frame number.`, stderr)
+renders nothing and writes the outputs again; a re-run of a failed render retries its failed
+frames. '####' in --out is the zero-padded frame number.`, stderr)
 	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
 	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
@@ -135,6 +136,14 @@ renders nothing and writes the outputs again. '####' in --out is the zero-padded
 	res, err := n.Coord.Submit(ctx, req)
 	if err != nil {
 		return 0, err
+	}
+	if res.Status.State == coordinator.StateFailed {
+		// Re-running a failed render tries its failed frames again; finished tiles are reused.
+		retried, err := n.Coord.Retry(ctx, res.Status.JobID)
+		if err != nil {
+			return 0, err
+		}
+		fmt.Fprintf(stderr, "retrying %d failed frames of job %s\n", retried, res.Status.JobID)
 	}
 	before := res.Status.TilesCompleted
 	st, err := waitJob(ctx, n.Coord, res.Status.JobID, newProgress(stderr, *jsonOut), n.Coord.Changed)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -113,5 +114,32 @@ func TestRequeuedAssemblyCompletesFailedFrame(t *testing.T) {
 	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
 	if st := h.status(t, a.Status.JobID); st.State != StateCompleted {
 		t.Fatalf("job after the requeued assembly: %s", st.State)
+	}
+}
+
+// Retry re-queues the unfinished tiles of a job's failed frames under fresh dedup ids.
+func TestRetryRequeuesFailedFrames(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, smallRequest(t, 1, 2, 64, 32, 32))
+	fks := h.job(t, a.Status.JobID).FrameKeys
+	keys := tileKeys(t, h.frame(t, fks[0]))
+	bad := tileEvent("bad", farm.EventTileFailed, h.tile(t, keys[0]))
+	bad.Terminal, bad.Error = true, "poison"
+	h.apply(t, bad)
+	before := len(h.outbox(t))
+	n, err := h.c.Retry(h.ctx, a.Status.JobID)
+	if err != nil || n != 1 {
+		t.Fatalf("Retry = %d, %v; want 1 failed frame retried", n, err)
+	}
+	recs := h.outbox(t)[before:]
+	// Only the dead-lettered tile goes out again; the other still has its message queued.
+	if len(recs) != 1 || !strings.HasPrefix(recs[0].MsgID, keys[0]+":retry:") {
+		t.Fatalf("retry records %+v, want one fresh message for %s", recs, keys[0])
+	}
+	if f := h.frame(t, fks[0]); f.State != store.FrameRendering || f.TilesFailed != 0 {
+		t.Fatalf("frame after Retry: %s, %d failed", f.State, f.TilesFailed)
+	}
+	if n, _ := h.c.Retry(h.ctx, a.Status.JobID); n != 0 {
+		t.Fatalf("second Retry retried %d frames, want 0", n)
 	}
 }

@@ -229,7 +229,7 @@ func (c *Coordinator) shareFrame(tx *store.Tx, f *store.Frame, j *store.Job, now
 	grew := !slices.Equal(union, f.Formats)
 	f.Formats = union
 	if f.State == store.FrameFailed {
-		if err := c.retryFrame(tx, f, j.ID, now); err != nil {
+		if err := c.retryFrame(tx, f, j.ID, j.ID, now); err != nil {
 			return err
 		}
 	} else if grew {
@@ -300,10 +300,10 @@ func enqueueTile(tx *store.Tx, jobID string, f *store.Frame, t *store.Tile, msgI
 	return tx.AddOutbox(queue.SubjectRender, msgID, data)
 }
 
-// retryFrame gives a failed frame another go for a new job: every tile not completed is queued
-// again under a new dedup id (completed tiles are reused), or, if only the assembly failed, the
-// frame is assembled again.
-func (c *Coordinator) retryFrame(tx *store.Tx, f *store.Frame, jobID string, now time.Time) error {
+// retryFrame gives a failed frame another go: every tile not completed is queued again under a
+// new dedup id made with retryID (completed tiles are reused), or, if only the assembly failed,
+// the frame is assembled again.
+func (c *Coordinator) retryFrame(tx *store.Tx, f *store.Frame, jobID, retryID string, now time.Time) error {
 	ft, err := f.Tiles()
 	if err != nil {
 		return err
@@ -318,7 +318,12 @@ func (c *Coordinator) retryFrame(tx *store.Tx, f *store.Frame, jobID string, now
 			continue
 		}
 		pending++
-		if err := enqueueTile(tx, jobID, f, t, t.Key+":retry:"+jobID, now); err != nil {
+		// Only tiles that left the queue for good are queued again; the others still have
+		// their message in TILES.
+		if t.State != store.TileDeadLettered && t.State != store.TileFailedTerminal {
+			continue
+		}
+		if err := enqueueTile(tx, jobID, f, t, t.Key+":retry:"+retryID, now); err != nil {
 			return err
 		}
 	}
@@ -342,4 +347,39 @@ func (c *Coordinator) putScene(ctx context.Context, version string, bundle []byt
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
 	return nil
+}
+
+// Retry gives every failed frame of a job another go (see retryFrame) and reports how many it
+// retried. Re-running a one-shot render of a failed job calls it.
+func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
+	n := 0
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		j, err := tx.Job(jobID)
+		if err != nil {
+			return err
+		}
+		now := c.now()
+		for _, fk := range j.FrameKeys {
+			f, err := tx.Frame(fk)
+			if err != nil {
+				return err
+			}
+			if f.State != store.FrameFailed {
+				continue
+			}
+			if err := c.retryFrame(tx, f, j.ID, fmt.Sprintf("%s-%d", j.ID, len(f.History)), now); err != nil {
+				return err
+			}
+			if err := tx.PutFrame(f); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	if err == nil && n > 0 {
+		c.kickRelay()
+		c.notify()
+	}
+	return n, err
 }
