@@ -29,6 +29,7 @@ Commands:
   serve                                     run the coordinator daemon (HTTP API, embedded NATS)
   submit SCENE --frames A-B                 submit a job to a running coordinator
   status JOB                                where a job stands (exit 0 done, 42 queued, 3 running, 1 failed)
+  watch JOB                                 follow a job with a progress bar until it ends
   jobs                                      list jobs
   outputs JOB --out PATTERN                 download a job's finished frames
   dlq list | dlq requeue SEQ                inspect and requeue dead-lettered tiles
@@ -60,6 +61,8 @@ func Coordinator(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		code, err = cmdSubmit(ctx, rest, stdout, stderr)
 	case "status":
 		code, err = cmdStatus(ctx, rest, stdout, stderr)
+	case "watch":
+		code, err = cmdWatch(ctx, rest, stdout, stderr)
 	case "jobs":
 		err = cmdJobs(ctx, rest, stdout, stderr)
 	case "outputs":
@@ -353,6 +356,30 @@ frames and tiles are named), 2 usage error, 75 coordinator unreachable.`, stderr
 		return 0, usagef("want exactly one JOB")
 	}
 	st, err := client.New(*server).Status(ctx, pos[0])
+	if err != nil {
+		if isNotFound(err) {
+			return 0, fmt.Errorf("no job %q", pos[0])
+		}
+		return 0, err
+	}
+	printStatus(stdout, st, *jsonOut)
+	return coordinator.ExitCode(st.State), nil
+}
+
+func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+	fs := newFlags("coordinator watch", "coordinator watch JOB [--json]", `
+Follow JOB with a progress bar until it completes or fails, then print its status. Exits like
+status: 0 completed, 1 failed, 75 coordinator unreachable, 130 interrupted.`, stderr)
+	jsonOut := fs.Bool("json", false, "print the final status as one JSON object on stdout")
+	server := clientFlags(fs)
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return 0, err
+	}
+	if len(pos) != 1 {
+		return 0, usagef("want exactly one JOB")
+	}
+	st, err := waitJob(ctx, client.New(*server), pos[0], newProgress(stderr, false), nil)
 	if err != nil {
 		if isNotFound(err) {
 			return 0, fmt.Errorf("no job %q", pos[0])

@@ -251,3 +251,41 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 	}
 	samePixels(t, frameFile(out, 8), reference(t, scene, 8, small...))
 }
+
+// The coordinator (and with it the embedded JetStream) killed with SIGKILL mid-render and
+// started again: the worker reconnects, the coordinator catches up from EVENTS, nothing is
+// lost and the frames equal the reference.
+func TestCoordinatorKilledMidRender(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--ack-wait", "3s", "--lease-ttl", "3s")
+	w := f.worker("survivor", t.TempDir(), "--fault-pass-delay", "40ms")
+	st, _ := f.submit(append([]string{scene, "--frames", "12-13"}, small...)...)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		s, _ := f.status(st.JobID)
+		if s.TilesCompleted >= 2 && s.TilesCompleted < s.TilesTotal {
+			break
+		}
+		if s.TilesCompleted == s.TilesTotal || time.Now().After(deadline) {
+			t.Fatalf("could not catch the job mid-render: %+v", s)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	f.serve.kill9()
+	time.Sleep(2 * time.Second) // the worker keeps going without its coordinator
+	f.restart()
+	done := f.waitCode(st.JobID, 0, 2*time.Minute)
+	if done.TilesCompleted != done.TilesTotal || done.TilesFailed != 0 {
+		t.Fatalf("job after the coordinator restart: %+v", done)
+	}
+	if !strings.Contains(w.log(), "worker started") {
+		t.Fatalf("worker log:\n%s", w.log())
+	}
+	out := filepath.Join(t.TempDir(), "m_####.png")
+	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	for _, fr := range []int{12, 13} {
+		samePixels(t, frameFile(out, fr), reference(t, scene, fr, small...))
+	}
+}

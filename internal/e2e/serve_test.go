@@ -106,6 +106,9 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	if r := f.cli("watch", st.JobID, "--json"); r.code != 0 || !strings.Contains(r.stdout, `"state": "completed"`) {
+		t.Fatalf("watch: %s", r)
+	}
 	done := f.waitDone(st.JobID, 3*time.Minute)
 	if _, r := f.status(st.JobID); r.code != 0 || done.State != "completed" {
 		t.Fatalf("status when completed: want 0, got %s", r)
