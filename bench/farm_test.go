@@ -39,17 +39,8 @@ func (w workload) frames() int { return w.last - w.first + 1 }
 // settings resolves the workload's settings the way a submission does: the scene's defaults
 // with the non-zero overrides.
 func (w workload) settings(scene *render.Scene) (render.Settings, error) {
-	st := scene.Defaults()
-	if w.width != 0 {
-		st.Width = w.width
-	}
-	if w.height != 0 {
-		st.Height = w.height
-	}
-	if w.spp != 0 {
-		st.SPP = w.spp
-	}
-	if err := scene.Validate(st); err != nil {
+	st, err := scene.Resolve(render.Overrides{Width: w.width, Height: w.height, SPP: w.spp})
+	if err != nil {
 		return st, fmt.Errorf("benchmark settings: %w", err)
 	}
 	return st, nil

@@ -94,3 +94,30 @@ func quoteList(names []string) string {
 	}
 	return s
 }
+
+// Overrides are the settings a request may change; zero fields keep the scene file's value.
+type Overrides struct {
+	Camera             string
+	Width, Height, SPP int
+}
+
+// Resolve returns the scene's settings with the overrides applied, validated: every command and
+// the coordinator resolve a request's settings the same way, so they hash the same.
+func (s *Scene) Resolve(o Overrides) (Settings, error) {
+	st := s.Defaults()
+	if o.Camera != "" {
+		st.Camera = o.Camera
+	}
+	for _, f := range []struct {
+		v   int
+		dst *int
+	}{{o.Width, &st.Width}, {o.Height, &st.Height}, {o.SPP, &st.SPP}} {
+		if f.v != 0 {
+			*f.dst = f.v
+		}
+	}
+	if err := s.Validate(st); err != nil {
+		return Settings{}, err
+	}
+	return st, nil
+}

@@ -52,12 +52,25 @@ const (
 //
 //	"TFCK" | version u8 | len u16 + TileKey | len u16 + InputHash |
 //	len u16 + Attempt | Next u64 | SavedAt unix seconds i64 | SavedAt nanos u32 |
-//	float count u64 | payload length u32 | zstd(float64 bits, little endian) |
+//	float count u64 | payload length u32 | zstd(payload bytes) |
 //	CRC-32C (Castagnoli) u32 of everything before it
+//
+// The versions differ only in the bytes fed to zstd, always 8 per float:
+//
+//   - version 1: the float64 bits of Sum, each little endian, one value after
+//     the other. Raw sums are noise to zstd (it saves nothing), so Encode no
+//     longer writes it; Decode still reads it.
+//   - version 2: the same bytes byte-shuffled: byte 0 (least significant) of
+//     every value, then byte 1 of every value, ..., then byte 7. Grouping the
+//     slowly varying sign, exponent and high mantissa bytes is what makes the
+//     payload compress (see shuffleFloat64s). Encode always writes it.
 const (
-	checkpointMagic   = "TFCK"
-	checkpointVersion = 1
-	crcSize           = 4
+	checkpointMagic = "TFCK"
+	// checkpointV1 is the original, unshuffled payload; decoded only.
+	checkpointV1 = 1
+	// checkpointV2 is the byte-shuffled payload; encoded and decoded.
+	checkpointV2 = 2
+	crcSize      = 4
 	// minCheckpointSize is the encoding with empty strings and no payload.
 	minCheckpointSize = len(checkpointMagic) + 1 + 3*2 + 8 + 8 + 4 + 8 + 4 + crcSize
 )
@@ -124,10 +137,11 @@ func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 	return codec.Decode(b)
 }
 
-// Encode serializes ck: a small header, the zstd-compressed float64 bits of
-// Sum and a CRC-32C over everything, so that any damage on disk or in
-// object storage is detected by Decode. It refuses values the decoder would
-// reject, so every encoded checkpoint decodes.
+// Encode serializes ck in format version 2: a small header, the
+// zstd-compressed, byte-shuffled float64 bits of Sum and a CRC-32C over
+// everything, so that any damage on disk or in object storage is detected by
+// Decode. It refuses values the decoder would reject, so every encoded
+// checkpoint decodes.
 func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 	for _, f := range []struct{ name, s string }{
 		{"tile key", ck.TileKey}, {"input hash", ck.InputHash}, {"attempt", ck.Attempt},
@@ -143,12 +157,10 @@ func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 		return nil, fmt.Errorf("encoding checkpoint: %d floats, more than %d", len(ck.Sum), MaxCheckpointFloats)
 	}
 
-	raw := make([]byte, 8*len(ck.Sum))
-	for i, v := range ck.Sum {
-		binary.LittleEndian.PutUint64(raw[8*i:], math.Float64bits(v))
-	}
 	var payload []byte
-	if len(raw) > 0 {
+	if len(ck.Sum) > 0 {
+		raw := make([]byte, 8*len(ck.Sum))
+		shuffleFloat64s(raw, ck.Sum)
 		payload = c.enc.EncodeAll(raw, nil)
 	}
 	if uint64(len(payload)) > math.MaxUint32 {
@@ -158,7 +170,7 @@ func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 	size := minCheckpointSize + len(ck.TileKey) + len(ck.InputHash) + len(ck.Attempt) + len(payload)
 	b := make([]byte, 0, size)
 	b = append(b, checkpointMagic...)
-	b = append(b, checkpointVersion)
+	b = append(b, checkpointV2)
 	b = appendString16(b, ck.TileKey)
 	b = appendString16(b, ck.InputHash)
 	b = appendString16(b, ck.Attempt)
@@ -172,10 +184,11 @@ func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 	return b, nil
 }
 
-// Decode parses an encoded checkpoint. Every kind of damage (bad magic or
-// version, truncation, CRC mismatch, zstd error, length mismatch, absurd
-// sizes) returns an error wrapping ErrCorruptCheckpoint; it never panics.
-// SavedAt is returned in UTC; an empty Sum decodes as nil.
+// Decode parses an encoded checkpoint of format version 1 or 2. Every kind of
+// damage (bad magic, unknown version, truncation, CRC mismatch, zstd error,
+// length mismatch, absurd sizes) returns an error wrapping
+// ErrCorruptCheckpoint; it never panics. SavedAt is returned in UTC; an
+// empty Sum decodes as nil.
 func (c *Codec) Decode(b []byte) (Checkpoint, error) {
 	if len(b) < minCheckpointSize {
 		return Checkpoint{}, corruptf("%d bytes, shorter than the minimum %d", len(b), minCheckpointSize)
@@ -183,8 +196,9 @@ func (c *Codec) Decode(b []byte) (Checkpoint, error) {
 	if string(b[:len(checkpointMagic)]) != checkpointMagic {
 		return Checkpoint{}, corruptf("bad magic %q", b[:len(checkpointMagic)])
 	}
-	if v := b[len(checkpointMagic)]; v != checkpointVersion {
-		return Checkpoint{}, corruptf("unsupported version %d", v)
+	version := b[len(checkpointMagic)]
+	if version != checkpointV1 && version != checkpointV2 {
+		return Checkpoint{}, corruptf("unsupported version %d", version)
 	}
 	body := b[:len(b)-crcSize]
 	want := binary.LittleEndian.Uint32(b[len(body):])
@@ -235,8 +249,12 @@ func (c *Codec) Decode(b []byte) (Checkpoint, error) {
 		return Checkpoint{}, corruptf("payload decompresses to %d bytes, header declares %d", len(raw), wantBytes)
 	}
 	ck.Sum = make([]float64, count)
-	for i := range ck.Sum {
-		ck.Sum[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
+	if version == checkpointV1 {
+		for i := range ck.Sum {
+			ck.Sum[i] = math.Float64frombits(binary.LittleEndian.Uint64(raw[8*i:]))
+		}
+	} else {
+		unshuffleFloat64s(ck.Sum, raw)
 	}
 	return ck, nil
 }

@@ -177,17 +177,7 @@ func (rf *renderFlags) check() error {
 	return nil
 }
 
-// apply overrides the scene's settings with the flags that were given.
-func (rf *renderFlags) apply(st *render.Settings) {
-	if rf.camera != "" {
-		st.Camera = rf.camera
-	}
-	for _, o := range []struct {
-		v   int
-		dst *int
-	}{{rf.spp, &st.SPP}, {rf.width, &st.Width}, {rf.height, &st.Height}} {
-		if o.v != 0 {
-			*o.dst = o.v
-		}
-	}
+// overrides are the settings the flags change.
+func (rf *renderFlags) overrides() render.Overrides {
+	return render.Overrides{Camera: rf.camera, Width: rf.width, Height: rf.height, SPP: rf.spp}
 }

@@ -183,9 +183,7 @@ func submitRequest(scene, frames string, rf *renderFlags, out string, formats []
 	if err != nil {
 		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
-	st := s.Defaults()
-	rf.apply(&st)
-	if err := s.Validate(st); err != nil {
+	if _, err := s.Resolve(rf.overrides()); err != nil {
 		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
 	if first == 0 && last == 0 {

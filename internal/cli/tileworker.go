@@ -149,9 +149,8 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 	if err != nil {
 		return err
 	}
-	st := scene.Defaults()
-	rf.apply(&st)
-	if err := scene.Validate(st); err != nil {
+	st, err := scene.Resolve(rf.overrides())
+	if err != nil {
 		return err
 	}
 	fr := *frame

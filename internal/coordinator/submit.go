@@ -101,20 +101,8 @@ func (c *Coordinator) planSubmission(req SubmitRequest) (*plan, error) {
 	if err != nil {
 		return nil, badInput("%v", err)
 	}
-	st := scene.Defaults()
-	if req.Camera != "" {
-		st.Camera = req.Camera
-	}
-	if req.SPP != 0 {
-		st.SPP = req.SPP
-	}
-	if req.Width != 0 {
-		st.Width = req.Width
-	}
-	if req.Height != 0 {
-		st.Height = req.Height
-	}
-	if err := scene.Validate(st); err != nil {
+	st, err := scene.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP})
+	if err != nil {
 		return nil, badInput("%v", err)
 	}
 	first, last := req.First, req.Last
