@@ -139,12 +139,13 @@ func TestCheckpointRoundTripBitExact(t *testing.T) {
 func TestCheckpointHeaderLayout(t *testing.T) {
 	// Check the documented header against an encoding, so other tools (or a
 	// later format version) can rely on it.
-	ck := Checkpoint{TileKey: "tk", InputHash: "ih", Attempt: "at", Next: 9, Sum: []float64{1.5}, SavedAt: time.Unix(100, 7)}
+	sum := []float64{math.Float64frombits(0x0807060504030201), math.Float64frombits(0x1817161514131211)}
+	ck := Checkpoint{TileKey: "tk", InputHash: "ih", Attempt: "at", Next: 9, Sum: sum, SavedAt: time.Unix(100, 7)}
 	b, err := EncodeCheckpoint(ck)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(b[:4]) != "TFCK" || b[4] != 1 {
+	if string(b[:4]) != "TFCK" || b[4] != 2 {
 		t.Fatalf("magic/version = %q %d", b[:4], b[4])
 	}
 	p := b[5:]
@@ -160,7 +161,7 @@ func TestCheckpointHeaderLayout(t *testing.T) {
 	if s, ns := int64(binary.LittleEndian.Uint64(p[8:])), binary.LittleEndian.Uint32(p[16:]); s != 100 || ns != 7 {
 		t.Fatalf("saved at = %d s %d ns", s, ns)
 	}
-	if n := binary.LittleEndian.Uint64(p[20:]); n != 1 {
+	if n := binary.LittleEndian.Uint64(p[20:]); n != 2 {
 		t.Fatalf("float count = %d", n)
 	}
 	plen := binary.LittleEndian.Uint32(p[28:])
@@ -177,8 +178,10 @@ func TestCheckpointHeaderLayout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("payload is not zstd: %v", err)
 	}
-	if len(raw) != 8 || math.Float64frombits(binary.LittleEndian.Uint64(raw)) != 1.5 {
-		t.Fatalf("payload = %x", raw)
+	// Version 2: byte 0 of every value, then byte 1 of every value, ...
+	wantRaw := []byte{0x01, 0x11, 0x02, 0x12, 0x03, 0x13, 0x04, 0x14, 0x05, 0x15, 0x06, 0x16, 0x07, 0x17, 0x08, 0x18}
+	if !bytes.Equal(raw, wantRaw) {
+		t.Fatalf("decompressed payload = % x, want % x", raw, wantRaw)
 	}
 	body := b[:len(b)-4]
 	if crc := binary.LittleEndian.Uint32(b[len(body):]); crc != crc32.Checksum(body, crc32.MakeTable(crc32.Castagnoli)) {
@@ -290,7 +293,7 @@ func (r rawCheckpoint) bytes() []byte {
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli)))
 }
 
-func zstdOf(t *testing.T, raw []byte) []byte {
+func zstdOf(t testing.TB, raw []byte) []byte {
 	t.Helper()
 	enc, err := zstd.NewWriter(nil)
 	if err != nil {
@@ -300,12 +303,91 @@ func zstdOf(t *testing.T, raw []byte) []byte {
 	return enc.EncodeAll(raw, nil)
 }
 
-func TestDecodeValidatesBehindValidCRC(t *testing.T) {
+// v1Bytes lays out floats as format version 1 does before zstd: the float64
+// bits of each value, little endian, one after the other.
+func v1Bytes(sum []float64) []byte {
+	b := make([]byte, 0, 8*len(sum))
+	for _, v := range sum {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	return b
+}
+
+// v2Bytes lays out floats as format version 2 does before zstd, written
+// from the documented layout rather than with shuffleFloat64s: byte k of
+// every value's little-endian bits, for k = 0..7.
+func v2Bytes(sum []float64) []byte {
+	b := make([]byte, 0, 8*len(sum))
+	for k := range 8 {
+		for _, v := range sum {
+			b = append(b, byte(math.Float64bits(v)>>(8*k)))
+		}
+	}
+	return b
+}
+
+// v1Checkpoint builds the version 1 encoding of ck from the documented
+// layout, as an old worker would have written it.
+func v1Checkpoint(t testing.TB, ck Checkpoint) []byte {
+	t.Helper()
+	r := rawCheckpoint{magic: "TFCK", version: 1, tileKey: ck.TileKey, inputHash: ck.InputHash, attempt: ck.Attempt,
+		next: uint64(ck.Next), secs: ck.SavedAt.Unix(), nanos: uint32(ck.SavedAt.Nanosecond()), count: uint64(len(ck.Sum))}
+	if len(ck.Sum) > 0 {
+		r.payload = zstdOf(t, v1Bytes(ck.Sum))
+	}
+	return r.bytes()
+}
+
+func TestDecodeVersion1BitExact(t *testing.T) {
 	codec := newTestCodec(t)
-	twoFloats := make([]byte, 16)
-	binary.LittleEndian.PutUint64(twoFloats, math.Float64bits(1))
-	binary.LittleEndian.PutUint64(twoFloats[8:], math.Float64bits(2))
-	good := rawCheckpoint{magic: "TFCK", version: 1, tileKey: "k", inputHash: "h", attempt: "a",
+	cases := map[string]Checkpoint{
+		"specials":   sampleCheckpoint(len(specialFloats), 11),
+		"tile 64x64": sampleCheckpoint(64*64*3, 12),
+		"empty sum":  {TileKey: "k", InputHash: "h", Next: 0, SavedAt: time.Unix(5, 0).UTC()},
+	}
+	for name, want := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := v1Checkpoint(t, want)
+			if b[4] != 1 {
+				t.Fatalf("hand-built encoding has version %d", b[4])
+			}
+			got, err := codec.Decode(b)
+			if err != nil {
+				t.Fatalf("Decode of version 1: %v", err)
+			}
+			assertSameCheckpoint(t, got, want)
+			// Re-encoding upgrades it to version 2 without changing a bit.
+			again, err := codec.Encode(got)
+			if err != nil {
+				t.Fatalf("Encode: %v", err)
+			}
+			if again[4] != 2 {
+				t.Fatalf("re-encoded with version %d, want 2", again[4])
+			}
+			got2, err := codec.Decode(again)
+			if err != nil {
+				t.Fatalf("Decode of version 2: %v", err)
+			}
+			assertSameCheckpoint(t, got2, want)
+		})
+	}
+}
+
+func TestDecodeValidatesBehindValidCRC(t *testing.T) {
+	for _, v := range []struct {
+		version byte
+		layout  func([]float64) []byte
+	}{{1, v1Bytes}, {2, v2Bytes}} {
+		t.Run("v"+strconv.Itoa(int(v.version)), func(t *testing.T) {
+			testDecodeValidatesBehindValidCRC(t, v.version, v.layout)
+		})
+	}
+}
+
+func testDecodeValidatesBehindValidCRC(t *testing.T, version byte, layout func([]float64) []byte) {
+	codec := newTestCodec(t)
+	twoFloats := layout([]float64{1, 2})
+	good := rawCheckpoint{magic: "TFCK", version: version, tileKey: "k", inputHash: "h", attempt: "a",
 		next: 3, secs: 10, nanos: 5, count: 2, payload: zstdOf(t, twoFloats)}
 
 	// The builder itself must produce something Decode accepts, or the
@@ -314,18 +396,20 @@ func TestDecodeValidatesBehindValidCRC(t *testing.T) {
 	if err != nil {
 		t.Fatalf("valid hand-built checkpoint rejected: %v", err)
 	}
-	if ck.Next != 3 || len(ck.Sum) != 2 || ck.Sum[1] != 2 || ck.SavedAt.Unix() != 10 {
+	if ck.Next != 3 || len(ck.Sum) != 2 || ck.Sum[0] != 1 || ck.Sum[1] != 2 || ck.SavedAt.Unix() != 10 {
 		t.Fatalf("hand-built checkpoint decoded as %+v", ck)
 	}
 
 	// A payload that decompresses to more than declared (checks the cap limit).
-	threeFloats := append(bytes.Clone(twoFloats), twoFloats[:8]...)
+	threeFloats := layout([]float64{1, 2, 1})
 	// Many zero bytes compress to almost nothing: a tiny bomb.
 	bomb := zstdOf(t, make([]byte, 64<<20))
 
 	cases := map[string]func(r *rawCheckpoint){
 		"bad magic":               func(r *rawCheckpoint) { r.magic = "TFCX" },
-		"bad version":             func(r *rawCheckpoint) { r.version = 2 },
+		"version 0":               func(r *rawCheckpoint) { r.version = 0 },
+		"version 3":               func(r *rawCheckpoint) { r.version = 3 },
+		"version 255":             func(r *rawCheckpoint) { r.version = 255 },
 		"next too large":          func(r *rawCheckpoint) { r.next = MaxCheckpointNext + 1 },
 		"next negative as int":    func(r *rawCheckpoint) { r.next = math.MaxUint64 },
 		"nanos out of range":      func(r *rawCheckpoint) { r.nanos = 1e9 },
@@ -398,10 +482,12 @@ func FuzzDecodeCheckpoint(f *testing.F) {
 		}
 		f.Add(b)
 		f.Add(b[:len(b)/2])
+		f.Add(v1Checkpoint(f, ck))
 	}
 	f.Add([]byte{})
 	f.Add([]byte("TFCK"))
 	f.Add([]byte("TFCK\x01"))
+	f.Add([]byte("TFCK\x02"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ck, err := codec.Decode(b)
 		if err != nil {

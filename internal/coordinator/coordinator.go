@@ -80,7 +80,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 			for ctx.Err() == nil {
 				if err := loop(ctx); err != nil && ctx.Err() == nil {
 					c.log.Error("coordinator loop failed; restarting", "loop", name, "err", err)
-					sleepCtx(ctx, time.Second)
+					queue.Sleep(ctx, time.Second)
 				}
 			}
 		}()
@@ -146,14 +146,5 @@ func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 			return nil
 		case <-t.C:
 		}
-	}
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
 	}
 }

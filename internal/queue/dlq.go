@@ -172,7 +172,7 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(
 				return fmt.Errorf("watching dead letters: %w", err)
 			}
 			log.Error("fetching max deliveries advisories", "err", err)
-			if !sleepCtx(ctx, advisoryRetryBase) {
+			if !Sleep(ctx, advisoryRetryBase) {
 				return nil
 			}
 			continue
@@ -182,7 +182,7 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(
 		}
 		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
 			log.Error("fetching max deliveries advisories", "err", err)
-			if !sleepCtx(ctx, advisoryRetryBase) {
+			if !Sleep(ctx, advisoryRetryBase) {
 				return nil
 			}
 		}
@@ -234,8 +234,9 @@ func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(
 	}
 }
 
-// sleepCtx waits d or until ctx is done; it reports whether the full wait elapsed.
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// Sleep waits d or until ctx is done; it reports whether the full wait elapsed. Every retry
+// loop of the farm waits with it, so a shutdown never waits out a backoff.
+func Sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

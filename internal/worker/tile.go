@@ -104,7 +104,7 @@ func (w *Worker) acquire(ctx context.Context, msg jetstream.Msg, job farm.TileJo
 			return nil, nil
 		}
 		_ = msg.InProgress()
-		sleep(ctx, w.cfg.Heartbeat)
+		queue.Sleep(ctx, w.cfg.Heartbeat)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
@@ -212,7 +212,7 @@ func (w *Worker) retryInfra(ctx context.Context, msg jetstream.Msg, log *slog.Lo
 		log.Warn("storage unavailable; retrying in place", "op", what, "try", try, "delay", delay, "err", err)
 		w.m.Retries.Inc()
 		_ = msg.InProgress()
-		sleep(ctx, delay)
+		queue.Sleep(ctx, delay)
 	}
 }
 
@@ -315,7 +315,7 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.T
 			return err
 		}
 		if w.cfg.Faults.PassDelay > 0 {
-			sleep(ctx, w.cfg.Faults.PassDelay)
+			queue.Sleep(ctx, w.cfg.Faults.PassDelay)
 		}
 		if to == spp {
 			break

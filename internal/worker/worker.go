@@ -160,7 +160,7 @@ func (w *Worker) slot(ctx context.Context) {
 				return
 			}
 			w.log.Warn("fetching work", "err", err)
-			sleep(ctx, w.cfg.RetryBase)
+			queue.Sleep(ctx, w.cfg.RetryBase)
 			continue
 		}
 		if msg == nil {
@@ -347,13 +347,4 @@ func (w *Worker) cachedBundle(version string) (*farm.Bundle, error) {
 		return nil, errors.New("corrupt cached scene")
 	}
 	return b, nil
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }
