@@ -116,13 +116,13 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 		}
 	case farm.EventTileFailed:
 		if ev.Terminal {
-			t.Move(store.TileDeadLettered, ev.Attempt, ev.Worker, ev.Error, now)
+			t.Fail(store.TileDeadLettered, ev.Attempt, ev.Worker, ev.Code, ev.Error, now)
 			if !f.Terminal() {
-				f.Move(store.FrameFailed, fmt.Sprintf("tile %s (%d,%d)-(%d,%d) dead-lettered: %s",
-					t.Key[:12], t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, ev.Error), now)
+				f.Move(store.FrameFailed, fmt.Sprintf("tile %s (%d,%d)-(%d,%d) dead-lettered [%s]: %s",
+					t.Key[:12], t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, ev.Code, ev.Error), now)
 			}
 		} else {
-			t.Move(store.TileFailedRetryable, ev.Attempt, ev.Worker, ev.Error, now)
+			t.Fail(store.TileFailedRetryable, ev.Attempt, ev.Worker, ev.Code, ev.Error, now)
 		}
 	case farm.EventTileCompleted:
 		t.Move(store.TileCompleted, ev.Attempt, ev.Worker, "", now)
@@ -213,7 +213,7 @@ func (c *Coordinator) settleFrame(tx *store.Tx, frameKey, state, errText string,
 func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
 	return c.farm.WatchDeadLetters(ctx, c.nc, func(dl queue.DeadLetter) error {
 		c.m.DeadLetters.Inc()
-		ev := farm.Event{ID: fmt.Sprintf("dead-letter:%d", dl.StreamSeq), Terminal: true, Time: c.now(),
+		ev := farm.Event{ID: fmt.Sprintf("dead-letter:%d", dl.StreamSeq), Terminal: true, Time: c.now(), Code: farm.CodeMaxDeliveries,
 			Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
 		switch dl.Subject {
 		case queue.SubjectRender:

@@ -213,7 +213,7 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 		t.Fatalf("want frame 9 and every other tile completed: %+v", done)
 	}
 	text := f.cli("status", st.JobID)
-	if !strings.Contains(text.stdout, "frame 8") || !strings.Contains(text.stdout, "(32,0)-(64,32)") || !strings.Contains(text.stdout, "injected fault") {
+	if !strings.Contains(text.stdout, "frame 8") || !strings.Contains(text.stdout, "(32,0)-(64,32)") || !strings.Contains(text.stdout, "injected fault") || !strings.Contains(text.stdout, "[panic]") {
 		t.Fatalf("status does not name the poison tile and its error:\n%s", text)
 	}
 	dlq := f.cli("dlq", "list")

@@ -33,6 +33,35 @@ func IsTerminal(err error) bool {
 	return errors.As(err, &t)
 }
 
+// Error classes recorded with every failed attempt, so an operator can tell a flaky store from a
+// poison tile at a glance.
+const (
+	CodeRetryable     = "retryable"      // failed, will be retried
+	CodeStorage       = "storage"        // the object store stayed unreachable through in-place retries
+	CodePanic         = "panic"          // the renderer panicked
+	CodeTerminal      = "terminal"       // can never succeed: invalid scene, build mismatch, manifest conflict
+	CodeMaxDeliveries = "max_deliveries" // the queue gave up after MaxDeliver deliveries
+)
+
+// ErrorCode classifies a worker failure; retryable tells storage problems apart from the rest.
+func ErrorCode(err error, storage func(error) bool) string {
+	var p *PanicError
+	switch {
+	case IsTerminal(err):
+		return CodeTerminal
+	case errors.As(err, &p):
+		return CodePanic
+	case storage != nil && storage(err):
+		return CodeStorage
+	}
+	return CodeRetryable
+}
+
+// PanicError is a recovered panic: retried (it may be a one-off) until MaxDeliver says it is not.
+type PanicError struct{ Value any }
+
+func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }
+
 // BuildFingerprint identifies the build that rendered something: all workers of a farm must run
 // the same one, and every manifest records it.
 func BuildFingerprint() string {

@@ -58,6 +58,7 @@ type Event struct {
 	SamplesRecovered int       `json:"samples_recovered,omitempty"`
 	Duplicate        bool      `json:"duplicate,omitempty"` // the tile was already promoted by someone else
 	Terminal         bool      `json:"terminal,omitempty"`
+	Code             string    `json:"code,omitempty"`    // tile.failed, frame.failed: see ErrorCode
 	Formats          []string  `json:"formats,omitempty"` // frame.completed: the formats now promoted
 	Error            string    `json:"error,omitempty"`
 	Time             time.Time `json:"time"`

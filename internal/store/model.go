@@ -36,6 +36,7 @@ type Transition struct {
 	Attempt string    `json:"attempt,omitempty"`
 	Worker  string    `json:"worker,omitempty"`
 	Error   string    `json:"error,omitempty"`
+	Code    string    `json:"code,omitempty"` // error class, see farm.ErrorCode
 	Time    time.Time `json:"time"`
 }
 
@@ -104,6 +105,12 @@ func (t *Tile) Terminal() bool {
 func (t *Tile) Move(state, attempt, worker, errText string, now time.Time) {
 	t.State, t.Worker, t.Error = state, worker, errText
 	t.History = append(t.History, Transition{State: state, Attempt: attempt, Worker: worker, Error: errText, Time: now})
+}
+
+// Fail records a failed attempt of the tile with its error class and message.
+func (t *Tile) Fail(state, attempt, worker, code, errText string, now time.Time) {
+	t.Move(state, attempt, worker, errText, now)
+	t.History[len(t.History)-1].Code = code
 }
 
 // Move records a transition of the frame to state.

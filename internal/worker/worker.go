@@ -180,7 +180,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 		defer func() {
 			// A panic anywhere in a job must not take the process (and its other slots) down.
 			if r := recover(); r != nil {
-				err = fmt.Errorf("panic: %v", r)
+				err = &farm.PanicError{Value: r}
 			}
 		}()
 		switch msg.Subject() {
@@ -243,6 +243,7 @@ func (w *Worker) fail(ctx context.Context, msg jetstream.Msg, attempt string, er
 	if describe != nil {
 		ev := describe(err)
 		ev.Error, ev.Terminal, ev.Attempt, ev.Worker = err.Error(), terminal, attempt, w.cfg.Name
+		ev.Code = farm.ErrorCode(err, finalize.IsRetryable)
 		ev.ID = fmt.Sprintf("%s:%s", ev.Type, attempt)
 		if perr := w.publishEvent(cctx, ev); perr != nil {
 			log.Warn("publishing failure event", "err", perr)

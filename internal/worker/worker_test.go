@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -138,5 +140,23 @@ func TestPruneCheckpointsDropsOnlyPromotedTiles(t *testing.T) {
 			t.Fatalf("checkpoints left: %v, want only the unfinished tile", keys)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestErrorCodeClassifiesFailures(t *testing.T) {
+	storage := finalize.IsRetryable
+	cases := map[string]struct {
+		err  error
+		want string
+	}{
+		"terminal": {farm.Terminalf("bad scene"), farm.CodeTerminal},
+		"panic":    {fmt.Errorf("rendering: %w", &farm.PanicError{Value: "boom"}), farm.CodePanic},
+		"storage":  {fmt.Errorf("promoting tile: %w", syscall.ECONNREFUSED), farm.CodeStorage},
+		"other":    {errors.New("publishing start event: timeout"), farm.CodeRetryable},
+	}
+	for name, c := range cases {
+		if got := farm.ErrorCode(c.err, storage); got != c.want {
+			t.Errorf("%s: ErrorCode = %q, want %q", name, got, c.want)
+		}
 	}
 }
