@@ -36,10 +36,6 @@ func ExpandPattern(pattern string, frame int) (string, error) {
 	return b.String(), nil
 }
 
-// HasFramePattern reports whether pattern contains a '#' run, i.e. whether it
-// can name more than one frame.
-func HasFramePattern(pattern string) bool { return strings.Contains(pattern, "#") }
-
 // WriteFileAtomic writes data to path through a temporary file in the same
 // directory that is synced and then renamed over path, so a reader (or a
 // crash) never leaves a half-written output behind.

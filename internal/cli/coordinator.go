@@ -186,7 +186,7 @@ func submitRequest(scene, frames string, rf *renderFlags, out string, formats []
 	if _, err := s.Resolve(rf.overrides()); err != nil {
 		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
-	if first == 0 && last == 0 {
+	if frames == "" {
 		first, last = s.Frames()
 	}
 	if out != "" {

@@ -123,6 +123,8 @@ func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time)
 			}
 		} else {
 			t.Fail(store.TileFailedRetryable, ev.Attempt, ev.Worker, ev.Code, ev.Error, now)
+			// Should the queue give up on it later, its dead letter carries this error.
+			c.farm.NoteError(t.Key, ev.Error)
 		}
 	case farm.EventTileCompleted:
 		t.Move(store.TileCompleted, ev.Attempt, ev.Worker, "", now)

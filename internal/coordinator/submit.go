@@ -39,6 +39,7 @@ type SubmitRequest struct {
 	Camera         string       `json:"camera,omitempty"`
 	First          int          `json:"first"`
 	Last           int          `json:"last"`
+	SceneFrames    bool         `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
 	SPP            int          `json:"spp,omitempty"`
 	Width          int          `json:"width,omitempty"`
 	Height         int          `json:"height,omitempty"`
@@ -73,8 +74,9 @@ func CheckFrameRange(first, last int) error {
 	switch {
 	case last < first:
 		return badInput("frame range %d-%d is reversed", first, last)
-	case first < -render.MaxFrame || last > render.MaxFrame:
-		return badInput("frame range %d-%d is outside ±%d", first, last, render.MaxFrame)
+	case first < 0 || last > render.MaxFrame:
+		// Output names give frames as zero-padded numbers; negative ones have no such name.
+		return badInput("frame range %d-%d is outside 0-%d", first, last, render.MaxFrame)
 	case last-first >= MaxFramesPerJob: // cannot overflow within ±MaxFrame
 		return badInput("frame range %d-%d has more than %d frames", first, last, MaxFramesPerJob)
 	}
@@ -106,7 +108,7 @@ func (c *Coordinator) planSubmission(req SubmitRequest) (*plan, error) {
 		return nil, badInput("%v", err)
 	}
 	first, last := req.First, req.Last
-	if first == 0 && last == 0 {
+	if req.SceneFrames {
 		first, last = scene.Frames()
 	}
 	if err := CheckFrameRange(first, last); err != nil {

@@ -375,7 +375,7 @@ func TestSubmitZeroTileSizeMeansDefault(t *testing.T) {
 
 func TestSubmitDefaultFramesAndSettingsFromScene(t *testing.T) {
 	h := newHarness(t, Config{})
-	req := SubmitRequest{Bundle: shotBundle(t), Width: 16, Height: 16, TileSize: 16, SPP: 1}
+	req := SubmitRequest{Bundle: shotBundle(t), SceneFrames: true, Width: 16, Height: 16, TileSize: 16, SPP: 1}
 	res := h.submit(t, req)
 	// examples/shot/scene.json declares frames 1-24 and camera "orbit".
 	if res.Status.FirstFrame != 1 || res.Status.LastFrame != 24 || res.Status.FramesTotal != 24 || res.Status.Camera != "orbit" {
@@ -436,7 +436,8 @@ func TestCheckFrameRange(t *testing.T) {
 		ok          bool
 	}{
 		{1, 24, true},
-		{-5, 5, true},
+		{0, 0, true},
+		{-5, 5, false},
 		{1, MaxFramesPerJob, true},
 		{1, MaxFramesPerJob + 1, false},
 		{5, 2, false},
