@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
-MINIO_DIR="${XDG_CACHE_HOME:-$HOME/.cache}/tilefarm/minio-$MINIO_VERSION"
+MINIO_DIR="${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/tilefarm/minio-$MINIO_VERSION"
 if [ ! -x "$MINIO_DIR/minio" ]; then
   echo "installing MinIO $MINIO_VERSION into $MINIO_DIR (first run only, takes a few minutes)..."
   mkdir -p "$MINIO_DIR"
