@@ -341,9 +341,26 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 }
 
 func cmdStatus(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
-	fs := newFlags("coordinator status", "coordinator status JOB [--json]", `
+	return reportJob(ctx, args, stdout, stderr, "status", `
 Show where JOB stands. Exit codes: 0 completed, 42 queued, 3 in progress, 1 failed (the failing
-frames and tiles are named), 2 usage error, 75 coordinator unreachable.`, stderr)
+frames and tiles are named), 2 usage error, 75 coordinator unreachable.`,
+		func(c *client.Client, job string) (coordinator.Status, error) { return c.Status(ctx, job) })
+}
+
+func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
+	return reportJob(ctx, args, stdout, stderr, "watch", `
+Follow JOB with a progress bar until it completes or fails, then print its status. Exits like
+status: 0 completed, 1 failed, 75 coordinator unreachable, 130 interrupted.`,
+		func(c *client.Client, job string) (coordinator.Status, error) {
+			return waitJob(ctx, c, job, newProgress(stderr, false), nil)
+		})
+}
+
+// reportJob is status and watch: one JOB argument, a status obtained by get, printed, and the
+// job's state as the exit code.
+func reportJob(ctx context.Context, args []string, stdout, stderr io.Writer, cmd, description string,
+	get func(c *client.Client, job string) (coordinator.Status, error)) (int, error) {
+	fs := newFlags("coordinator "+cmd, "coordinator "+cmd+" JOB [--json]", description, stderr)
 	jsonOut := fs.Bool("json", false, "print one JSON object on stdout")
 	server := clientFlags(fs)
 	pos, err := parseArgs(fs, args)
@@ -353,31 +370,7 @@ frames and tiles are named), 2 usage error, 75 coordinator unreachable.`, stderr
 	if len(pos) != 1 {
 		return 0, usagef("want exactly one JOB")
 	}
-	st, err := client.New(*server).Status(ctx, pos[0])
-	if err != nil {
-		if isNotFound(err) {
-			return 0, fmt.Errorf("no job %q", pos[0])
-		}
-		return 0, err
-	}
-	printStatus(stdout, st, *jsonOut)
-	return coordinator.ExitCode(st.State), nil
-}
-
-func cmdWatch(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
-	fs := newFlags("coordinator watch", "coordinator watch JOB [--json]", `
-Follow JOB with a progress bar until it completes or fails, then print its status. Exits like
-status: 0 completed, 1 failed, 75 coordinator unreachable, 130 interrupted.`, stderr)
-	jsonOut := fs.Bool("json", false, "print the final status as one JSON object on stdout")
-	server := clientFlags(fs)
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return 0, err
-	}
-	if len(pos) != 1 {
-		return 0, usagef("want exactly one JOB")
-	}
-	st, err := waitJob(ctx, client.New(*server), pos[0], newProgress(stderr, false), nil)
+	st, err := get(client.New(*server), pos[0])
 	if err != nil {
 		if isNotFound(err) {
 			return 0, fmt.Errorf("no job %q", pos[0])
