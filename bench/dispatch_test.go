@@ -129,7 +129,7 @@ func measureDispatch(ctx context.Context, base string, n int) (dispatchResult, e
 	seen := make(map[string]bool, n)
 	start = time.Now()
 	for len(seen) < n {
-		msg, err := f.FetchOne(ctx, fetchWait)
+		msg, err := f.FetchTile(ctx, fetchWait)
 		if err != nil {
 			return dispatchResult{}, err
 		}

@@ -115,8 +115,11 @@ func renderFarm(ctx context.Context, dir string, bundle *farm.Bundle, w workload
 	r := farmRun{startup: time.Since(start)}
 
 	start = time.Now()
+	if err := n.Coord.PutScene(ctx, bundle.Version(), bundle.Encode()); err != nil {
+		return farmRun{}, fmt.Errorf("uploading benchmark scene: %w", err)
+	}
 	res, err := n.Coord.Submit(ctx, coordinator.SubmitRequest{
-		Bundle: bundle, First: w.first, Last: w.last, SPP: w.spp, Width: w.width, Height: w.height,
+		SceneVersion: bundle.Version(), First: w.first, Last: w.last, SPP: w.spp, Width: w.width, Height: w.height,
 		TileSize: w.tileSize, Formats: []string{"png"},
 	})
 	if err != nil {
@@ -154,7 +157,7 @@ func waitCompleted(ctx context.Context, c *coordinator.Coordinator, jobID string
 		switch st.State {
 		case coordinator.StateCompleted:
 			return st, nil
-		case coordinator.StateFailed, coordinator.StateCancelled:
+		case coordinator.StateFailed:
 			return st, fmt.Errorf("%w: job %s is %s: %v", errJobFailed, jobID, st.State, st.Failures)
 		}
 		timer.Reset(statusPoll)

@@ -104,7 +104,11 @@ func AttemptKey(key, attempt, name string) string {
 // Existing set (a retry or a duplicate delivery); with different checksums it
 // fails with ErrConflict, which is terminal. Attempt ids must be unique per
 // delivery: an attempt object that exists with different bytes is a conflict too.
-func Promote(ctx context.Context, s Store, key, attempt, build string, outputs []Output, meta map[string]string) (Promotion, error) {
+func Promote(ctx context.Context, s Store, key, attempt, build string, outputs []Output, meta map[string]string, opts ...PromoteOption) (Promotion, error) {
+	var po promoteOptions
+	for _, o := range opts {
+		o(&po)
+	}
 	want, err := newManifest(key, attempt, build, outputs, meta)
 	if err != nil {
 		return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
@@ -119,6 +123,9 @@ func Promote(ctx context.Context, s Store, key, attempt, build string, outputs [
 		if err := uploadVerified(ctx, s, want.Objects[i], o.Data); err != nil {
 			return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
 		}
+	}
+	if po.afterUpload != nil {
+		po.afterUpload()
 	}
 	body, err := json.MarshalIndent(want, "", "  ")
 	if err != nil {
@@ -147,6 +154,19 @@ func Promote(ctx context.Context, s Store, key, attempt, build string, outputs [
 		}
 	}
 	return p, err
+}
+
+// PromoteOption configures Promote.
+type PromoteOption func(*promoteOptions)
+
+type promoteOptions struct {
+	afterUpload func()
+}
+
+// AfterUpload calls fn once the attempt objects are uploaded and verified, before the manifest
+// is created: the seam where fault tests kill a worker.
+func AfterUpload(fn func()) PromoteOption {
+	return func(o *promoteOptions) { o.afterUpload = fn }
 }
 
 // settle compares a stored manifest with the one we wanted to promote.

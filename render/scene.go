@@ -92,6 +92,26 @@ func ParseScene(data []byte, read AssetReader) (*Scene, error) {
 	return s, nil
 }
 
+// SceneInfo is what a scene file says about its settings, cameras and frames, read without
+// loading its assets: enough to resolve a job's settings where nothing is rendered, at the
+// cost of parsing the scene file alone.
+type SceneInfo struct{ s *Scene }
+
+// ParseSceneInfo parses and validates scene JSON like ParseScene, but reads none of its assets.
+func ParseSceneInfo(data []byte) (*SceneInfo, error) {
+	s, err := decodeScene(data)
+	if err != nil {
+		return nil, err
+	}
+	return &SceneInfo{s: s}, nil
+}
+
+// Resolve is Scene.Resolve.
+func (i *SceneInfo) Resolve(o Overrides) (Settings, error) { return i.s.Resolve(o) }
+
+// Frames is Scene.Frames.
+func (i *SceneInfo) Frames() (first, last int) { return i.s.Frames() }
+
 // LoadSceneFile reads a scene file and its assets from the file's directory.
 func LoadSceneFile(path string) (*Scene, error) {
 	data, err := readLimited(path, MaxSceneBytes)

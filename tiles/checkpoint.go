@@ -17,11 +17,15 @@ import (
 // resumed from a checkpoint equals an uninterrupted one exactly.
 type Checkpoint struct {
 	TileKey   string
+	FrameKey  string // the tile's frame (version 3), to find its manifest
 	InputHash string
 	Next      int // next sample index to render
 	Sum       []float64
 	Attempt   string // attempt that wrote it (for logs)
-	SavedAt   time.Time
+	// Build is the build fingerprint of the renderer that accumulated Sum: floats from another
+	// build (another Go version, CPU kernel or renderer) must never be resumed.
+	Build   string
+	SavedAt time.Time
 }
 
 // Matches reports whether c belongs to the given tile and was made from the
@@ -51,11 +55,13 @@ const (
 // Layout of an encoded checkpoint (all integers little endian):
 //
 //	"TFCK" | version u8 | len u16 + TileKey | len u16 + InputHash |
-//	len u16 + Attempt | Next u64 | SavedAt unix seconds i64 | SavedAt nanos u32 |
+//	len u16 + Attempt | [version 3: len u16 + Build | len u16 + FrameKey] | Next u64 |
+//	SavedAt unix seconds i64 | SavedAt nanos u32 |
 //	float count u64 | payload length u32 | zstd(payload bytes) |
 //	CRC-32C (Castagnoli) u32 of everything before it
 //
-// The versions differ only in the bytes fed to zstd, always 8 per float:
+// The versions differ in the bytes fed to zstd, always 8 per float, and in the
+// build fingerprint:
 //
 //   - version 1: the float64 bits of Sum, each little endian, one value after
 //     the other. Raw sums are noise to zstd (it saves nothing), so Encode no
@@ -63,13 +69,17 @@ const (
 //   - version 2: the same bytes byte-shuffled: byte 0 (least significant) of
 //     every value, then byte 1 of every value, ..., then byte 7. Grouping the
 //     slowly varying sign, exponent and high mantissa bytes is what makes the
-//     payload compress (see shuffleFloat64s). Encode always writes it.
+//     payload compress (see shuffleFloat64s).
+//   - version 3: version 2 with the Build and FrameKey strings. Encode always
+//     writes it; older versions decode with an empty Build, which no build matches.
 const (
 	checkpointMagic = "TFCK"
 	// checkpointV1 is the original, unshuffled payload; decoded only.
 	checkpointV1 = 1
-	// checkpointV2 is the byte-shuffled payload; encoded and decoded.
+	// checkpointV2 is the byte-shuffled payload; decoded only.
 	checkpointV2 = 2
+	// checkpointV3 is version 2 with the build fingerprint; encoded and decoded.
+	checkpointV3 = 3
 	crcSize      = 4
 	// minCheckpointSize is the encoding with empty strings and no payload.
 	minCheckpointSize = len(checkpointMagic) + 1 + 3*2 + 8 + 8 + 4 + 8 + 4 + crcSize
@@ -137,14 +147,14 @@ func DecodeCheckpoint(b []byte) (Checkpoint, error) {
 	return codec.Decode(b)
 }
 
-// Encode serializes ck in format version 2: a small header, the
+// Encode serializes ck in format version 3: a small header, the
 // zstd-compressed, byte-shuffled float64 bits of Sum and a CRC-32C over
 // everything, so that any damage on disk or in object storage is detected by
 // Decode. It refuses values the decoder would reject, so every encoded
 // checkpoint decodes.
 func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 	for _, f := range []struct{ name, s string }{
-		{"tile key", ck.TileKey}, {"input hash", ck.InputHash}, {"attempt", ck.Attempt},
+		{"tile key", ck.TileKey}, {"input hash", ck.InputHash}, {"attempt", ck.Attempt}, {"build", ck.Build}, {"frame key", ck.FrameKey},
 	} {
 		if len(f.s) > MaxCheckpointString {
 			return nil, fmt.Errorf("encoding checkpoint: %s is %d bytes, more than %d", f.name, len(f.s), MaxCheckpointString)
@@ -167,13 +177,15 @@ func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 		return nil, fmt.Errorf("encoding checkpoint: compressed payload of %d bytes too large", len(payload))
 	}
 
-	size := minCheckpointSize + len(ck.TileKey) + len(ck.InputHash) + len(ck.Attempt) + len(payload)
+	size := minCheckpointSize + 4 + len(ck.TileKey) + len(ck.InputHash) + len(ck.Attempt) + len(ck.Build) + len(ck.FrameKey) + len(payload)
 	b := make([]byte, 0, size)
 	b = append(b, checkpointMagic...)
-	b = append(b, checkpointV2)
+	b = append(b, checkpointV3)
 	b = appendString16(b, ck.TileKey)
 	b = appendString16(b, ck.InputHash)
 	b = appendString16(b, ck.Attempt)
+	b = appendString16(b, ck.Build)
+	b = appendString16(b, ck.FrameKey)
 	b = binary.LittleEndian.AppendUint64(b, uint64(ck.Next))
 	b = binary.LittleEndian.AppendUint64(b, uint64(ck.SavedAt.Unix()))
 	b = binary.LittleEndian.AppendUint32(b, uint32(ck.SavedAt.Nanosecond()))
@@ -184,7 +196,7 @@ func (c *Codec) Encode(ck Checkpoint) ([]byte, error) {
 	return b, nil
 }
 
-// Decode parses an encoded checkpoint of format version 1 or 2. Every kind of
+// Decode parses an encoded checkpoint of format version 1, 2 or 3. Every kind of
 // damage (bad magic, unknown version, truncation, CRC mismatch, zstd error,
 // length mismatch, absurd sizes) returns an error wrapping
 // ErrCorruptCheckpoint; it never panics. SavedAt is returned in UTC; an
@@ -197,7 +209,7 @@ func (c *Codec) Decode(b []byte) (Checkpoint, error) {
 		return Checkpoint{}, corruptf("bad magic %q", b[:len(checkpointMagic)])
 	}
 	version := b[len(checkpointMagic)]
-	if version != checkpointV1 && version != checkpointV2 {
+	if version < checkpointV1 || version > checkpointV3 {
 		return Checkpoint{}, corruptf("unsupported version %d", version)
 	}
 	body := b[:len(b)-crcSize]
@@ -211,6 +223,10 @@ func (c *Codec) Decode(b []byte) (Checkpoint, error) {
 	ck.TileKey = r.string16()
 	ck.InputHash = r.string16()
 	ck.Attempt = r.string16()
+	if version >= checkpointV3 {
+		ck.Build = r.string16()
+		ck.FrameKey = r.string16()
+	}
 	next := r.uint64()
 	secs := int64(r.uint64())
 	nanos := r.uint32()

@@ -69,9 +69,11 @@ func sampleCheckpoint(n int, seed uint64) Checkpoint {
 
 func assertSameCheckpoint(t *testing.T, got, want Checkpoint) {
 	t.Helper()
-	if got.TileKey != want.TileKey || got.InputHash != want.InputHash || got.Next != want.Next || got.Attempt != want.Attempt {
-		t.Fatalf("header fields differ:\n got  %q %q %d %q\n want %q %q %d %q",
-			got.TileKey, got.InputHash, got.Next, got.Attempt, want.TileKey, want.InputHash, want.Next, want.Attempt)
+	if got.TileKey != want.TileKey || got.InputHash != want.InputHash || got.Next != want.Next || got.Attempt != want.Attempt ||
+		got.Build != want.Build || got.FrameKey != want.FrameKey {
+		t.Fatalf("header fields differ:\n got  %q %q %d %q %q %q\n want %q %q %d %q %q %q",
+			got.TileKey, got.InputHash, got.Next, got.Attempt, got.Build, got.FrameKey,
+			want.TileKey, want.InputHash, want.Next, want.Attempt, want.Build, want.FrameKey)
 	}
 	if !got.SavedAt.Equal(want.SavedAt) {
 		t.Fatalf("SavedAt = %v, want %v", got.SavedAt, want.SavedAt)
@@ -93,10 +95,13 @@ func TestCheckpointRoundTripBitExact(t *testing.T) {
 		"tile 64x64": sampleCheckpoint(64*64*3, 2),
 		"empty sum":  {TileKey: "k", InputHash: "h", Next: 0},
 		"zero time":  {TileKey: "k", InputHash: "h", Next: 5, Sum: []float64{1, 2}},
+		"build":      {TileKey: "k", FrameKey: "f", InputHash: "h", Build: "go1.26.8 amd64/v1 render/pt-1", Next: 1, Sum: []float64{3}},
 		"max fields": {
 			TileKey:   strings.Repeat("t", MaxCheckpointString),
 			InputHash: strings.Repeat("i", MaxCheckpointString),
 			Attempt:   strings.Repeat("a", MaxCheckpointString),
+			Build:     strings.Repeat("b", MaxCheckpointString),
+			FrameKey:  strings.Repeat("f", MaxCheckpointString),
 			Next:      MaxCheckpointNext,
 			Sum:       []float64{math.Copysign(0, -1)},
 			SavedAt:   time.Date(1969, 7, 20, 20, 17, 40, 999999999, time.FixedZone("X", -5*3600)),
@@ -142,16 +147,16 @@ func TestCheckpointHeaderLayout(t *testing.T) {
 	// Check the documented header against an encoding, so other tools (or a
 	// later format version) can rely on it.
 	sum := []float64{math.Float64frombits(0x0807060504030201), math.Float64frombits(0x1817161514131211)}
-	ck := Checkpoint{TileKey: "tk", InputHash: "ih", Attempt: "at", Next: 9, Sum: sum, SavedAt: time.Unix(100, 7)}
+	ck := Checkpoint{TileKey: "tk", InputHash: "ih", Attempt: "at", Build: "go1.26 amd64 pt-1", FrameKey: "fk", Next: 9, Sum: sum, SavedAt: time.Unix(100, 7)}
 	b, err := EncodeCheckpoint(ck)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(b[:4]) != "TFCK" || b[4] != 2 {
+	if string(b[:4]) != "TFCK" || b[4] != 3 {
 		t.Fatalf("magic/version = %q %d", b[:4], b[4])
 	}
 	p := b[5:]
-	for _, s := range []string{"tk", "ih", "at"} {
+	for _, s := range []string{"tk", "ih", "at", "go1.26 amd64 pt-1", "fk"} {
 		if n := binary.LittleEndian.Uint16(p); n != uint16(len(s)) || string(p[2:2+n]) != s {
 			t.Fatalf("string field = %d %q, want %q", n, p[2:2+n], s)
 		}
@@ -358,17 +363,20 @@ func TestDecodeVersion1BitExact(t *testing.T) {
 				t.Fatalf("Decode of version 1: %v", err)
 			}
 			assertSameCheckpoint(t, got, want)
-			// Re-encoding upgrades it to version 2 without changing a bit.
+			if got.Build != "" {
+				t.Fatalf("a version 1 checkpoint decoded with build %q; it has none, so no build resumes it", got.Build)
+			}
+			// Re-encoding upgrades it to version 3 without changing a bit.
 			again, err := codec.Encode(got)
 			if err != nil {
 				t.Fatalf("Encode: %v", err)
 			}
-			if again[4] != 2 {
-				t.Fatalf("re-encoded with version %d, want 2", again[4])
+			if again[4] != 3 {
+				t.Fatalf("re-encoded with version %d, want 3", again[4])
 			}
 			got2, err := codec.Decode(again)
 			if err != nil {
-				t.Fatalf("Decode of version 2: %v", err)
+				t.Fatalf("Decode of version 3: %v", err)
 			}
 			assertSameCheckpoint(t, got2, want)
 		})

@@ -165,10 +165,16 @@ func TileKey(frameKey string, r render.Rect) string {
 // checkpoint is resumed only when its input hash matches, so a checkpoint
 // written by an older renderer or for other settings is never reused.
 func InputHash(sceneVersion string, st render.Settings, frame int, r render.Rect) string {
+	return InputHashFor(sceneVersion, SettingsHash(st), frame, r)
+}
+
+// InputHashFor is InputHash with the settings already hashed by SettingsHash, for callers
+// deriving many tiles of one frame.
+func InputHashFor(sceneVersion, settingsHash string, frame int, r render.Rect) string {
 	f := newFieldHasher(tagInputHash)
 	f.str(render.Version)
 	f.str(sceneVersion)
-	f.str(SettingsHash(st))
+	f.str(settingsHash)
 	f.int(frame)
 	f.rect(r)
 	return f.hex()

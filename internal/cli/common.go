@@ -9,9 +9,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
@@ -144,6 +147,14 @@ func newLogger(stderr io.Writer, level string) (*slog.Logger, error) {
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+// killSelf is the crash hook of fault tests: it kills this process with SIGKILL at a seam, so
+// the test sees exactly what a real crash there leaves behind.
+func killSelf(log *slog.Logger, process, seam string) {
+	log.Warn("fault injection: killing "+process, "seam", seam)
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	time.Sleep(time.Hour)
+}
 
 func mustAbs(p string) string {
 	a, err := filepath.Abs(p)

@@ -9,7 +9,6 @@ import (
 	"os"
 	"runtime"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -86,7 +85,8 @@ func farmFlags(fs *flag.FlagSet) *queue.Config {
 	cfg := queue.DefaultConfig()
 	fs.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "how long a delivered tile may go without a heartbeat before redelivery")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long an abandoned tile lease lives")
-	fs.IntVar(&cfg.MaxDeliver, "max-deliver", cfg.MaxDeliver, "deliveries of a tile before it is dead-lettered")
+	fs.IntVar(&cfg.MaxFailures, "max-failures", cfg.MaxFailures, "failed attempts of a tile (render errors, panics) before it is dead-lettered")
+	fs.IntVar(&cfg.MaxDeliver, "max-deliver", cfg.MaxDeliver, "safety net: deliveries of a tile, whatever their cause (kills, handbacks, outages), before it is dead-lettered")
 	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow, "JetStream publish dedup window")
 	return &cfg
 }
@@ -127,7 +127,7 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 	if err != nil {
 		return 0, err
 	}
-	req, err := submitRequest(pos[0], *frames, rf, *out, []string{fmtName})
+	req, bundle, err := submitRequest(pos[0], *frames, rf, *out, []string{fmtName})
 	if err != nil {
 		return 0, err
 	}
@@ -136,6 +136,9 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 		return 0, err
 	}
 	defer n.Close()
+	if err := n.Coord.PutScene(ctx, req.SceneVersion, bundle.Encode()); err != nil {
+		return 0, err
+	}
 	res, err := n.Coord.Submit(ctx, req)
 	if err != nil {
 		return 0, err
@@ -161,41 +164,42 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 	return coordinator.ExitCode(st.State), nil
 }
 
-// submitRequest builds a submission from the shared flags of render and submit.
-func submitRequest(scene, frames string, rf *renderFlags, out string, formats []string) (coordinator.SubmitRequest, error) {
+// submitRequest builds a submission and its scene bundle from the shared flags of render and
+// submit.
+func submitRequest(scene, frames string, rf *renderFlags, out string, formats []string) (coordinator.SubmitRequest, *farm.Bundle, error) {
 	var req coordinator.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
 		var err error
 		if first, last, err = parseFrames(frames); err != nil {
-			return req, err
+			return req, nil, err
 		}
 	}
 	if err := rf.check(); err != nil {
-		return req, err
+		return req, nil, err
 	}
 	b, err := farm.ReadBundle(scene)
 	if err != nil {
-		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
 	// Validate here too, so bad input fails before anything starts or is sent.
 	s, err := b.Parse()
 	if err != nil {
-		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
 	if _, err := s.Resolve(rf.overrides()); err != nil {
-		return req, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
 	if frames == "" {
 		first, last = s.Frames()
 	}
 	if out != "" {
 		if err := checkPattern(out, first, last); err != nil {
-			return req, err
+			return req, nil, err
 		}
 	}
-	return coordinator.SubmitRequest{Bundle: b, Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
-		Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, nil
+	return coordinator.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
+		Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
 }
 
 func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
@@ -237,7 +241,9 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
 	maxQueued := fs.Uint64("max-queued", 0, "refuse submissions (exit 75) while more messages than this are queued; 0 = no limit")
-	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: outbox-before-publish or outbox-after-publish")
+	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
+	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
+	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: outbox-before-publish, outbox-mid-publish or outbox-after-publish")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	qcfg := farmFlags(fs)
 	if pos, err := parseArgs(fs, args); err != nil {
@@ -252,22 +258,27 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	if err := qcfg.Validate(); err != nil {
 		return usagef("%v", err)
 	}
-	ccfg := coordinator.Config{MaxQueued: *maxQueued}
+	sync, err := queue.ParseSync(*natsSync)
+	if err != nil {
+		return usagef("--nats-sync: %v", err)
+	}
+	if *reconcile <= 0 {
+		return usagef("--reconcile-every %v: must be positive", *reconcile)
+	}
+	ccfg := coordinator.Config{MaxQueued: *maxQueued, ReconcileEvery: *reconcile}
 	switch *crash {
 	case "":
 	case "outbox-before-publish":
 		ccfg.Faults.CrashBeforePublish = true
+	case "outbox-mid-publish":
+		ccfg.Faults.CrashMidPublish = true
 	case "outbox-after-publish":
 		ccfg.Faults.CrashAfterPublish = true
 	default:
-		return usagef("--fault-crash %q: want outbox-before-publish or outbox-after-publish", *crash)
+		return usagef("--fault-crash %q: want outbox-before-publish, outbox-mid-publish or outbox-after-publish", *crash)
 	}
-	ccfg.Faults.Crash = func(seam string) {
-		log.Warn("fault injection: killing coordinator", "seam", seam)
-		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-		time.Sleep(time.Hour)
-	}
-	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, NATSURL: *natsURL, NATSListen: *natsListen,
+	ccfg.Faults.Crash = func(seam string) { killSelf(log, "coordinator", seam) }
+	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, NATSURL: *natsURL, NATSListen: *natsListen, NATSSync: sync,
 		StoreURL: *storeURL, HTTPListen: *listen, Queue: *qcfg, Coordinator: ccfg, Workers: *workers, Log: log})
 	if err != nil {
 		return err
@@ -318,13 +329,13 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	if err != nil {
 		return 0, err
 	}
-	req, err := submitRequest(pos[0], *frames, rf, "", formats)
+	req, bundle, err := submitRequest(pos[0], *frames, rf, "", formats)
 	if err != nil {
 		return 0, err
 	}
 	req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
 	c := client.New(*server)
-	res, err := c.Submit(ctx, req)
+	res, err := c.Submit(ctx, bundle, req)
 	if err != nil {
 		return 0, err
 	}

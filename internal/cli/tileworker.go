@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,10 +54,12 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
-	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to S3 stores (0: with every checkpoint)")
+	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile (0: with every checkpoint)")
 	passes := fs.Int("passes", 16, "passes a tile's samples are split into (checkpoint granularity)")
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
+	faultCrash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: "+strings.Join(worker.Seams, ", "))
+	faultPublish := fs.String("fault-fail-publish", "", "testing only: TYPE:N fails the first N publishes of events of TYPE (e.g. tile.completed:3)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	if pos, err := parseArgs(fs, args); err != nil {
 		return err
@@ -82,6 +85,21 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
 		RemoteEvery: *remoteEvery, PassesPerTile: *passes}
 	wc.Faults.PassDelay = *faultDelay
+	if *faultCrash != "" {
+		if !slices.Contains(worker.Seams, *faultCrash) {
+			return usagef("--fault-crash %q: want one of %s", *faultCrash, strings.Join(worker.Seams, ", "))
+		}
+		wc.Faults.CrashAt = *faultCrash
+		wc.Faults.Crash = func(seam string) { killSelf(log, "tileworker", seam) }
+	}
+	if *faultPublish != "" {
+		typ, n, ok := strings.Cut(*faultPublish, ":")
+		count, err := strconv.Atoi(n)
+		if !ok || err != nil || count < 1 {
+			return usagef("--fault-fail-publish %q: want TYPE:N, e.g. tile.completed:3", *faultPublish)
+		}
+		wc.Faults.FailPublish, wc.Faults.FailPublishN = typ, count
+	}
 	if *faultTile != "" {
 		fr, rect, _ := strings.Cut(*faultTile, ":")
 		n, err := strconv.Atoi(fr)

@@ -27,7 +27,7 @@ func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, chan
 		}
 		p.update(st.TilesCompleted, st.TilesTotal, fmt.Sprintf("tiles, %d/%d frames", st.FramesCompleted, st.FramesTotal))
 		switch st.State {
-		case coordinator.StateCompleted, coordinator.StateFailed, coordinator.StateCancelled:
+		case coordinator.StateCompleted, coordinator.StateFailed:
 			p.done()
 			return st, nil
 		}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
 )
@@ -36,15 +37,32 @@ func New(base string) *Client {
 	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 10 * time.Minute}}
 }
 
-// Submit submits a job.
-func (c *Client) Submit(ctx context.Context, req coordinator.SubmitRequest) (coordinator.SubmitResult, error) {
+// Submit submits a job for bundle. The bundle is uploaded only when the coordinator does not
+// have its scene version yet, so a cron job re-running submit sends a big scene once.
+func (c *Client) Submit(ctx context.Context, bundle *farm.Bundle, req coordinator.SubmitRequest) (coordinator.SubmitResult, error) {
 	var res coordinator.SubmitResult
+	req.SceneVersion = bundle.Version()
+	if err := c.PutScene(ctx, req.SceneVersion, bundle); err != nil {
+		return res, err
+	}
 	body, err := json.Marshal(req)
 	if err != nil {
 		return res, err
 	}
 	err = c.do(ctx, http.MethodPost, "/v1/jobs", body, &res)
 	return res, err
+}
+
+// PutScene uploads a scene bundle unless the coordinator has it already.
+func (c *Client) PutScene(ctx context.Context, version string, bundle *farm.Bundle) error {
+	err := c.do(ctx, http.MethodHead, "/v1/scenes/"+version, nil, nil)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, store.ErrNotFound) {
+		return err
+	}
+	return c.doRaw(ctx, http.MethodPut, "/v1/scenes/"+version, "application/vnd.tilefarm.bundle", bundle.Encode(), nil)
 }
 
 // Status returns a job's status.
@@ -80,14 +98,20 @@ func (c *Client) Requeue(ctx context.Context, seq uint64) error {
 	return c.do(ctx, http.MethodPost, fmt.Sprintf("/v1/dlq/%d/requeue", seq), nil, nil)
 }
 
-// do performs a request; out may be *[]byte for a raw body, a pointer to decode JSON into, or nil.
+// do performs a request with a JSON body; out may be *[]byte for a raw body, a pointer to
+// decode JSON into, or nil.
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
+	return c.doRaw(ctx, method, path, "application/json", body, out)
+}
+
+// doRaw performs a request with a body of the given content type.
+func (c *Client) doRaw(ctx context.Context, method, path, contentType string, body []byte, out any) error {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
 		return err
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.http.Do(req)
 	if err != nil {
@@ -120,6 +144,10 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 			return fmt.Errorf("%w (%w)", msg, coordinator.ErrNotReady)
 		}
 		switch resp.StatusCode {
+		case http.StatusNotFound:
+			return fmt.Errorf("%w (%w)", msg, store.ErrNotFound)
+		case http.StatusTooManyRequests:
+			return fmt.Errorf("%w (%w)", msg, coordinator.ErrBusy)
 		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 			return fmt.Errorf("%w: %s: %v", ErrUnavailable, resp.Status, msg)
 		}

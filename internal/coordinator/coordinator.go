@@ -1,3 +1,7 @@
+// Package coordinator turns submissions into tile jobs and keeps the view of where every job,
+// frame and tile stands. The truth is the manifests in object storage; the coordinator's
+// database is a projection of it, kept current by events and repaired by a reconciler that
+// compares unfinished frames with their manifests (docs/design.md, "Manifests are the truth").
 package coordinator
 
 import (
@@ -18,23 +22,61 @@ import (
 // ErrBusy is returned when the farm refuses new work for now (exit code 75: retry later).
 var ErrBusy = errors.New("farm busy: too much work queued, retry later")
 
-// Config tunes a coordinator.
+// Config tunes a coordinator. Zero values take the defaults.
 type Config struct {
 	// MaxQueued is the TILES depth above which submissions are refused with ErrBusy; 0 means no limit.
 	MaxQueued uint64
+	// ReconcileEvery is how often unfinished frames are compared with their manifests; default 30 s.
+	ReconcileEvery time.Duration
+	// StaleAssembly is how long a frame may wait for its assembly before the reconciler asks
+	// for it again (its message may have been lost with a JetStream server's unsynced data);
+	// default 10 min.
+	StaleAssembly time.Duration
+	// MaxUploads bounds scene uploads handled at once, each holding its bundle in memory; default 2.
+	MaxUploads int
 	// Faults are crash hooks for fault tests.
 	Faults Faults
 }
 
+func (c *Config) normalize() {
+	if c.ReconcileEvery <= 0 {
+		c.ReconcileEvery = 30 * time.Second
+	}
+	if c.StaleAssembly <= 0 {
+		c.StaleAssembly = 10 * time.Minute
+	}
+	if c.MaxUploads <= 0 {
+		c.MaxUploads = 2
+	}
+}
+
 // Faults name seams at which a coordinator kills itself with SIGKILL, so crash tests hit the
-// exact window DESIGN.md worries about in a real process.
+// exact window the outbox protocol guards in a real process.
 type Faults struct {
 	// CrashBeforePublish: after reading an outbox record, before publishing it.
 	CrashBeforePublish bool
-	// CrashAfterPublish: after the PubAck, before deleting the outbox record.
+	// CrashMidPublish: after publishing half of an outbox record's messages.
+	CrashMidPublish bool
+	// CrashAfterPublish: after the PubAcks, before deleting the outbox record.
 	CrashAfterPublish bool
 	// Crash is called at a seam; the command sets it to kill the process.
 	Crash func(seam string)
+}
+
+func (f Faults) at(seam string, armed bool) {
+	if armed && f.Crash != nil {
+		f.Crash(seam)
+	}
+}
+
+// Deps are what a coordinator works with.
+type Deps struct {
+	Store   *store.Store
+	Farm    *queue.Farm
+	NATS    *nats.Conn // carries the dead-letter watcher and the relay's asynchronous publishes
+	Objects finalize.Store
+	Metrics *metrics.Metrics
+	Log     *slog.Logger
 }
 
 // Coordinator is the farm's brain. Create with New, then Run.
@@ -47,6 +89,8 @@ type Coordinator struct {
 	m       *metrics.Metrics
 	log     *slog.Logger
 	now     func() time.Time
+	scenes  *sceneInfos
+	uploads chan struct{} // one token per scene upload in progress
 
 	relayKick chan struct{}
 	changedMu sync.Mutex
@@ -54,23 +98,32 @@ type Coordinator struct {
 }
 
 // New wires a coordinator.
-func New(cfg Config, st *store.Store, f *queue.Farm, nc *nats.Conn, objects finalize.Store, m *metrics.Metrics, log *slog.Logger) *Coordinator {
+func New(cfg Config, d Deps) *Coordinator {
+	cfg.normalize()
+	log := d.Log
+	if log == nil {
+		log = slog.Default()
+	}
 	return &Coordinator{
-		cfg: cfg, store: st, farm: f, nc: nc, objects: objects, m: m, log: log,
+		cfg: cfg, store: d.Store, farm: d.Farm, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
 		now:       func() time.Time { return time.Now().UTC() },
+		scenes:    newSceneInfos(8),
+		uploads:   make(chan struct{}, cfg.MaxUploads),
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
 	}
 }
 
-// Run runs the outbox relay, the event consumer, the dead-letter watcher and the metrics
-// sampler until ctx is done. Each restarts after an error, so a NATS outage heals by itself.
+// Run runs the outbox relay, the event consumer, the dead-letter watcher, the reconciler and
+// the metrics sampler until ctx is done. Each restarts after an error, so a NATS or storage
+// outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loops := map[string]func(context.Context) error{
 		"outbox relay":        c.relay,
 		"event consumer":      c.consumeEvents,
 		"dead-letter watcher": c.watchDeadLetters,
+		"reconciler":          c.reconcileLoop,
 		"metrics sampler":     c.sampleMetrics,
 	}
 	for name, loop := range loops {
@@ -122,7 +175,6 @@ func (c *Coordinator) backpressure(ctx context.Context) bool {
 func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
-	var lastPrune time.Time
 	for {
 		depth, oldest, err := c.farm.Depth(ctx)
 		if err == nil {
@@ -131,15 +183,6 @@ func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 		}
 		if n, err := c.store.OutboxLen(ctx); err == nil {
 			c.m.OutboxPending.Set(float64(n))
-		}
-		if time.Since(lastPrune) > time.Hour {
-			lastPrune = time.Now()
-			// EVENTS keeps a week of history; markers of events older than that can go.
-			if n, err := c.store.PruneEvents(ctx, c.now().Add(-queue.EventsRetention-24*time.Hour)); err != nil {
-				c.log.Warn("pruning applied event ids", "err", err)
-			} else if n > 0 {
-				c.log.Info("pruned applied event ids", "count", n)
-			}
 		}
 		select {
 		case <-ctx.Done():

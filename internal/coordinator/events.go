@@ -5,238 +5,174 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
 )
 
 // consumerEvents is the coordinator's durable consumer on EVENTS: after a crash it resumes where
-// it stopped, and re-applying an event it had already applied changes nothing.
+// it stopped, and applying an event again changes nothing (see store.NextTileState).
 const consumerEvents = "coordinator"
 
+// eventBatch bounds the events applied in one transaction.
+const eventBatch = 512
+
+// consumeEvents applies EVENTS in batches: the events that have arrived are applied in one
+// transaction and acked after it commits, so a burst of tile events costs one commit per
+// batch, not per event.
 func (c *Coordinator) consumeEvents(ctx context.Context) error {
 	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable:       consumerEvents,
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxAckPending: 1024,
+		AckWait:       time.Minute,
+		MaxAckPending: 4 * eventBatch,
+		// An event that cannot be applied even alone is given up after a few tries: what it
+		// said is repaired from the manifests by the reconciler.
+		MaxDeliver: 10,
 	})
 	if err != nil {
 		return fmt.Errorf("creating events consumer: %w", err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(256))
+	it, err := cons.Messages(jetstream.PullMaxMessages(eventBatch))
 	if err != nil {
 		return fmt.Errorf("consuming events: %w", err)
 	}
+	defer it.Stop()
+	msgs := make(chan jetstream.Msg, 2*eventBatch)
+	errc := make(chan error, 1)
+	go func() {
+		defer close(msgs)
+		for {
+			msg, err := it.Next()
+			if err != nil {
+				if ctx.Err() == nil && !errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+					errc <- fmt.Errorf("consuming events: %w", err)
+				}
+				return
+			}
+			msgs <- msg
+		}
+	}()
 	stop := context.AfterFunc(ctx, it.Stop)
 	defer stop()
-	defer it.Stop()
 	for {
-		msg, err := it.Next()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, jetstream.ErrMsgIteratorClosed) {
+		msg, ok := <-msgs
+		if !ok {
+			select {
+			case err := <-errc:
+				return err
+			default:
 				return nil
 			}
-			return fmt.Errorf("consuming events: %w", err)
 		}
-		var ev farm.Event
-		if err := json.Unmarshal(msg.Data(), &ev); err != nil {
-			c.log.Error("dropping undecodable event", "subject", msg.Subject(), "err", err)
-			_ = msg.Term()
-			continue
+		batch := []jetstream.Msg{msg}
+	fill:
+		for len(batch) < eventBatch {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, m)
+			default:
+				break fill
+			}
 		}
-		if err := c.applyEvent(ctx, ev); err != nil {
-			c.log.Error("applying event", "event", ev.ID, "err", err)
-			_ = msg.NakWithDelay(time.Second)
-			continue
-		}
-		_ = msg.Ack()
+		c.applyBatch(ctx, batch)
 	}
 }
 
-// applyEvent folds one event into the projection, once.
-func (c *Coordinator) applyEvent(ctx context.Context, ev farm.Event) error {
-	now := c.now()
+// applyBatch applies a batch of event messages in one transaction, then acks them; if the
+// transaction fails they are redelivered.
+func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
+	evs := make([]farm.Event, 0, len(batch))
+	keep := batch[:0]
+	for _, m := range batch {
+		var ev farm.Event
+		if err := json.Unmarshal(m.Data(), &ev); err != nil {
+			c.log.Error("dropping undecodable event", "subject", m.Subject(), "err", err)
+			_ = m.Term()
+			continue
+		}
+		evs = append(evs, ev)
+		keep = append(keep, m)
+	}
+	if err := c.applyEvents(ctx, evs); err == nil {
+		for _, m := range keep {
+			_ = m.Ack()
+		}
+		return
+	} else if len(evs) > 1 {
+		c.log.Warn("applying a batch of events failed; applying them one by one", "events", len(evs), "err", err)
+	}
+	// One bad event must not hold up the others: apply each alone, retry only those that fail.
+	for i, ev := range evs {
+		if err := c.applyEvents(ctx, evs[i:i+1]); err != nil {
+			c.log.Error("applying event", "event", ev.ID, "err", err)
+			_ = keep[i].NakWithDelay(time.Second)
+			continue
+		}
+		_ = keep[i].Ack()
+	}
+}
+
+// applyEvents folds events into the projection in one transaction.
+func (c *Coordinator) applyEvents(ctx context.Context, evs []farm.Event) error {
+	changed := false
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		if seen, err := tx.SeenEvent(ev.ID, now); err != nil || seen {
-			return err
-		}
-		switch ev.Type {
-		case farm.EventTileStarted, farm.EventTileCompleted, farm.EventTileFailed:
-			return c.applyTileEvent(tx, ev, now)
-		case farm.EventFrameCompleted:
-			return c.frameCompleted(tx, ev, now)
-		case farm.EventFrameFailed:
-			if !ev.Terminal {
-				return nil
+		p := newProjection(tx, c.now())
+		for _, ev := range evs {
+			if err := c.applyEvent(p, ev); err != nil {
+				if errors.Is(err, store.ErrNotFound) || errors.Is(err, errUnknownTile) {
+					// An event about a frame this coordinator never had (another farm's, or
+					// forged) changes nothing.
+					c.log.Warn("ignoring event for an unknown frame or tile", "event", ev.ID, "frame_key", ev.FrameKey, "err", err)
+					continue
+				}
+				return err
 			}
-			return c.settleFrame(tx, ev.FrameKey, store.FrameFailed, "assembly: "+ev.Error, now)
 		}
-		return nil
+		var err error
+		changed, err = p.flush()
+		return err
 	})
 	if err == nil {
-		c.notify()
-		c.kickRelay() // an event may have queued an assemble job
+		c.kickRelay() // an event may have asked for an assembly
+		if changed || len(evs) > 0 {
+			c.notify()
+		}
 	}
 	return err
 }
 
-func (c *Coordinator) applyTileEvent(tx *store.Tx, ev farm.Event, now time.Time) error {
-	t, err := tx.Tile(ev.TileKey)
-	if errors.Is(err, store.ErrNotFound) {
-		c.log.Warn("event for unknown tile", "tile_key", ev.TileKey, "event", ev.ID)
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if t.State == store.TileCompleted {
-		return nil // late events about a finished tile change nothing
-	}
-	f, err := tx.Frame(t.FrameKey)
-	if err != nil {
-		return err
-	}
-	wasFailed := t.State == store.TileDeadLettered
+// applyEvent turns one event into projection changes.
+func (c *Coordinator) applyEvent(p *projection, ev farm.Event) error {
 	switch ev.Type {
-	case farm.EventTileStarted:
-		t.Attempts++
-		t.SamplesRecovered += ev.SamplesRecovered
-		f.TileAttempts++
-		f.SamplesRecovered += ev.SamplesRecovered
-		t.Move(store.TileRendering, ev.Attempt, ev.Worker, "", now)
-		if f.State == store.FrameQueued {
-			f.Move(store.FrameRendering, "", now)
+	case farm.EventTileStarted, farm.EventTileCompleted, farm.EventTileFailed:
+		u := tileUpdate{Index: ev.TileIndex}
+		switch ev.Type {
+		case farm.EventTileStarted:
+			u.Change, u.Order, u.SamplesRecovered = store.TileStarted, store.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
+		case farm.EventTileCompleted:
+			u.Change, u.SamplesRendered = store.TileDone, ev.SamplesRendered
+		case farm.EventTileFailed:
+			u.Change, u.Order = store.TileFailed, store.FailedOrder(ev.Seq, ev.Delivery)
+			if ev.Terminal {
+				u.Change, u.Order = store.TileDeadLetter, store.DeadLetterOrder(ev.Seq)
+			}
+			u.Failure = &store.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time}
 		}
-	case farm.EventTileFailed:
-		if ev.Terminal {
-			t.Fail(store.TileDeadLettered, ev.Attempt, ev.Worker, ev.Code, ev.Error, now)
-			if !f.Terminal() {
-				f.Move(store.FrameFailed, fmt.Sprintf("tile %s (%d,%d)-(%d,%d) dead-lettered [%s]: %s",
-					t.Key[:12], t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, ev.Code, ev.Error), now)
-			}
-		} else {
-			t.Fail(store.TileFailedRetryable, ev.Attempt, ev.Worker, ev.Code, ev.Error, now)
-			// Should the queue give up on it later, its dead letter carries this error.
-			c.farm.NoteError(t.Key, ev.Error)
-		}
-	case farm.EventTileCompleted:
-		t.Move(store.TileCompleted, ev.Attempt, ev.Worker, "", now)
-		f.TilesCompleted++
-		if f.TilesCompleted == f.TilesTotal {
-			// A frame that failed on a dead-lettered tile recovers when an operator requeues it.
-			suffix := ""
-			if f.State == store.FrameFailed {
-				suffix = "retry"
-			}
-			f.Move(store.FrameAssembling, "", now)
-			if err := c.enqueueAssemble(tx, f, suffix); err != nil {
-				return err
-			}
-		}
-	}
-	// Keep the frame's failed-tile count in step with its tiles (a requeued tile leaves the state).
-	switch isFailed := t.State == store.TileDeadLettered; {
-	case isFailed && !wasFailed:
-		f.TilesFailed++
-	case !isFailed && wasFailed:
-		f.TilesFailed--
-	}
-	if err := tx.PutTile(t); err != nil {
-		return err
-	}
-	return tx.PutFrame(f)
-}
-
-// enqueueAssemble queues the frame's assembly through the outbox. The first assembly's dedup id
-// is "assemble:<frame_key>"; a later one (a retry after a failure, more formats) names why and
-// when, since the first id may still sit in the dedup window.
-func (c *Coordinator) enqueueAssemble(tx *store.Tx, f *store.Frame, suffix string) error {
-	job := farm.AssembleJob{FrameKey: f.Key, SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame,
-		Formats: f.Formats, TileSize: f.TileSize}
-	if len(f.JobIDs) > 0 {
-		job.JobID = f.JobIDs[0]
-	}
-	data, err := json.Marshal(job)
-	if err != nil {
-		return err
-	}
-	msgID := "assemble:" + f.Key
-	if suffix != "" {
-		msgID += fmt.Sprintf(":%s:%d", suffix, len(f.History))
-	}
-	return tx.AddOutbox(queue.SubjectAssemble, msgID, data)
-}
-
-// frameCompleted completes a frame once every format it owes has been promoted; a frame asked
-// for more formats while it was being assembled is assembled again for those.
-func (c *Coordinator) frameCompleted(tx *store.Tx, ev farm.Event, now time.Time) error {
-	f, err := tx.Frame(ev.FrameKey)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
-	// A failed frame may complete: its assembly was requeued from the DLQ and succeeded.
-	if err != nil || f.State == store.FrameCompleted {
-		return err
-	}
-	for _, format := range f.Formats {
-		if !slices.Contains(ev.Formats, format) {
-			if err := c.enqueueAssemble(tx, f, "formats"); err != nil {
-				return err
-			}
-			f.Move(store.FrameAssembling, "", now)
-			return tx.PutFrame(f)
-		}
-	}
-	f.Move(store.FrameCompleted, "", now)
-	return tx.PutFrame(f)
-}
-
-func (c *Coordinator) settleFrame(tx *store.Tx, frameKey, state, errText string, now time.Time) error {
-	f, err := tx.Frame(frameKey)
-	if errors.Is(err, store.ErrNotFound) {
-		return nil
-	}
-	if err != nil || f.Terminal() {
-		return err
-	}
-	f.Move(state, errText, now)
-	return tx.PutFrame(f)
-}
-
-// watchDeadLetters records tiles the queue gave up on (MaxDeliver reached without the worker
-// dead-lettering it itself, e.g. because every attempt was killed).
-func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
-	return c.farm.WatchDeadLetters(ctx, c.nc, func(dl queue.DeadLetter) error {
-		c.m.DeadLetters.Inc()
-		ev := farm.Event{ID: fmt.Sprintf("dead-letter:%d", dl.StreamSeq), Terminal: true, Time: c.now(), Code: farm.CodeMaxDeliveries,
-			Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
-		switch dl.Subject {
-		case queue.SubjectRender:
-			var job farm.TileJob
-			if json.Unmarshal(dl.Data, &job) != nil {
-				return nil // nothing to record for an undecodable message
-			}
-			// A tile promoted after all (its last ack was lost) is not a failure.
-			if done, err := finalize.ManifestExists(ctx, c.objects, farm.TileManifestKey(job.TileKey)); err != nil || done {
-				return err
-			}
-			ev.Type, ev.TileKey, ev.FrameKey = farm.EventTileFailed, job.TileKey, job.FrameKey
-		case queue.SubjectAssemble:
-			var job farm.AssembleJob
-			if json.Unmarshal(dl.Data, &job) != nil {
-				return nil // nothing to record for an undecodable message
-			}
-			ev.Type, ev.FrameKey = farm.EventFrameFailed, job.FrameKey
-		default:
+		return p.tileChecked(ev.FrameKey, ev.TileKey, ev.TileIndex, u)
+	case farm.EventFrameCompleted:
+		return p.formatsDone(ev.FrameKey, ev.Formats)
+	case farm.EventFrameFailed:
+		if !ev.Terminal {
 			return nil
 		}
-		return c.applyEvent(ctx, ev)
-	})
+		return p.assemblyFailed(ev.FrameKey, ev.Formats, ev.Error)
+	}
+	return nil
 }

@@ -2,9 +2,10 @@ package coordinator
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"path/filepath"
-	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // shotScene is the animated example scene; it has cameras "orbit" (default) and "top".
@@ -22,19 +24,37 @@ const shotScene = "../../examples/shot/scene.json"
 
 // harness is a coordinator on a real embedded JetStream server, a real bbolt file and a
 // filesystem object store, all in temp dirs. Its loops are not running: tests drive Submit,
-// applyEvent and relay directly, so the outbox can be inspected before anything publishes it.
+// the relay, events, the watcher and the reconciler directly, so each step can be inspected.
 type harness struct {
 	c       *Coordinator
 	st      *store.Store
-	objects *finalize.FSStore
+	objects *countingStore
 	farm    *queue.Farm
+	js      jetstream.JetStream
 	m       *metrics.Metrics
 	ctx     context.Context
+	version string // the shot scene, uploaded
+}
+
+// countingStore counts List calls, so tests can check what the reconciler costs.
+type countingStore struct {
+	finalize.Store
+	lists atomic.Int64
+}
+
+func (s *countingStore) List(ctx context.Context, prefix string) ([]finalize.ObjectInfo, error) {
+	s.lists.Add(1)
+	return s.Store.List(ctx, prefix)
 }
 
 func newHarness(t *testing.T, cfg Config) *harness {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	return newHarnessQueue(t, cfg, queue.DefaultConfig())
+}
+
+func newHarnessQueue(t *testing.T, cfg Config, qcfg queue.Config) *harness {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	dir := t.TempDir()
 	e, err := queue.StartEmbedded(ctx, filepath.Join(dir, "jetstream"), "")
@@ -51,23 +71,27 @@ func newHarness(t *testing.T, cfg Config) *harness {
 	if err != nil {
 		t.Fatalf("jetstream.New: %v", err)
 	}
-	f, err := queue.Setup(ctx, js, queue.DefaultConfig())
+	f, err := queue.Setup(ctx, js, qcfg)
 	if err != nil {
 		t.Fatalf("queue.Setup: %v", err)
 	}
 	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f.Log = log
-	objects, err := finalize.NewFSStore(filepath.Join(dir, "store"))
+	fs, err := finalize.NewFSStore(filepath.Join(dir, "store"))
 	if err != nil {
 		t.Fatalf("NewFSStore: %v", err)
 	}
+	objects := &countingStore{Store: fs}
 	st, err := store.Open(filepath.Join(dir, "coordinator.db"))
 	if err != nil {
 		t.Fatalf("store.Open: %v", err)
 	}
 	t.Cleanup(func() { _ = st.Close() })
 	m := metrics.New()
-	return &harness{c: New(cfg, st, f, nc, objects, m, log), st: st, objects: objects, farm: f, m: m, ctx: ctx}
+	h := &harness{c: New(cfg, Deps{Store: st, Farm: f, NATS: nc, Objects: objects, Metrics: m, Log: log}),
+		st: st, objects: objects, farm: f, js: js, m: m, ctx: ctx}
+	h.version = h.putScene(t, shotBundle(t))
+	return h
 }
 
 // shotBundle reads the example scene with its mesh.
@@ -80,10 +104,18 @@ func shotBundle(t *testing.T) *farm.Bundle {
 	return b
 }
 
-// smallRequest asks for frames first-last of the shot at width x height in size-px tiles.
-func smallRequest(t *testing.T, first, last, width, height, size int) SubmitRequest {
+func (h *harness) putScene(t *testing.T, b *farm.Bundle) string {
 	t.Helper()
-	return SubmitRequest{Bundle: shotBundle(t), First: first, Last: last, Width: width, Height: height,
+	v := b.Version()
+	if err := h.c.PutScene(h.ctx, v, b.Encode()); err != nil {
+		t.Fatalf("PutScene: %v", err)
+	}
+	return v
+}
+
+// request asks for frames first-last of the shot at width x height in size-px tiles.
+func (h *harness) request(first, last, width, height, size int) SubmitRequest {
+	return SubmitRequest{SceneVersion: h.version, First: first, Last: last, Width: width, Height: height,
 		SPP: 2, TileSize: size, Formats: []string{"png"}}
 }
 
@@ -105,11 +137,27 @@ func (h *harness) outbox(t *testing.T) []store.OutboxRecord {
 	return recs
 }
 
+// relay publishes everything pending in the outbox, as the relay loop does.
+func (h *harness) relay(t *testing.T) {
+	t.Helper()
+	for {
+		recs, err := h.st.PendingOutbox(h.ctx, relayRecords)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(recs) == 0 {
+			return
+		}
+		if err := h.c.publishRecords(h.ctx, h.js, recs); err != nil {
+			t.Fatalf("publishRecords: %v", err)
+		}
+	}
+}
+
 func (h *harness) job(t *testing.T, id string) *store.Job {
 	t.Helper()
 	var j *store.Job
-	err := h.st.View(h.ctx, func(tx *store.Tx) error {
-		var err error
+	err := h.st.View(h.ctx, func(tx *store.Tx) (err error) {
 		j, err = tx.Job(id)
 		return err
 	})
@@ -122,8 +170,7 @@ func (h *harness) job(t *testing.T, id string) *store.Job {
 func (h *harness) frame(t *testing.T, key string) *store.Frame {
 	t.Helper()
 	var f *store.Frame
-	err := h.st.View(h.ctx, func(tx *store.Tx) error {
-		var err error
+	err := h.st.View(h.ctx, func(tx *store.Tx) (err error) {
 		f, err = tx.Frame(key)
 		return err
 	})
@@ -133,18 +180,26 @@ func (h *harness) frame(t *testing.T, key string) *store.Frame {
 	return f
 }
 
-func (h *harness) tile(t *testing.T, key string) *store.Tile {
+// tileState returns tile i of frame fk as the projection has it.
+func (h *harness) tileState(t *testing.T, fk string, i int) store.TileState {
 	t.Helper()
-	var tl *store.Tile
+	var s store.TileState
 	err := h.st.View(h.ctx, func(tx *store.Tx) error {
-		var err error
-		tl, err = tx.Tile(key)
-		return err
+		f, err := tx.Frame(fk)
+		if err != nil {
+			return err
+		}
+		table, err := tx.TileTable(f)
+		if err != nil {
+			return err
+		}
+		s, _ = table.Get(i)
+		return nil
 	})
 	if err != nil {
-		t.Fatalf("tile %s: %v", key, err)
+		t.Fatal(err)
 	}
-	return tl
+	return s
 }
 
 func (h *harness) status(t *testing.T, jobID string) Status {
@@ -156,49 +211,76 @@ func (h *harness) status(t *testing.T, jobID string) Status {
 	return st
 }
 
-func (h *harness) jobCount(t *testing.T) int {
+func (h *harness) apply(t *testing.T, evs ...farm.Event) {
 	t.Helper()
-	var n int
-	err := h.st.View(h.ctx, func(tx *store.Tx) error {
-		jobs, err := tx.Jobs()
-		n = len(jobs)
-		return err
-	})
-	if err != nil {
-		t.Fatalf("Jobs: %v", err)
+	for i := range evs {
+		if evs[i].Time.IsZero() {
+			evs[i].Time = time.Now().UTC()
+		}
 	}
-	return n
-}
-
-func (h *harness) apply(t *testing.T, ev farm.Event) {
-	t.Helper()
-	if ev.Time.IsZero() {
-		ev.Time = time.Now().UTC()
-	}
-	if err := h.c.applyEvent(h.ctx, ev); err != nil {
-		t.Fatalf("applyEvent(%s %s): %v", ev.Type, ev.ID, err)
+	if err := h.c.applyEvents(h.ctx, evs); err != nil {
+		t.Fatalf("applyEvents: %v", err)
 	}
 }
 
-// tileCount is ceil(w/size)*ceil(h/size), computed independently of tiles.Split.
-func tileCount(w, h, size int) int { return ((w + size - 1) / size) * ((h + size - 1) / size) }
-
-func sortedCopy(s []string) []string {
-	c := append([]string(nil), s...)
-	sort.Strings(c)
-	return c
-}
-
-// tileKeys derives a frame's tile keys, in Split order.
-func tileKeys(t *testing.T, f *store.Frame) []string {
+// frameTiles derives a frame's tiles.
+func frameTiles(t *testing.T, f *store.Frame) []tiles.FrameTile {
 	t.Helper()
 	ft, err := f.Tiles()
 	if err != nil {
 		t.Fatalf("tiles of frame %s: %v", f.Key, err)
 	}
-	keys := make([]string, len(ft))
-	for i, x := range ft {
-		keys[i] = x.Key
+	return ft
+}
+
+// tileEvent is an event of type typ about tile i of frame f, on delivery d of message seq.
+func tileEvent(t *testing.T, f *store.Frame, i int, typ string, seq, d uint64) farm.Event {
+	t.Helper()
+	ft := frameTiles(t, f)
+	return farm.Event{ID: fmt.Sprintf("%s:%d:%d:%d", typ, i, seq, d), Type: typ, TileKey: ft[i].Key, TileIndex: i,
+		FrameKey: f.Key, Seq: seq, Delivery: d, Attempt: fmt.Sprintf("a%d-%d", seq, d), Worker: "w1"}
+}
+
+// completeTiles applies tile.completed for every tile of frame fk.
+func (h *harness) completeTiles(t *testing.T, fk string) {
+	t.Helper()
+	f := h.frame(t, fk)
+	var evs []farm.Event
+	for i := range frameTiles(t, f) {
+		evs = append(evs, tileEvent(t, f, i, farm.EventTileCompleted, uint64(i+1), 1))
 	}
-	return keys
+	h.apply(t, evs...)
+}
+
+// promoteTile creates tile i's manifest in the store, as a worker would.
+func (h *harness) promoteTile(t *testing.T, f *store.Frame, i int) {
+	t.Helper()
+	ft := frameTiles(t, f)
+	n := (ft[i].Rect.X1 - ft[i].Rect.X0) * (ft[i].Rect.Y1 - ft[i].Rect.Y0) * 3
+	_, err := finalize.Promote(h.ctx, h.objects, farm.TileManifestKey(f.Key, ft[i].Key), "attempt1", farm.BuildFingerprint(),
+		[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(make([]float32, n))}}, nil)
+	if err != nil {
+		t.Fatalf("promoting tile %d: %v", i, err)
+	}
+}
+
+// promoteFormat creates a frame output manifest, as an assembler would.
+func (h *harness) promoteFormat(t *testing.T, fk, format string) {
+	t.Helper()
+	name, _ := farm.FrameOutputName(format)
+	_, err := finalize.Promote(h.ctx, h.objects, farm.FrameManifestKey(fk, format), "attempt1", farm.BuildFingerprint(),
+		[]finalize.Output{{Name: name, Data: []byte("frame " + format)}}, nil)
+	if err != nil {
+		t.Fatalf("promoting %s of frame %s: %v", format, fk, err)
+	}
+}
+
+// outboxKinds counts pending outbox records by kind.
+func (h *harness) outboxKinds(t *testing.T) map[store.OutboxKind]int {
+	t.Helper()
+	out := map[store.OutboxKind]int{}
+	for _, r := range h.outbox(t) {
+		out[r.Kind]++
+	}
+	return out
 }

@@ -3,6 +3,8 @@ package coordinator
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net/http"
 	"strconv"
 
@@ -19,10 +21,21 @@ func (c *Coordinator) Handler() http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	mux.HandleFunc("HEAD /v1/scenes/{version}", func(w http.ResponseWriter, r *http.Request) {
+		ok, err := c.HasScene(r.Context(), r.PathValue("version"))
+		switch {
+		case err != nil:
+			writeError(w, err)
+		case ok:
+			w.WriteHeader(http.StatusOK)
+		default:
+			w.WriteHeader(http.StatusNotFound)
+		}
+	})
+	mux.HandleFunc("PUT /v1/scenes/{version}", c.handlePutScene)
 	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
 		var req SubmitRequest
-		// The bundle's bytes travel base64-encoded (4/3) inside the JSON request.
-		body := http.MaxBytesReader(w, r.Body, farm.MaxBundleBytes/3*4+1<<20)
+		body := http.MaxBytesReader(w, r.Body, maxRequestBytes)
 		if err := json.NewDecoder(body).Decode(&req); err != nil {
 			writeError(w, badInput("decoding submission: %v", err))
 			return
@@ -83,13 +96,48 @@ func (c *Coordinator) Handler() http.Handler {
 			writeError(w, badInput("dead letter %q is not a sequence number", r.PathValue("seq")))
 			return
 		}
-		if err := c.farm.RequeueDeadLetter(r.Context(), seq); err != nil {
+		if err := c.RequeueDeadLetter(r.Context(), seq); err != nil {
 			writeError(w, err)
 			return
 		}
 		writeJSON(w, http.StatusOK, map[string]any{"requeued": seq})
 	})
 	return mux
+}
+
+// maxRequestBytes bounds a JSON request body; scene bundles have their own limit.
+const maxRequestBytes = 1 << 20
+
+// handlePutScene stores an uploaded scene bundle. The body is read once into a buffer of its
+// declared length and parsed in place, and only MaxUploads uploads are handled at once, so
+// uploads cost at most a bounded number of bundles of memory.
+func (c *Coordinator) handlePutScene(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength < 0 {
+		writeJSON(w, http.StatusLengthRequired, APIError{Error: "a scene upload needs a Content-Length", Kind: "bad_input"})
+		return
+	}
+	if r.ContentLength > farm.MaxBundleBytes+64<<10 {
+		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{
+			Error: fmt.Sprintf("scene bundle of %d bytes exceeds the %d MiB limit", r.ContentLength, farm.MaxBundleBytes>>20), Kind: "bad_input"})
+		return
+	}
+	select {
+	case c.uploads <- struct{}{}:
+		defer func() { <-c.uploads }()
+	default:
+		writeError(w, fmt.Errorf("%w: %d scene uploads in progress", ErrBusy, cap(c.uploads)))
+		return
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(http.MaxBytesReader(w, r.Body, r.ContentLength), buf); err != nil {
+		writeError(w, badInput("reading scene bundle: %v", err))
+		return
+	}
+	if err := c.PutScene(r.Context(), r.PathValue("version"), buf); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"scene_version": r.PathValue("version")})
 }
 
 // APIError is the body of every error response.
@@ -106,7 +154,8 @@ func writeError(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrConflict):
 		code, kind = http.StatusConflict, "conflict"
 	case errors.Is(err, ErrBusy):
-		code, kind = http.StatusServiceUnavailable, "busy"
+		code, kind = http.StatusTooManyRequests, "busy"
+		w.Header().Set("Retry-After", "5")
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound), errors.Is(err, finalize.ErrNotFound):
 		code, kind = http.StatusNotFound, "not_found"
 	case errors.Is(err, finalize.ErrCorrupt):

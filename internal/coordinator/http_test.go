@@ -10,13 +10,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 // call sends a request to the handler and decodes the JSON body into out (if not nil).
-func call(t *testing.T, srv *httptest.Server, method, path string, body []byte, out any) (int, []byte) {
+func call(t *testing.T, srv *httptest.Server, method, path string, body []byte, out any) (int, []byte, http.Header) {
 	t.Helper()
 	req, err := http.NewRequest(method, srv.URL+path, bytes.NewReader(body))
 	if err != nil {
@@ -36,13 +34,13 @@ func call(t *testing.T, srv *httptest.Server, method, path string, body []byte, 
 			t.Fatalf("%s %s: decoding %q: %v", method, path, raw, err)
 		}
 	}
-	return resp.StatusCode, raw
+	return resp.StatusCode, raw, resp.Header
 }
 
 func expectError(t *testing.T, srv *httptest.Server, method, path string, body []byte, code int, kind string) APIError {
 	t.Helper()
 	var e APIError
-	got, raw := call(t, srv, method, path, body, &e)
+	got, raw, _ := call(t, srv, method, path, body, &e)
 	if got != code || e.Kind != kind || e.Error == "" {
 		t.Errorf("%s %s = %d %s, want %d with kind %q and a message", method, path, got, raw, code, kind)
 	}
@@ -58,98 +56,123 @@ func marshal(t *testing.T, v any) []byte {
 	return b
 }
 
+// The API: scenes are uploaded once under their version, jobs name them; client mistakes get
+// 4xx with a kind and a message, never a 500.
 func TestHTTPSubmitAndErrors(t *testing.T) {
 	h := newHarness(t, Config{})
 	srv := httptest.NewServer(h.c.Handler())
 	t.Cleanup(srv.Close)
 
-	expectError(t, srv, "POST", "/v1/jobs", []byte(`{"bundle": {`), http.StatusBadRequest, "bad_input")
+	other := shotBundle(t)
+	other.Scene = bytes.Replace(other.Scene, []byte(`"spp"`), []byte(` "spp"`), 1) // same scene, other version
+	v := other.Version()
+	if code, _, _ := call(t, srv, "HEAD", "/v1/scenes/"+v, nil, nil); code != http.StatusNotFound {
+		t.Fatalf("HEAD of a scene never uploaded = %d, want 404", code)
+	}
+	if code, raw, _ := call(t, srv, "PUT", "/v1/scenes/"+v, other.Encode(), nil); code != http.StatusOK {
+		t.Fatalf("PUT scene = %d %s", code, raw)
+	}
+	if code, _, _ := call(t, srv, "HEAD", "/v1/scenes/"+v, nil, nil); code != http.StatusOK {
+		t.Fatalf("HEAD of an uploaded scene = %d, want 200", code)
+	}
+	expectError(t, srv, "PUT", "/v1/scenes/"+strings.Repeat("0", 64), other.Encode(), http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "PUT", "/v1/scenes/"+v, []byte("garbage"), http.StatusBadRequest, "bad_input")
+	if code, _, _ := call(t, srv, "HEAD", "/v1/scenes/nothex", nil, nil); code != http.StatusBadRequest {
+		t.Fatalf("HEAD of a malformed version = %d, want 400", code)
+	}
+
+	expectError(t, srv, "POST", "/v1/jobs", []byte(`{"scene_version": `), http.StatusBadRequest, "bad_input")
 	expectError(t, srv, "POST", "/v1/jobs", []byte(`{"first": "one"}`), http.StatusBadRequest, "bad_input")
-	bad := smallRequest(t, 9, 3, 64, 64, 32)
+	bad := h.request(9, 3, 64, 64, 32)
 	if e := expectError(t, srv, "POST", "/v1/jobs", marshal(t, bad), http.StatusBadRequest, "bad_input"); !strings.Contains(e.Error, "reversed") {
 		t.Errorf("bad input message %q does not say the range is reversed", e.Error)
 	}
+	huge := h.request(1, 1, 64, 64, 32)
+	huge.IdempotencyKey = strings.Repeat("k", 1<<20)
+	expectError(t, srv, "POST", "/v1/jobs", marshal(t, huge), http.StatusBadRequest, "bad_input")
 
-	req := smallRequest(t, 1, 2, 64, 64, 32)
+	req := h.request(1, 2, 64, 64, 32)
+	req.SceneVersion = v
 	req.IdempotencyKey = "http-key"
 	var res SubmitResult
-	if code, raw := call(t, srv, "POST", "/v1/jobs", marshal(t, req), &res); code != http.StatusCreated || !res.Created || res.Status.JobID == "" {
+	if code, raw, _ := call(t, srv, "POST", "/v1/jobs", marshal(t, req), &res); code != http.StatusCreated || !res.Created || res.Status.JobID == "" {
 		t.Fatalf("first POST = %d %s, want 201 with a created job", code, raw)
 	}
 	var again SubmitResult
-	if code, raw := call(t, srv, "POST", "/v1/jobs", marshal(t, req), &again); code != http.StatusOK || again.Created || again.Status.JobID != res.Status.JobID {
-		t.Errorf("repeated POST = %d %s, want 200 with the same job, not created", code, raw)
+	if code, raw, _ := call(t, srv, "POST", "/v1/jobs", marshal(t, req), &again); code != http.StatusOK || again.Created || again.Status.JobID != res.Status.JobID {
+		t.Fatalf("second POST = %d %s, want 200 with the same job", code, raw)
 	}
-	conflicting := req
-	conflicting.SPP = 5
-	expectError(t, srv, "POST", "/v1/jobs", marshal(t, conflicting), http.StatusConflict, "conflict")
-
+	req.Last = 3
+	expectError(t, srv, "POST", "/v1/jobs", marshal(t, req), http.StatusConflict, "conflict")
 	var st Status
-	if code, raw := call(t, srv, "GET", "/v1/jobs/"+res.Status.JobID, nil, &st); code != http.StatusOK || st.JobID != res.Status.JobID || st.State != StateQueued || st.FramesTotal != 2 {
-		t.Errorf("GET job = %d %s", code, raw)
+	if code, raw, _ := call(t, srv, "GET", "/v1/jobs/"+res.Status.JobID, nil, &st); code != 200 || st.JobID != res.Status.JobID || st.State != StateQueued {
+		t.Fatalf("GET job = %d %s", code, raw)
 	}
-	var jobs []Status
-	if code, raw := call(t, srv, "GET", "/v1/jobs", nil, &jobs); code != http.StatusOK || len(jobs) != 1 || jobs[0].JobID != res.Status.JobID {
-		t.Errorf("GET jobs = %d %s, want the one job", code, raw)
-	}
-	expectError(t, srv, "GET", "/v1/jobs/job-doesnotexist", nil, http.StatusNotFound, "not_found")
-	expectError(t, srv, "GET", "/v1/jobs/job-doesnotexist/frames/1/png", nil, http.StatusNotFound, "not_found")
-
-	framePath := func(frame, format string) string {
-		return fmt.Sprintf("/v1/jobs/%s/frames/%s/%s", res.Status.JobID, frame, format)
-	}
-	expectError(t, srv, "GET", framePath("1", "png"), nil, http.StatusConflict, "not_ready")
-	expectError(t, srv, "GET", framePath("2", "png"), nil, http.StatusConflict, "not_ready")
-	expectError(t, srv, "GET", framePath("3", "png"), nil, http.StatusBadRequest, "bad_input")
-	expectError(t, srv, "GET", framePath("one", "png"), nil, http.StatusBadRequest, "bad_input")
-	expectError(t, srv, "GET", framePath("1", "jpg"), nil, http.StatusBadRequest, "bad_input")
-
-	if code, _ := call(t, srv, "GET", "/healthz", nil, nil); code != http.StatusOK {
-		t.Errorf("GET /healthz = %d", code)
-	}
-	if code, raw := call(t, srv, "GET", "/metrics", nil, nil); code != http.StatusOK || !strings.Contains(string(raw), "tilefarm_") {
-		t.Errorf("GET /metrics = %d, no tilefarm_ metrics", code)
-	}
-	expectError(t, srv, "POST", "/v1/dlq/x/requeue", nil, http.StatusBadRequest, "bad_input")
-	expectError(t, srv, "POST", "/v1/dlq/999/requeue", nil, http.StatusNotFound, "not_found")
+	expectError(t, srv, "GET", "/v1/jobs/job-nope", nil, http.StatusNotFound, "not_found")
+	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/png", res.Status.JobID), nil, http.StatusConflict, "not_ready")
+	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/x/png", res.Status.JobID), nil, http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/gif", res.Status.JobID), nil, http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "POST", "/v1/dlq/77/requeue", nil, http.StatusNotFound, "not_found")
+	expectError(t, srv, "POST", "/v1/dlq/seven/requeue", nil, http.StatusBadRequest, "bad_input")
 }
 
-func TestHTTPBusy(t *testing.T) {
-	h := newHarness(t, Config{MaxQueued: 1})
-	for i := range 2 {
-		if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, fmt.Sprintf("filler-%d", i), []byte("{}"), nil); err != nil {
-			t.Fatalf("Publish: %v", err)
-		}
-	}
+// A scene upload needs its length up front, within the limit; too many at once are refused
+// with 429 and Retry-After, and nothing is stored from a refused upload.
+func TestHTTPSceneUploadLimits(t *testing.T) {
+	h := newHarness(t, Config{MaxUploads: 1})
 	srv := httptest.NewServer(h.c.Handler())
 	t.Cleanup(srv.Close)
-	expectError(t, srv, "POST", "/v1/jobs", marshal(t, smallRequest(t, 1, 1, 32, 32, 32)), http.StatusServiceUnavailable, "busy")
+	b := shotBundle(t)
+	b.Scene = append(b.Scene, ' ')
+	v := b.Version()
+
+	req, _ := http.NewRequest("PUT", srv.URL+"/v1/scenes/"+v, io.NopCloser(bytes.NewReader(b.Encode())))
+	req.ContentLength = -1 // chunked: no length
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusLengthRequired {
+		t.Fatalf("upload without a length = %d, want 411", resp.StatusCode)
+	}
+
+	req, _ = http.NewRequest("PUT", srv.URL+"/v1/scenes/"+v, strings.NewReader(""))
+	req.ContentLength = farm.MaxBundleBytes + 1<<20
+	req.Body = io.NopCloser(strings.NewReader(""))
+	resp, err = srv.Client().Do(req)
+	if err == nil {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusRequestEntityTooLarge {
+			t.Fatalf("oversized upload = %d, want 413", resp.StatusCode)
+		}
+	}
+
+	h.c.uploads <- struct{}{} // another upload in progress
+	code, raw, hdr := call(t, srv, "PUT", "/v1/scenes/"+v, b.Encode(), nil)
+	<-h.c.uploads
+	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") == "" {
+		t.Fatalf("upload while the upload limit is reached = %d %s (Retry-After %q), want 429 with Retry-After", code, raw, hdr.Get("Retry-After"))
+	}
+	if ok, _ := h.c.HasScene(h.ctx, v); ok {
+		t.Fatal("a refused upload was stored")
+	}
 }
 
+// A completed frame's output is served from its manifest.
 func TestHTTPFrameOutputOfCompletedFrame(t *testing.T) {
 	h := newHarness(t, Config{})
 	srv := httptest.NewServer(h.c.Handler())
 	t.Cleanup(srv.Close)
-	jobID, fks := eventJob(t, h, 4, 4)
-	for i, tk := range tileKeys(t, h.frame(t, fks[0])) {
-		h.apply(t, tileEvent(fmt.Sprintf("c%d", i), farm.EventTileCompleted, h.tile(t, tk)))
+	res := h.submit(t, h.request(1, 1, 16, 16, 16))
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	h.completeTiles(t, fk)
+	h.promoteFormat(t, fk, "png")
+	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	code, raw, _ := call(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/png", res.Status.JobID), nil, nil)
+	if code != 200 || string(raw) != "frame png" {
+		t.Fatalf("GET frame = %d %q", code, raw)
 	}
-	path := fmt.Sprintf("/v1/jobs/%s/frames/4/png", jobID)
-	// Assembling is not completed: still not ready.
-	expectError(t, srv, "GET", path, nil, http.StatusConflict, "not_ready")
-
-	name, ok := farm.FrameOutputName("png")
-	if !ok {
-		t.Fatal("no output name for png")
-	}
-	want := []byte("\x89PNG pretend frame bytes")
-	if _, err := finalize.Promote(h.ctx, h.objects, farm.FrameManifestKey(fks[0], "png"), "att-1", "test-build",
-		[]finalize.Output{{Name: name, Data: want}}, nil); err != nil {
-		t.Fatalf("Promote: %v", err)
-	}
-	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fks[0], Formats: []string{"png"}})
-	code, body := call(t, srv, "GET", path, nil, nil)
-	if code != http.StatusOK || !bytes.Equal(body, want) {
-		t.Errorf("GET completed frame = %d %q, want 200 with the promoted bytes", code, body)
-	}
+	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/exr", res.Status.JobID), nil, http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/2/png", res.Status.JobID), nil, http.StatusBadRequest, "bad_input")
 }

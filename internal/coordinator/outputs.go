@@ -29,7 +29,7 @@ func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, 
 		if frame < j.First || frame > j.Last {
 			return fmt.Errorf("%w: frame %d is not in job %s (frames %d-%d)", ErrBadInput, frame, jobID, j.First, j.Last)
 		}
-		fk = j.FrameKeys[frame-j.First]
+		fk = j.FrameKey(frame)
 		f, err := tx.Frame(fk)
 		if err != nil {
 			return err
@@ -37,8 +37,10 @@ func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, 
 		if !slices.Contains(f.Formats, format) {
 			return fmt.Errorf("%w: frame %d was not requested as %s (submit again with --format %s)", ErrBadInput, frame, format, format)
 		}
-		if f.State != store.FrameCompleted {
-			return fmt.Errorf("frame %d is %s: %w", frame, f.State, ErrNotReady)
+		// Each format is served from its own manifest as soon as it is promoted, whatever
+		// other formats of the frame are still being assembled for other jobs.
+		if !slices.Contains(f.Done, format) {
+			return fmt.Errorf("frame %d is %s: %w", frame, f.StateFor([]string{format}), ErrNotReady)
 		}
 		return nil
 	})

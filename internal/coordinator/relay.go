@@ -2,44 +2,51 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// relay publishes outbox records in order, each with its dedup id, and deletes a record only
-// after its PubAck. A crash between the two republishes; JetStream's dedup window (or, past it,
-// the worker's manifest check) absorbs the repeat.
+// Relay batching: records read per round, and PubAcks awaited at most at once.
+const (
+	relayRecords = 64
+	relayWindow  = 4096
+)
+
+// relay publishes the outbox. Each record names a frame; the relay derives its messages (one
+// per tile, or one assembly), publishes them asynchronously with their dedup ids, and deletes
+// the record only once every PubAck of it is in. A crash anywhere republishes the record;
+// JetStream's dedup window (or, past it, the worker's manifest check) absorbs the repeats.
 func (c *Coordinator) relay(ctx context.Context) error {
+	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(2*relayWindow))
+	if err != nil {
+		return fmt.Errorf("opening JetStream for the relay: %w", err)
+	}
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		recs, err := c.store.PendingOutbox(ctx, 256)
+		recs, err := c.store.PendingOutbox(ctx, relayRecords)
 		if err != nil {
 			return fmt.Errorf("reading outbox: %w", err)
 		}
-		for _, r := range recs {
-			if c.cfg.Faults.CrashBeforePublish && c.cfg.Faults.Crash != nil {
-				c.cfg.Faults.Crash("outbox-before-publish")
+		if len(recs) > 0 {
+			if err := c.publishRecords(ctx, js, recs); err != nil {
+				return err
 			}
-			dup, err := c.farm.Publish(ctx, r.Subject, r.MsgID, r.Data, nil)
-			if err != nil {
-				return fmt.Errorf("publishing outbox record %d (%s): %w", r.Seq, r.MsgID, err)
+			if len(recs) == relayRecords {
+				continue
 			}
-			if dup {
-				c.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerPublishDedup).Inc()
-				c.log.Info("publish deduplicated by JetStream", "msg_id", r.MsgID)
-			}
-			if c.cfg.Faults.CrashAfterPublish && c.cfg.Faults.Crash != nil {
-				c.cfg.Faults.Crash("outbox-after-publish")
-			}
-			if err := c.store.DeleteOutbox(ctx, r.Seq); err != nil {
-				return fmt.Errorf("deleting outbox record %d: %w", r.Seq, err)
-			}
-		}
-		if len(recs) == 256 {
-			continue
 		}
 		select {
 		case <-ctx.Done():
@@ -48,4 +55,150 @@ func (c *Coordinator) relay(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// pendingAck is one published message awaiting its PubAck.
+type pendingAck struct {
+	fut jetstream.PubAckFuture
+	id  string
+}
+
+// publishRecords publishes every message of recs, waits for their PubAcks and deletes recs.
+func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream, recs []store.OutboxRecord) error {
+	var window []pendingAck
+	settle := func(n int) error {
+		for _, p := range window[:n] {
+			select {
+			case ack := <-p.fut.Ok():
+				if ack.Duplicate {
+					c.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerPublishDedup).Inc()
+				}
+			case err := <-p.fut.Err():
+				return fmt.Errorf("publishing %s: %w", p.id, err)
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		window = window[n:]
+		return nil
+	}
+	seqs := make([]uint64, 0, len(recs))
+	for _, r := range recs {
+		msgs, err := c.outboxMessages(ctx, r)
+		if err != nil {
+			return fmt.Errorf("outbox record %d (%s of frame %s): %w", r.Seq, r.Kind, r.FrameKey, err)
+		}
+		c.cfg.Faults.at("outbox-before-publish", c.cfg.Faults.CrashBeforePublish)
+		for i, m := range msgs {
+			if c.cfg.Faults.CrashMidPublish && i == len(msgs)/2 && i > 0 {
+				if err := settle(len(window)); err != nil {
+					return err
+				}
+				c.cfg.Faults.at("outbox-mid-publish", c.cfg.Faults.CrashMidPublish)
+			}
+			id := m.Header.Get(jetstream.MsgIDHeader)
+			fut, err := js.PublishMsgAsync(m, jetstream.WithMsgID(id))
+			if err != nil {
+				return fmt.Errorf("publishing %s: %w", id, err)
+			}
+			window = append(window, pendingAck{fut: fut, id: id})
+			if len(window) >= relayWindow {
+				if err := settle(len(window) / 2); err != nil {
+					return err
+				}
+			}
+		}
+		seqs = append(seqs, r.Seq)
+	}
+	if err := settle(len(window)); err != nil {
+		return err
+	}
+	c.cfg.Faults.at("outbox-after-publish", c.cfg.Faults.CrashAfterPublish)
+	if err := c.store.DeleteOutbox(ctx, seqs...); err != nil {
+		return fmt.Errorf("deleting %d outbox records: %w", len(seqs), err)
+	}
+	return nil
+}
+
+// outboxMessages derives the messages of an outbox record from its frame. A record whose frame
+// is gone has none.
+func (c *Coordinator) outboxMessages(ctx context.Context, r store.OutboxRecord) ([]*nats.Msg, error) {
+	var f *store.Frame
+	err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+		f, err = tx.Frame(r.FrameKey)
+		return err
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		c.log.Warn("outbox record for an unknown frame; dropping it", "frame_key", r.FrameKey)
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch r.Kind {
+	case store.OutboxTiles:
+		return tileMessages(f, r)
+	case store.OutboxAssemble:
+		data, err := json.Marshal(farm.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
+			Settings: f.Settings, Frame: f.Frame, TileSize: f.TileSize, Formats: f.Formats})
+		if err != nil {
+			return nil, err
+		}
+		return []*nats.Msg{newMsg(queue.SubjectAssemble, AssembleMsgID(f.Key, r.Assembly), data)}, nil
+	}
+	return nil, fmt.Errorf("unknown outbox record kind %q", r.Kind)
+}
+
+// tileMessages derives the tile render jobs of a record: every tile of its frame, or the ones
+// it lists.
+func tileMessages(f *store.Frame, r store.OutboxRecord) ([]*nats.Msg, error) {
+	ft, err := f.Tiles()
+	if err != nil {
+		return nil, err
+	}
+	idx := r.Tiles
+	if idx == nil {
+		idx = make([]int, len(ft))
+		for i := range idx {
+			idx[i] = i
+		}
+	}
+	sh := tiles.SettingsHash(f.Settings)
+	msgs := make([]*nats.Msg, 0, len(idx))
+	for _, i := range idx {
+		if i < 0 || i >= len(ft) {
+			return nil, fmt.Errorf("tile %d of a frame of %d tiles", i, len(ft))
+		}
+		t := ft[i]
+		data, err := json.Marshal(farm.TileJob{JobID: r.JobID, TileKey: t.Key, FrameKey: f.Key, Index: i,
+			SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Rect: t.Rect,
+			InputHash: tiles.InputHashFor(f.SceneVersion, sh, f.Frame, t.Rect)})
+		if err != nil {
+			return nil, err
+		}
+		msgs = append(msgs, newMsg(queue.SubjectRender, TileMsgID(t.Key, r.Retry), data))
+	}
+	return msgs, nil
+}
+
+func newMsg(subject, id string, data []byte) *nats.Msg {
+	m := nats.NewMsg(subject)
+	m.Data = data
+	m.Header.Set(jetstream.MsgIDHeader, id)
+	return m
+}
+
+// TileMsgID is the dedup id of a tile's dispatch: its tile key the first time, and a suffix
+// naming the frame's retry after, since the first id may still sit in the dedup window.
+func TileMsgID(tileKey string, retry int) string {
+	if retry == 0 {
+		return tileKey
+	}
+	return tileKey + ":retry:" + strconv.Itoa(retry)
+}
+
+// AssembleMsgID is the dedup id of the n-th assembly request of a frame: unique per request,
+// so a second request (another format, a retry) is never swallowed by the dedup window.
+func AssembleMsgID(frameKey string, n int) string {
+	return "assemble:" + frameKey + ":" + strconv.Itoa(n)
 }

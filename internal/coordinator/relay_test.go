@@ -1,105 +1,81 @@
 package coordinator
 
 import (
-	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/metrics"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/tiles"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// waitOutboxEmpty polls until the relay has drained the outbox.
-func waitOutboxEmpty(t *testing.T, h *harness) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		n, err := h.st.OutboxLen(h.ctx)
-		if err != nil {
-			t.Fatalf("OutboxLen: %v", err)
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("outbox still has %d records after 20s", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func dedupCount(t *testing.T, m *metrics.Metrics) float64 {
-	t.Helper()
-	mfs, err := m.Registry.Gather()
-	if err != nil {
-		t.Fatalf("Gather: %v", err)
-	}
-	for _, mf := range mfs {
-		for _, mt := range mf.GetMetric() {
-			for _, l := range mt.GetLabel() {
-				if l.GetValue() == metrics.LayerPublishDedup && mt.GetCounter() != nil {
-					return mt.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
-func TestRelayPublishesOutboxInOrderWithTileKeyMsgID(t *testing.T) {
+// The relay publishes every tile of a frame record with its tile key as dedup id, in tile
+// order, and deletes the record; publishing the same record again (a crash before the delete)
+// is absorbed by the dedup window and counted.
+func TestRelayPublishesDerivedTilesOnceEach(t *testing.T) {
 	h := newHarness(t, Config{})
-	h.submit(t, smallRequest(t, 1, 2, 64, 64, 32))
+	res := h.submit(t, h.request(1, 2, 48, 32, 16)) // 2 frames of 6 tiles
 	recs := h.outbox(t)
-
-	ctx, cancel := context.WithCancel(h.ctx)
-	done := make(chan error, 1)
-	go func() { done <- h.c.relay(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay returned %v after cancel, want nil", err)
-		}
-	})
-
-	waitOutboxEmpty(t, h)
-	depth, _, err := h.farm.Depth(h.ctx)
+	h.relay(t)
+	if n := len(h.outbox(t)); n != 0 {
+		t.Fatalf("%d outbox records left after the relay", n)
+	}
+	info, err := h.farm.Tiles.Info(h.ctx)
 	if err != nil {
-		t.Fatalf("Depth: %v", err)
+		t.Fatal(err)
 	}
-	if depth != uint64(len(recs)) {
-		t.Fatalf("TILES holds %d messages, want %d (one per outbox record)", depth, len(recs))
+	if info.State.Msgs != 12 {
+		t.Fatalf("TILES holds %d messages, want 12", info.State.Msgs)
 	}
-	for i, r := range recs {
-		msg, err := h.farm.Tiles.GetMsg(h.ctx, uint64(i+1))
+	j := h.job(t, res.Status.JobID)
+	for n := 0; n < 12; n++ {
+		raw, err := h.farm.Tiles.GetMsg(h.ctx, uint64(n+1))
 		if err != nil {
-			t.Fatalf("GetMsg(%d): %v", i+1, err)
+			t.Fatal(err)
 		}
-		if msg.Subject != r.Subject || msg.Header.Get(jetstream.MsgIDHeader) != r.MsgID || string(msg.Data) != string(r.Data) {
-			t.Errorf("stream message %d = %s %s, want outbox record %d (%s %s)", i+1, msg.Subject, msg.Header.Get(jetstream.MsgIDHeader), i, r.Subject, r.MsgID)
+		var job farm.TileJob
+		if err := json.Unmarshal(raw.Data, &job); err != nil {
+			t.Fatal(err)
+		}
+		f := h.frame(t, j.FrameKey(1+n/6))
+		ft := frameTiles(t, f)[n%6]
+		if job.Index != n%6 || job.TileKey != ft.Key || raw.Header.Get(jetstream.MsgIDHeader) != ft.Key ||
+			job.InputHash != tiles.InputHash(f.SceneVersion, f.Settings, f.Frame, ft.Rect) || job.JobID != res.Status.JobID {
+			t.Fatalf("message %d: %+v with id %s", n+1, job, raw.Header.Get(jetstream.MsgIDHeader))
 		}
 	}
+	// A crash after the PubAcks and before the delete republishes the records.
+	if err := h.c.publishRecords(h.ctx, h.js, recs); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := h.farm.Tiles.Info(h.ctx); info.State.Msgs != 12 {
+		t.Fatalf("republishing stored %d messages, want still 12", info.State.Msgs)
+	}
+	if got := testutil.ToFloat64(h.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerPublishDedup)); got != 12 {
+		t.Fatalf("publish dedup counted %v, want 12", got)
+	}
+}
 
-	// A crash after the PubAck but before the delete leaves the records to publish again:
-	// JetStream's dedup window answers Duplicate and nothing is enqueued twice.
-	err = h.st.Update(h.ctx, func(tx *store.Tx) error {
-		for _, r := range recs[:3] {
-			if err := tx.AddOutbox(r.Subject, r.MsgID, r.Data); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("re-adding records: %v", err)
+// Dispatch keeps many PubAcks in flight: a frame of thousands of tiles is published in one
+// round, not one round trip per tile.
+func TestRelayDispatchesLargeFrame(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.submit(t, h.request(1, 1, 640, 400, 8)) // 4000 tiles
+	start := time.Now()
+	h.relay(t)
+	info, err := h.farm.Tiles.Info(h.ctx)
+	if err != nil || info.State.Msgs != 4000 {
+		t.Fatalf("TILES holds %d messages (%v), want 4000", info.State.Msgs, err)
 	}
-	h.c.kickRelay()
-	waitOutboxEmpty(t, h)
-	if depth2, _, err := h.farm.Depth(h.ctx); err != nil || depth2 != depth {
-		t.Errorf("TILES depth %d after republishing, want %d (deduplicated)", depth2, depth)
-	}
-	if got := dedupCount(t, h.m); got != 3 {
-		t.Errorf("publish-dedup counter = %v, want 3", got)
+	t.Logf("dispatched 4000 tiles in %v", time.Since(start))
+	m, err := h.farm.FetchTile(h.ctx, time.Second)
+	if err != nil || m == nil || m.Subject() != queue.SubjectRender {
+		t.Fatalf("a worker cannot take a dispatched tile: %v, %v", m, err)
 	}
 }

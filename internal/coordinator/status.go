@@ -3,17 +3,17 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"sort"
 
 	"github.com/tilefarm/tilefarm/internal/store"
 )
 
 // Job states as clients see them. They map onto the exit codes of `submit` and `status`.
-const (
-	StateQueued    = "queued"
-	StateRendering = "rendering"
-	StateCompleted = "completed"
-	StateFailed    = "failed"
-	StateCancelled = store.JobCancelled
+var (
+	StateQueued    = store.JobQueued.String()
+	StateRendering = store.JobRendering.String()
+	StateCompleted = store.JobCompleted.String()
+	StateFailed    = store.JobFailed.String()
 )
 
 // FrameStatus is one frame of a job.
@@ -23,6 +23,7 @@ type FrameStatus struct {
 	State          string `json:"state"`
 	TilesTotal     int    `json:"tiles_total"`
 	TilesCompleted int    `json:"tiles_completed"`
+	TilesFailed    int    `json:"tiles_failed"`
 	Error          string `json:"error,omitempty"`
 }
 
@@ -33,6 +34,7 @@ type Status struct {
 	Scene            string        `json:"scene"`
 	SceneVersion     string        `json:"scene_version"`
 	Camera           string        `json:"camera"`
+	Formats          []string      `json:"formats"`
 	FirstFrame       int           `json:"first_frame"`
 	LastFrame        int           `json:"last_frame"`
 	FramesTotal      int           `json:"frames_total"`
@@ -51,7 +53,8 @@ type Status struct {
 	Outputs       []string `json:"outputs"`
 }
 
-// Status computes a job's status from the projection.
+// Status computes a job's status from the projection: one frame record per frame, plus the
+// failure details of failed frames.
 func (c *Coordinator) Status(ctx context.Context, jobID string) (Status, error) {
 	var st Status
 	err := c.store.View(ctx, func(tx *store.Tx) error {
@@ -86,47 +89,82 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 	return out, err
 }
 
+// maxFailuresShown bounds the failure lines of one status.
+const maxFailuresShown = 50
+
 func jobStatus(tx *store.Tx, j *store.Job) (Status, error) {
-	st := Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera,
-		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: len(j.FrameKeys), Outputs: []string{}}
-	started := false
-	for i, fk := range j.FrameKeys {
-		f, err := tx.Frame(fk)
+	st := Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
+		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Outputs: []string{}}
+	states := make([]store.FrameState, 0, j.Frames())
+	for n := j.First; n <= j.Last; n++ {
+		f, err := tx.Frame(j.FrameKey(n))
 		if err != nil {
-			return st, fmt.Errorf("job %s frame %d: %w", j.ID, j.First+i, err)
+			return st, fmt.Errorf("job %s frame %d: %w", j.ID, n, err)
 		}
-		fs := FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: f.State, TilesTotal: f.TilesTotal,
-			TilesCompleted: f.TilesCompleted, Error: f.Error}
-		st.TilesTotal += fs.TilesTotal
-		st.TilesCompleted += fs.TilesCompleted
+		s := f.StateFor(j.Formats)
+		states = append(states, s)
+		fs := FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: s.String(), TilesTotal: f.TilesTotal,
+			TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
+		st.TilesTotal += f.TilesTotal
+		st.TilesCompleted += f.TilesCompleted
 		st.TilesFailed += f.TilesFailed
 		st.TileAttempts += f.TileAttempts
 		st.SamplesRecovered += f.SamplesRecovered
-		if f.State != store.FrameQueued {
-			started = true
-		}
-		switch f.State {
+		switch s {
 		case store.FrameCompleted:
 			st.FramesCompleted++
 		case store.FrameFailed:
 			st.FramesFailed++
-			st.Failures = append(st.Failures, fmt.Sprintf("frame %d: %s", f.Frame, f.Error))
+			fs.Error = frameError(tx, f)
+			if len(st.Failures) < maxFailuresShown {
+				st.Failures = append(st.Failures, fmt.Sprintf("frame %d: %s", f.Frame, fs.Error))
+			}
 		}
 		st.Frames = append(st.Frames, fs)
 	}
-	switch {
-	case j.Cancelled:
-		st.State = StateCancelled
-	case st.FramesCompleted+st.FramesFailed == st.FramesTotal && st.FramesFailed > 0:
-		st.State = StateFailed
-	case st.FramesCompleted == st.FramesTotal:
-		st.State = StateCompleted
-	case started || st.TilesCompleted > 0:
-		st.State = StateRendering
-	default:
-		st.State = StateQueued
-	}
+	st.State = store.DeriveJobState(states).String()
 	return st, nil
+}
+
+// frameError says why a frame failed: its dead-lettered tiles with their last error, or its
+// assembly's.
+func frameError(tx *store.Tx, f *store.Frame) string {
+	if f.AssemblyError != "" && f.TilesFailed == 0 {
+		return "assembly: " + f.AssemblyError
+	}
+	table, err := tx.TileTable(f)
+	if err != nil {
+		return err.Error()
+	}
+	failures, err := tx.Failures(f.Key)
+	if err != nil {
+		return err.Error()
+	}
+	ft, err := f.Tiles()
+	if err != nil {
+		return err.Error()
+	}
+	var dead []int
+	for i := range ft {
+		if s, _ := table.Get(i); s == store.TileDeadLettered {
+			dead = append(dead, i)
+		}
+	}
+	sort.Ints(dead)
+	if len(dead) == 0 {
+		return "failed"
+	}
+	i := dead[0]
+	r := ft[i].Rect
+	msg := fmt.Sprintf("tile %s (%d,%d)-(%d,%d) dead-lettered", ft[i].Key[:12], r.X0, r.Y0, r.X1, r.Y1)
+	if l := failures[i]; len(l) > 0 {
+		last := l[len(l)-1]
+		msg += fmt.Sprintf(" [%s]: %s", last.Code, last.Error)
+	}
+	if len(dead) > 1 {
+		msg += fmt.Sprintf(" (and %d more tiles)", len(dead)-1)
+	}
+	return msg
 }
 
 // ExitCode maps a job state onto the command contract of DESIGN.md.

@@ -1,454 +1,221 @@
 package coordinator
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
 )
 
-func TestSubmitWritesJobFramesTilesAndOneOutboxRecordPerTile(t *testing.T) {
-	h := newHarness(t, Config{})
-	const w, ht, size, first, last = 100, 50, 32, 3, 5
-	perFrame := tileCount(w, ht, size) // 4 x 2
-	req := smallRequest(t, first, last, w, ht, size)
-	res := h.submit(t, req)
-
-	if !res.Created {
-		t.Error("first submission: Created = false")
-	}
-	st := res.Status
-	if st.FramesTotal != last-first+1 || st.TilesTotal != perFrame*(last-first+1) || st.TilesCompleted != 0 {
-		t.Errorf("status frames %d tiles %d/%d, want %d frames, %d tiles, 0 completed",
-			st.FramesTotal, st.TilesCompleted, st.TilesTotal, last-first+1, perFrame*(last-first+1))
-	}
-	if st.State != StateQueued || ExitCode(st.State) != 42 {
-		t.Errorf("new job state %q (exit %d), want queued (42)", st.State, ExitCode(st.State))
-	}
-	if st.FirstFrame != first || st.LastFrame != last || st.Camera != "orbit" || st.Scene != "scene.json" {
-		t.Errorf("status identity = frames %d-%d camera %q scene %q", st.FirstFrame, st.LastFrame, st.Camera, st.Scene)
-	}
-	if st.SceneVersion != req.Bundle.Version() {
-		t.Errorf("scene version %s, want the bundle's %s", st.SceneVersion, req.Bundle.Version())
-	}
-
-	// The scene is stored once, content-addressed, before anything can be dispatched.
-	if _, err := h.objects.Stat(h.ctx, farm.SceneKey(req.Bundle.Version())); err != nil {
-		t.Errorf("scene bundle not stored: %v", err)
-	}
-
-	j := h.job(t, st.JobID)
-	if len(j.FrameKeys) != last-first+1 || j.TileSize != size || j.Settings.Width != w || j.Settings.Height != ht || j.Settings.SPP != 2 {
-		t.Errorf("stored job = %+v", j)
-	}
-	if !slices.Equal(j.Formats, []string{"png"}) {
-		t.Errorf("job formats %v, want [png]", j.Formats)
-	}
-	if g, err := h.jobByKey(t, j.IdempotencyKey); err != nil || g != j.ID {
-		t.Errorf("idempotency index: %s, %v; want %s", g, err, j.ID)
-	}
-
-	// Every tile of every frame, and exactly one outbox record for each, nothing else.
-	recs := h.outbox(t)
-	if len(recs) != perFrame*(last-first+1) {
-		t.Fatalf("outbox has %d records, want %d (one per tile)", len(recs), perFrame*(last-first+1))
-	}
-	byID := map[string]store.OutboxRecord{}
-	for _, r := range recs {
-		if r.Subject != queue.SubjectRender {
-			t.Errorf("outbox record %s on subject %q, want %q", r.MsgID, r.Subject, queue.SubjectRender)
+// A submission writes O(frames) records: its job, one record per frame and one outbox record
+// per frame, whatever the tile count. The same frames in 8 px tiles (48 per frame) and in 64
+// px tiles (1 per frame) write exactly as many records.
+func TestSubmitWritesRecordsPerFrameNotPerTile(t *testing.T) {
+	counts := map[int]map[string]int{}
+	for _, size := range []int{8, 64} {
+		h := newHarness(t, Config{})
+		res := h.submit(t, h.request(1, 5, 64, 48, size))
+		if !res.Created || res.Status.FramesTotal != 5 || res.Status.TilesTotal != 5*tileCount(64, 48, size) {
+			t.Fatalf("tile size %d: %+v", size, res.Status)
 		}
-		if _, dup := byID[r.MsgID]; dup {
-			t.Errorf("two outbox records with msg id %s", r.MsgID)
+		c, err := h.st.Counts(h.ctx)
+		if err != nil {
+			t.Fatal(err)
 		}
-		byID[r.MsgID] = r
-	}
-	seenFrameKeys := map[string]bool{}
-	for i, fk := range j.FrameKeys {
-		if seenFrameKeys[fk] {
-			t.Errorf("frame key %s repeated", fk)
+		counts[size] = c
+		if c["jobs"] != 1 || c["frames"] != 5 || c["outbox"] != 5 || c["tiles"] != 0 || c["failures"] != 0 {
+			t.Fatalf("tile size %d wrote %v; want 1 job, 5 frames, 5 outbox records and nothing per tile", size, c)
 		}
-		seenFrameKeys[fk] = true
-		f := h.frame(t, fk)
-		if f.Frame != first+i || f.State != store.FrameQueued || !slices.Equal(f.JobIDs, []string{j.ID}) {
-			t.Errorf("frame %d: number %d state %q jobs %v", first+i, f.Frame, f.State, f.JobIDs)
-		}
-		if len(tileKeys(t, f)) != perFrame {
-			t.Fatalf("frame %d has %d tiles, want %d", f.Frame, len(tileKeys(t, f)), perFrame)
-		}
-		covered := make([]int, w*ht)
-		for _, tk := range tileKeys(t, f) {
-			tl := h.tile(t, tk)
-			if tl.State != store.TileQueued || tl.FrameKey != fk || tl.Attempts != 0 {
-				t.Errorf("tile %s: state %q frame %s attempts %d", tk, tl.State, tl.FrameKey, tl.Attempts)
-			}
-			r, ok := byID[tk]
-			if !ok {
-				t.Errorf("tile %s has no outbox record", tk)
-				continue
-			}
-			var job farm.TileJob
-			if err := json.Unmarshal(r.Data, &job); err != nil {
-				t.Fatalf("decoding tile job: %v", err)
-			}
-			if job.TileKey != tk || job.FrameKey != fk || job.Frame != f.Frame || job.JobID != j.ID ||
-				job.SceneVersion != j.SceneVersion || job.Rect != tl.Rect || job.Settings != j.Settings || job.InputHash == "" {
-				t.Errorf("tile job for %s = %+v", tk, job)
-			}
-			rc := tl.Rect
-			if rc.X0 < 0 || rc.Y0 < 0 || rc.X1 > w || rc.Y1 > ht || rc.X1-rc.X0 > size || rc.Y1-rc.Y0 > size || rc.X1 <= rc.X0 || rc.Y1 <= rc.Y0 {
-				t.Errorf("tile %s rect %+v outside a %dx%d frame of %d px tiles", tk, rc, w, ht, size)
-			}
-			for y := max(rc.Y0, 0); y < min(rc.Y1, ht); y++ {
-				for x := max(rc.X0, 0); x < min(rc.X1, w); x++ {
-					covered[y*w+x]++
-				}
+		for _, r := range h.outbox(t) {
+			if r.Kind != store.OutboxTiles || r.Tiles != nil || r.JobID != res.Status.JobID {
+				t.Fatalf("outbox record %+v, want one for every tile of its frame", r)
 			}
 		}
-		for p, n := range covered {
-			if n != 1 {
-				t.Fatalf("frame %d pixel (%d,%d) covered by %d tiles, want 1", f.Frame, p%w, p/w, n)
-			}
+	}
+	for bucket, n := range counts[8] {
+		if counts[64][bucket] != n {
+			t.Fatalf("bucket %s: %d records with 48 tiles per frame, %d with 1", bucket, n, counts[64][bucket])
 		}
 	}
 }
 
-func (h *harness) jobByKey(t *testing.T, key string) (string, error) {
-	t.Helper()
-	var id string
-	err := h.st.View(h.ctx, func(tx *store.Tx) error {
-		j, err := tx.JobByIdempotencyKey(key)
-		if err == nil {
-			id = j.ID
-		}
-		return err
-	})
-	return id, err
-}
+// tileCount is ceil(w/size)*ceil(h/size), computed independently of tiles.Split.
+func tileCount(w, h, size int) int { return ((w + size - 1) / size) * ((h + size - 1) / size) }
 
 func TestSubmitSameRequestAgainReturnsExistingJob(t *testing.T) {
 	h := newHarness(t, Config{})
-	req := smallRequest(t, 1, 2, 64, 64, 32)
-	first := h.submit(t, req)
-	before := h.outbox(t)
-
-	again := h.submit(t, smallRequest(t, 1, 2, 64, 64, 32))
-	if again.Created {
-		t.Error("resubmission: Created = true")
+	a := h.submit(t, h.request(1, 3, 32, 32, 16))
+	before := len(h.outbox(t))
+	b := h.submit(t, h.request(1, 3, 32, 32, 16))
+	if b.Created || b.Status.JobID != a.Status.JobID {
+		t.Fatalf("resubmission: created %v, job %s (first %s)", b.Created, b.Status.JobID, a.Status.JobID)
 	}
-	if again.Status.JobID != first.Status.JobID {
-		t.Errorf("resubmission job %s, want %s", again.Status.JobID, first.Status.JobID)
+	if n := len(h.outbox(t)); n != before {
+		t.Fatalf("resubmission added %d outbox records", n-before)
 	}
-	// Tile size is a scheduling hint, not part of the payload: same job, nothing enqueued.
-	other := h.submit(t, smallRequest(t, 1, 2, 64, 64, 16))
-	if other.Created || other.Status.JobID != first.Status.JobID || other.Status.TilesTotal != first.Status.TilesTotal {
-		t.Errorf("resubmission with another tile size: created %v job %s tiles %d; want the existing job with %d tiles",
-			other.Created, other.Status.JobID, other.Status.TilesTotal, first.Status.TilesTotal)
-	}
-	after := h.outbox(t)
-	if len(after) != len(before) || len(before) != 2*tileCount(64, 64, 32) {
-		t.Fatalf("outbox grew from %d to %d records on resubmission (want %d both times)", len(before), len(after), 2*tileCount(64, 64, 32))
-	}
-	for i := range before {
-		if after[i].Seq != before[i].Seq || after[i].MsgID != before[i].MsgID {
-			t.Errorf("outbox record %d changed: %+v -> %+v", i, before[i], after[i])
-		}
-	}
-	if n := h.jobCount(t); n != 1 {
-		t.Errorf("%d jobs stored, want 1", n)
-	}
-	if f := h.frame(t, h.job(t, first.Status.JobID).FrameKeys[0]); len(f.JobIDs) != 1 {
-		t.Errorf("frame job ids %v after resubmission, want one", f.JobIDs)
+	// Another tile size is a scheduling hint, not another request.
+	c := h.submit(t, h.request(1, 3, 32, 32, 8))
+	if c.Created || c.Status.JobID != a.Status.JobID {
+		t.Fatalf("resubmission with another tile size made job %s", c.Status.JobID)
 	}
 }
 
 func TestSubmitSameKeyDifferentPayloadConflicts(t *testing.T) {
 	h := newHarness(t, Config{})
-	req := smallRequest(t, 1, 2, 64, 64, 32)
-	req.IdempotencyKey = "nightly-shot-010"
-	first := h.submit(t, req)
-	before := h.outbox(t)
-
-	for name, mutate := range map[string]func(*SubmitRequest){
-		"spp":     func(r *SubmitRequest) { r.SPP = 3 },
-		"frames":  func(r *SubmitRequest) { r.Last = 3 },
-		"camera":  func(r *SubmitRequest) { r.Camera = "top" },
-		"formats": func(r *SubmitRequest) { r.Formats = []string{"png", "exr"} },
-		"project": func(r *SubmitRequest) { r.Project = "other" },
-	} {
-		r := smallRequest(t, 1, 2, 64, 64, 32)
-		r.IdempotencyKey = req.IdempotencyKey
-		mutate(&r)
-		_, err := h.c.Submit(h.ctx, r)
-		if !errors.Is(err, ErrConflict) {
-			t.Errorf("%s changed under the same key: err = %v, want ErrConflict", name, err)
-			continue
-		}
-		if !strings.Contains(err.Error(), req.IdempotencyKey) || !strings.Contains(err.Error(), first.Status.JobID) {
-			t.Errorf("conflict error %q should name the key and the existing job", err)
-		}
-	}
-	if after := h.outbox(t); len(after) != len(before) {
-		t.Errorf("outbox grew from %d to %d records on conflicts", len(before), len(after))
-	}
-	if n := h.jobCount(t); n != 1 {
-		t.Errorf("%d jobs stored after conflicts, want 1", n)
-	}
-	// The same key with the same payload is still fine.
-	if res := h.submit(t, req); res.Created || res.Status.JobID != first.Status.JobID {
-		t.Errorf("same key and payload: created %v job %s, want existing %s", res.Created, res.Status.JobID, first.Status.JobID)
+	req := h.request(1, 2, 32, 32, 16)
+	req.IdempotencyKey = "shot-42"
+	h.submit(t, req)
+	req.Last = 3
+	_, err := h.c.Submit(h.ctx, req)
+	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "shot-42") {
+		t.Fatalf("same key, other frames: %v, want a conflict naming the key", err)
 	}
 }
 
+// Overlapping jobs share frames: the second job dispatches only the frames the first did not
+// ask for.
 func TestSubmitOverlappingJobsShareFrames(t *testing.T) {
 	h := newHarness(t, Config{})
-	const w, ht, size = 64, 48, 32
-	perFrame := tileCount(w, ht, size)
-	a := h.submit(t, smallRequest(t, 1, 3, w, ht, size))
-	nA := len(h.outbox(t))
-	b := h.submit(t, smallRequest(t, 2, 5, w, ht, size))
-	if !b.Created || b.Status.JobID == a.Status.JobID {
-		t.Fatalf("overlapping job: created %v id %s (first %s), want a new job", b.Created, b.Status.JobID, a.Status.JobID)
-	}
+	a := h.submit(t, h.request(1, 3, 32, 32, 16))
+	h.relay(t)
+	b := h.submit(t, h.request(2, 5, 32, 32, 16))
 	recs := h.outbox(t)
-	if got, want := len(recs)-nA, 2*perFrame; got != want {
-		t.Errorf("overlapping job added %d outbox records, want %d (only frames 4 and 5 are new)", got, want)
+	if len(recs) != 2 {
+		t.Fatalf("second job dispatched %d frames, want 2 (frames 4 and 5)", len(recs))
 	}
-	ja, jb := h.job(t, a.Status.JobID), h.job(t, b.Status.JobID)
-	if jb.FrameKeys[0] != ja.FrameKeys[1] || jb.FrameKeys[1] != ja.FrameKeys[2] {
-		t.Fatalf("frames 2-3 have different keys in the two jobs")
-	}
-	for _, fk := range jb.FrameKeys[:2] {
-		f := h.frame(t, fk)
-		if !slices.Equal(sortedCopy(f.JobIDs), sortedCopy([]string{ja.ID, jb.ID})) {
-			t.Errorf("shared frame %d job ids %v, want both jobs", f.Frame, f.JobIDs)
-		}
-		if len(tileKeys(t, f)) != perFrame {
-			t.Errorf("shared frame %d has %d tiles, want %d", f.Frame, len(tileKeys(t, f)), perFrame)
+	for _, r := range recs {
+		if r.FrameKey != h.job(t, b.Status.JobID).FrameKey(4) && r.FrameKey != h.job(t, b.Status.JobID).FrameKey(5) {
+			t.Fatalf("dispatched frame %s, which job %s already asked for", r.FrameKey, a.Status.JobID)
 		}
 	}
-	newTiles := map[string]bool{}
-	for _, r := range recs[nA:] {
-		var job farm.TileJob
-		if err := json.Unmarshal(r.Data, &job); err != nil {
-			t.Fatal(err)
-		}
-		if job.Frame != 4 && job.Frame != 5 {
-			t.Errorf("second job enqueued a tile of frame %d, which the first job already has", job.Frame)
-		}
-		newTiles[r.MsgID] = true
-	}
-	if len(newTiles) != 2*perFrame {
-		t.Errorf("second job's records name %d distinct tiles, want %d", len(newTiles), 2*perFrame)
-	}
-	if b.Status.TilesTotal != 4*perFrame || b.Status.FramesTotal != 4 {
-		t.Errorf("second job totals: %d frames, %d tiles; want 4, %d", b.Status.FramesTotal, b.Status.TilesTotal, 4*perFrame)
+	f := h.frame(t, h.job(t, b.Status.JobID).FrameKey(2))
+	if !slices.Equal(f.JobIDs, []string{a.Status.JobID, b.Status.JobID}) {
+		t.Fatalf("shared frame has jobs %v", f.JobIDs)
 	}
 }
 
+// A frame completed by an earlier job is reused: a new job asking for it is completed at once
+// and nothing is dispatched.
 func TestSubmitReusesCompletedFrame(t *testing.T) {
 	h := newHarness(t, Config{})
-	const w, ht, size = 32, 32, 32 // one tile per frame
-	a := h.submit(t, smallRequest(t, 1, 1, w, ht, size))
-	fk := h.job(t, a.Status.JobID).FrameKeys[0]
-	tk := tileKeys(t, h.frame(t, fk))[0]
-	h.apply(t, farm.Event{ID: "c1", Type: farm.EventTileCompleted, TileKey: tk, FrameKey: fk, Attempt: "a1", Worker: "w"})
-	h.apply(t, farm.Event{ID: "f1", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
-	nBefore := len(h.outbox(t))
-
-	b := h.submit(t, smallRequest(t, 1, 2, w, ht, size))
-	if !b.Created {
-		t.Fatal("second job not created")
+	a := h.submit(t, h.request(1, 1, 32, 32, 16))
+	h.relay(t)
+	fk := h.job(t, a.Status.JobID).FrameKey(1)
+	h.completeTiles(t, fk)
+	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	h.relay(t)
+	req := h.request(1, 1, 32, 32, 16)
+	req.IdempotencyKey = "again"
+	b := h.submit(t, req)
+	if !b.Created || b.Status.State != StateCompleted || b.Status.TilesCompleted != b.Status.TilesTotal {
+		t.Fatalf("new job for a completed frame: %+v", b.Status)
 	}
-	if got := len(h.outbox(t)) - nBefore; got != 1 {
-		t.Errorf("second job enqueued %d tiles, want 1 (frame 1 is already completed)", got)
-	}
-	st := b.Status
-	if st.FramesCompleted != 1 || st.TilesCompleted != 1 || st.Frames[0].State != store.FrameCompleted {
-		t.Errorf("second job sees %d frames, %d tiles completed (frame 1 %q); want the reused frame completed",
-			st.FramesCompleted, st.TilesCompleted, st.Frames[0].State)
-	}
-	if st.State != StateRendering {
-		t.Errorf("half-reused job state %q, want %q", st.State, StateRendering)
+	if n := len(h.outbox(t)); n != 0 {
+		t.Fatalf("reusing a completed frame dispatched %d records", n)
 	}
 }
 
-// TestSubmitSharedFrameGetsRequestedFormats: a second job asking for EXR of a frame that an
-// earlier PNG-only job created (and that is not assembled yet) must get its EXR: the shared
-// frame's formats, which decide what the assembler encodes, must include every job's formats.
-func TestSubmitSharedFrameGetsRequestedFormats(t *testing.T) {
-	h := newHarness(t, Config{})
-	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
-	reqB := smallRequest(t, 1, 1, 32, 32, 32)
-	reqB.Formats = []string{"exr"}
-	reqB.IdempotencyKey = "exr-delivery" // see TestSubmitOtherFormatWithoutKeyIsNoConflict for the derived key
-	b := h.submit(t, reqB)
-	if !b.Created || b.Status.JobID == a.Status.JobID {
-		t.Fatalf("exr job: created %v id %s; want a new job", b.Created, b.Status.JobID)
-	}
-	f := h.frame(t, h.job(t, b.Status.JobID).FrameKeys[0])
-	if !slices.Contains(f.Formats, "exr") {
-		t.Errorf("shared frame formats %v: job %s asked for exr but the assembler will not produce it", f.Formats, b.Status.JobID)
-	}
-}
-
-// TestSubmitOtherFormatWithoutKeyIsNoConflict: an artist who rendered PNGs and now asks for
-// the same frames as EXR, without an explicit idempotency key, gave no key that could conflict.
-// The derived key leaves formats out while payload_hash covers them, so today this is reported as
-// "idempotency key ... already names job ... with a different request" (exit 1), and
-// `coordinator render --out x_####.exr` after a PNG render in the same --data fails.
-func TestSubmitOtherFormatWithoutKeyIsNoConflict(t *testing.T) {
-	h := newHarness(t, Config{})
-	a := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
-	req := smallRequest(t, 1, 1, 32, 32, 32)
-	req.Formats = []string{"exr"}
-	res, err := h.c.Submit(h.ctx, req)
-	if errors.Is(err, ErrConflict) {
-		t.Fatalf("asking for exr of a job first submitted as png, with no idempotency key: %v", err)
-	}
-	if err != nil {
-		t.Fatalf("Submit: %v", err)
-	}
-	if res.Status.JobID == a.Status.JobID && !slices.Contains(h.job(t, res.Status.JobID).Formats, "exr") {
-		t.Errorf("exr request returned png-only job %s", res.Status.JobID)
-	}
-}
-
+// Bad input is refused with a clear message and writes nothing.
 func TestSubmitBadInputWritesNothing(t *testing.T) {
 	h := newHarness(t, Config{})
-	cases := map[string]func(*SubmitRequest){
-		"reversed range":    func(r *SubmitRequest) { r.First, r.Last = 5, 2 },
-		"too many frames":   func(r *SubmitRequest) { r.First, r.Last = 1, MaxFramesPerJob+1 },
-		"unknown camera":    func(r *SubmitRequest) { r.Camera = "dolly" },
-		"negative tile":     func(r *SubmitRequest) { r.TileSize = -1 },
-		"huge tile":         func(r *SubmitRequest) { r.TileSize = 1 << 20 },
-		"unknown format":    func(r *SubmitRequest) { r.Formats = []string{"png", "jpg"} },
-		"absurd spp":        func(r *SubmitRequest) { r.SPP = 1 << 30 },
-		"negative spp":      func(r *SubmitRequest) { r.SPP = -4 },
-		"absurd resolution": func(r *SubmitRequest) { r.Width, r.Height = 1<<20, 1<<20 },
-		"no bundle":         func(r *SubmitRequest) { r.Bundle = nil },
-		"missing asset":     func(r *SubmitRequest) { r.Bundle.Assets = map[string][]byte{} },
-		"garbage scene":     func(r *SubmitRequest) { r.Bundle.Scene = []byte("{not json") },
+	cases := map[string]func(r *SubmitRequest){
+		"reversed":         func(r *SubmitRequest) { r.First, r.Last = 5, 2 },
+		"negative frame":   func(r *SubmitRequest) { r.First = -1 },
+		"too many frames":  func(r *SubmitRequest) { r.First, r.Last = 0, MaxFramesPerJob },
+		"unknown camera":   func(r *SubmitRequest) { r.Camera = "nope" },
+		"huge resolution":  func(r *SubmitRequest) { r.Width = 1 << 20 },
+		"zero spp":         func(r *SubmitRequest) { r.SPP = -3 },
+		"tile size":        func(r *SubmitRequest) { r.TileSize = -4 },
+		"too many tiles":   func(r *SubmitRequest) { r.Width, r.Height, r.TileSize, r.Last = 4096, 4096, 1, 1 },
+		"unknown format":   func(r *SubmitRequest) { r.Formats = []string{"gif"} },
+		"missing scene":    func(r *SubmitRequest) { r.SceneVersion = strings.Repeat("ab", 32) },
+		"not a version":    func(r *SubmitRequest) { r.SceneVersion = "../../etc/passwd" },
+		"huge idem key":    func(r *SubmitRequest) { r.IdempotencyKey = strings.Repeat("k", 1<<20) },
+		"huge project":     func(r *SubmitRequest) { r.Project = strings.Repeat("p", 4096) },
+		"empty everything": func(r *SubmitRequest) { *r = SubmitRequest{} },
 	}
-	for name, mutate := range cases {
+	for name, mod := range cases {
 		t.Run(name, func(t *testing.T) {
-			r := smallRequest(t, 1, 2, 64, 64, 32)
-			mutate(&r)
-			res, err := h.c.Submit(h.ctx, r)
+			req := h.request(1, 2, 32, 32, 16)
+			mod(&req)
+			_, err := h.c.Submit(h.ctx, req)
 			if !errors.Is(err, ErrBadInput) {
-				t.Fatalf("err = %v (result %+v), want ErrBadInput", err, res)
+				t.Fatalf("Submit = %v, want bad input", err)
 			}
-			if strings.TrimSpace(strings.TrimPrefix(err.Error(), ErrBadInput.Error()+":")) == "" {
-				t.Errorf("error %q does not say what is wrong", err)
+			if len(err.Error()) > 600 {
+				t.Fatalf("error message of %d bytes echoes the input", len(err.Error()))
 			}
 		})
 	}
-	if n := h.jobCount(t); n != 0 {
-		t.Errorf("%d jobs stored after bad submissions", n)
+	c, err := h.st.Counts(h.ctx)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if recs := h.outbox(t); len(recs) != 0 {
-		t.Errorf("%d outbox records after bad submissions", len(recs))
-	}
-	if objs, err := h.objects.List(h.ctx, ""); err != nil || len(objs) != 0 {
-		t.Errorf("object store after bad submissions: %v, %v; want empty", objs, err)
-	}
-}
-
-// TestSubmitZeroTileSizeMeansDefault pins down what an omitted tile size does over the API:
-// the CLI rejects --tile 0, but a request without tile_size gets 64 px tiles.
-func TestSubmitZeroTileSizeMeansDefault(t *testing.T) {
-	h := newHarness(t, Config{})
-	res := h.submit(t, smallRequest(t, 1, 1, 130, 70, 0))
-	if want := tileCount(130, 70, 64); res.Status.TilesTotal != want {
-		t.Errorf("tile size 0: %d tiles, want %d (64 px default)", res.Status.TilesTotal, want)
-	}
-	if j := h.job(t, res.Status.JobID); j.TileSize != 64 {
-		t.Errorf("stored tile size %d, want 64", j.TileSize)
-	}
-}
-
-func TestSubmitDefaultFramesAndSettingsFromScene(t *testing.T) {
-	h := newHarness(t, Config{})
-	req := SubmitRequest{Bundle: shotBundle(t), SceneFrames: true, Width: 16, Height: 16, TileSize: 16, SPP: 1}
-	res := h.submit(t, req)
-	// examples/shot/scene.json declares frames 1-24 and camera "orbit".
-	if res.Status.FirstFrame != 1 || res.Status.LastFrame != 24 || res.Status.FramesTotal != 24 || res.Status.Camera != "orbit" {
-		t.Errorf("defaults: frames %d-%d (%d) camera %q; want the scene's 1-24, orbit",
-			res.Status.FirstFrame, res.Status.LastFrame, res.Status.FramesTotal, res.Status.Camera)
-	}
-	j := h.job(t, res.Status.JobID)
-	if j.Settings.MaxDepth != 6 || j.Settings.Seed != 7 {
-		t.Errorf("settings %+v: want the scene's max_depth 6 and seed 7", j.Settings)
-	}
-	if len(h.outbox(t)) != 24 {
-		t.Errorf("%d outbox records, want 24", len(h.outbox(t)))
-	}
-}
-
-func TestSubmitBusyRefusesAndWritesNothing(t *testing.T) {
-	h := newHarness(t, Config{MaxQueued: 1})
-	for i := range 2 {
-		if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, fmt.Sprintf("filler-%d", i), []byte("{}"), nil); err != nil {
-			t.Fatalf("Publish: %v", err)
+	for bucket, n := range c {
+		if n != 0 {
+			t.Errorf("bad submissions left %d records in %s", n, bucket)
 		}
 	}
-	_, err := h.c.Submit(h.ctx, smallRequest(t, 1, 1, 32, 32, 32))
+}
+
+// A scene bundle is validated before anything is stored: its content must hash to the version
+// it is uploaded under, parse, and carry nothing its scene does not reference.
+func TestPutSceneRejectsBadBundles(t *testing.T) {
+	h := newHarness(t, Config{})
+	good := shotBundle(t)
+	extra := shotBundle(t)
+	extra.Assets["secrets.txt"] = []byte("not referenced")
+	broken := &farm.Bundle{Name: "x.json", Scene: []byte(`{"cameras": [`), Assets: map[string][]byte{}}
+	for name, c := range map[string]struct {
+		version string
+		raw     []byte
+		want    string
+	}{
+		"wrong version":  {strings.Repeat("0", 64), good.Encode(), "hashes to"},
+		"not a bundle":   {good.Version(), []byte("PK\x03\x04 zip file"), "not a tilefarm scene bundle"},
+		"truncated":      {good.Version(), good.Encode()[:100], "bundle"},
+		"unreferenced":   {extra.Version(), extra.Encode(), "not referenced"},
+		"broken scene":   {broken.Version(), broken.Encode(), "scene"},
+		"version syntax": {"ABC", good.Encode(), "sha256"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := h.c.PutScene(h.ctx, c.version, c.raw)
+			if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("PutScene = %v, want bad input mentioning %q", err, c.want)
+			}
+			if ok, _ := h.c.HasScene(h.ctx, extra.Version()); ok {
+				t.Fatal("a rejected bundle was stored")
+			}
+		})
+	}
+}
+
+// The busy limit refuses new work, never a resubmission of a known job.
+func TestSubmitBusyRefusesNewWorkButAnswersResubmission(t *testing.T) {
+	h := newHarness(t, Config{MaxQueued: 1})
+	a := h.submit(t, h.request(1, 2, 32, 32, 16))
+	h.relay(t)
+	_, err := h.c.Submit(h.ctx, h.request(3, 4, 32, 32, 16))
 	if !errors.Is(err, ErrBusy) {
-		t.Fatalf("Submit with 2 queued and MaxQueued 1: %v, want ErrBusy", err)
+		t.Fatalf("Submit while busy = %v, want ErrBusy", err)
 	}
-	if n := h.jobCount(t); n != 0 {
-		t.Errorf("%d jobs stored while busy", n)
-	}
-	if recs := h.outbox(t); len(recs) != 0 {
-		t.Errorf("%d outbox records while busy", len(recs))
-	}
-}
-
-// A cron job re-running submit for a job the farm already holds gets the job's state, not
-// "busy", however full the queue is.
-func TestResubmitWhileBusyReturnsTheJob(t *testing.T) {
-	h := newHarness(t, Config{MaxQueued: 1})
-	first := h.submit(t, smallRequest(t, 1, 1, 32, 32, 32))
-	for i := range 2 {
-		if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, fmt.Sprintf("filler-%d", i), []byte("{}"), nil); err != nil {
-			t.Fatalf("Publish: %v", err)
-		}
-	}
-	again, err := h.c.Submit(h.ctx, smallRequest(t, 1, 1, 32, 32, 32))
-	if err != nil || again.Created || again.Status.JobID != first.Status.JobID {
-		t.Fatalf("resubmit while busy: %+v, %v; want job %s", again, err, first.Status.JobID)
-	}
-	if _, err := h.c.Submit(h.ctx, smallRequest(t, 2, 2, 32, 32, 32)); !errors.Is(err, ErrBusy) {
-		t.Fatalf("a new job while busy: %v, want ErrBusy", err)
+	again, err := h.c.Submit(h.ctx, h.request(1, 2, 32, 32, 16))
+	if err != nil || again.Status.JobID != a.Status.JobID {
+		t.Fatalf("resubmission while busy = %+v, %v", again.Status, err)
 	}
 }
 
 func TestCheckFrameRange(t *testing.T) {
-	const maxInt = int(^uint(0) >> 1)
 	for _, c := range []struct {
 		first, last int
 		ok          bool
-	}{
-		{1, 24, true},
-		{0, 0, true},
-		{-5, 5, false},
-		{1, MaxFramesPerJob, true},
-		{1, MaxFramesPerJob + 1, false},
-		{5, 2, false},
-		{0, maxInt, false},
-		{-maxInt - 1, maxInt, false},
-		{-maxInt - 1, -maxInt - 1, false},
-		{maxInt, maxInt, false},
-	} {
+	}{{1, 1, true}, {0, 99999, true}, {0, 100000, false}, {3, 2, false}, {-1, 4, false}} {
 		err := CheckFrameRange(c.first, c.last)
 		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadInput)) {
-			t.Errorf("CheckFrameRange(%d, %d) = %v, want ok=%v", c.first, c.last, err, c.ok)
+			t.Errorf("CheckFrameRange(%d, %d) = %v", c.first, c.last, err)
 		}
 	}
 }

@@ -96,14 +96,15 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	}
 	ctx := context.Background()
 	tileKey := tileKeys(t, f, st.JobID)[0]
-	m, err := finalize.ReadManifest(ctx, objects, farm.TileManifestKey(tileKey))
+	frameKey := st.Frames[0].FrameKey
+	m, err := finalize.ReadManifest(ctx, objects, farm.TileManifestKey(frameKey, tileKey))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.Meta["worker"] != "rescuer" {
 		t.Fatalf("tile manifest promoted by %q, want rescuer", m.Meta["worker"])
 	}
-	attempts, err := objects.List(ctx, "attempts/"+farm.TileManifestKey(tileKey)+"/")
+	attempts, err := objects.List(ctx, "attempts/"+farm.TileManifestKey(frameKey, tileKey)+"/")
 	if err != nil {
 		t.Fatal(err)
 	}

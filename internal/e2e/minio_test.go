@@ -86,7 +86,7 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 	// Workers keep the scene in a local cache keyed by scene_version.
 	cached := 0
 	for _, d := range []string{dirA, dirB} {
-		if _, err := os.Stat(filepath.Join(d, "scenes", done.SceneVersion+".json")); err == nil {
+		if _, err := os.Stat(filepath.Join(d, "scenes", done.SceneVersion+".tfb")); err == nil {
 			cached++
 		}
 	}
@@ -217,8 +217,10 @@ func TestMinIOOutageThenGC(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 || done.TilesCompleted != done.TilesTotal {
 		t.Fatalf("job after the outage: %+v", done)
 	}
-	if !strings.Contains(w1.log()+w2.log(), "storage unavailable; retrying in place") {
-		t.Fatalf("no worker saw the outage:\n%s\n%s", w1.log(), w2.log())
+	logs := w1.log() + w2.log()
+	if !strings.Contains(logs, "infrastructure unavailable; retrying in place") ||
+		!strings.Contains(logs, "object store unavailable: not taking new work") || !strings.Contains(logs, "object store available again") {
+		t.Fatalf("no worker retried in place and paused for the outage:\n%s\n%s", w1.log(), w2.log())
 	}
 	if dlq := f.cli("dlq", "list"); dlq.code != 0 || strings.Contains(dlq.stdout, "tiles.") {
 		t.Fatalf("something was dead-lettered: %s", dlq)

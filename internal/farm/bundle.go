@@ -1,47 +1,64 @@
 package farm
 
 import (
-	"encoding/json"
+	"bytes"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
+	"path"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// MaxBundleBytes bounds a scene bundle so a bad submission cannot exhaust the coordinator.
-const MaxBundleBytes = 512 << 20
+// Limits of a scene bundle, so a bad submission cannot exhaust the coordinator.
+const (
+	MaxBundleBytes  = 512 << 20
+	MaxBundleAssets = 4096
+	maxBundlePath   = 1024
+)
+
+// ErrBadBundle is wrapped by every error about a bundle's content or encoding.
+var ErrBadBundle = errors.New("bad scene bundle")
 
 // Bundle is a scene file with every asset it references, as the coordinator stores it once,
 // content-addressed by its scene version, and as workers fetch it.
 type Bundle struct {
-	Name   string            `json:"name"` // base name of the scene file, for display only
-	Scene  []byte            `json:"scene"`
-	Assets map[string][]byte `json:"assets"`
+	Name   string            // base name of the scene file, for display only
+	Scene  []byte            // the scene file
+	Assets map[string][]byte // by the relative, slash-separated name the scene uses
 }
 
+// bundleMagic starts every encoded bundle; the byte after it is the format version.
+const bundleMagic = "TFBUNDLE"
+
+const bundleV1 = 1
+
 // ReadBundle reads a scene file and the assets it names from the file's directory.
-func ReadBundle(path string) (*Bundle, error) {
-	data, err := os.ReadFile(path)
+func ReadBundle(scenePath string) (*Bundle, error) {
+	data, err := os.ReadFile(scenePath)
 	if err != nil {
-		return nil, fmt.Errorf("reading scene %q: %w", path, err)
+		return nil, fmt.Errorf("reading scene %q: %w", scenePath, err)
 	}
 	paths, err := render.AssetPaths(data)
 	if err != nil {
-		return nil, fmt.Errorf("scene %q: %w", path, err)
+		return nil, fmt.Errorf("scene %q: %w", scenePath, err)
 	}
-	b := &Bundle{Name: filepath.Base(path), Scene: data, Assets: make(map[string][]byte, len(paths))}
-	dir := filepath.Dir(path)
+	b := &Bundle{Name: filepath.Base(scenePath), Scene: data, Assets: make(map[string][]byte, len(paths))}
+	dir := filepath.Dir(scenePath)
 	total := len(data)
 	for _, rel := range paths {
 		asset, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
 		if err != nil {
-			return nil, fmt.Errorf("scene %q: reading asset %q: %w", path, rel, err)
+			return nil, fmt.Errorf("scene %q: reading asset %q: %w", scenePath, rel, err)
 		}
 		total += len(asset)
 		if total > MaxBundleBytes {
-			return nil, fmt.Errorf("scene %q: scene and assets exceed %d MiB", path, MaxBundleBytes>>20)
+			return nil, fmt.Errorf("scene %q: scene and assets exceed %d MiB", scenePath, MaxBundleBytes>>20)
 		}
 		b.Assets[rel] = asset
 	}
@@ -62,14 +79,165 @@ func (b *Bundle) Parse() (*render.Scene, error) {
 	})
 }
 
-// Encode serialises the bundle for storage.
-func (b *Bundle) Encode() ([]byte, error) { return json.Marshal(b) }
-
-// DecodeBundle parses a stored bundle.
-func DecodeBundle(data []byte) (*Bundle, error) {
-	var b Bundle
-	if err := json.Unmarshal(data, &b); err != nil {
-		return nil, fmt.Errorf("decoding scene bundle: %w", err)
+// CheckAssets rejects a bundle carrying a file its scene does not reference: a bundle holds
+// exactly what renders the scene, nothing an attacker or a stray directory could add.
+func (b *Bundle) CheckAssets() error {
+	refs, err := render.AssetPaths(b.Scene)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadBundle, err)
 	}
-	return &b, nil
+	for name := range b.Assets {
+		if !slices.Contains(refs, name) {
+			return fmt.Errorf("%w: asset %q is not referenced by the scene", ErrBadBundle, name)
+		}
+	}
+	return nil
+}
+
+// Encode serialises the bundle:
+//
+//	"TFBUNDLE" | version u8 | uvarint len + name | uvarint scene size | uvarint asset count |
+//	per asset, by name: uvarint len + name | uvarint size
+//	then the scene's bytes, then each asset's bytes in the same order.
+//
+// The header comes first so a decoder knows every size before it touches the content, and the
+// content is stored raw so decoding needs no copy (see DecodeBundle).
+func (b *Bundle) Encode() []byte {
+	names := make([]string, 0, len(b.Assets))
+	size := len(bundleMagic) + 1 + 3*binary.MaxVarintLen64 + len(b.Name) + len(b.Scene)
+	for n, a := range b.Assets {
+		names = append(names, n)
+		size += 2*binary.MaxVarintLen64 + len(n) + len(a)
+	}
+	slices.Sort(names)
+	out := make([]byte, 0, size)
+	out = append(out, bundleMagic...)
+	out = append(out, bundleV1)
+	out = binary.AppendUvarint(out, uint64(len(b.Name)))
+	out = append(out, b.Name...)
+	out = binary.AppendUvarint(out, uint64(len(b.Scene)))
+	out = binary.AppendUvarint(out, uint64(len(names)))
+	for _, n := range names {
+		out = binary.AppendUvarint(out, uint64(len(n)))
+		out = append(out, n...)
+		out = binary.AppendUvarint(out, uint64(len(b.Assets[n])))
+	}
+	out = append(out, b.Scene...)
+	for _, n := range names {
+		out = append(out, b.Assets[n]...)
+	}
+	return out
+}
+
+// DecodeBundle parses an encoded bundle. The bundle's Scene and Assets are slices of data, not
+// copies, so a submission holds its bundle in memory once. Every size is checked against the
+// limits and against what data holds before anything is sliced.
+func DecodeBundle(data []byte) (*Bundle, error) {
+	if len(data) > MaxBundleBytes+64*1024 {
+		return nil, fmt.Errorf("%w: %d bytes exceed the %d MiB limit", ErrBadBundle, len(data), MaxBundleBytes>>20)
+	}
+	if !bytes.HasPrefix(data, []byte(bundleMagic)) || len(data) < len(bundleMagic)+1 {
+		return nil, fmt.Errorf("%w: not a tilefarm scene bundle", ErrBadBundle)
+	}
+	if v := data[len(bundleMagic)]; v != bundleV1 {
+		return nil, fmt.Errorf("%w: unknown bundle format version %d", ErrBadBundle, v)
+	}
+	r := bundleReader{data: data, off: len(bundleMagic) + 1}
+	name := r.str("scene name", 255)
+	sceneSize := r.size("scene")
+	count := r.uvarint("asset count")
+	if r.err == nil && count > MaxBundleAssets {
+		r.err = fmt.Errorf("%w: %d assets exceed the limit of %d", ErrBadBundle, count, MaxBundleAssets)
+	}
+	type entry struct {
+		name string
+		size int
+	}
+	entries := make([]entry, 0, min(count, MaxBundleAssets))
+	total := sceneSize
+	for i := uint64(0); i < count && r.err == nil; i++ {
+		n := r.str("asset name", maxBundlePath)
+		sz := r.size("asset " + n)
+		if r.err != nil {
+			break
+		}
+		if err := checkAssetName(n); err != nil {
+			return nil, err
+		}
+		if i > 0 && n <= entries[i-1].name {
+			return nil, fmt.Errorf("%w: asset names are not sorted and unique at %q", ErrBadBundle, n)
+		}
+		entries = append(entries, entry{n, sz})
+		total += sz
+	}
+	if r.err != nil {
+		return nil, r.err
+	}
+	if total > MaxBundleBytes {
+		return nil, fmt.Errorf("%w: scene and assets exceed %d MiB", ErrBadBundle, MaxBundleBytes>>20)
+	}
+	if rest := len(data) - r.off; rest != total {
+		return nil, fmt.Errorf("%w: header declares %d content bytes, %d follow", ErrBadBundle, total, rest)
+	}
+	b := &Bundle{Name: name, Assets: make(map[string][]byte, len(entries))}
+	off := r.off
+	b.Scene = data[off : off+sceneSize : off+sceneSize]
+	off += sceneSize
+	for _, e := range entries {
+		b.Assets[e.name] = data[off : off+e.size : off+e.size]
+		off += e.size
+	}
+	return b, nil
+}
+
+// checkAssetName accepts the relative, slash-separated names scenes use, and nothing that could
+// name a file outside the scene's directory.
+func checkAssetName(n string) error {
+	if n == "" || strings.HasPrefix(n, "/") || strings.ContainsAny(n, "\\\x00") || path.Clean(n) != n ||
+		n == ".." || strings.HasPrefix(n, "../") {
+		return fmt.Errorf("%w: asset name %q is not a clean relative path", ErrBadBundle, n)
+	}
+	return nil
+}
+
+// bundleReader reads the header of an encoded bundle; the first error sticks.
+type bundleReader struct {
+	data []byte
+	off  int
+	err  error
+}
+
+func (r *bundleReader) uvarint(what string) uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.data[r.off:])
+	if n <= 0 {
+		r.err = fmt.Errorf("%w: truncated or malformed header at %s", ErrBadBundle, what)
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *bundleReader) size(what string) int {
+	v := r.uvarint(what)
+	if r.err == nil && v > MaxBundleBytes {
+		r.err = fmt.Errorf("%w: %s is %d bytes, over the %d MiB limit", ErrBadBundle, what, v, MaxBundleBytes>>20)
+	}
+	return int(v)
+}
+
+func (r *bundleReader) str(what string, limit int) string {
+	n := r.uvarint(what)
+	if r.err != nil {
+		return ""
+	}
+	if n > uint64(limit) || n > uint64(len(r.data)-r.off) {
+		r.err = fmt.Errorf("%w: %s of %d bytes is too long or truncated", ErrBadBundle, what, n)
+		return ""
+	}
+	s := string(r.data[r.off : r.off+int(n)])
+	r.off += int(n)
+	return s
 }

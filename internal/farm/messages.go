@@ -17,6 +17,7 @@ type TileJob struct {
 	JobID        string          `json:"job_id"` // the submission that first asked; for logs only
 	TileKey      string          `json:"tile_key"`
 	FrameKey     string          `json:"frame_key"`
+	Index        int             `json:"index"` // position in tiles.FrameTiles of the frame
 	SceneVersion string          `json:"scene_version"`
 	Settings     render.Settings `json:"settings"`
 	Frame        int             `json:"frame"`
@@ -45,13 +46,18 @@ const (
 )
 
 // Event reports progress from a worker. ID is unique per logical event so a republished event is
-// deduplicated by JetStream and applied once by the coordinator.
+// deduplicated by JetStream. Seq and Delivery name the TILES message (stream sequence) and the
+// delivery of it the event is about: the coordinator orders a tile's events by them, so an event
+// applied late can never overwrite a newer state (docs/design.md, "States").
 type Event struct {
 	ID               string    `json:"id"`
 	Type             string    `json:"type"`
 	JobID            string    `json:"job_id,omitempty"`
 	TileKey          string    `json:"tile_key,omitempty"`
+	TileIndex        int       `json:"tile_index,omitempty"`
 	FrameKey         string    `json:"frame_key"`
+	Seq              uint64    `json:"seq,omitempty"`
+	Delivery         uint64    `json:"delivery,omitempty"`
 	Attempt          string    `json:"attempt"`
 	Worker           string    `json:"worker"`
 	SamplesRendered  int       `json:"samples_rendered,omitempty"`
@@ -70,15 +76,22 @@ func (e Event) Subject() string { return "events." + e.Type }
 // Object-store keys. They are built from hashes only, never from user strings.
 
 // SceneKey is where a scene bundle is stored, content-addressed by its scene version.
-func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".json" }
+func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".tfb" }
 
-// TileManifestKey is the logical key of a tile's manifest.
-func TileManifestKey(tileKey string) string { return "tiles/" + tileKey }
+// TileManifestKey is the logical key of a tile's manifest. A frame's tile manifests share the
+// prefix TileManifestPrefix(frameKey), so the reconciler lists them in one call.
+func TileManifestKey(frameKey, tileKey string) string { return TileManifestPrefix(frameKey) + tileKey }
+
+// TileManifestPrefix is the logical key prefix of every tile manifest of a frame.
+func TileManifestPrefix(frameKey string) string { return "tiles/" + frameKey + "/" }
+
+// FrameManifestPrefix is the logical key prefix of every output manifest of a frame.
+func FrameManifestPrefix(frameKey string) string { return "frames/" + frameKey + "/" }
 
 // FrameManifestKey is the logical key of one output format of a frame. Each format has its own
 // manifest, so a later job can ask for another format of a finished frame without touching the
 // manifests readers already trust.
-func FrameManifestKey(frameKey, format string) string { return "frames/" + frameKey + "/" + format }
+func FrameManifestKey(frameKey, format string) string { return FrameManifestPrefix(frameKey) + format }
 
 // Formats are the frame output formats and their object names inside a frame manifest.
 var formatNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr"}

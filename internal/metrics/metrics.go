@@ -37,6 +37,7 @@ type Metrics struct {
 	FramesCompleted      prometheus.Counter
 	SamplesRendered      prometheus.Counter
 	OutboxPending        prometheus.Gauge
+	StoreAvailable       prometheus.Gauge
 }
 
 // New creates the metrics in a fresh registry.
@@ -68,6 +69,7 @@ func New() *Metrics {
 		FramesCompleted:      f("frames_completed_total", "Frames assembled and promoted."),
 		SamplesRendered:      f("samples_rendered_total", "Samples per pixel rendered, summed over tiles."),
 		OutboxPending:        g("outbox_pending", "Outbox records not yet published."),
+		StoreAvailable:       g("worker_store_available", "1 while this worker's object store answers; 0 while it takes no new work because the store is down."),
 	}
 	m.DuplicatesSuppressed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tilefarm_duplicates_suppressed_total",

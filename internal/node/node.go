@@ -32,6 +32,7 @@ type CoordinatorOptions struct {
 	DataDir     string // coordinator database, embedded JetStream, filesystem store, in-process checkpoints
 	NATSURL     string // external NATS; empty embeds a JetStream server
 	NATSListen  string // embedded server's client address; empty means loopback on a free port
+	NATSSync    queue.Sync // embedded server's disk sync policy; empty means queue.DefaultSync
 	StoreURL    string // object store; empty means file://DataDir/store
 	HTTPListen  string // HTTP API and /metrics; empty means none
 	Queue       queue.Config
@@ -91,7 +92,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { st.Close() })
-	n.Coord = coordinator.New(o.Coordinator, st, f, nc, objects, n.Metrics, log)
+	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{Store: st, Farm: f, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
@@ -104,16 +105,15 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		}
 		n.closers = append(n.closers, func() { ckpts.Close() })
 		n.goRun(func() { worker.PruneCheckpoints(rctx, ckpts, objects, 10*time.Minute, log) })
-		for i := 0; i < o.Workers; i++ {
-			wc := o.Worker
-			wc.Name = fmt.Sprintf("%s-local-%d", hostname(), i+1)
-			wc.RemoteCheckpoints = wc.RemoteCheckpoints || isS3(o.StoreURL)
-			w, err := worker.New(wc, f, objects, ckpts, n.Metrics, log)
-			if err != nil {
-				return nil, err
-			}
-			n.goRun(func() { _ = w.Run(rctx) })
+		wc := o.Worker
+		wc.Name = hostname() + "-local"
+		wc.Concurrency = o.Workers
+		w, err := worker.New(wc, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
+			Scenes: worker.NewScenes(objects, "", log), Metrics: n.Metrics, Log: log})
+		if err != nil {
+			return nil, err
 		}
+		n.goRun(func() { _ = w.Run(rctx) })
 	}
 	if o.HTTPListen != "" {
 		ln, err := net.Listen("tcp", o.HTTPListen)
@@ -136,7 +136,11 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 		n.closers = append(n.closers, nc.Close)
 		return nc, nil
 	}
-	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen)
+	var opts []queue.EmbeddedOption
+	if o.NATSSync != "" {
+		opts = append(opts, queue.WithSync(o.NATSSync))
+	}
+	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen, opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -190,10 +194,6 @@ func openStore(ctx context.Context, url, dataDir string) (finalize.Store, error)
 		return finalize.NewFSStore(dir)
 	}
 	return finalize.OpenStore(ctx, url)
-}
-
-func isS3(url string) bool {
-	return strings.HasPrefix(url, "s3://") || strings.HasPrefix(url, "s3+http://")
 }
 
 func hostname() string {
@@ -277,16 +277,13 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
-	wc := o.Worker
-	wc.RemoteCheckpoints = wc.RemoteCheckpoints || isS3(o.StoreURL)
-	if wc.SceneCacheDir == "" {
-		wc.SceneCacheDir = filepath.Join(o.CheckpointDir, "scenes")
-	}
-	w, err := worker.New(wc, f, objects, ckpts, m, log)
+	w, err := worker.New(o.Worker, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
+		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), log), Metrics: m, Log: log})
 	if err != nil {
 		return err
 	}
 	go worker.PruneCheckpoints(ctx, ckpts, objects, 10*time.Minute, log)
-	log.Info("worker started", "worker", w.Name(), "concurrency", wc.Concurrency, "ack_wait", f.Cfg.AckWait, "lease_ttl", f.Cfg.LeaseTTL)
+	log.Info("worker started", "worker", w.Name(), "concurrency", o.Worker.Concurrency, "ack_wait", f.Cfg.AckWait,
+		"lease_ttl", f.Cfg.LeaseTTL, "max_failures", f.Cfg.MaxFailures)
 	return w.Run(ctx)
 }

@@ -13,8 +13,13 @@ var ErrInvalidConfig = errors.New("invalid queue config")
 type Config struct {
 	// AckWait is the visibility timeout of a delivered tile; workers extend it with InProgress.
 	AckWait time.Duration
-	// MaxDeliver is how many times a tile is delivered before it is dead-lettered.
+	// MaxDeliver is the safety net: deliveries of a message after which the server gives up on
+	// it, whatever their cause. Kills, handbacks and lost connections use deliveries too, so it
+	// is set well above MaxFailures.
 	MaxDeliver int
+	// MaxFailures is how many classified failures of a tile (a render error, a panic) dead-letter
+	// it. Infrastructure outages, handbacks and waits for a live lease are not failures.
+	MaxFailures int
 	// Backoff replaces AckWait for ack timeouts only (not for Nak); the server needs len(Backoff) <= MaxDeliver.
 	// When set, the server uses Backoff[0] as the consumer's AckWait.
 	Backoff []time.Duration
@@ -29,11 +34,13 @@ type Config struct {
 // EventsRetention is how long EVENTS keeps history for a coordinator catching up after downtime.
 const EventsRetention = 7 * 24 * time.Hour
 
-// DefaultConfig returns the defaults from DESIGN.md (ack-wait 15 s, MaxDeliver 5, dedup 10 min, lease TTL 15 s).
+// DefaultConfig returns the defaults (ack-wait 15 s, 5 failures, MaxDeliver 20, dedup 10 min,
+// lease TTL 15 s).
 func DefaultConfig() Config {
 	return Config{
 		AckWait:     15 * time.Second,
-		MaxDeliver:  5,
+		MaxDeliver:  20,
+		MaxFailures: 5,
 		DedupWindow: 10 * time.Minute,
 		LeaseTTL:    15 * time.Second,
 		Replicas:    1,
@@ -47,6 +54,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: ack wait must be positive, got %v", ErrInvalidConfig, c.AckWait)
 	case c.MaxDeliver < 1:
 		return fmt.Errorf("%w: max deliver must be at least 1, got %d", ErrInvalidConfig, c.MaxDeliver)
+	case c.MaxFailures < 1 || c.MaxFailures > 1000:
+		return fmt.Errorf("%w: max failures must be 1..1000, got %d", ErrInvalidConfig, c.MaxFailures)
 	case len(c.Backoff) > c.MaxDeliver:
 		return fmt.Errorf("%w: %d backoff steps exceed max deliver %d", ErrInvalidConfig, len(c.Backoff), c.MaxDeliver)
 	case c.DedupWindow <= 0:

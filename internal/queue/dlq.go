@@ -91,9 +91,9 @@ func (f *Farm) reasonFor(msgID string, hdr nats.Header) string {
 	return reasonMaxDelivers
 }
 
-// copyDeadLetter copies TILES message seq to the DLQ (deduplicated by deadLetterMsgID). ok is false when the
+// loadDeadLetter reads TILES message seq as a dead letter not stored yet. ok is false when the
 // message is already gone: dead-lettered before, or acked late by a worker that did finish it.
-func (f *Farm) copyDeadLetter(ctx context.Context, seq, deliveries uint64) (dl DeadLetter, ok bool, err error) {
+func (f *Farm) loadDeadLetter(ctx context.Context, seq, deliveries uint64) (dl DeadLetter, ok bool, err error) {
 	raw, err := f.Tiles.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -102,7 +102,7 @@ func (f *Farm) copyDeadLetter(ctx context.Context, seq, deliveries uint64) (dl D
 		return DeadLetter{}, false, fmt.Errorf("loading %s seq %d for dead-lettering: %w", StreamTiles, seq, err)
 	}
 	msgID := raw.Header.Get(jetstream.MsgIDHeader)
-	dl, err = f.storeDeadLetter(ctx, DeadLetter{
+	return DeadLetter{
 		StreamSeq:  seq,
 		Subject:    raw.Subject,
 		MsgID:      msgID,
@@ -110,11 +110,7 @@ func (f *Farm) copyDeadLetter(ctx context.Context, seq, deliveries uint64) (dl D
 		Header:     appHeaders(raw.Header),
 		Deliveries: deliveries,
 		Reason:     f.reasonFor(msgID, raw.Header),
-	})
-	if err != nil {
-		return DeadLetter{}, false, err
-	}
-	return dl, true, nil
+	}, true, nil
 }
 
 // removeDeadLetter deletes a dead letter's original from TILES once its copy is stored.
@@ -136,16 +132,28 @@ const (
 	advisoryRetryMax  = time.Minute
 )
 
-// WatchDeadLetters moves every TILES message that reached MaxDeliver to the DLQ and reports it to onDead
-// (nil is allowed). It reads the $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TILES.workers advisories from the
-// TILES_ADVISORIES stream that Setup creates to capture them, through the shared durable consumer
-// "dead-letters": an advisory raised while no coordinator was running is handled when one starts, and several
-// coordinators can watch at once. Per advisory: copy the message to "dlq.<subject>", call onDead, delete the
-// message from TILES, ack the advisory. A crash anywhere in that sequence repeats it from the start, so the
-// DLQ copy is deduplicated and onDead is called at least once per dead letter: it must be idempotent
-// (key it by DeadLetter.StreamSeq). An error from onDead leaves the message in TILES and retries. Failures are logged and the advisory is redelivered with backoff.
-// nc carries the watcher's traffic (nil means f.JS's connection). It runs until ctx is done, then returns nil.
-func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(DeadLetter) error) error {
+// DeadLetterHandler settles the messages the queue gave up on. It is declared here, where the
+// watcher uses it; the coordinator implements it.
+type DeadLetterHandler interface {
+	// Promoted reports whether the message's work is done after all (its manifest exists; its
+	// last ack was lost) and, if so, records that. The message is then deleted from TILES
+	// without a dead letter: nothing promoted is ever dead-lettered.
+	Promoted(ctx context.Context, dl DeadLetter) (bool, error)
+	// Record records a dead letter stored in the DLQ. It is called at least once per dead
+	// letter (a crash repeats it), so it must be idempotent.
+	Record(ctx context.Context, dl DeadLetter) error
+}
+
+// WatchDeadLetters settles every TILES message that reached MaxDeliver. It reads the
+// $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TILES.* advisories from the TILES_ADVISORIES stream that
+// Setup creates to capture them, through the shared durable consumer "dead-letters": an advisory raised
+// while no coordinator was running is handled when one starts, and several coordinators can watch at once.
+// Per advisory: ask h whether the message's work is promoted (then delete it), else copy it to
+// "dlq.<subject>", record it with h, delete it from TILES, ack the advisory. A crash anywhere in that
+// sequence repeats it from the start; the DLQ copy is deduplicated. An error from h leaves the message in
+// TILES and the advisory is redelivered with backoff. nc carries the watcher's traffic (nil means f.JS's
+// connection). It runs until ctx is done, then returns nil.
+func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, h DeadLetterHandler) error {
 	js := f.JS
 	if nc != nil {
 		var err error
@@ -160,10 +168,10 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(
 		}
 		return fmt.Errorf("watching dead letters: opening consumer %s/%s: %w", StreamAdvisories, ConsumerDeadLetters, err)
 	}
-	log := f.logger().With("stream", StreamTiles, "consumer", ConsumerWorkers)
+	log := f.logger().With("stream", StreamTiles)
 	for ctx.Err() == nil {
-		// FetchContext without a deadline waits up to the client default (30 s) and returns early on cancel.
-		batch, err := cons.Fetch(64, jetstream.FetchContext(ctx))
+		// A server-side expiry, so no advisory is delivered to a pull the client gave up on.
+		batch, err := cons.Fetch(64, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -178,7 +186,7 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(
 			continue
 		}
 		for m := range batch.Messages() {
-			f.handleAdvisory(ctx, m, onDead, log)
+			f.handleAdvisory(ctx, m, h, log)
 		}
 		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
 			log.Error("fetching max deliveries advisories", "err", err)
@@ -190,8 +198,8 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, onDead func(
 	return nil
 }
 
-// handleAdvisory dead-letters the TILES message one advisory names and settles the advisory.
-func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(DeadLetter) error, log *slog.Logger) {
+// handleAdvisory settles the TILES message one advisory names, then the advisory.
+func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, h DeadLetterHandler, log *slog.Logger) {
 	var adv server.JSConsumerDeliveryExceededAdvisory
 	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 {
 		log.Error("dropping undecodable max deliveries advisory", "err", err, "data", string(m.Data()))
@@ -208,19 +216,34 @@ func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, onDead func(
 		}
 		_ = m.NakWithDelay(Backoff(attempt, advisoryRetryBase, advisoryRetryMax, CryptoJitter))
 	}
-	dl, ok, err := f.copyDeadLetter(ctx, adv.StreamSeq, adv.Deliveries)
+	dl, ok, err := f.loadDeadLetter(ctx, adv.StreamSeq, adv.Deliveries)
 	if err != nil {
 		retry(err)
 		return
 	}
 	if ok {
-		log.Warn("tile dead-lettered", "msg_id", dl.MsgID, "stream_seq", dl.StreamSeq, "dlq_seq", dl.DLQSeq,
-			"deliveries", dl.Deliveries, "reason", dl.Reason)
-		if onDead != nil {
-			if err := onDead(dl); err != nil {
-				// Keep the message in TILES: the advisory comes back and onDead is tried again.
-				retry(fmt.Errorf("recording dead letter: %w", err))
+		promoted := false
+		if h != nil {
+			if promoted, err = h.Promoted(ctx, dl); err != nil {
+				retry(fmt.Errorf("checking whether the work is promoted: %w", err))
 				return
+			}
+		}
+		if promoted {
+			log.Info("message reached max deliveries but its work is promoted; deleting it", "msg_id", dl.MsgID, "stream_seq", dl.StreamSeq)
+		} else {
+			if dl, err = f.storeDeadLetter(ctx, dl); err != nil {
+				retry(err)
+				return
+			}
+			log.Warn("dead-lettered", "msg_id", dl.MsgID, "stream_seq", dl.StreamSeq, "dlq_seq", dl.DLQSeq,
+				"deliveries", dl.Deliveries, "reason", dl.Reason)
+			if h != nil {
+				if err := h.Record(ctx, dl); err != nil {
+					// Keep the message in TILES: the advisory comes back and it is recorded then.
+					retry(fmt.Errorf("recording dead letter: %w", err))
+					return
+				}
 			}
 		}
 		if err := f.removeDeadLetter(ctx, dl); err != nil {
@@ -302,28 +325,28 @@ func (f *Farm) ListDeadLetters(ctx context.Context) ([]DeadLetter, error) {
 // RequeueDeadLetter puts a dead letter back on its original subject with Msg-Id "<msgid>:requeue:<dlq seq>"
 // (a fresh id, since the original may still be blocked by the dedup window) and then deletes it from the DLQ.
 // A crash between the two repeats the publish, which the dedup window absorbs.
-func (f *Farm) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) error {
+func (f *Farm) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) (DeadLetter, error) {
 	raw, err := f.DLQ.GetMsg(ctx, dlqSeq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, ErrDeadLetterNotFound)
+			return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, ErrDeadLetterNotFound)
 		}
-		return fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
+		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
 	}
 	dl := decodeDeadLetter(raw)
 	if dl.Subject == "" || !strings.HasPrefix(dl.Subject, "tiles.") {
-		return fmt.Errorf("requeueing dead letter %d: original subject %q is not a tiles subject", dlqSeq, dl.Subject)
+		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: original subject %q is not a tiles subject", dlqSeq, dl.Subject)
 	}
 	hdr := appHeaders(dl.Header)
 	hdr.Del(HeaderLastError) // the requeued attempt starts with a clean slate
 	id := fmt.Sprintf("%s:requeue:%d", dl.MsgID, dlqSeq)
 	if _, err := f.Publish(ctx, dl.Subject, id, dl.Data, hdr); err != nil {
-		return fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
+		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
 	}
 	if err := f.DLQ.DeleteMsg(ctx, dlqSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return fmt.Errorf("requeueing dead letter %d: deleting it from %s: %w", dlqSeq, StreamDLQ, err)
+		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: deleting it from %s: %w", dlqSeq, StreamDLQ, err)
 	}
-	return nil
+	return dl, nil
 }
 
 // decodeDeadLetter rebuilds a DeadLetter from its DLQ message.

@@ -23,7 +23,7 @@ func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, f
 	ctx, cancel := context.WithCancel(context.Background())
 	dead := make(chan DeadLetter, 16)
 	errc := make(chan error, 1)
-	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, func(dl DeadLetter) error { dead <- dl; return nil }) }()
+	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, recordFunc(func(dl DeadLetter) error { dead <- dl; return nil })) }()
 	stopped := false
 	stop := func() {
 		if stopped {
@@ -95,7 +95,7 @@ wait:
 		if time.Now().After(deadline) {
 			t.Fatalf("no dead letter within 10s")
 		}
-		if m, err := tf.f.FetchOne(ctx, 300*time.Millisecond); err != nil || m != nil {
+		if m, err := tf.f.FetchTile(ctx, 300*time.Millisecond); err != nil || m != nil {
 			t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
 		}
 	}
@@ -127,7 +127,7 @@ wait:
 	stop()
 
 	// Requeue: back on TILES under a fresh id, gone from the DLQ.
-	if err := tf.f.RequeueDeadLetter(ctx, dl.DLQSeq); err != nil {
+	if _, err := tf.f.RequeueDeadLetter(ctx, dl.DLQSeq); err != nil {
 		t.Fatalf("RequeueDeadLetter: %v", err)
 	}
 	if list, err := tf.f.ListDeadLetters(ctx); err != nil || len(list) != 0 {
@@ -142,7 +142,7 @@ wait:
 	if err := m.DoubleAck(ctx); err != nil {
 		t.Fatalf("DoubleAck: %v", err)
 	}
-	if err := tf.f.RequeueDeadLetter(ctx, dl.DLQSeq); !errors.Is(err, ErrDeadLetterNotFound) {
+	if _, err := tf.f.RequeueDeadLetter(ctx, dl.DLQSeq); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Fatalf("second requeue = %v, want ErrDeadLetterNotFound", err)
 	}
 }
@@ -172,7 +172,7 @@ func TestAdvisoryRaisedWhileNoWatcherRunsIsHandledLater(t *testing.T) {
 		return si.State.Msgs
 	}
 	eventually(t, 5*time.Second, "max deliveries advisory to be stored", func() bool {
-		if m, err := tf.f.FetchOne(ctx, 200*time.Millisecond); err != nil || m != nil {
+		if m, err := tf.f.FetchTile(ctx, 200*time.Millisecond); err != nil || m != nil {
 			t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
 		}
 		return advisoryCount() == 1
@@ -239,13 +239,16 @@ func TestDeadLetterNowCopiesThenTerms(t *testing.T) {
 	if _, err := tf.f.Publish(ctx, SubjectAssemble, "assemble:f1", []byte("asm"), hdr); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	m := mustFetch(t, tf.f, 3*time.Second)
+	m, err := tf.f.FetchAssembly(ctx, 3*time.Second)
+	if err != nil || m == nil {
+		t.Fatalf("FetchAssembly = %v, %v", m, err)
+	}
 	md, _ := m.Metadata()
 	if err := tf.f.DeadLetterNow(ctx, m, "invalid scene: unknown material"); err != nil {
 		t.Fatalf("DeadLetterNow: %v", err)
 	}
 	eventually(t, 5*time.Second, "terminated message to leave TILES", func() bool { return tilesCount(t, tf.f) == 0 })
-	if m, err := tf.f.FetchOne(ctx, 1500*time.Millisecond); err != nil || m != nil {
+	if m, err := tf.f.FetchAssembly(ctx, 1500*time.Millisecond); err != nil || m != nil {
 		t.Fatalf("terminated message delivered again (err %v)", err)
 	}
 	list, err := tf.f.ListDeadLetters(ctx)
@@ -276,7 +279,7 @@ func TestDeadLetterNowCopiesThenTerms(t *testing.T) {
 func TestRequeueRejectsUnknownSequence(t *testing.T) {
 	t.Parallel()
 	tf := startFarm(t, fastConfig())
-	if err := tf.f.RequeueDeadLetter(testCtx(t), 42); !errors.Is(err, ErrDeadLetterNotFound) {
+	if _, err := tf.f.RequeueDeadLetter(testCtx(t), 42); !errors.Is(err, ErrDeadLetterNotFound) {
 		t.Fatalf("RequeueDeadLetter(42) = %v, want ErrDeadLetterNotFound", err)
 	}
 }
@@ -299,7 +302,7 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_ = tf.f.WatchDeadLetters(wctx, nc, func(dl DeadLetter) error {
+		_ = tf.f.WatchDeadLetters(wctx, nc, recordFunc(func(dl DeadLetter) error {
 			calls <- dl.StreamSeq
 			if n.Add(1) == 1 {
 				// Still in TILES while onDead runs.
@@ -309,7 +312,7 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 				return errors.New("projection unavailable")
 			}
 			return nil
-		})
+		}))
 	}()
 	if _, err := tf.f.Publish(ctx, SubjectRender, "tile-flaky", []byte("payload"), nil); err != nil {
 		t.Fatal(err)
@@ -330,7 +333,7 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 			t.Fatalf("onDead called %d times, want a retry after the failure", i)
 		}
 		// Keep pulling, as workers do: the server raises the advisory on a redelivery attempt.
-		if m, err := tf.f.FetchOne(ctx, 300*time.Millisecond); err != nil || m != nil {
+		if m, err := tf.f.FetchTile(ctx, 300*time.Millisecond); err != nil || m != nil {
 			t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
 		}
 	}
@@ -348,5 +351,56 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 	dls, err := tf.f.ListDeadLetters(ctx)
 	if err != nil || len(dls) != 1 {
 		t.Fatalf("dead letters %v (%v), want exactly one", dls, err)
+	}
+}
+
+// promotedHandler reports every message promoted.
+type promotedHandler struct{ seen chan uint64 }
+
+func (h promotedHandler) Promoted(_ context.Context, dl DeadLetter) (bool, error) {
+	h.seen <- dl.StreamSeq
+	return true, nil
+}
+func (promotedHandler) Record(context.Context, DeadLetter) error {
+	return errors.New("a promoted message must not be recorded as dead")
+}
+
+// Nothing promoted is ever dead-lettered: a message whose work is done after all is deleted
+// from TILES with no DLQ copy.
+func TestPromotedMessageIsNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.MaxDeliver = 2
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+	nc, err := tf.e.Connect("watcher")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	h := promotedHandler{seen: make(chan uint64, 4)}
+	go func() { _ = tf.f.WatchDeadLetters(wctx, nc, h) }()
+	if _, err := tf.f.Publish(ctx, SubjectRender, "tile-done", []byte("payload"), nil); err != nil {
+		t.Fatal(err)
+	}
+	seq := nakUntilDead(t, tf.f, "tile-done")
+	deadline := time.Now().Add(20 * time.Second)
+	for got := uint64(0); got != seq; {
+		select {
+		case got = <-h.seen:
+		default:
+			if time.Now().After(deadline) {
+				t.Fatal("watcher never asked whether the message was promoted")
+			}
+			if m, err := tf.f.FetchTile(ctx, 300*time.Millisecond); err != nil || m != nil {
+				t.Fatalf("message delivered beyond MaxDeliver (err %v)", err)
+			}
+		}
+	}
+	eventually(t, 10*time.Second, "promoted message to leave TILES", func() bool { return tilesCount(t, tf.f) == 0 })
+	if dls, err := tf.f.ListDeadLetters(ctx); err != nil || len(dls) != 0 {
+		t.Fatalf("dead letters %v (%v), want none for promoted work", dls, err)
 	}
 }

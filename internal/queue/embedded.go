@@ -22,9 +22,51 @@ type Embedded struct {
 	dir string
 }
 
+// EmbeddedOption configures StartEmbedded.
+type EmbeddedOption func(*server.Options)
+
+// Sync is the embedded server's disk sync policy: "always" fsyncs every write, a duration
+// fsyncs that often. A process crash loses nothing either way (written data is in the OS page
+// cache); only an OS crash or power loss can lose what was written since the last sync.
+// DefaultSync is the farm's choice; docs/design.md gives its cost as measured.
+type Sync string
+
+// Sync policies.
+const (
+	SyncAlways Sync = "always"
+	// DefaultSync syncs every second: a power loss loses at most a second of acknowledged
+	// messages, and dispatch keeps its speed (always costs a disk flush per write batch).
+	DefaultSync Sync = "1s"
+)
+
+// ParseSync validates a sync policy: "always" or a positive duration.
+func ParseSync(s string) (Sync, error) {
+	if s == string(SyncAlways) {
+		return SyncAlways, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return "", fmt.Errorf("sync policy %q: want \"always\" or a positive duration such as 1s", s)
+	}
+	return Sync(s), nil
+}
+
+// WithSync sets the embedded server's sync policy (default DefaultSync).
+func WithSync(s Sync) EmbeddedOption {
+	return func(o *server.Options) {
+		if s == SyncAlways {
+			o.SyncAlways = true
+			return
+		}
+		if d, err := time.ParseDuration(string(s)); err == nil && d > 0 {
+			o.SyncInterval = d
+		}
+	}
+}
+
 // StartEmbedded starts a JetStream server with file storage under dir. listen "" opens only an ephemeral
 // loopback client port; "host:port" listens there so external tileworkers can join (port 0 picks a free one).
-func StartEmbedded(ctx context.Context, dir, listen string) (*Embedded, error) {
+func StartEmbedded(ctx context.Context, dir, listen string, opts ...EmbeddedOption) (*Embedded, error) {
 	if dir == "" {
 		return nil, errors.New("starting embedded nats: empty store dir")
 	}
@@ -46,7 +88,7 @@ func StartEmbedded(ctx context.Context, dir, listen string) (*Embedded, error) {
 			host = "0.0.0.0"
 		}
 	}
-	opts := &server.Options{
+	sopts := &server.Options{
 		ServerName:             "tilefarm-embedded",
 		Host:                   host,
 		Port:                   port,
@@ -56,7 +98,11 @@ func StartEmbedded(ctx context.Context, dir, listen string) (*Embedded, error) {
 		NoLog:                  true,
 		DisableJetStreamBanner: true,
 	}
-	srv, err := server.NewServer(opts)
+	WithSync(DefaultSync)(sopts)
+	for _, o := range opts {
+		o(sopts)
+	}
+	srv, err := server.NewServer(sopts)
 	if err != nil {
 		return nil, fmt.Errorf("starting embedded nats in %q: %w", dir, err)
 	}

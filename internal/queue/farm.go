@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"strconv"
 	"sync"
 	"time"
 
@@ -25,6 +26,10 @@ const (
 	// ConsumerAssemblers is the consumer of assemble jobs, taken before tiles.
 	ConsumerAssemblers = "assemblers"
 	BucketLeases       = "leases"
+	// BucketFailures counts the classified failures of each message (see Failures).
+	BucketFailures = "failures"
+	// MetaMaxFailures is the consumer metadata key that carries Config.MaxFailures to workers.
+	MetaMaxFailures = "tilefarm.max_failures"
 	// StreamAdvisories durably captures the MAX_DELIVERIES advisories of TILES/workers, which the server
 	// publishes as fire-and-forget core messages, so none is lost while no coordinator is watching.
 	StreamAdvisories = "TILES_ADVISORIES"
@@ -54,6 +59,7 @@ type Farm struct {
 	// Assemblers is the consumer of assemble jobs.
 	Assemblers jetstream.Consumer
 	Leases     *Leases
+	Failures   *Failures
 	Cfg        Config
 	// Log receives dead-letter watcher diagnostics; Setup sets slog.Default().
 	Log *slog.Logger
@@ -122,6 +128,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 			MaxDeliver:    cfg.MaxDeliver,
 			BackOff:       cfg.Backoff,
 			MaxAckPending: maxAckPending,
+			Metadata:      map[string]string{MetaMaxFailures: strconv.Itoa(cfg.MaxFailures)},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.name, err)
@@ -160,6 +167,17 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 	if err != nil {
 		return nil, fmt.Errorf("setting up bucket %s: %w", BucketLeases, err)
 	}
+	fkv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      BucketFailures,
+		Description: "tilefarm classified failures per message; a tile is dead-lettered at max failures",
+		History:     1,
+		TTL:         EventsRetention,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up bucket %s: %w", BucketFailures, err)
+	}
 	return &Farm{
 		JS:         js,
 		Tiles:      tiles,
@@ -168,6 +186,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 		Consumer:   cons,
 		Assemblers: consumers[1],
 		Leases:     &Leases{kv: kv, ttl: cfg.LeaseTTL},
+		Failures:   &Failures{kv: fkv},
 		Cfg:        cfg,
 		Log:        slog.Default(),
 		lastError:  make(map[string]string),
@@ -189,71 +208,50 @@ func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, 
 	return ack.Duplicate, nil
 }
 
-// FetchOne pulls exactly one message, an assemble job if one is waiting, else a tile, waiting at
-// most wait; (nil, nil) when nothing arrived in time. One at a time, because a buffered message
-// already burns its ack-wait. While idle it polls both consumers every assemblyPoll, so an
-// assemble job waits at most that long for an idle worker.
-func (f *Farm) FetchOne(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
-	if wait <= 0 {
-		return nil, fmt.Errorf("fetching from %s/%s: wait must be positive, got %v", StreamTiles, ConsumerWorkers, wait)
-	}
-	deadline := time.Now().Add(wait)
-	for {
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		// Assembly first: it is short and finishes a frame the artist is waiting for.
-		if f.Assemblers != nil {
-			if batch, err := f.Assemblers.FetchNoWait(1); err == nil {
-				if msg, ok := <-batch.Messages(); ok && msg != nil {
-					return msg, nil
-				}
-			}
-		}
-		slice := min(time.Until(deadline), assemblyPoll)
-		if f.Assemblers == nil {
-			slice = time.Until(deadline)
-		}
-		if slice <= 0 {
-			return nil, nil
-		}
-		msg, err := fetchOne(ctx, f.Consumer, slice)
-		if msg != nil || err != nil {
-			return msg, err
-		}
-	}
+// FetchTile pulls one tile render job, waiting at most wait; (nil, nil) when none arrived.
+// One at a time, because a buffered message already burns its ack-wait.
+func (f *Farm) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+	return fetchOne(ctx, f.Consumer, wait)
 }
 
-// assemblyPoll bounds how long an idle worker blocks on tiles before looking for assembly again.
-const assemblyPoll = 100 * time.Millisecond
+// FetchAssembly pulls one frame assembly job, waiting at most wait; (nil, nil) when none arrived.
+func (f *Farm) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+	return fetchOne(ctx, f.Assemblers, wait)
+}
 
 // fetchOne pulls one message from cons, waiting at most wait; (nil, nil) on timeout.
+//
+// The wait is the pull request's own server-side expiry, never a client deadline: a client that
+// stops listening before the server expires its pull loses whatever the server sends meanwhile,
+// and each such message costs a full ack-wait and a delivery (at 50 ms round trip a 100 ms
+// client deadline lost nearly half the first deliveries). For the same reason a cancelled ctx
+// does not abandon the pull: what still arrives is handed back with Nak.
 func fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) (jetstream.Msg, error) {
-	fctx, cancel := context.WithTimeout(ctx, wait)
-	defer cancel()
-	batch, err := cons.Fetch(1, jetstream.FetchContext(fctx))
+	if wait <= 0 {
+		return nil, fmt.Errorf("fetching from %s/%s: wait must be positive, got %v", StreamTiles, cons.CachedInfo().Name, wait)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(wait))
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if fctx.Err() != nil {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
-	if msg, ok := <-batch.Messages(); ok && msg != nil {
-		return msg, nil
+	select {
+	case msg, ok := <-batch.Messages():
+		if ok && msg != nil {
+			return msg, nil
+		}
+	case <-ctx.Done():
+		for msg := range batch.Messages() {
+			_ = msg.Nak()
+		}
+		return nil, ctx.Err()
 	}
-	if err := batch.Error(); err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
-			return nil, nil
-		}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
-	return nil, nil
+	return nil, ctx.Err()
 }
 
 // Depth reports how many messages TILES holds and how old the oldest is, for metrics and backpressure.

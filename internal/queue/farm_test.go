@@ -132,8 +132,8 @@ func TestFetchAckAndDepth(t *testing.T) {
 	tf := startFarm(t, fastConfig())
 	ctx := testCtx(t)
 
-	if m, err := tf.f.FetchOne(ctx, 200*time.Millisecond); err != nil || m != nil {
-		t.Fatalf("FetchOne on empty stream = %v, %v; want nil, nil", m, err)
+	if m, err := tf.f.FetchTile(ctx, 200*time.Millisecond); err != nil || m != nil {
+		t.Fatalf("FetchTile on empty stream = %v, %v; want nil, nil", m, err)
 	}
 	if n, age, err := tf.f.Depth(ctx); err != nil || n != 0 || age != 0 {
 		t.Fatalf("Depth on empty stream = %d, %v, %v", n, age, err)
@@ -152,7 +152,7 @@ func TestFetchAckAndDepth(t *testing.T) {
 	if n := tilesCount(t, tf.f); n != 0 {
 		t.Fatalf("acked work-queue message still stored: %d", n)
 	}
-	if m, err := tf.f.FetchOne(ctx, 1500*time.Millisecond); err != nil || m != nil {
+	if m, err := tf.f.FetchTile(ctx, 1500*time.Millisecond); err != nil || m != nil {
 		t.Fatalf("acked message redelivered: %v, %v", m, err)
 	}
 }
@@ -192,7 +192,7 @@ func TestInProgressExtendsAckWait(t *testing.T) {
 		if err := m.InProgress(); err != nil {
 			t.Fatalf("InProgress: %v", err)
 		}
-		if other, err := tf.f.FetchOne(ctx, 300*time.Millisecond); err != nil || other != nil {
+		if other, err := tf.f.FetchTile(ctx, 300*time.Millisecond); err != nil || other != nil {
 			t.Fatalf("message redelivered while in progress after %v (err %v)", time.Since(start), err)
 		}
 	}
@@ -206,29 +206,54 @@ func TestInProgressExtendsAckWait(t *testing.T) {
 	}
 }
 
-func TestFetchOneHonoursContext(t *testing.T) {
+func TestFetchTileHonoursContext(t *testing.T) {
 	t.Parallel()
 	tf := startFarm(t, fastConfig())
 	ctx, cancel := context.WithCancel(testCtx(t))
 	time.AfterFunc(300*time.Millisecond, cancel)
 	start := time.Now()
-	m, err := tf.f.FetchOne(ctx, 20*time.Second)
+	m, err := tf.f.FetchTile(ctx, 2*time.Second)
 	if m != nil || !errors.Is(err, context.Canceled) {
-		t.Fatalf("FetchOne with cancelled ctx = %v, %v; want context.Canceled", m, err)
+		t.Fatalf("FetchTile with cancelled ctx = %v, %v; want context.Canceled", m, err)
 	}
-	if since := time.Since(start); since > 5*time.Second {
-		t.Fatalf("FetchOne ignored cancellation and blocked %v", since)
+	if since := time.Since(start); since > 4*time.Second {
+		t.Fatalf("FetchTile blocked %v past its 2s wait after cancellation", since)
 	}
-	if m, err := tf.f.FetchOne(ctx, time.Second); m != nil || !errors.Is(err, context.Canceled) {
-		t.Fatalf("FetchOne with an already cancelled ctx = %v, %v; want context.Canceled", m, err)
+	if m, err := tf.f.FetchTile(ctx, time.Second); m != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("FetchTile with an already cancelled ctx = %v, %v; want context.Canceled", m, err)
 	}
-	if _, err := tf.f.FetchOne(testCtx(t), 0); err == nil {
-		t.Fatalf("FetchOne accepted a zero wait")
+	if _, err := tf.f.FetchTile(testCtx(t), 0); err == nil {
+		t.Fatalf("FetchTile accepted a zero wait")
 	}
 }
 
-// Assemble jobs are taken before tiles queued earlier, so frames complete as their tiles do.
-func TestFetchOnePrefersAssembly(t *testing.T) {
+// A pull cancelled by its caller stays open on the server until it expires; a message the
+// server delivers meanwhile is handed back at once, never left to time out (which would cost
+// an ack-wait and a delivery).
+func TestCancelledFetchHandsBackLateDelivery(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.AckWait = 30 * time.Second // a lost delivery would come back only after this
+	tf := startFarm(t, cfg)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	time.AfterFunc(200*time.Millisecond, cancel)
+	time.AfterFunc(600*time.Millisecond, func() {
+		if _, err := tf.f.Publish(testCtx(t), SubjectRender, "late", []byte("x"), nil); err != nil {
+			t.Error(err)
+		}
+	})
+	if m, err := tf.f.FetchTile(ctx, 2*time.Second); m != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("FetchTile = %v, %v; want context.Canceled", m, err)
+	}
+	m := mustFetch(t, tf.f, 3*time.Second)
+	if d := deliveries(t, m); d != 2 {
+		t.Fatalf("late message came back as delivery %d, want 2 (handed back by the cancelled pull)", d)
+	}
+}
+
+// Tile and assembly jobs have consumers of their own, so a worker's assembly loop takes an
+// assembly at once however many tiles are queued before it.
+func TestFetchTakesEachConsumer(t *testing.T) {
 	t.Parallel()
 	tf := startFarm(t, fastConfig())
 	ctx := testCtx(t)
@@ -237,15 +262,73 @@ func TestFetchOnePrefersAssembly(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var order []string
-	for range 3 {
+	m, err := tf.f.FetchAssembly(ctx, time.Second)
+	if err != nil || m == nil || m.Subject() != SubjectAssemble {
+		t.Fatalf("FetchAssembly = %v, %v; want the assemble job", m, err)
+	}
+	_ = m.Ack()
+	for range 2 {
 		m := mustFetch(t, tf.f, 2*time.Second)
-		order = append(order, m.Subject())
-		if err := m.Ack(); err != nil {
+		if m.Subject() != SubjectRender {
+			t.Fatalf("FetchTile returned %s", m.Subject())
+		}
+		_ = m.Ack()
+	}
+	if m, err := tf.f.FetchAssembly(ctx, 200*time.Millisecond); err != nil || m != nil {
+		t.Fatalf("FetchAssembly on an empty consumer = %v, %v", m, err)
+	}
+}
+
+// The failure budget is counted per message id across workers, and a new id starts afresh.
+func TestFailuresCountPerMessage(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+	for want := 1; want <= 3; want++ {
+		n, err := tf.f.Failures.Add(ctx, "abc:retry:2")
+		if err != nil || n != want {
+			t.Fatalf("Add #%d = %d, %v", want, n, err)
+		}
+	}
+	if n, err := tf.f.Failures.Count(ctx, "abc:retry:2"); err != nil || n != 3 {
+		t.Fatalf("Count = %d, %v; want 3", n, err)
+	}
+	if n, err := tf.f.Failures.Count(ctx, "abc:requeue:9"); err != nil || n != 0 {
+		t.Fatalf("Count of another id = %d, %v; want 0", n, err)
+	}
+	// Concurrent failures of one message from several workers are all counted.
+	errs := make(chan error, 8)
+	for range 8 {
+		go func() {
+			_, err := tf.f.Failures.Add(ctx, "contended")
+			errs <- err
+		}()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
 			t.Fatal(err)
 		}
 	}
-	if order[0] != SubjectAssemble || order[1] != SubjectRender || order[2] != SubjectRender {
-		t.Fatalf("fetch order %v, want the assemble job first", order)
+	if n, _ := tf.f.Failures.Count(ctx, "contended"); n != 8 {
+		t.Fatalf("8 concurrent failures counted as %d", n)
+	}
+}
+
+// Workers read the failure budget the coordinator set from the consumer's metadata.
+func TestOpenReadsMaxFailures(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.MaxFailures = 7
+	tf := startFarm(t, cfg)
+	js, err := jetstream.New(tf.nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := Open(testCtx(t), js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Cfg.MaxFailures != 7 || f.Failures == nil {
+		t.Fatalf("Open read max failures %d (failures bucket %v), want 7", f.Cfg.MaxFailures, f.Failures)
 	}
 }

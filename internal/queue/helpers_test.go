@@ -80,15 +80,21 @@ func tilesCount(t *testing.T, f *Farm) uint64 {
 
 func mustFetch(t *testing.T, f *Farm, wait time.Duration) jetstream.Msg {
 	t.Helper()
-	m, err := f.FetchOne(testCtx(t), wait)
+	m, err := f.FetchTile(testCtx(t), wait)
 	if err != nil {
-		t.Fatalf("FetchOne: %v", err)
+		t.Fatalf("FetchTile: %v", err)
 	}
 	if m == nil {
-		t.Fatalf("FetchOne: no message within %v", wait)
+		t.Fatalf("FetchTile: no message within %v", wait)
 	}
 	return m
 }
+
+// recordFunc is a DeadLetterHandler that finds nothing promoted and records with fn.
+type recordFunc func(DeadLetter) error
+
+func (recordFunc) Promoted(context.Context, DeadLetter) (bool, error) { return false, nil }
+func (fn recordFunc) Record(_ context.Context, dl DeadLetter) error  { return fn(dl) }
 
 func deliveries(t *testing.T, m jetstream.Msg) uint64 {
 	t.Helper()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strconv"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -40,10 +41,17 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reading bucket %s: %w", BucketLeases, err)
 	}
+	fkv, err := js.KeyValue(ctx, BucketFailures)
+	if err != nil {
+		return nil, fmt.Errorf("binding to bucket %s: %w", BucketFailures, err)
+	}
 	cc := cons.CachedInfo().Config
 	sc := tiles.CachedInfo().Config
 	cfg := DefaultConfig()
 	cfg.AckWait, cfg.MaxDeliver, cfg.Backoff = cc.AckWait, cc.MaxDeliver, cc.BackOff
+	if n, err := strconv.Atoi(cc.Metadata[MetaMaxFailures]); err == nil {
+		cfg.MaxFailures = n
+	}
 	cfg.DedupWindow, cfg.Replicas, cfg.LeaseTTL = sc.Duplicates, sc.Replicas, kvStatus.TTL()
 	if err := cfg.Validate(); err != nil {
 		// A bucket without a TTL would make a crashed worker's leases immortal.
@@ -51,7 +59,7 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 	}
 	return &Farm{
 		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Consumer: cons, Assemblers: assemblers,
-		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Cfg: cfg, Log: slog.Default(),
+		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Failures: &Failures{kv: fkv}, Cfg: cfg, Log: slog.Default(),
 		lastError: make(map[string]string),
 	}, nil
 }

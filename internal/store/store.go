@@ -1,11 +1,13 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sort"
 	"time"
 
@@ -13,21 +15,23 @@ import (
 )
 
 var (
-	bucketJobs   = []byte("jobs")
-	bucketIdem   = []byte("idempotency")
-	bucketFrames = []byte("frames")
-	bucketTiles  = []byte("tiles")
-	bucketOutbox = []byte("outbox")
-	bucketEvents = []byte("events")
-	allBuckets   = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketOutbox, bucketEvents}
+	bucketJobs     = []byte("jobs")
+	bucketIdem     = []byte("idempotency")
+	bucketFrames   = []byte("frames")
+	bucketTiles    = []byte("tiles")    // frame_key -> TileTable
+	bucketFailures = []byte("failures") // frame_key/tile index -> []Failure
+	bucketOpen     = []byte("open")     // frame_key of every frame not completed
+	bucketOutbox   = []byte("outbox")
+	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketFailures, bucketOpen, bucketOutbox}
 )
 
-// ErrNotFound is returned when a job, frame or tile does not exist.
+// ErrNotFound is returned when a job or frame does not exist.
 var ErrNotFound = errors.New("not found")
 
 // Store is the coordinator's bbolt database.
 type Store struct {
-	db *bolt.DB
+	db   *bolt.DB
+	path string
 }
 
 // Open opens (creating if needed) the coordinator database at path. A second coordinator on the
@@ -52,11 +56,20 @@ func Open(path string) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("initialising coordinator database %q: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, path: path}, nil
 }
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
+
+// Size is the database file's size in bytes.
+func (s *Store) Size() (int64, error) {
+	fi, err := os.Stat(s.path)
+	if err != nil {
+		return 0, err
+	}
+	return fi.Size(), nil
+}
 
 // Update runs fn in one read-write transaction; everything fn writes commits together or not at all.
 func (s *Store) Update(ctx context.Context, fn func(tx *Tx) error) error {
@@ -137,53 +150,109 @@ func (tx *Tx) Jobs() ([]*Job, error) {
 // Frame returns a frame by frame_key.
 func (tx *Tx) Frame(key string) (*Frame, error) { return get[Frame](tx, bucketFrames, key) }
 
-// PutFrame writes a frame.
-func (tx *Tx) PutFrame(f *Frame) error { return put(tx, bucketFrames, f.Key, f) }
+// PutFrame writes a frame and keeps the index of unfinished frames in step with its state.
+func (tx *Tx) PutFrame(f *Frame) error {
+	open := tx.tx.Bucket(bucketOpen)
+	var err error
+	if f.State == FrameCompleted {
+		err = open.Delete([]byte(f.Key))
+	} else {
+		err = open.Put([]byte(f.Key), nil)
+	}
+	if err != nil {
+		return err
+	}
+	return put(tx, bucketFrames, f.Key, f)
+}
 
-// Tile returns a tile by tile_key.
-func (tx *Tx) Tile(key string) (*Tile, error) { return get[Tile](tx, bucketTiles, key) }
+// OpenFrames calls fn with the key of every frame that is not completed, in key order, until
+// fn returns false. Its cost grows with unfinished frames, never with finished ones.
+func (tx *Tx) OpenFrames(fn func(frameKey string) bool) {
+	c := tx.tx.Bucket(bucketOpen).Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if !fn(string(k)) {
+			return
+		}
+	}
+}
 
-// PutTile writes a tile.
-func (tx *Tx) PutTile(t *Tile) error { return put(tx, bucketTiles, t.Key, t) }
+// TileTable returns the tile table of frame f; a frame no tile event has touched yet has none
+// stored and gets an all-queued one. The returned table is the caller's to modify.
+func (tx *Tx) TileTable(f *Frame) (TileTable, error) {
+	raw := tx.tx.Bucket(bucketTiles).Get([]byte(f.Key))
+	if raw == nil {
+		return NewTileTable(f.TilesTotal), nil
+	}
+	t := TileTable(bytes.Clone(raw))
+	if err := t.check(f.TilesTotal); err != nil {
+		return nil, fmt.Errorf("frame %s: %w", f.Key, err)
+	}
+	return t, nil
+}
+
+// PutTileTable stores the tile table of a frame.
+func (tx *Tx) PutTileTable(frameKey string, t TileTable) error {
+	return tx.tx.Bucket(bucketTiles).Put([]byte(frameKey), t)
+}
+
+func failureKey(frameKey string, tile int) []byte {
+	k := make([]byte, len(frameKey)+1+4)
+	copy(k, frameKey)
+	k[len(frameKey)] = '/'
+	binary.BigEndian.PutUint32(k[len(frameKey)+1:], uint32(tile))
+	return k
+}
+
+// AddFailure records a failed attempt of tile index tile of a frame, keeping the newest few.
+func (tx *Tx) AddFailure(frameKey string, tile int, f Failure) error {
+	if len(f.Error) > maxFailureText {
+		f.Error = f.Error[:maxFailureText] + "..."
+	}
+	b := tx.tx.Bucket(bucketFailures)
+	k := failureKey(frameKey, tile)
+	var list []Failure
+	if raw := b.Get(k); raw != nil {
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return fmt.Errorf("decoding failures of frame %s tile %d: %w", frameKey, tile, err)
+		}
+	}
+	list = append(list, f)
+	if n := len(list) - maxFailuresPerTile; n > 0 {
+		list = list[n:]
+	}
+	raw, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	return b.Put(k, raw)
+}
+
+// Failures returns the recorded failures of every failed tile of a frame, by tile index.
+func (tx *Tx) Failures(frameKey string) (map[int][]Failure, error) {
+	out := map[int][]Failure{}
+	prefix := []byte(frameKey + "/")
+	c := tx.tx.Bucket(bucketFailures).Cursor()
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		if len(k) != len(prefix)+4 {
+			continue
+		}
+		var list []Failure
+		if err := json.Unmarshal(v, &list); err != nil {
+			return nil, fmt.Errorf("decoding failures of frame %s: %w", frameKey, err)
+		}
+		out[int(binary.BigEndian.Uint32(k[len(prefix):]))] = list
+	}
+	return out, nil
+}
 
 // AddOutbox appends a record for the relay to publish.
-func (tx *Tx) AddOutbox(subject, msgID string, data []byte) error {
+func (tx *Tx) AddOutbox(r OutboxRecord) error {
 	b := tx.tx.Bucket(bucketOutbox)
 	seq, err := b.NextSequence()
 	if err != nil {
 		return err
 	}
-	return put(tx, bucketOutbox, seqKey(seq), OutboxRecord{Seq: seq, Subject: subject, MsgID: msgID, Data: data})
-}
-
-// SeenEvent reports whether an event id was applied before, and marks it applied.
-func (tx *Tx) SeenEvent(id string, now time.Time) (bool, error) {
-	b := tx.tx.Bucket(bucketEvents)
-	if b.Get([]byte(id)) != nil {
-		return true, nil
-	}
-	var stamp [8]byte
-	binary.BigEndian.PutUint64(stamp[:], uint64(now.Unix()))
-	return false, b.Put([]byte(id), stamp[:])
-}
-
-// PruneEvents forgets applied event ids recorded before cutoff. Call it with a cutoff older than
-// the EVENTS stream's retention: an event that can no longer be redelivered needs no marker.
-func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time) (int, error) {
-	n := 0
-	err := s.Update(ctx, func(tx *Tx) error {
-		c := tx.tx.Bucket(bucketEvents).Cursor()
-		for k, v := c.First(); k != nil; k, v = c.Next() {
-			if len(v) != 8 || int64(binary.BigEndian.Uint64(v)) < cutoff.Unix() {
-				if err := c.Delete(); err != nil {
-					return err
-				}
-				n++
-			}
-		}
-		return nil
-	})
-	return n, err
+	return put(tx, bucketOutbox, seqKey(seq), r)
 }
 
 func seqKey(seq uint64) string {
@@ -202,6 +271,7 @@ func (s *Store) PendingOutbox(ctx context.Context, limit int) ([]OutboxRecord, e
 			if err := json.Unmarshal(v, &r); err != nil {
 				return fmt.Errorf("decoding outbox record: %w", err)
 			}
+			r.Seq = binary.BigEndian.Uint64(k)
 			recs = append(recs, r)
 		}
 		return nil
@@ -209,10 +279,16 @@ func (s *Store) PendingOutbox(ctx context.Context, limit int) ([]OutboxRecord, e
 	return recs, err
 }
 
-// DeleteOutbox removes a published record.
-func (s *Store) DeleteOutbox(ctx context.Context, seq uint64) error {
+// DeleteOutbox removes published records in one transaction.
+func (s *Store) DeleteOutbox(ctx context.Context, seqs ...uint64) error {
 	return s.Update(ctx, func(tx *Tx) error {
-		return tx.tx.Bucket(bucketOutbox).Delete([]byte(seqKey(seq)))
+		b := tx.tx.Bucket(bucketOutbox)
+		for _, seq := range seqs {
+			if err := b.Delete([]byte(seqKey(seq))); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 }
 
@@ -224,4 +300,17 @@ func (s *Store) OutboxLen(ctx context.Context) (int, error) {
 		return nil
 	})
 	return n, err
+}
+
+// Counts reports how many records each bucket holds, for tests and benchmarks that check a
+// submission's shape.
+func (s *Store) Counts(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{}
+	err := s.View(ctx, func(tx *Tx) error {
+		for _, b := range allBuckets {
+			out[string(b)] = tx.tx.Bucket(b).Stats().KeyN
+		}
+		return nil
+	})
+	return out, err
 }

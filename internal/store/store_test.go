@@ -47,8 +47,13 @@ func reopen(t *testing.T, s *store.Store, path string) *store.Store {
 
 func testJob(id, key string, created time.Time) *store.Job {
 	return &store.Job{ID: id, IdempotencyKey: key, PayloadHash: "ph-" + id, SceneVersion: "sv", Camera: "cam",
-		First: 1, Last: 2, FrameKeys: []string{"f1", "f2"}, Formats: []string{"png"}, Created: created,
+		First: 1, Last: 2, SettingsHash: "sh", Formats: []string{"png"}, Created: created,
 		Settings: render.Settings{Camera: "cam", Width: 8, Height: 4, SPP: 2, MaxDepth: 3}}
+}
+
+func testFrame(key string, tiles int) *store.Frame {
+	return &store.Frame{Key: key, Frame: 1, TileSize: 4, TilesTotal: tiles, Formats: []string{"png"},
+		Settings: render.Settings{Camera: "cam", Width: 4 * tiles, Height: 4, SPP: 2, MaxDepth: 3}}
 }
 
 func TestUpdateRollsBackEveryWriteOnError(t *testing.T) {
@@ -59,19 +64,22 @@ func TestUpdateRollsBackEveryWriteOnError(t *testing.T) {
 		if err := tx.PutJob(testJob("job1", "key1", time.Now())); err != nil {
 			return err
 		}
-		if err := tx.PutFrame(&store.Frame{Key: "f1", Frame: 1, TileSize: 4, TilesTotal: 1}); err != nil {
+		f := testFrame("f1", 2)
+		if err := tx.PutFrame(f); err != nil {
 			return err
 		}
-		if err := tx.PutTile(&store.Tile{Key: "t1", FrameKey: "f1", Rect: render.Rect{X1: 4, Y1: 4}}); err != nil {
+		table := store.NewTileTable(2)
+		table.Set(1, store.TileCompleted, store.Order{})
+		if err := tx.PutTileTable("f1", table); err != nil {
 			return err
 		}
-		for i := range 3 {
-			if err := tx.AddOutbox("tiles.render", fmt.Sprintf("m%d", i), []byte("x")); err != nil {
+		if err := tx.AddFailure("f1", 0, store.Failure{Code: "panic", Error: "x"}); err != nil {
+			return err
+		}
+		for range 3 {
+			if err := tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: "f1"}); err != nil {
 				return err
 			}
-		}
-		if seen, err := tx.SeenEvent("ev1", time.Now()); err != nil || seen {
-			return fmt.Errorf("SeenEvent inside tx = %v, %v; want false, nil", seen, err)
 		}
 		// Everything is visible inside the transaction before it fails.
 		if _, err := tx.Job("job1"); err != nil {
@@ -80,51 +88,17 @@ func TestUpdateRollsBackEveryWriteOnError(t *testing.T) {
 		return fmt.Errorf("late failure: %w", boom)
 	})
 	if !errors.Is(err, boom) {
-		t.Fatalf("Update = %v, want the error returned by fn", err)
+		t.Fatalf("Update = %v, want the callback's error", err)
 	}
-	checkRolledBack := func(st *store.Store) {
-		t.Helper()
-		if n, err := st.OutboxLen(ctx); err != nil || n != 0 {
-			t.Errorf("OutboxLen after rollback = %d, %v; want 0", n, err)
-		}
-		if recs, err := st.PendingOutbox(ctx, 10); err != nil || len(recs) != 0 {
-			t.Errorf("PendingOutbox after rollback = %v, %v; want none", recs, err)
-		}
-		err := st.View(ctx, func(tx *store.Tx) error {
-			if _, err := tx.Job("job1"); !errors.Is(err, store.ErrNotFound) {
-				t.Errorf("Job after rollback: %v, want ErrNotFound", err)
-			}
-			if _, err := tx.JobByIdempotencyKey("key1"); !errors.Is(err, store.ErrNotFound) {
-				t.Errorf("JobByIdempotencyKey after rollback: %v, want ErrNotFound", err)
-			}
-			if _, err := tx.Frame("f1"); !errors.Is(err, store.ErrNotFound) {
-				t.Errorf("Frame after rollback: %v, want ErrNotFound", err)
-			}
-			if _, err := tx.Tile("t1"); !errors.Is(err, store.ErrNotFound) {
-				t.Errorf("Tile after rollback: %v, want ErrNotFound", err)
-			}
-			if jobs, err := tx.Jobs(); err != nil || len(jobs) != 0 {
-				t.Errorf("Jobs after rollback = %d jobs, %v; want none", len(jobs), err)
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatalf("View: %v", err)
-		}
-	}
-	checkRolledBack(s)
 	s = reopen(t, s, path)
-	checkRolledBack(s)
-	// The rolled-back event mark is gone too: the event would be applied on redelivery.
-	err = s.Update(ctx, func(tx *store.Tx) error {
-		seen, err := tx.SeenEvent("ev1", time.Now())
-		if err == nil && seen {
-			t.Errorf("event marked by a rolled-back transaction is still seen")
-		}
-		return err
-	})
+	counts, err := s.Counts(ctx)
 	if err != nil {
-		t.Fatalf("Update: %v", err)
+		t.Fatal(err)
+	}
+	for bucket, n := range counts {
+		if n != 0 {
+			t.Errorf("bucket %s holds %d records after a rolled-back transaction", bucket, n)
+		}
 	}
 }
 
@@ -135,37 +109,38 @@ func TestUpdateCommitsEverythingTogether(t *testing.T) {
 		if err := tx.PutJob(testJob("job1", "key1", time.Now())); err != nil {
 			return err
 		}
-		if err := tx.PutTile(&store.Tile{Key: "t1", FrameKey: "f1", Rect: render.Rect{X0: 1, Y0: 2, X1: 3, Y1: 4}}); err != nil {
+		if err := tx.PutFrame(testFrame("f1", 3)); err != nil {
 			return err
 		}
-		return tx.AddOutbox("tiles.render", "t1", []byte("payload"))
+		return tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: "f1", JobID: "job1"})
 	})
 	if err != nil {
-		t.Fatalf("Update: %v", err)
+		t.Fatal(err)
 	}
 	s = reopen(t, s, path)
-	if n, err := s.OutboxLen(ctx); err != nil || n != 1 {
-		t.Errorf("OutboxLen = %d, %v; want 1", n, err)
-	}
 	err = s.View(ctx, func(tx *store.Tx) error {
-		j, err := tx.Job("job1")
+		if _, err := tx.Job("job1"); err != nil {
+			return err
+		}
+		f, err := tx.Frame("f1")
 		if err != nil {
 			return err
 		}
-		if j.IdempotencyKey != "key1" || len(j.FrameKeys) != 2 || j.Settings.SPP != 2 {
-			t.Errorf("job read back = %+v", j)
-		}
-		tl, err := tx.Tile("t1")
+		table, err := tx.TileTable(f)
 		if err != nil {
 			return err
 		}
-		if tl.Rect != (render.Rect{X0: 1, Y0: 2, X1: 3, Y1: 4}) {
-			t.Errorf("tile rect read back = %+v", tl.Rect)
+		if table.Len() != 3 || table.Count(store.TileQueued) != 3 {
+			return fmt.Errorf("tile table of a new frame: %d tiles, %d queued; want 3 queued", table.Len(), table.Count(store.TileQueued))
 		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("View: %v", err)
+		t.Fatal(err)
+	}
+	recs, err := s.PendingOutbox(ctx, 10)
+	if err != nil || len(recs) != 1 || recs[0].FrameKey != "f1" || recs[0].JobID != "job1" || recs[0].Seq == 0 {
+		t.Fatalf("outbox after reopen = %+v, %v", recs, err)
 	}
 }
 
@@ -173,340 +148,238 @@ func TestUpdateAndViewHonourCancelledContext(t *testing.T) {
 	s, _ := openStore(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	ran := false
-	if err := s.Update(ctx, func(*store.Tx) error { ran = true; return nil }); !errors.Is(err, context.Canceled) {
-		t.Errorf("Update with cancelled ctx = %v, want context.Canceled", err)
+	called := false
+	if err := s.Update(ctx, func(*store.Tx) error { called = true; return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("Update on a cancelled context = %v", err)
 	}
-	if err := s.View(ctx, func(*store.Tx) error { ran = true; return nil }); !errors.Is(err, context.Canceled) {
-		t.Errorf("View with cancelled ctx = %v, want context.Canceled", err)
+	if err := s.View(ctx, func(*store.Tx) error { called = true; return nil }); !errors.Is(err, context.Canceled) {
+		t.Errorf("View on a cancelled context = %v", err)
 	}
-	if ran {
-		t.Error("fn ran despite a cancelled context")
+	if called {
+		t.Error("callback ran on a cancelled context")
 	}
 }
 
 func TestOutboxOrderAndDelete(t *testing.T) {
 	ctx := testCtx(t)
-	s, path := openStore(t)
-	// 300 records cross a byte boundary of the sequence, which a non-big-endian key would misorder.
-	const n = 300
-	add := func(from, to int) {
-		t.Helper()
+	s, _ := openStore(t)
+	for i := range 5 {
 		err := s.Update(ctx, func(tx *store.Tx) error {
-			for i := from; i < to; i++ {
-				subj := "tiles.render"
-				if i%7 == 0 {
-					subj = "tiles.assemble"
-				}
-				if err := tx.AddOutbox(subj, fmt.Sprintf("msg-%03d", i), []byte(fmt.Sprintf("data-%d", i))); err != nil {
-					return err
-				}
-			}
-			return nil
+			return tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxAssemble, FrameKey: fmt.Sprintf("f%d", i), Assembly: i + 1})
 		})
 		if err != nil {
-			t.Fatalf("Update: %v", err)
+			t.Fatal(err)
 		}
 	}
-	add(0, 120)
-	add(120, n)
-	recs, err := s.PendingOutbox(ctx, 1000)
-	if err != nil {
-		t.Fatalf("PendingOutbox: %v", err)
-	}
-	if len(recs) != n {
-		t.Fatalf("PendingOutbox returned %d records, want %d", len(recs), n)
+	recs, err := s.PendingOutbox(ctx, 3)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("PendingOutbox(3) = %d records, %v", len(recs), err)
 	}
 	for i, r := range recs {
-		if r.MsgID != fmt.Sprintf("msg-%03d", i) || string(r.Data) != fmt.Sprintf("data-%d", i) {
-			t.Fatalf("record %d = %s %q, want msg-%03d (written order)", i, r.MsgID, r.Data, i)
-		}
-		if wantSubj := map[bool]string{true: "tiles.assemble", false: "tiles.render"}[i%7 == 0]; r.Subject != wantSubj {
-			t.Errorf("record %d subject %q, want %q", i, r.Subject, wantSubj)
-		}
-		if i > 0 && r.Seq <= recs[i-1].Seq {
-			t.Fatalf("sequence not increasing: %d after %d", r.Seq, recs[i-1].Seq)
+		if r.FrameKey != fmt.Sprintf("f%d", i) || r.Assembly != i+1 {
+			t.Errorf("record %d = %+v: not in write order", i, r)
 		}
 	}
-	if first3, err := s.PendingOutbox(ctx, 3); err != nil || len(first3) != 3 || first3[2].MsgID != "msg-002" {
-		t.Errorf("PendingOutbox(limit 3) = %v, %v; want the first three", first3, err)
+	if err := s.DeleteOutbox(ctx, recs[0].Seq, recs[2].Seq); err != nil {
+		t.Fatal(err)
 	}
-
-	// Delete the first and a middle record: the rest keeps its order.
-	for _, i := range []int{0, 150} {
-		if err := s.DeleteOutbox(ctx, recs[i].Seq); err != nil {
-			t.Fatalf("DeleteOutbox(%d): %v", recs[i].Seq, err)
-		}
-	}
-	if err := s.DeleteOutbox(ctx, recs[0].Seq); err != nil {
-		t.Errorf("deleting an already deleted record: %v, want nil (the relay may retry)", err)
-	}
-	s = reopen(t, s, path)
-	if got, err := s.OutboxLen(ctx); err != nil || got != n-2 {
-		t.Errorf("OutboxLen = %d, %v; want %d", got, err, n-2)
-	}
-	rest, err := s.PendingOutbox(ctx, 1000)
+	rest, err := s.PendingOutbox(ctx, 10)
 	if err != nil {
-		t.Fatalf("PendingOutbox: %v", err)
+		t.Fatal(err)
 	}
-	var want []string
-	for i := range n {
-		if i != 0 && i != 150 {
-			want = append(want, fmt.Sprintf("msg-%03d", i))
-		}
+	var got []string
+	for _, r := range rest {
+		got = append(got, r.FrameKey)
 	}
-	if len(rest) != len(want) {
-		t.Fatalf("after delete: %d records, want %d", len(rest), len(want))
+	if strings.Join(got, ",") != "f1,f3,f4" {
+		t.Fatalf("after deleting two records the outbox holds %v", got)
 	}
-	for i := range want {
-		if rest[i].MsgID != want[i] {
-			t.Fatalf("after delete: record %d is %s, want %s", i, rest[i].MsgID, want[i])
-		}
-	}
-
-	// New records go after the old ones even after a reopen.
-	add(n, n+1)
-	all, err := s.PendingOutbox(ctx, 1000)
-	if err != nil {
-		t.Fatalf("PendingOutbox: %v", err)
-	}
-	if last := all[len(all)-1]; last.MsgID != fmt.Sprintf("msg-%03d", n) || last.Seq <= recs[n-1].Seq {
-		t.Errorf("record added after reopen = %+v, want it last with a higher sequence", last)
+	if n, err := s.OutboxLen(ctx); err != nil || n != 3 {
+		t.Fatalf("OutboxLen = %d, %v; want 3", n, err)
 	}
 }
 
 func TestJobByIdempotencyKey(t *testing.T) {
 	ctx := testCtx(t)
 	s, _ := openStore(t)
-	now := time.Now().UTC()
-	err := s.Update(ctx, func(tx *store.Tx) error {
-		if err := tx.PutJob(testJob("job-a", "key-a", now)); err != nil {
-			return err
-		}
-		return tx.PutJob(testJob("job-b", "key-b", now))
-	})
-	if err != nil {
-		t.Fatalf("Update: %v", err)
+	if err := s.Update(ctx, func(tx *store.Tx) error { return tx.PutJob(testJob("job1", "key1", time.Now())) }); err != nil {
+		t.Fatal(err)
 	}
-	err = s.View(ctx, func(tx *store.Tx) error {
-		for key, id := range map[string]string{"key-a": "job-a", "key-b": "job-b"} {
-			j, err := tx.JobByIdempotencyKey(key)
-			if err != nil {
-				t.Errorf("JobByIdempotencyKey(%q): %v", key, err)
-				continue
-			}
-			if j.ID != id || j.PayloadHash != "ph-"+id {
-				t.Errorf("JobByIdempotencyKey(%q) = job %s (payload %s), want %s", key, j.ID, j.PayloadHash, id)
-			}
-		}
-		if _, err := tx.JobByIdempotencyKey("job-a"); !errors.Is(err, store.ErrNotFound) {
-			t.Errorf("looking up a job id as a key: %v, want ErrNotFound", err)
+	err := s.View(ctx, func(tx *store.Tx) error {
+		j, err := tx.JobByIdempotencyKey("key1")
+		if err != nil || j.ID != "job1" {
+			return fmt.Errorf("JobByIdempotencyKey(key1) = %v, %v", j, err)
 		}
 		if _, err := tx.JobByIdempotencyKey("nope"); !errors.Is(err, store.ErrNotFound) {
-			t.Errorf("unknown key: %v, want ErrNotFound", err)
+			return fmt.Errorf("unknown key: %v, want ErrNotFound", err)
 		}
-		if _, err := tx.Job("nope"); !errors.Is(err, store.ErrNotFound) {
-			t.Errorf("unknown job: %v, want ErrNotFound", err)
+		if _, err := tx.Frame("nope"); !errors.Is(err, store.ErrNotFound) {
+			return fmt.Errorf("unknown frame: %v, want ErrNotFound", err)
 		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("View: %v", err)
+		t.Fatal(err)
 	}
 }
 
-func TestSeenEventMarksOnce(t *testing.T) {
-	ctx := testCtx(t)
-	s, path := openStore(t)
-	seen := func(id string) bool {
-		t.Helper()
-		var got bool
-		err := s.Update(ctx, func(tx *store.Tx) error {
-			var err error
-			got, err = tx.SeenEvent(id, time.Now())
-			return err
-		})
-		if err != nil {
-			t.Fatalf("SeenEvent(%q): %v", id, err)
-		}
-		return got
+func TestJobFrameKeysAreDerived(t *testing.T) {
+	j := testJob("job1", "key1", time.Now())
+	a, b := j.FrameKey(1), j.FrameKey(2)
+	if a == b || len(a) != 64 || j.Frames() != 2 {
+		t.Fatalf("frame keys %q, %q of a %d-frame job", a, b, j.Frames())
 	}
-	err := s.Update(ctx, func(tx *store.Tx) error {
-		first, err := tx.SeenEvent("e1", time.Now())
-		if err != nil {
-			return err
-		}
-		second, err := tx.SeenEvent("e1", time.Now())
-		if err != nil {
-			return err
-		}
-		if first || !second {
-			t.Errorf("SeenEvent in one tx: first %v, second %v; want false, true", first, second)
-		}
-		return nil
-	})
-	if err != nil {
-		t.Fatalf("Update: %v", err)
-	}
-	if !seen("e1") {
-		t.Error("e1 not seen in a later transaction")
-	}
-	if seen("e2") {
-		t.Error("e2 seen before it was ever applied")
-	}
-	s = reopen(t, s, path)
-	if !seen("e1") || !seen("e2") {
-		t.Error("event marks lost on reopen")
-	}
-	if seen("e3") {
-		t.Error("e3 seen before it was ever applied")
+	j2 := *j
+	j2.SettingsHash = "other"
+	if j2.FrameKey(1) == a {
+		t.Fatal("frame key does not depend on the settings hash")
 	}
 }
 
 func TestJobsSortedByCreated(t *testing.T) {
 	ctx := testCtx(t)
 	s, _ := openStore(t)
-	base := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
-	// Keys sort a < b < c < d; creation order is c, a, d, b.
-	created := map[string]time.Time{
-		"c": base,
-		"a": base.Add(time.Second),
-		"d": base.Add(time.Minute),
-		"b": base.Add(time.Hour),
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i, id := range []string{"c", "a", "b"} {
+		if err := s.Update(ctx, func(tx *store.Tx) error {
+			return tx.PutJob(testJob(id, "k"+id, base.Add(time.Duration(2-i)*time.Minute)))
+		}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	err := s.Update(ctx, func(tx *store.Tx) error {
-		for id, at := range created {
-			if err := tx.PutJob(testJob(id, "key-"+id, at)); err != nil {
-				return err
-			}
+	err := s.View(ctx, func(tx *store.Tx) error {
+		jobs, err := tx.Jobs()
+		if err != nil {
+			return err
+		}
+		var ids []string
+		for _, j := range jobs {
+			ids = append(ids, j.ID)
+		}
+		if strings.Join(ids, "") != "bac" {
+			return fmt.Errorf("jobs in order %v, want oldest first b, a, c", ids)
 		}
 		return nil
 	})
 	if err != nil {
-		t.Fatalf("Update: %v", err)
-	}
-	var got []string
-	err = s.View(ctx, func(tx *store.Tx) error {
-		jobs, err := tx.Jobs()
-		for _, j := range jobs {
-			got = append(got, j.ID)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatalf("Jobs: %v", err)
-	}
-	if strings.Join(got, ",") != "c,a,d,b" {
-		t.Errorf("Jobs order = %v, want [c a d b] (oldest first)", got)
+		t.Fatal(err)
 	}
 }
 
 func TestOpenLockedFails(t *testing.T) {
-	s, path := openStore(t)
+	_, path := openStore(t)
 	start := time.Now()
-	s2, err := store.Open(path)
-	if err == nil {
-		s2.Close()
-		t.Fatal("second Open of a database in use succeeded")
+	_, err := store.Open(path)
+	if err == nil || !strings.Contains(err.Error(), "locked by another coordinator") {
+		t.Fatalf("second Open = %v, want a lock error", err)
 	}
-	if !strings.Contains(err.Error(), "locked by another coordinator") || !strings.Contains(err.Error(), path) {
-		t.Errorf("second Open error = %q, want it to name the file and say it is locked", err)
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("second Open took %v", d)
 	}
-	if waited := time.Since(start); waited > 15*time.Second {
-		t.Errorf("second Open took %v: it must give up after a short wait", waited)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatalf("Close: %v", err)
-	}
-	s3, err := store.Open(path)
-	if err != nil {
-		t.Fatalf("Open after the first one closed: %v", err)
-	}
-	s3.Close()
 }
 
 func TestOpenBadPath(t *testing.T) {
-	_, err := store.Open(filepath.Join(t.TempDir(), "missing-dir", "x.db"))
-	if err == nil {
+	if _, err := store.Open(filepath.Join(t.TempDir(), "missing", "dir", "coordinator.db")); err == nil {
 		t.Fatal("Open in a missing directory succeeded")
 	}
-	if !strings.Contains(err.Error(), "missing-dir") {
-		t.Errorf("error %q does not name the path", err)
-	}
 }
 
-func TestTileAndFrameMove(t *testing.T) {
-	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
-	tl := &store.Tile{Key: "t"}
-	tl.Move(store.TileQueued, "", "", "", now)
-	if tl.Terminal() {
-		t.Error("queued tile is terminal")
-	}
-	tl.Move(store.TileFailedRetryable, "a1", "w1", "disk full", now)
-	if tl.Terminal() || tl.Worker != "w1" || tl.Error != "disk full" {
-		t.Errorf("after retryable failure: %+v", tl)
-	}
-	tl.Move(store.TileRendering, "a2", "w2", "", now.Add(time.Second))
-	if tl.Error != "" {
-		t.Errorf("error %q kept after moving on", tl.Error)
-	}
-	for _, term := range []string{store.TileCompleted, store.TileFailedTerminal, store.TileDeadLettered} {
-		c := *tl
-		c.Move(term, "a3", "w3", "", now)
-		if !c.Terminal() {
-			t.Errorf("tile in %s is not terminal", term)
+// The index of unfinished frames follows each frame's state: the reconciler's cost grows with
+// unfinished frames only.
+func TestOpenFramesFollowState(t *testing.T) {
+	ctx := testCtx(t)
+	s, _ := openStore(t)
+	now := time.Now()
+	err := s.Update(ctx, func(tx *store.Tx) error {
+		for _, k := range []string{"a", "b", "c"} {
+			f := testFrame(k, 1)
+			f.Settle("", now)
+			if err := tx.PutFrame(f); err != nil {
+				return err
+			}
 		}
-	}
-	if len(tl.History) != 3 || tl.History[1].Attempt != "a1" || tl.History[2].State != store.TileRendering ||
-		!tl.History[2].Time.Equal(now.Add(time.Second)) {
-		t.Errorf("history = %+v", tl.History)
-	}
-
-	f := &store.Frame{Key: "f"}
-	for _, s := range []string{store.FrameQueued, store.FrameRendering, store.FrameAssembling} {
-		f.Move(s, "", now)
-		if f.Terminal() {
-			t.Errorf("frame in %s is terminal", s)
+		f, err := tx.Frame("b")
+		if err != nil {
+			return err
 		}
-	}
-	f.Move(store.FrameFailed, "tile x dead-lettered", now)
-	if !f.Terminal() || f.Error != "tile x dead-lettered" || len(f.History) != 4 {
-		t.Errorf("failed frame = %+v", f)
-	}
-	f.Move(store.FrameCompleted, "", now)
-	if !f.Terminal() || f.Error != "" {
-		t.Errorf("completed frame = %+v", f)
-	}
-}
-
-func TestPruneEventsForgetsOnlyOldIDs(t *testing.T) {
-	ctx := context.Background()
-	s, err := store.Open(filepath.Join(t.TempDir(), "c.db"))
+		f.TilesCompleted, f.Done = 1, []string{"png"}
+		f.Settle("", now)
+		return tx.PutFrame(f)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s.Close()
-	old, recent := time.Now().Add(-30*24*time.Hour), time.Now()
-	if err := s.Update(ctx, func(tx *store.Tx) error {
-		if _, err := tx.SeenEvent("old", old); err != nil {
-			return err
-		}
-		_, err := tx.SeenEvent("recent", recent)
-		return err
+	var open []string
+	if err := s.View(ctx, func(tx *store.Tx) error {
+		tx.OpenFrames(func(k string) bool { open = append(open, k); return true })
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.PruneEvents(ctx, time.Now().Add(-8*24*time.Hour))
-	if err != nil || n != 1 {
-		t.Fatalf("pruned %d (%v), want 1", n, err)
+	if strings.Join(open, ",") != "a,c" {
+		t.Fatalf("open frames %v, want a,c (b is completed)", open)
 	}
-	_ = s.Update(ctx, func(tx *store.Tx) error {
-		if seen, _ := tx.SeenEvent("recent", recent); !seen {
-			t.Error("a recent event id was forgotten")
+}
+
+// Failure details stay bounded: the newest few per tile, each message truncated.
+func TestFailuresAreBounded(t *testing.T) {
+	ctx := testCtx(t)
+	s, _ := openStore(t)
+	long := strings.Repeat("x", 5000)
+	err := s.Update(ctx, func(tx *store.Tx) error {
+		for i := range 10 {
+			if err := tx.AddFailure("f1", 3, store.Failure{Code: "panic", Error: fmt.Sprintf("%d %s", i, long)}); err != nil {
+				return err
+			}
 		}
-		if seen, _ := tx.SeenEvent("old", recent); seen {
-			t.Error("an old event id was kept")
+		return tx.AddFailure("f1", 7, store.Failure{Code: "terminal", Error: "bad"})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(ctx, func(tx *store.Tx) error {
+		got, err := tx.Failures("f1")
+		if err != nil {
+			return err
+		}
+		if len(got) != 2 || len(got[3]) != 4 || len(got[7]) != 1 {
+			return fmt.Errorf("failures = %d tiles, %d and %d entries; want 2 tiles, 4 and 1", len(got), len(got[3]), len(got[7]))
+		}
+		if !strings.HasPrefix(got[3][0].Error, "6 ") || len(got[3][3].Error) > 1100 {
+			return fmt.Errorf("kept failures start with %q and are %d bytes; want the newest, truncated", got[3][0].Error[:4], len(got[3][3].Error))
+		}
+		if other, err := tx.Failures("f"); err != nil || len(other) != 0 {
+			return fmt.Errorf("failures of a frame whose key prefixes another: %v, %v", other, err)
 		}
 		return nil
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A corrupt tile table is reported, never trusted.
+func TestTileTableRejectsWrongSize(t *testing.T) {
+	ctx := testCtx(t)
+	s, _ := openStore(t)
+	err := s.Update(ctx, func(tx *store.Tx) error {
+		if err := tx.PutFrame(testFrame("f1", 3)); err != nil {
+			return err
+		}
+		return tx.PutTileTable("f1", store.NewTileTable(2))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.View(ctx, func(tx *store.Tx) error {
+		f, err := tx.Frame("f1")
+		if err != nil {
+			return err
+		}
+		_, err = tx.TileTable(f)
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "tile table") {
+		t.Fatalf("TileTable of a wrong-size table = %v, want an error", err)
+	}
 }

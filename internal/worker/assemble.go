@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"strings"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -15,70 +12,99 @@ import (
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// assemble builds a frame from its promoted tiles and promotes the frame manifest. It needs no
-// lease: the output is a pure function of the tiles, so a racing assembler promotes identical
-// bytes and gets idempotent success.
-func (w *Worker) assemble(ctx context.Context, msg jetstream.Msg, job farm.AssembleJob, attempt string, log *slog.Logger) error {
-	// Reading thousands of tiles and encoding EXR can outlast the ack-wait: keep the message alive.
-	hb := w.startHeartbeat(ctx, msg, nil, log)
-	defer hb.stop()
+// describeAssembly fills in how an assembly delivery is announced when it fails or turns
+// out done.
+func (w *Worker) describeAssembly(d *delivery, job farm.AssembleJob) {
+	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey)
+	d.describe = func(ev farm.Event) farm.Event {
+		ev.Type, ev.JobID, ev.FrameKey, ev.Formats = farm.EventFrameFailed, job.JobID, job.FrameKey, job.Formats
+		return ev
+	}
+	d.promoted = func(ctx context.Context) (bool, error) {
+		missing, err := w.missingFormats(ctx, job)
+		return err == nil && len(missing) == 0, err
+	}
+	d.complete = func(ctx context.Context, d *delivery) error { return w.frameCompleted(ctx, d, job, true) }
+}
+
+// missingFormats returns the formats of job whose frame manifest does not exist yet.
+func (w *Worker) missingFormats(ctx context.Context, job farm.AssembleJob) ([]string, error) {
 	var missing []string
 	for _, format := range job.Formats {
-		var done bool
-		err := w.retryInfra(ctx, msg, log, "checking frame manifest", func(ctx context.Context) (err error) {
-			done, err = finalize.ManifestExists(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, format))
-			return err
-		})
+		done, err := finalize.ManifestExists(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, format))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if !done {
 			missing = append(missing, format)
 		}
 	}
+	return missing, nil
+}
+
+// assemble builds a frame from its promoted tiles and promotes the frame manifest of every
+// format still missing. It needs no lease: the output is a pure function of the tiles, so a
+// racing assembler promotes identical bytes and gets idempotent success.
+func (w *Worker) assemble(ctx context.Context, d *delivery, job farm.AssembleJob) error {
+	// Reading thousands of tiles and encoding EXR can outlast the ack-wait: keep the message alive.
+	hb := w.startHeartbeat(ctx, d.msg, nil, d.log)
+	defer hb.stop()
+	var missing []string
+	err := w.retryStore(ctx, d, "checking frame manifests", func(ctx context.Context) (err error) {
+		missing, err = w.missingFormats(ctx, job)
+		return err
+	})
+	if err != nil {
+		return err
+	}
 	if len(missing) == 0 {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
-	} else {
-		var outputs []finalize.Output
-		err := w.retryInfra(ctx, msg, log, "reading tiles", func(ctx context.Context) (err error) {
-			outputs, err = w.assembleOutputs(ctx, job, missing)
+		return w.frameCompleted(ctx, d, job, true)
+	}
+	var outputs []finalize.Output
+	err = w.retryStore(ctx, d, "reading tiles", func(ctx context.Context) (err error) {
+		outputs, err = w.assembleOutputs(ctx, job, missing)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for i, out := range outputs {
+		var p finalize.Promotion
+		err = w.retryStore(ctx, d, "promoting frame", func(ctx context.Context) (err error) {
+			p, err = finalize.Promote(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, missing[i]), d.attempt,
+				farm.BuildFingerprint(), []finalize.Output{out},
+				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
 			return err
 		})
 		if err != nil {
+			w.m.FinalizeFailures.Inc()
+			if errors.Is(err, finalize.ErrConflict) {
+				w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
+				return farm.Terminalf("promoting frame: %w", err)
+			}
 			return err
 		}
-		for i, out := range outputs {
-			var p finalize.Promotion
-			err = w.retryInfra(ctx, msg, log, "promoting frame", func(ctx context.Context) (err error) {
-				p, err = finalize.Promote(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, missing[i]), attempt,
-					farm.BuildFingerprint(), []finalize.Output{out},
-					map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
-				return err
-			})
-			if err != nil {
-				w.m.FinalizeFailures.Inc()
-				if errors.Is(err, finalize.ErrConflict) {
-					w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
-					return farm.Terminalf("promoting frame: %w", err)
-				}
-				return err
-			}
-			if p.Existing {
-				w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
-			}
+		if p.Existing {
+			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 		}
-		w.m.FramesCompleted.Inc()
 	}
-	if err := w.publishEvent(ctx, farm.Event{
-		ID:   farm.EventFrameCompleted + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
-		Type: farm.EventFrameCompleted, JobID: job.JobID, FrameKey: job.FrameKey, Attempt: attempt,
-		Worker: w.cfg.Name, Duplicate: len(missing) == 0, Formats: job.Formats,
+	w.m.FramesCompleted.Inc()
+	d.log.Info("frame assembled", "frame", job.Frame, "formats", job.Formats, "promoted", missing)
+	return w.frameCompleted(ctx, d, job, false)
+}
+
+// frameCompleted announces the frame's formats promoted (retrying a NATS outage in place) and acks.
+func (w *Worker) frameCompleted(ctx context.Context, d *delivery, job farm.AssembleJob, duplicate bool) error {
+	ev := farm.Event{ID: farm.EventFrameCompleted + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
+		Type: farm.EventFrameCompleted, JobID: job.JobID, FrameKey: job.FrameKey, Duplicate: duplicate, Formats: job.Formats}
+	if err := w.retryInPlace(ctx, d, "publishing frame event", func(ctx context.Context) error {
+		return w.publishEvent(ctx, d, ev)
 	}); err != nil {
 		return fmt.Errorf("publishing frame event: %w", err)
 	}
-	log.Info("frame assembled", "frame", job.Frame, "formats", job.Formats, "promoted", missing)
-	if err := msg.DoubleAck(ctx); err != nil {
-		log.Warn("ack failed after frame promotion", "err", err)
+	if err := d.msg.DoubleAck(ctx); err != nil {
+		d.log.Warn("ack failed after frame promotion", "err", err)
 	}
 	return nil
 }
@@ -92,7 +118,7 @@ func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, form
 		return nil, farm.Terminalf("tiling frame: %w", err)
 	}
 	for _, t := range frameTiles {
-		m, err := finalize.ReadManifest(ctx, w.objects, farm.TileManifestKey(t.Key))
+		m, err := finalize.ReadManifest(ctx, w.objects, farm.TileManifestKey(job.FrameKey, t.Key))
 		if err != nil {
 			if errors.Is(err, finalize.ErrNotFound) {
 				return nil, farm.Terminalf("tile %s has no manifest", t.Key)

@@ -12,7 +12,9 @@ import (
 
 // PruneCheckpoints deletes local checkpoints of tiles that are promoted: a tile this node
 // started but another node finished (from the remote checkpoint) would otherwise leave its
-// local checkpoint behind for good. It runs now and then every interval until ctx is done.
+// local checkpoint behind for good. A checkpoint written before checkpoints named their frame
+// (format version 3) cannot be matched with its manifest and is left alone. It runs now and
+// then every interval until ctx is done.
 func PruneCheckpoints(ctx context.Context, ckpts *tiles.CheckpointStore, objects finalize.Store, interval time.Duration, log *slog.Logger) {
 	for {
 		keys, err := ckpts.List(ctx)
@@ -21,7 +23,11 @@ func PruneCheckpoints(ctx context.Context, ckpts *tiles.CheckpointStore, objects
 		}
 		pruned := 0
 		for _, k := range keys {
-			done, err := finalize.ManifestExists(ctx, objects, farm.TileManifestKey(k))
+			c, ok, err := ckpts.Load(ctx, k)
+			if err != nil || !ok || c.FrameKey == "" {
+				continue
+			}
+			done, err := finalize.ManifestExists(ctx, objects, farm.TileManifestKey(c.FrameKey, k))
 			if err != nil || !done {
 				continue
 			}

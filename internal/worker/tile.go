@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -17,158 +14,207 @@ import (
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// renderTile carries one tile job through steps 1-5 of the Render flow in DESIGN.md.
-func (w *Worker) renderTile(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, log *slog.Logger) error {
-	if err := checkIdentity(job); err != nil {
-		return err
-	}
-	manifestKey := farm.TileManifestKey(job.TileKey)
+// tileRun is one delivery of one tile job being carried through the Render flow.
+type tileRun struct {
+	*delivery
+	job   farm.TileJob
+	lease *queue.Lease
+	hb    *heartbeat // nil until the lease is held
+	// finish ends the heartbeat and releases the lease; after a lost lease it only stops.
+	finish func()
+}
 
+func (r *tileRun) manifestKey() string { return farm.TileManifestKey(r.job.FrameKey, r.job.TileKey) }
+
+// describeTile fills in how a tile delivery is announced when it fails or turns out done.
+func (w *Worker) describeTile(d *delivery, job farm.TileJob) {
+	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
+	d.describe = func(ev farm.Event) farm.Event {
+		ev.Type, ev.JobID, ev.TileKey, ev.TileIndex, ev.FrameKey = farm.EventTileFailed, job.JobID, job.TileKey, job.Index, job.FrameKey
+		return ev
+	}
+	key := farm.TileManifestKey(job.FrameKey, job.TileKey)
+	d.promoted = func(ctx context.Context) (bool, error) { return finalize.ManifestExists(ctx, w.objects, key) }
+	d.complete = func(ctx context.Context, d *delivery) error {
+		return w.complete(ctx, &tileRun{delivery: d, job: job}, 0, 0, true)
+	}
+}
+
+// renderTile carries one tile job through the Render flow (docs/design.md, "Render").
+func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
+	if err := checkIdentity(r.job); err != nil {
+		return err
+	}
 	// 1. Already promoted: tell the coordinator (it may have missed the event) and ack.
-	var done bool
-	err := w.retryInfra(ctx, msg, log, "checking tile manifest", func(ctx context.Context) (err error) {
-		done, err = finalize.ManifestExists(ctx, w.objects, manifestKey)
-		return err
-	})
-	if err != nil {
+	if done, err := w.promotedNow(ctx, r); err != nil || done {
 		return err
 	}
-	if done {
-		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
-		log.Info("tile already promoted; acking duplicate delivery")
-		return w.complete(ctx, msg, job, attempt, 0, 0, true, nil, log)
+	if f := w.cfg.Faults.BeforeLease; f != nil {
+		f(r.job)
 	}
+	w.crashAt("before-lease")
 
 	// 2. Lease with fencing token; from here on the heartbeat keeps lease and message alive
 	// until the tile is settled.
-	lease, err := w.acquire(ctx, msg, job, attempt, log)
+	lease, err := w.acquire(ctx, r)
 	if err != nil || lease == nil {
 		return err
 	}
-	log = log.With("fencing_token", lease.Token)
-	hb := w.startHeartbeat(ctx, msg, lease, log)
+	r.lease = lease
+	r.log = r.log.With("fencing_token", lease.Token)
+	// The holder may have promoted the tile just before its lease went: check again, or a
+	// duplicate would render the whole tile a second time.
+	if done, err := w.promotedNow(ctx, r); err != nil || done {
+		w.release(ctx, lease, r)
+		return err
+	}
+	r.hb = w.startHeartbeat(ctx, r.msg, lease, r.log)
 	released := false
-	// finish ends the heartbeat and releases the lease; after a lost lease there is nothing to release.
-	finish := func() {
+	r.finish = func() {
 		if released {
 			return
 		}
 		released = true
-		if lost := hb.stop(); lost != nil {
-			log.Warn("lease lost; abandoning tile", "err", lost)
+		if lost := r.hb.stop(); lost != nil {
+			r.log.Warn("lease lost; abandoning tile", "err", lost)
 			return
 		}
-		w.release(ctx, lease, log)
+		w.release(ctx, lease, r)
 	}
-	defer finish()
-	err = w.renderAndPromote(hb.ctx, msg, job, attempt, hb, finish, log)
-	if errors.Is(context.Cause(hb.ctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
+	defer r.finish()
+	err = w.renderAndPromote(r.hb.ctx, r)
+	if errors.Is(context.Cause(r.hb.ctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
 		// No finalize, no ack: the new lease holder owns the tile now.
 		if err != nil && errors.Is(err, queue.ErrLeaseLost) {
-			log.Warn("lease lost; abandoning tile", "err", err)
+			r.log.Warn("lease lost; abandoning tile", "err", err)
 		}
 		return errSettled
 	}
 	return err
 }
 
+// promotedNow checks the tile's manifest (retrying a store outage in place); when it exists
+// it announces the tile completed and acks the duplicate delivery.
+func (w *Worker) promotedNow(ctx context.Context, r *tileRun) (bool, error) {
+	var done bool
+	err := w.retryStore(ctx, r.delivery, "checking tile manifest", func(ctx context.Context) (err error) {
+		done, err = finalize.ManifestExists(ctx, w.objects, r.manifestKey())
+		return err
+	})
+	if err != nil || !done {
+		return false, err
+	}
+	w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+	r.log.Info("tile already promoted; acking duplicate delivery")
+	return true, w.complete(ctx, r, 0, 0, true)
+}
+
 // checkIdentity recomputes the job's keys with this worker's renderer. A mismatch means the job
 // was made by a build with another render.Version: rendering it here would resume foreign
 // checkpoints and promote pixels under keys that promise other ones.
 func checkIdentity(job farm.TileJob) error {
-	fk := tiles.FrameKey(job.SceneVersion, job.Settings.Camera, job.Frame, tiles.SettingsHash(job.Settings))
+	sh := tiles.SettingsHash(job.Settings)
+	fk := tiles.FrameKey(job.SceneVersion, job.Settings.Camera, job.Frame, sh)
 	if fk != job.FrameKey || tiles.TileKey(fk, job.Rect) != job.TileKey ||
-		tiles.InputHash(job.SceneVersion, job.Settings, job.Frame, job.Rect) != job.InputHash {
+		tiles.InputHashFor(job.SceneVersion, sh, job.Frame, job.Rect) != job.InputHash {
 		return farm.Terminalf("build mismatch: tile %s was not made for render version %s (all workers of a farm must run the coordinator's build)", job.TileKey, render.Version)
 	}
 	return nil
 }
 
 // acquire takes the tile's lease. While another live owner holds it (a redelivery or duplicate
-// of a tile still rendering elsewhere) it waits, keeping the message alive, instead of burning a
-// delivery per try: until the tile is promoted (then it acks the duplicate), the lease is free,
-// or two lease TTLs pass (then it hands the message back). A nil lease means the message is settled.
-func (w *Worker) acquire(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, log *slog.Logger) (*queue.Lease, error) {
-	deadline := time.Now().Add(2 * w.farm.Cfg.LeaseTTL)
-	for {
-		lease, err := w.farm.Leases.Acquire(ctx, job.TileKey, w.cfg.Name+"/"+attempt)
+// of a tile still rendering elsewhere) it waits for as long as that owner keeps renewing,
+// keeping the message alive, instead of spending deliveries: until the tile is promoted (then
+// it acks the duplicate) or the lease is free. A nil lease means the message is settled.
+func (w *Worker) acquire(ctx context.Context, r *tileRun) (*queue.Lease, error) {
+	waiting := false
+	for try := 1; ; try++ {
+		lease, err := w.farm.Leases.Acquire(ctx, r.job.TileKey, w.cfg.Name+"/"+r.attempt)
 		if err == nil {
 			return lease, nil
 		}
-		if !errors.Is(err, queue.ErrLeaseHeld) {
+		switch {
+		case errors.Is(err, queue.ErrLeaseHeld):
+			if !waiting {
+				waiting = true
+				r.log.Info("tile leased by another worker; waiting while it renews")
+			}
+		case isInfra(err):
+			if try == 1 || try%10 == 0 {
+				r.log.Warn("acquiring lease; retrying in place", "err", err)
+			}
+		default:
 			return nil, fmt.Errorf("acquiring lease: %w", err)
 		}
-		if time.Now().After(deadline) {
-			log.Info("tile still leased by another worker; handing it back")
-			_ = msg.NakWithDelay(w.farm.Cfg.LeaseTTL)
-			return nil, nil
-		}
-		_ = msg.InProgress()
-		queue.Sleep(ctx, w.cfg.Heartbeat)
-		if ctx.Err() != nil {
+		_ = r.msg.InProgress()
+		if !queue.Sleep(ctx, w.cfg.Heartbeat) {
 			return nil, ctx.Err()
 		}
-		if done, err := finalize.ManifestExists(ctx, w.objects, farm.TileManifestKey(job.TileKey)); err == nil && done {
+		if !waiting {
+			continue
+		}
+		if done, err := finalize.ManifestExists(ctx, w.objects, r.manifestKey()); err == nil && done {
 			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
-			log.Info("tile promoted by the lease holder; acking duplicate delivery")
-			return nil, w.complete(ctx, msg, job, attempt, 0, 0, true, nil, log)
+			r.log.Info("tile promoted by the lease holder; acking duplicate delivery")
+			return nil, w.complete(ctx, r, 0, 0, true)
 		}
 	}
 }
 
 // renderAndPromote is steps 3-5 of the Render flow, run under a live lease.
-func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, hb *heartbeat, finish func(), log *slog.Logger) error {
+func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	var scene *render.Scene
-	err := w.retryInfra(ctx, msg, log, "fetching scene", func(ctx context.Context) (err error) {
-		scene, err = w.scene(ctx, job.SceneVersion)
+	err := w.retryStore(ctx, r.delivery, "fetching scene", func(ctx context.Context) (err error) {
+		scene, err = w.scenes.Get(ctx, r.job.SceneVersion)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	tile, err := render.NewTile(scene, job.Settings, job.Frame, job.Rect)
+	tile, err := render.NewTile(scene, r.job.Settings, r.job.Frame, r.job.Rect)
 	if err != nil {
 		return farm.Terminalf("creating tile: %w", err)
 	}
 
-	// 3. Resume from a checkpoint whose input hash matches.
-	recovered := w.resume(ctx, tile, job, log)
-	if err := w.publishEvent(ctx, farm.Event{
-		ID: farm.EventTileStarted + ":" + attempt, Type: farm.EventTileStarted, JobID: job.JobID,
-		TileKey: job.TileKey, FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name, SamplesRecovered: recovered,
+	// 3. Resume from a checkpoint made from the same inputs by the same build.
+	recovered := w.resume(ctx, tile, r)
+	if err := w.retryInPlace(ctx, r.delivery, "publishing start event", func(ctx context.Context) error {
+		return w.publishEvent(ctx, r.delivery, farm.Event{Type: farm.EventTileStarted, JobID: r.job.JobID, TileKey: r.job.TileKey,
+			TileIndex: r.job.Index, FrameKey: r.job.FrameKey, SamplesRecovered: recovered})
 	}); err != nil {
-		return fmt.Errorf("publishing start event: %w", err)
+		return err
 	}
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
 	w.m.TilesInFlight.Inc()
 	start := time.Now()
-	err = w.renderPasses(ctx, tile, job, attempt, hb, log)
+	err = w.renderPasses(ctx, tile, r)
 	w.m.TilesInFlight.Dec()
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
 			// Shutting down: keep what was rendered for whoever resumes the tile, but never hang
 			// the shutdown on a slow store.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			w.saveCheckpoint(sctx, tile, job, attempt, hb, log)
+			w.saveCheckpoint(sctx, tile, r, true)
 			cancel()
 		}
 		return err
 	}
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
-	w.m.SamplesRendered.Add(float64(job.Settings.SPP - recovered))
+	w.m.SamplesRendered.Add(float64(r.job.Settings.SPP - recovered))
 	// The finished state is checkpointed too, so a storage outage during finalize costs no rendering.
-	w.saveCheckpoint(ctx, tile, job, attempt, nil, log)
+	w.saveCheckpoint(ctx, tile, r, false)
 
 	// 5. Finalize, but only while still holding the lease (fencing).
-	if err := hb.check(ctx); err != nil {
+	if err := r.hb.check(ctx); err != nil {
 		return fmt.Errorf("before finalize: %w", err)
 	}
 	var p finalize.Promotion
-	err = w.retryInfra(ctx, msg, log, "promoting tile", func(ctx context.Context) (err error) {
-		p, err = finalize.Promote(ctx, w.objects, farm.TileManifestKey(job.TileKey), attempt, farm.BuildFingerprint(),
+	err = w.retryStore(ctx, r.delivery, "promoting tile", func(ctx context.Context) (err error) {
+		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, farm.BuildFingerprint(),
 			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
-			map[string]string{"tile_key": job.TileKey, "frame_key": job.FrameKey, "input_hash": job.InputHash, "worker": w.cfg.Name})
+			map[string]string{"tile_key": r.job.TileKey, "frame_key": r.job.FrameKey, "input_hash": r.job.InputHash, "worker": w.cfg.Name},
+			finalize.AfterUpload(func() { w.crashAt("after-upload") }))
 		return err
 	})
 	if err != nil {
@@ -179,109 +225,95 @@ func (w *Worker) renderAndPromote(ctx context.Context, msg jetstream.Msg, job fa
 		}
 		return err
 	}
+	w.crashAt("after-manifest")
 	if p.Existing {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 	} else {
 		w.m.TilesCompleted.Inc()
 	}
-	return w.complete(ctx, msg, job, attempt, job.Settings.SPP-recovered, recovered, p.Existing, finish, log)
+	return w.complete(ctx, r, r.job.Settings.SPP-recovered, recovered, p.Existing)
 }
 
-func (w *Worker) release(ctx context.Context, lease *queue.Lease, log *slog.Logger) {
+func (w *Worker) release(ctx context.Context, lease *queue.Lease, r *tileRun) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if err := w.farm.Leases.Release(rctx, lease); err != nil {
-		log.Warn("releasing lease", "err", err)
+		r.log.Warn("releasing lease", "err", err)
 	}
 }
 
-// retryInfra runs op, retrying in place with backoff while it fails with a retryable storage
-// error, for at most InfraRetryFor. The message's ack-wait is extended meanwhile, so a storage
-// outage does not burn the tile's deliveries and end in a dead letter.
-func (w *Worker) retryInfra(ctx context.Context, msg jetstream.Msg, log *slog.Logger, what string, op func(context.Context) error) error {
-	deadline := time.Now().Add(w.cfg.InfraRetryFor)
-	for try := 1; ; try++ {
-		err := op(ctx)
-		if err == nil || !finalize.IsRetryable(err) || ctx.Err() != nil || time.Now().After(deadline) {
-			if err != nil && !farm.IsTerminal(err) {
-				err = fmt.Errorf("%s: %w", what, err)
-			}
-			return err
-		}
-		delay := queue.Backoff(try, w.cfg.RetryBase, 8*w.cfg.RetryBase, w.jitter)
-		log.Warn("storage unavailable; retrying in place", "op", what, "try", try, "delay", delay, "err", err)
-		w.m.Retries.Inc()
-		_ = msg.InProgress()
-		queue.Sleep(ctx, delay)
-	}
-}
-
-// complete publishes tile.completed, drops the checkpoints, releases the lease and acks last.
-func (w *Worker) complete(ctx context.Context, msg jetstream.Msg, job farm.TileJob, attempt string, rendered, recovered int, duplicate bool, release func(), log *slog.Logger) error {
-	if err := w.publishEvent(ctx, farm.Event{
-		ID: farm.EventTileCompleted + ":" + job.TileKey, Type: farm.EventTileCompleted, JobID: job.JobID,
-		TileKey: job.TileKey, FrameKey: job.FrameKey, Attempt: attempt, Worker: w.cfg.Name,
-		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate,
+// complete publishes tile.completed (retrying a NATS outage in place), drops the checkpoints,
+// releases the lease and acks last.
+func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered int, duplicate bool) error {
+	ev := farm.Event{ID: farm.EventTileCompleted + ":" + r.job.TileKey, Type: farm.EventTileCompleted, JobID: r.job.JobID,
+		TileKey: r.job.TileKey, TileIndex: r.job.Index, FrameKey: r.job.FrameKey,
+		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate}
+	if err := w.retryInPlace(ctx, r.delivery, "publishing completion event", func(ctx context.Context) error {
+		return w.publishEvent(ctx, r.delivery, ev)
 	}); err != nil {
 		return fmt.Errorf("publishing completion event: %w", err)
 	}
-	if err := w.ckpts.Delete(ctx, job.TileKey); err != nil {
-		log.Warn("deleting local checkpoint", "err", err)
+	w.crashAt("after-event")
+	if err := w.ckpts.Delete(ctx, r.job.TileKey); err != nil {
+		r.log.Warn("deleting local checkpoint", "err", err)
 	}
-	if w.cfg.RemoteCheckpoints {
-		if err := w.objects.Delete(ctx, farm.CheckpointKey(job.TileKey)); err != nil {
-			log.Warn("deleting remote checkpoint", "err", err)
-		}
+	if err := w.objects.Delete(ctx, farm.CheckpointKey(r.job.TileKey)); err != nil {
+		r.log.Warn("deleting remote checkpoint", "err", err)
 	}
-	if release != nil {
-		release()
+	if r.finish != nil {
+		r.finish()
 	}
+	w.crashAt("before-ack")
 	// The lease release above ends the heartbeat context; the ack must still go out.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if err := msg.DoubleAck(actx); err != nil {
+	if err := r.msg.DoubleAck(actx); err != nil {
 		// The manifest exists, so a redelivery is acked by the manifest check.
-		log.Warn("ack failed after promotion", "err", err)
+		r.log.Warn("ack failed after promotion", "err", err)
 	}
 	return nil
 }
 
-// resume imports the newest valid checkpoint, local first, then remote. It returns the samples recovered.
-func (w *Worker) resume(ctx context.Context, tile *render.Tile, job farm.TileJob, log *slog.Logger) int {
+// resume imports the newest usable checkpoint, local first, then remote: one of this tile,
+// made from the same inputs by the same build. It returns the samples recovered.
+func (w *Worker) resume(ctx context.Context, tile *render.Tile, r *tileRun) int {
 	candidates := []func() (tiles.Checkpoint, bool){
 		func() (tiles.Checkpoint, bool) {
-			c, ok, err := w.ckpts.Load(ctx, job.TileKey)
+			c, ok, err := w.ckpts.Load(ctx, r.job.TileKey)
 			if err != nil {
-				log.Warn("loading local checkpoint", "err", err)
+				r.log.Warn("loading local checkpoint", "err", err)
 			}
 			return c, ok && err == nil
 		},
-	}
-	if w.cfg.RemoteCheckpoints {
-		candidates = append(candidates, func() (tiles.Checkpoint, bool) {
-			data, err := w.objects.Get(ctx, farm.CheckpointKey(job.TileKey))
+		func() (tiles.Checkpoint, bool) {
+			data, err := w.objects.Get(ctx, farm.CheckpointKey(r.job.TileKey))
 			if err != nil {
 				if !errors.Is(err, finalize.ErrNotFound) {
-					log.Warn("loading remote checkpoint", "err", err)
+					r.log.Warn("loading remote checkpoint", "err", err)
 				}
 				return tiles.Checkpoint{}, false
 			}
 			c, err := w.codec.Decode(data)
 			if err != nil {
-				log.Warn("discarding corrupt remote checkpoint", "err", err)
+				r.log.Warn("discarding corrupt remote checkpoint", "err", err)
 				return tiles.Checkpoint{}, false
 			}
 			return c, true
-		})
+		},
 	}
+	build := farm.BuildFingerprint()
 	best := tiles.Checkpoint{}
 	for _, load := range candidates {
 		c, ok := load()
 		if !ok {
 			continue
 		}
-		if !c.Matches(job.TileKey, job.InputHash) {
-			log.Warn("discarding checkpoint with a different input hash", "checkpoint_input_hash", c.InputHash)
+		if !c.Matches(r.job.TileKey, r.job.InputHash) {
+			r.log.Warn("discarding checkpoint with a different input hash", "checkpoint_input_hash", c.InputHash)
+			continue
+		}
+		if c.Build != build {
+			r.log.Warn("discarding checkpoint made by another build", "checkpoint_build", c.Build, "build", build)
 			continue
 		}
 		if c.Next > best.Next {
@@ -292,25 +324,32 @@ func (w *Worker) resume(ctx context.Context, tile *render.Tile, job farm.TileJob
 		return 0
 	}
 	if err := tile.Import(render.State{Next: best.Next, Sum: best.Sum}); err != nil {
-		log.Warn("discarding checkpoint that does not fit the tile", "err", err)
+		r.log.Warn("discarding checkpoint that does not fit the tile", "err", err)
 		return 0
 	}
-	log.Info("resuming from checkpoint", "samples_recovered", best.Next)
+	r.log.Info("resuming from checkpoint", "samples_recovered", best.Next)
 	w.m.CheckpointResumes.Inc()
 	w.m.SamplesRecovered.Add(float64(best.Next))
 	return best.Next
 }
 
 // renderPasses renders the remaining samples in contiguous passes, checkpointing after passes.
-func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, hb *heartbeat, log *slog.Logger) error {
-	spp := job.Settings.SPP
+func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, r *tileRun) error {
+	spp := r.job.Settings.SPP
 	pass := (spp + w.cfg.PassesPerTile - 1) / w.cfg.PassesPerTile
 	var lastLocal, lastRemote time.Time
-	for tile.Next() < spp {
-		if f := w.cfg.Faults; f.PanicTileSet && job.Frame == f.PanicFrame && job.Rect == f.PanicTile {
-			panic(fmt.Sprintf("injected fault in frame %d tile %v", job.Frame, job.Rect))
+	for passes := 0; tile.Next() < spp; passes++ {
+		if f := w.cfg.Faults; f.PanicTileSet && r.job.Frame == f.PanicFrame && r.job.Rect == f.PanicTile {
+			panic(fmt.Sprintf("injected fault in frame %d tile %v", r.job.Frame, r.job.Rect))
 		}
 		to := min(tile.Next()+pass, spp)
+		if passes == 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 {
+			// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves.
+			if err := tile.Render(ctx, tile.Next(), tile.Next()+(to-tile.Next())/2); err != nil {
+				return err
+			}
+			w.crashAt("mid-pass")
+		}
 		if err := tile.Render(ctx, tile.Next(), to); err != nil {
 			return err
 		}
@@ -323,13 +362,12 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.T
 		now := time.Now()
 		if now.Sub(lastLocal) >= w.cfg.CheckpointEvery {
 			lastLocal = now
-			fence := hb // a non-nil fence also uploads the remote checkpoint
-			if !w.cfg.RemoteCheckpoints || now.Sub(lastRemote) < w.cfg.RemoteEvery {
-				fence = nil
-			} else {
+			remote := now.Sub(lastRemote) >= w.cfg.RemoteEvery
+			if remote {
 				lastRemote = now
 			}
-			w.saveCheckpoint(ctx, tile, job, attempt, fence, log)
+			w.saveCheckpoint(ctx, tile, r, remote)
+			w.crashAt("after-checkpoint")
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -338,32 +376,33 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, job farm.T
 	return nil
 }
 
-// saveCheckpoint saves the tile's state locally and, given a fence, uploads it as the remote
+// saveCheckpoint saves the tile's state locally and, if remote, uploads it as the remote
 // checkpoint, but only while the lease is still ours: a worker that slept through losing its
 // lease must not overwrite the new holder's newer checkpoint.
-func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, job farm.TileJob, attempt string, fence *heartbeat, log *slog.Logger) {
+func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, r *tileRun, remote bool) {
 	if tile.Next() == 0 {
 		return
 	}
 	st := tile.Export()
-	c := tiles.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: st.Next, Sum: st.Sum, Attempt: attempt, SavedAt: time.Now().UTC()}
+	c := tiles.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
+		Attempt: r.attempt, Build: farm.BuildFingerprint(), SavedAt: time.Now().UTC()}
 	if err := w.ckpts.Save(ctx, c); err != nil {
-		log.Warn("saving local checkpoint", "err", err)
+		r.log.Warn("saving local checkpoint", "err", err)
 	} else {
-		log.Debug("checkpoint saved", "next_sample", st.Next)
+		r.log.Debug("checkpoint saved", "next_sample", st.Next)
 	}
-	if fence == nil || !w.cfg.RemoteCheckpoints {
+	if !remote {
 		return
 	}
-	if err := fence.check(ctx); err != nil {
-		log.Warn("not uploading checkpoint: lease no longer ours", "err", err)
+	if err := r.hb.check(ctx); err != nil {
+		r.log.Warn("not uploading checkpoint: lease no longer ours", "err", err)
 		return
 	}
 	data, err := w.codec.Encode(c)
 	if err == nil {
-		err = w.objects.Put(ctx, farm.CheckpointKey(job.TileKey), data)
+		err = w.objects.Put(ctx, farm.CheckpointKey(r.job.TileKey), data)
 	}
 	if err != nil {
-		log.Warn("uploading remote checkpoint", "err", err)
+		r.log.Warn("uploading remote checkpoint", "err", err)
 	}
 }

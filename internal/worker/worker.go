@@ -1,6 +1,7 @@
 // Package worker is the tile worker loop: it takes tile and assemble jobs from the shared
-// JetStream consumer and carries each through lease, checkpointed rendering, finalization, event
-// and ack, in that order, so no crash can lose a tile or publish it twice.
+// JetStream consumers and carries each through lease, checkpointed rendering, finalization,
+// event and ack, in that order, so no crash can lose a tile or publish it twice
+// (docs/design.md, "Render" and "Finalize").
 package worker
 
 import (
@@ -10,8 +11,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -25,21 +24,18 @@ import (
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// Config tunes a worker. Zero values take the defaults of DESIGN.md.
+// Config tunes a worker. Zero values take the defaults.
 type Config struct {
-	Name              string        // worker identity in logs, leases and events
-	Concurrency       int           // tiles rendered at once; default 1
-	Heartbeat         time.Duration // InProgress + lease renewal; default 3 s
-	CheckpointEvery   time.Duration // minimum time between checkpoints; 0 means the default 2 s, negative means after every pass
-	PassesPerTile     int           // passes a tile's samples are split into; default 16
-	RemoteCheckpoints bool          // also upload checkpoints to the object store
-	RemoteEvery       time.Duration // minimum time between remote checkpoint uploads; 0 means 5 s, negative means every checkpoint
-	RetryBase         time.Duration // first NakWithDelay backoff; default 1 s
-	RetryMax          time.Duration // backoff cap; default 30 s
-	FetchWait         time.Duration // how long one Fetch(1) waits; default 2 s
-	InfraRetryFor     time.Duration // how long a storage outage is retried in place before Nak; default 2 min
-	SceneCacheDir     string        // disk cache of scene bundles by scene_version; empty: memory only
-	Faults            Faults
+	Name            string        // worker identity in logs, leases and events
+	Concurrency     int           // tiles rendered at once; default 1
+	Heartbeat       time.Duration // InProgress + lease renewal; default min(ack-wait, lease TTL)/5
+	CheckpointEvery time.Duration // minimum time between checkpoints; 0 means the default 2 s, negative means after every pass
+	PassesPerTile   int           // passes a tile's samples are split into; default 16
+	RemoteEvery     time.Duration // minimum time between remote checkpoint uploads; 0 means 5 s, negative means every checkpoint
+	RetryBase       time.Duration // first retry backoff; default 1 s
+	RetryMax        time.Duration // backoff cap; default 30 s
+	FetchWait       time.Duration // server-side expiry of one idle pull; default 2 s
+	Faults          Faults
 }
 
 // Faults are test hooks that make the worker misbehave at named seams, so fault tests can
@@ -49,14 +45,27 @@ type Faults struct {
 	PanicTile    render.Rect   // the rectangle of that tile
 	PanicTileSet bool          // PanicFrame and PanicTile are set
 	PassDelay    time.Duration // sleep after each pass, so a test can kill a worker mid-tile
+	// CrashAt names a seam (see Seams) at which Crash is called, once.
+	CrashAt string
+	Crash   func(seam string)
+	// FailPublish makes the first FailPublishN publishes of events of this type fail as a
+	// NATS timeout would.
+	FailPublish  string
+	FailPublishN int
+	// BeforeLease runs after the manifest check, right before the lease is taken.
+	BeforeLease func(job farm.TileJob)
 }
 
-func (c *Config) normalize() {
+// Seams of the Render and Finalize flows where Faults.CrashAt can kill a worker.
+var Seams = []string{"before-lease", "mid-pass", "after-checkpoint", "after-upload", "after-manifest", "after-event", "before-ack"}
+
+func (c *Config) normalize(f *queue.Farm) {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 1
 	}
 	if c.Heartbeat <= 0 {
-		c.Heartbeat = 3 * time.Second
+		// Renew well inside both the ack-wait and the lease TTL the farm runs with.
+		c.Heartbeat = min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 5
 	}
 	switch {
 	case c.CheckpointEvery == 0:
@@ -79,9 +88,6 @@ func (c *Config) normalize() {
 	if c.RetryMax <= 0 {
 		c.RetryMax = 30 * time.Second
 	}
-	if c.InfraRetryFor <= 0 {
-		c.InfraRetryFor = 2 * time.Minute
-	}
 	if c.FetchWait <= 0 {
 		c.FetchWait = 2 * time.Second
 	}
@@ -90,8 +96,16 @@ func (c *Config) normalize() {
 	}
 }
 
-// maxCachedScenes bounds the parsed scenes (BVHs, meshes) a worker keeps in memory.
-const maxCachedScenes = 4
+// Deps are what a worker works with. Scenes and Checkpoints may be shared by the workers of
+// one process.
+type Deps struct {
+	Farm        *queue.Farm
+	Objects     finalize.Store
+	Checkpoints *tiles.CheckpointStore
+	Scenes      *Scenes
+	Metrics     *metrics.Metrics
+	Log         *slog.Logger
+}
 
 // Worker renders tiles from the farm queue.
 type Worker struct {
@@ -99,25 +113,24 @@ type Worker struct {
 	farm    *queue.Farm
 	objects finalize.Store
 	ckpts   *tiles.CheckpointStore
+	scenes  *Scenes
 	codec   *tiles.Codec
 	log     *slog.Logger
 	m       *metrics.Metrics
-
-	mu         sync.Mutex
-	scenes     map[string]*render.Scene // by scene_version
-	sceneOrder []string                 // oldest first, for eviction
+	store   *storeHealth
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
+
+	faultMu      sync.Mutex
+	crashed      bool
+	publishFails int
 }
 
-// New builds a worker. ckpts may be shared by the workers of one process.
-func New(cfg Config, f *queue.Farm, objects finalize.Store, ckpts *tiles.CheckpointStore, m *metrics.Metrics, log *slog.Logger) (*Worker, error) {
-	if cfg.Heartbeat <= 0 {
-		// Renew well inside both the ack-wait and the lease TTL the farm runs with.
-		cfg.Heartbeat = min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 5
-	}
-	cfg.normalize()
+// New builds a worker.
+func New(cfg Config, d Deps) (*Worker, error) {
+	f := d.Farm
+	cfg.normalize(f)
 	if limit := min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 2; cfg.Heartbeat > limit {
 		return nil, fmt.Errorf("heartbeat %v is too slow for the farm's ack-wait %v and lease TTL %v: use at most %v",
 			cfg.Heartbeat, f.Cfg.AckWait, f.Cfg.LeaseTTL, limit)
@@ -126,35 +139,57 @@ func New(cfg Config, f *queue.Farm, objects finalize.Store, ckpts *tiles.Checkpo
 	if err != nil {
 		return nil, err
 	}
-	return &Worker{
-		cfg: cfg, farm: f, objects: objects, ckpts: ckpts, codec: codec, m: m,
-		log:    log.With("worker", cfg.Name),
-		scenes: map[string]*render.Scene{},
-		rng:    rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x7f4a7c15)),
-	}, nil
+	log := d.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("worker", cfg.Name)
+	scenes := d.Scenes
+	if scenes == nil {
+		scenes = NewScenes(d.Objects, "", log)
+	}
+	w := &Worker{
+		cfg: cfg, farm: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
+		log: log,
+		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x7f4a7c15)),
+	}
+	w.store = &storeHealth{w: w, available: true}
+	w.m.StoreAvailable.Set(1)
+	return w, nil
 }
 
 // Name is the worker's identity.
 func (w *Worker) Name() string { return w.cfg.Name }
 
-// Run takes jobs until ctx is cancelled. On cancellation in-flight tiles checkpoint, release
-// their leases and Nak, so another worker resumes them at once.
+// Run takes jobs until ctx is cancelled: Concurrency slots take tiles, and one more loop takes
+// assemblies as soon as they are queued, so a frame completes when its last tile lands even
+// while every slot renders. On cancellation in-flight tiles checkpoint, release their leases
+// and Nak, so another worker resumes them at once.
 func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	for i := 0; i < w.cfg.Concurrency; i++ {
+	for i := 0; i <= w.cfg.Concurrency; i++ {
+		fetch := w.farm.FetchTile
+		if i == w.cfg.Concurrency {
+			fetch = w.farm.FetchAssembly
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.slot(ctx)
+			w.loop(ctx, fetch)
 		}()
 	}
 	wg.Wait()
 	return nil
 }
 
-func (w *Worker) slot(ctx context.Context) {
+// loop takes one message at a time while the object store is reachable: a worker whose
+// store is down takes no new work it could not finish.
+func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Duration) (jetstream.Msg, error)) {
 	for ctx.Err() == nil {
-		msg, err := w.farm.FetchOne(ctx, w.cfg.FetchWait)
+		if !w.store.wait(ctx) {
+			return
+		}
+		msg, err := fetch(ctx, w.cfg.FetchWait)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -163,19 +198,34 @@ func (w *Worker) slot(ctx context.Context) {
 			queue.Sleep(ctx, w.cfg.RetryBase)
 			continue
 		}
-		if msg == nil {
-			continue
+		if msg != nil {
+			w.handle(ctx, msg)
 		}
-		w.handle(ctx, msg)
 	}
 }
 
+// delivery is one delivery of one message: what a job's run needs to settle it and to place
+// its events in causal order.
+type delivery struct {
+	msg      jetstream.Msg
+	msgID    string
+	seq      uint64 // TILES stream sequence
+	num      uint64 // delivery count, 1-based
+	attempt  string
+	log      *slog.Logger
+	describe func(farm.Event) farm.Event // fills in what a failure event says about the job
+	promoted func(context.Context) (bool, error)
+	complete func(context.Context, *delivery) error // announces and acks work found promoted
+}
+
 // handle dispatches one message and settles it: ack on success, NakWithDelay on a retryable
-// failure, dead-letter on a terminal one or when the deliveries are used up.
+// failure, dead-letter on a terminal one or when the failure budget is used up.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
-	attempt := tiles.NewAttemptID()
-	log := w.log.With("attempt_id", attempt, "subject", msg.Subject())
-	var describe func(error) farm.Event
+	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: tiles.NewAttemptID(), num: 1}
+	if md, err := msg.Metadata(); err == nil {
+		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
+	}
+	d.log = w.log.With("attempt_id", d.attempt, "subject", msg.Subject(), "stream_seq", d.seq, "delivery", d.num)
 	err := func() (err error) {
 		defer func() {
 			// A panic anywhere in a job must not take the process (and its other slots) down.
@@ -189,73 +239,93 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 			if err := json.Unmarshal(msg.Data(), &job); err != nil {
 				return farm.Terminalf("decoding tile job: %w", err)
 			}
-			log = log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
-			describe = func(e error) farm.Event {
-				return farm.Event{Type: farm.EventTileFailed, JobID: job.JobID, TileKey: job.TileKey, FrameKey: job.FrameKey}
-			}
-			return w.renderTile(ctx, msg, job, attempt, log)
+			w.describeTile(d, job)
+			return w.renderTile(ctx, &tileRun{delivery: d, job: job})
 		case queue.SubjectAssemble:
 			var job farm.AssembleJob
 			if err := json.Unmarshal(msg.Data(), &job); err != nil {
 				return farm.Terminalf("decoding assemble job: %w", err)
 			}
-			log = log.With("job_id", job.JobID, "frame_key", job.FrameKey)
-			describe = func(e error) farm.Event {
-				return farm.Event{Type: farm.EventFrameFailed, JobID: job.JobID, FrameKey: job.FrameKey}
-			}
-			return w.assemble(ctx, msg, job, attempt, log)
+			w.describeAssembly(d, job)
+			return w.assemble(ctx, d, job)
 		}
 		return farm.Terminalf("unknown subject %q", msg.Subject())
 	}()
 	if err == nil || errors.Is(err, errSettled) {
 		return
 	}
-	w.fail(ctx, msg, attempt, err, describe, log)
+	w.fail(ctx, d, err)
 }
 
 // errSettled means the handler already acked or nakked the message itself.
 var errSettled = errors.New("message settled")
 
-func (w *Worker) fail(ctx context.Context, msg jetstream.Msg, attempt string, err error, describe func(error) farm.Event, log *slog.Logger) {
+// fail settles a delivery that failed with err. Work that is promoted after all is
+// announced and acked, never failed. A shutdown hands the message back. Anything else is a
+// classified failure: counted against the message's failure budget and retried with
+// backoff, or dead-lettered when terminal or when the budget is spent.
+func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 	// Cleanup must happen even while shutting down.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	if ctx.Err() != nil && !farm.IsTerminal(err) {
-		// Graceful shutdown: give the message straight back so another worker resumes it.
-		log.Info("shutting down: returning tile to the queue", "err", err)
-		_ = msg.Nak()
+		// Graceful shutdown: give the message straight back so another worker resumes it. It
+		// is no failure of the tile's.
+		d.log.Info("shutting down: returning the job to the queue", "err", err)
+		_ = d.msg.Nak()
 		return
 	}
-	delivered := uint64(1)
-	if md, mdErr := msg.Metadata(); mdErr == nil {
-		delivered = md.NumDelivered
+	if d.promoted != nil {
+		if done, perr := d.promoted(cctx); perr == nil && done {
+			d.log.Warn("attempt failed after its work was promoted; completing it", "err", err)
+			if cerr := d.complete(cctx, d); cerr != nil {
+				// The reconciler finds the manifest; a redelivery acks it.
+				d.log.Warn("completing promoted work", "err", cerr)
+			}
+			return
+		} else if perr != nil {
+			// Unknown whether it is done: retry without spending the failure budget.
+			d.log.Warn("cannot tell whether the work is promoted; retrying later", "err", err, "check_err", perr)
+			_ = d.msg.NakWithDelay(queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
+			return
+		}
 	}
-	terminal := farm.IsTerminal(err) || delivered >= uint64(w.farm.Cfg.MaxDeliver)
+	failures := 0
+	terminal := farm.IsTerminal(err)
+	if !terminal {
+		n, cerr := w.farm.Failures.Add(cctx, d.msgID)
+		if cerr != nil {
+			d.log.Warn("counting failure; retrying without counting it", "err", err, "count_err", cerr)
+			_ = d.msg.NakWithDelay(queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
+			return
+		}
+		failures = n
+		terminal = n >= w.farm.Cfg.MaxFailures || d.num >= uint64(w.farm.Cfg.MaxDeliver)
+		if terminal {
+			err = fmt.Errorf("failed %d times (limit %d): %w", n, w.farm.Cfg.MaxFailures, err)
+		}
+	}
 	if terminal {
-		log.Error("dead-lettering", "err", err, "deliveries", delivered)
-		if dlErr := w.farm.DeadLetterNow(cctx, msg, err.Error()); dlErr != nil {
-			log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
+		d.log.Error("dead-lettering", "err", err, "failures", failures)
+		if dlErr := w.farm.DeadLetterNow(cctx, d.msg, err.Error()); dlErr != nil {
+			d.log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
 			return
 		}
 		w.m.DeadLetters.Inc()
 	}
-	// The failure event goes out only once the message's fate is sealed (copied to the DLQ, or about to be retried).
-	if describe != nil {
-		ev := describe(err)
-		ev.Error, ev.Terminal, ev.Attempt, ev.Worker = err.Error(), terminal, attempt, w.cfg.Name
-		ev.Code = farm.ErrorCode(err, finalize.IsRetryable)
-		ev.ID = fmt.Sprintf("%s:%s", ev.Type, attempt)
-		if perr := w.publishEvent(cctx, ev); perr != nil {
-			log.Warn("publishing failure event", "err", perr)
-		}
+	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
+	// or about to be retried).
+	ev := d.describe(farm.Event{Error: err.Error(), Terminal: terminal, Code: farm.ErrorCode(err, finalize.IsRetryable)})
+	if perr := w.publishEvent(cctx, d, ev); perr != nil {
+		d.log.Warn("publishing failure event", "err", perr)
 	}
 	if terminal {
 		return
 	}
-	delay := queue.Backoff(int(delivered), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
-	log.Warn("retrying later", "err", err, "deliveries", delivered, "delay", delay)
+	delay := queue.Backoff(failures, w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
+	d.log.Warn("retrying later", "err", err, "failures", failures, "delay", delay)
 	w.m.Retries.Inc()
-	_ = msg.NakWithDelay(delay)
+	_ = d.msg.NakWithDelay(delay)
 }
 
 func (w *Worker) jitter() float64 {
@@ -264,10 +334,18 @@ func (w *Worker) jitter() float64 {
 	return w.rng.Float64()
 }
 
-// publishEvent publishes an event and waits for its PubAck.
-func (w *Worker) publishEvent(ctx context.Context, ev farm.Event) error {
+// publishEvent publishes an event about delivery d and waits for its PubAck. The id makes a
+// republished event a duplicate JetStream drops; seq and delivery give its causal order.
+func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev farm.Event) error {
+	ev.Attempt, ev.Worker, ev.Seq, ev.Delivery = d.attempt, w.cfg.Name, d.seq, d.num
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
+	}
+	if ev.ID == "" {
+		ev.ID = ev.Type + ":" + d.attempt
+	}
+	if w.injectPublishFailure(ev.Type) {
+		return fmt.Errorf("publishing %s (injected fault): %w", ev.ID, errInjectedTimeout)
 	}
 	data, err := json.Marshal(ev)
 	if err != nil {
@@ -277,75 +355,30 @@ func (w *Worker) publishEvent(ctx context.Context, ev farm.Event) error {
 	return err
 }
 
-// scene returns the parsed scene for a version: from memory, else the local disk cache, else
-// the object store (then cached on disk, so a restarted worker does not download it again).
-func (w *Worker) scene(ctx context.Context, version string) (*render.Scene, error) {
-	w.mu.Lock()
-	s, ok := w.scenes[version]
-	w.mu.Unlock()
-	if ok {
-		return s, nil
+// crashAt calls the crash hook when seam is the armed one.
+func (w *Worker) crashAt(seam string) {
+	f := w.cfg.Faults
+	if f.CrashAt != seam || f.Crash == nil {
+		return
 	}
-	b, err := w.cachedBundle(version)
-	if err != nil {
-		data, gerr := w.objects.Get(ctx, farm.SceneKey(version))
-		if gerr != nil {
-			if errors.Is(gerr, finalize.ErrNotFound) {
-				return nil, farm.Terminalf("scene %s is not in the object store: %w", version, gerr)
-			}
-			return nil, fmt.Errorf("fetching scene %s: %w", version, gerr)
-		}
-		if b, err = farm.DecodeBundle(data); err != nil {
-			return nil, farm.Terminal(err)
-		}
-		if got := b.Version(); got != version {
-			return nil, fmt.Errorf("scene bundle %s has version %s: corrupt download", version, got)
-		}
-		if w.cfg.SceneCacheDir != "" {
-			err := os.MkdirAll(w.cfg.SceneCacheDir, 0o755)
-			if err == nil {
-				err = finalize.WriteFileAtomic(w.scenePath(version), data)
-			}
-			if err != nil {
-				w.log.Warn("caching scene", "scene_version", version, "err", err)
-			}
-		}
+	w.faultMu.Lock()
+	first := !w.crashed
+	w.crashed = true
+	w.faultMu.Unlock()
+	if first {
+		f.Crash(seam)
 	}
-	s, err = b.Parse()
-	if err != nil {
-		return nil, farm.Terminalf("parsing scene %s: %w", version, err)
-	}
-	w.mu.Lock()
-	if _, ok := w.scenes[version]; !ok {
-		w.sceneOrder = append(w.sceneOrder, version)
-		if len(w.sceneOrder) > maxCachedScenes {
-			// A long-lived worker sees many shots; keep only the newest parsed scenes in memory.
-			delete(w.scenes, w.sceneOrder[0])
-			w.sceneOrder = w.sceneOrder[1:]
-		}
-	}
-	w.scenes[version] = s
-	w.mu.Unlock()
-	return s, nil
 }
 
-func (w *Worker) scenePath(version string) string {
-	return filepath.Join(w.cfg.SceneCacheDir, version+".json")
-}
-
-// cachedBundle reads a bundle from the disk cache; one that does not hash to its name is ignored.
-func (w *Worker) cachedBundle(version string) (*farm.Bundle, error) {
-	if w.cfg.SceneCacheDir == "" {
-		return nil, os.ErrNotExist
+func (w *Worker) injectPublishFailure(eventType string) bool {
+	if w.cfg.Faults.FailPublish == "" || w.cfg.Faults.FailPublish != eventType {
+		return false
 	}
-	data, err := os.ReadFile(w.scenePath(version))
-	if err != nil {
-		return nil, err
+	w.faultMu.Lock()
+	defer w.faultMu.Unlock()
+	if w.publishFails >= w.cfg.Faults.FailPublishN {
+		return false
 	}
-	b, err := farm.DecodeBundle(data)
-	if err != nil || b.Version() != version {
-		w.log.Warn("ignoring corrupt cached scene", "scene_version", version)
-		return nil, errors.New("corrupt cached scene")
-	}
-	return b, nil
+	w.publishFails++
+	return true
 }

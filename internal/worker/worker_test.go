@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,14 +47,31 @@ func TestCheckIdentityRejectsForeignJobs(t *testing.T) {
 	}
 }
 
-// The parsed-scene cache is bounded in memory, backed by a disk cache keyed by scene_version,
-// and a corrupt cached file is ignored in favour of the object store.
-func TestSceneCache(t *testing.T) {
+// countingGets counts Get calls on a store.
+type countingGets struct {
+	finalize.Store
+	mu   sync.Mutex
+	gets map[string]int
+}
+
+func (c *countingGets) Get(ctx context.Context, key string) ([]byte, error) {
+	c.mu.Lock()
+	c.gets[key]++
+	c.mu.Unlock()
+	time.Sleep(20 * time.Millisecond) // a download takes a while: concurrent callers overlap
+	return c.Store.Get(ctx, key)
+}
+
+// The process's parsed-scene cache is bounded in memory, backed by a disk cache keyed by
+// scene_version, loads a scene once however many slots ask at once, and never trusts a
+// corrupt cached file.
+func TestScenes(t *testing.T) {
 	ctx := context.Background()
-	objects, err := finalize.NewFSStore(t.TempDir())
+	fs, err := finalize.NewFSStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
+	objects := &countingGets{Store: fs, gets: map[string]int{}}
 	base, err := farm.ReadBundle("../../examples/cornell/scene.json")
 	if err != nil {
 		t.Fatal(err)
@@ -62,28 +80,37 @@ func TestSceneCache(t *testing.T) {
 	for i := range maxCachedScenes + 2 {
 		b := *base
 		b.Scene = append([]byte(strings.Repeat(" ", i)), base.Scene...) // same scene, another version
-		data, err := b.Encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := objects.Put(ctx, farm.SceneKey(b.Version()), data); err != nil {
+		if err := objects.Put(ctx, farm.SceneKey(b.Version()), b.Encode()); err != nil {
 			t.Fatal(err)
 		}
 		versions = append(versions, b.Version())
 	}
 	cache := t.TempDir()
-	w := &Worker{objects: objects, scenes: map[string]*render.Scene{}, log: slog.New(slog.DiscardHandler),
-		cfg: Config{SceneCacheDir: cache}}
+	scenes := NewScenes(objects, cache, slog.New(slog.DiscardHandler))
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := scenes.Get(ctx, versions[0]); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := objects.gets[farm.SceneKey(versions[0])]; n != 1 {
+		t.Fatalf("8 slots asking at once downloaded the scene %d times, want once", n)
+	}
 	for _, v := range versions {
-		if _, err := w.scene(ctx, v); err != nil {
+		if _, err := scenes.Get(ctx, v); err != nil {
 			t.Fatalf("scene %s: %v", v, err)
 		}
 	}
-	if len(w.scenes) != maxCachedScenes || len(w.sceneOrder) != maxCachedScenes {
-		t.Fatalf("%d scenes in memory, want at most %d", len(w.scenes), maxCachedScenes)
+	if len(scenes.parsed) != maxCachedScenes {
+		t.Fatalf("%d scenes in memory, want at most %d", len(scenes.parsed), maxCachedScenes)
 	}
 	for _, v := range versions {
-		if _, err := os.Stat(filepath.Join(cache, v+".json")); err != nil {
+		if _, err := os.Stat(filepath.Join(cache, v+".tfb")); err != nil {
 			t.Fatalf("scene %s not cached on disk: %v", v, err)
 		}
 	}
@@ -91,18 +118,18 @@ func TestSceneCache(t *testing.T) {
 	if err := objects.Delete(ctx, farm.SceneKey(versions[0])); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.scene(ctx, versions[0]); err != nil {
+	if _, err := scenes.Get(ctx, versions[0]); err != nil {
 		t.Fatalf("scene from the disk cache: %v", err)
 	}
 	// A corrupt cached copy is never trusted.
-	if err := os.WriteFile(filepath.Join(cache, versions[1]+".json"), []byte(`{"scene":"e30="}`), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(cache, versions[1]+".tfb"), []byte("TFBUNDLE\x01garbage"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	delete(w.scenes, versions[1])
+	delete(scenes.parsed, versions[1])
 	if err := objects.Delete(ctx, farm.SceneKey(versions[1])); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.scene(ctx, versions[1]); !errors.Is(err, finalize.ErrNotFound) || !farm.IsTerminal(err) {
+	if _, err := scenes.Get(ctx, versions[1]); !errors.Is(err, finalize.ErrNotFound) || !farm.IsTerminal(err) {
 		t.Fatalf("corrupt cache and no stored scene: %v, want a terminal not-found", err)
 	}
 }
@@ -119,13 +146,13 @@ func TestPruneCheckpointsDropsOnlyPromotedTiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ckpts.Close()
-	done, live := strings.Repeat("a", 64), strings.Repeat("b", 64)
+	done, live, fk := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("f", 64)
 	for _, k := range []string{done, live} {
-		if err := ckpts.Save(ctx, tiles.Checkpoint{TileKey: k, InputHash: "h", Next: 1, Sum: []float64{1, 2, 3}}); err != nil {
+		if err := ckpts.Save(ctx, tiles.Checkpoint{TileKey: k, FrameKey: fk, InputHash: "h", Next: 1, Sum: []float64{1, 2, 3}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := finalize.Promote(ctx, objects, farm.TileManifestKey(done), "att", "build",
+	if _, err := finalize.Promote(ctx, objects, farm.TileManifestKey(fk, done), "att", "build",
 		[]finalize.Output{{Name: farm.TileOutputName, Data: []byte("px")}}, nil); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,132 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// watchDeadLetters settles the messages the queue gave up on after MaxDeliver deliveries.
+func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
+	return c.farm.WatchDeadLetters(ctx, c.nc, deadLetters{c})
+}
+
+// deadLetters is the coordinator's queue.DeadLetterHandler: a message whose work is promoted
+// is recorded as done, never as failed; any other is recorded as dead-lettered, through the
+// projection like every other change, ordered after every delivery of its message.
+type deadLetters struct{ c *Coordinator }
+
+func (d deadLetters) Promoted(ctx context.Context, dl queue.DeadLetter) (bool, error) {
+	switch dl.Subject {
+	case queue.SubjectRender:
+		var job farm.TileJob
+		if json.Unmarshal(dl.Data, &job) != nil {
+			return false, nil
+		}
+		done, err := finalize.ManifestExists(ctx, d.c.objects, farm.TileManifestKey(job.FrameKey, job.TileKey))
+		if err != nil || !done {
+			return false, err
+		}
+		return true, d.c.update(ctx, func(p *projection) error {
+			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: store.TileDone}))
+		})
+	case queue.SubjectAssemble:
+		var job farm.AssembleJob
+		if json.Unmarshal(dl.Data, &job) != nil {
+			return false, nil
+		}
+		done, err := d.c.formatsPromoted(ctx, job.FrameKey, job.Formats)
+		if err != nil || !done {
+			return false, err
+		}
+		return true, d.c.update(ctx, func(p *projection) error {
+			return ignoreUnknown(p.formatsDone(job.FrameKey, job.Formats))
+		})
+	}
+	return false, nil
+}
+
+func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
+	d.c.m.DeadLetters.Inc()
+	failure := store.Failure{Code: farm.CodeMaxDeliveries, Delivery: dl.Deliveries, Time: d.c.now(),
+		Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
+	switch dl.Subject {
+	case queue.SubjectRender:
+		var job farm.TileJob
+		if json.Unmarshal(dl.Data, &job) != nil {
+			return nil // nothing to record for an undecodable message
+		}
+		return d.c.update(ctx, func(p *projection) error {
+			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index,
+				Change: store.TileDeadLetter, Order: store.DeadLetterOrder(dl.StreamSeq), Failure: &failure}))
+		})
+	case queue.SubjectAssemble:
+		var job farm.AssembleJob
+		if json.Unmarshal(dl.Data, &job) != nil {
+			return nil
+		}
+		return d.c.update(ctx, func(p *projection) error {
+			return ignoreUnknown(p.assemblyFailed(job.FrameKey, job.Formats, failure.Error))
+		})
+	}
+	return nil
+}
+
+// formatsPromoted reports whether every format of a frame has its manifest.
+func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, formats []string) (bool, error) {
+	for _, f := range formats {
+		done, err := finalize.ManifestExists(ctx, c.objects, farm.FrameManifestKey(frameKey, f))
+		if err != nil || !done {
+			return false, err
+		}
+	}
+	return len(formats) > 0, nil
+}
+
+// update runs fn on a projection in one transaction and flushes it.
+func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) error {
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		p := newProjection(tx, c.now())
+		if err := fn(p); err != nil {
+			return err
+		}
+		_, err := p.flush()
+		return err
+	})
+	if err == nil {
+		c.kickRelay()
+		c.notify()
+	}
+	return err
+}
+
+// RequeueDeadLetter puts a dead letter back on the queue and records it: a tile goes back to
+// queued, an assembly is awaited again.
+func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) error {
+	dl, err := c.farm.RequeueDeadLetter(ctx, dlqSeq)
+	if err != nil {
+		return err
+	}
+	return c.update(ctx, func(p *projection) error {
+		switch dl.Subject {
+		case queue.SubjectRender:
+			var job farm.TileJob
+			if json.Unmarshal(dl.Data, &job) != nil {
+				return nil
+			}
+			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: store.TileRequeued}))
+		case queue.SubjectAssemble:
+			var job farm.AssembleJob
+			if json.Unmarshal(dl.Data, &job) != nil {
+				return nil
+			}
+			return ignoreUnknown(p.assemblyRequeued(job.FrameKey, job.Formats))
+		}
+		return nil
+	})
+}

@@ -1,0 +1,325 @@
+package coordinator
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// projection applies changes to frames inside one store transaction. It is the one writer of
+// frame and tile state: submit, the event consumer, the dead-letter watcher, the reconciler,
+// retries and requeues all go through it, so every change passes the same state machine
+// (store.NextTileState) and the same frame settling (docs/design.md, "States").
+type projection struct {
+	tx     *store.Tx
+	now    time.Time
+	frames map[string]*frameEdit
+	order  []string // frames in the order they were first touched, for deterministic writes
+}
+
+// frameEdit is one frame being changed in a projection.
+type frameEdit struct {
+	f        *store.Frame
+	table    store.TileTable  // loaded on first tile change
+	tiles    []tiles.FrameTile // derived on first need
+	reason   string           // why the frame fails, for its next transition
+	tableMod bool
+	dirty    bool // changed: flush writes it
+}
+
+func newProjection(tx *store.Tx, now time.Time) *projection {
+	return &projection{tx: tx, now: now, frames: map[string]*frameEdit{}}
+}
+
+// edit loads a frame to change it; flush writes it back.
+func (p *projection) edit(fk string) (*frameEdit, error) {
+	e, err := p.frame(fk)
+	if err == nil {
+		e.dirty = true
+	}
+	return e, err
+}
+
+// frame loads a frame; an unknown frame is store.ErrNotFound.
+func (p *projection) frame(fk string) (*frameEdit, error) {
+	if e, ok := p.frames[fk]; ok {
+		return e, nil
+	}
+	f, err := p.tx.Frame(fk)
+	if err != nil {
+		return nil, err
+	}
+	e := &frameEdit{f: f}
+	p.frames[fk] = e
+	p.order = append(p.order, fk)
+	return e, nil
+}
+
+// add registers a frame that does not exist yet.
+func (p *projection) add(f *store.Frame) *frameEdit {
+	e := &frameEdit{f: f, dirty: true}
+	p.frames[f.Key] = e
+	p.order = append(p.order, f.Key)
+	return e
+}
+
+func (p *projection) table(e *frameEdit) (store.TileTable, error) {
+	if e.table == nil {
+		t, err := p.tx.TileTable(e.f)
+		if err != nil {
+			return nil, err
+		}
+		e.table = t
+	}
+	return e.table, nil
+}
+
+func (e *frameEdit) frameTiles() ([]tiles.FrameTile, error) {
+	if e.tiles == nil {
+		ft, err := e.f.Tiles()
+		if err != nil {
+			return nil, err
+		}
+		e.tiles = ft
+	}
+	return e.tiles, nil
+}
+
+// tileUpdate is one change of one tile.
+type tileUpdate struct {
+	Index            int
+	Change           store.TileChange
+	Order            store.Order
+	Failure          *store.Failure // failed and dead-letter changes: what went wrong
+	SamplesRecovered int            // started: samples resumed from a checkpoint
+	SamplesRendered  int            // done: samples rendered by the attempt that promoted it
+}
+
+// errUnknownTile is an update naming a tile its frame does not have.
+var errUnknownTile = errors.New("unknown tile")
+
+// tile applies u to tile u.Index of frame fk and keeps the frame's counters in step. It
+// reports whether the tile's state changed.
+func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
+	e, err := p.frame(fk)
+	if err != nil {
+		return false, err
+	}
+	if u.Index < 0 || u.Index >= e.f.TilesTotal {
+		return false, fmt.Errorf("frame %s has %d tiles, not %d: %w", fk, e.f.TilesTotal, u.Index+1, errUnknownTile)
+	}
+	t, err := p.table(e)
+	if err != nil {
+		return false, err
+	}
+	cur, ord := t.Get(u.Index)
+	next, nord, changed := store.NextTileState(cur, ord, u.Change, u.Order)
+	if !changed {
+		return false, nil
+	}
+	t.Set(u.Index, next, nord)
+	e.tableMod, e.dirty = true, true
+	f := e.f
+	if cur == store.TileDeadLettered {
+		f.TilesFailed--
+	}
+	switch next {
+	case store.TileDeadLettered:
+		f.TilesFailed++
+	case store.TileCompleted:
+		f.TilesCompleted++
+		f.SamplesRendered += u.SamplesRendered
+	}
+	if u.Change == store.TileStarted {
+		f.TileAttempts++
+		f.SamplesRecovered += u.SamplesRecovered
+	}
+	if u.Failure != nil && (next == store.TileFailedRetryable || next == store.TileDeadLettered) {
+		u.Failure.DeadLettered = next == store.TileDeadLettered
+		if err := p.tx.AddFailure(fk, u.Index, *u.Failure); err != nil {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+// tileChecked is tile for an update that names the tile by key too, as messages and events do:
+// it applies only if tileKey really is tile u.Index of frame fk.
+func (p *projection) tileChecked(fk, tileKey string, index int, u tileUpdate) error {
+	if err := p.tileIndex(fk, tileKey, index); err != nil {
+		return err
+	}
+	_, err := p.tile(fk, u)
+	return err
+}
+
+// ignoreUnknown drops the error of a change about a frame or tile this coordinator does not
+// have (another farm's, or forged): it changes nothing.
+func ignoreUnknown(err error) error {
+	if errors.Is(err, store.ErrNotFound) || errors.Is(err, errUnknownTile) {
+		return nil
+	}
+	return err
+}
+
+// tileIndex checks that tileKey is tile index of frame fk, so an event can only name a tile
+// its frame really has.
+func (p *projection) tileIndex(fk, tileKey string, index int) error {
+	e, err := p.frame(fk)
+	if err != nil {
+		return err
+	}
+	ft, err := e.frameTiles()
+	if err != nil {
+		return err
+	}
+	if index < 0 || index >= len(ft) || ft[index].Key != tileKey {
+		return fmt.Errorf("tile %q is not tile %d of frame %s: %w", tileKey, index, fk, errUnknownTile)
+	}
+	return nil
+}
+
+// formatsDone records promoted outputs of frame fk. A frame completes once every format any
+// job asked for is done; a job sees its own formats complete even before that.
+func (p *projection) formatsDone(fk string, formats []string) error {
+	e, err := p.edit(fk)
+	if err != nil {
+		return err
+	}
+	f := e.f
+	for _, fm := range formats {
+		if _, ok := farm.FrameOutputName(fm); ok && !slices.Contains(f.Done, fm) {
+			f.Done = append(f.Done, fm)
+		}
+	}
+	slices.Sort(f.Done)
+	if store.HasAll(f.Done, f.Formats) {
+		f.AssemblyError = ""
+	}
+	return nil
+}
+
+// assemblyFailed records a dead-lettered assembly of frame fk; it does not fail formats that
+// are promoted already.
+func (p *projection) assemblyFailed(fk string, formats []string, errText string) error {
+	e, err := p.edit(fk)
+	if err != nil {
+		return err
+	}
+	if store.HasAll(e.f.Done, formats) {
+		return nil
+	}
+	e.f.AssemblyError = errText
+	e.f.AssemblyRequested = nil
+	e.reason = "assembly: " + errText
+	return nil
+}
+
+// assemblyRequeued records that a dead-lettered assembly asking for formats is back in the
+// queue: the frame waits for it instead of asking for another.
+func (p *projection) assemblyRequeued(fk string, formats []string) error {
+	e, err := p.edit(fk)
+	if err != nil {
+		return err
+	}
+	e.f.AssemblyError = ""
+	e.f.AssemblyRequested = slices.Clone(formats)
+	return nil
+}
+
+// retry gives a failed frame another go: every dead-lettered tile goes back to queued and is
+// dispatched again under a new dedup id (completed tiles are reused), and a failed assembly is
+// asked for again. It reports whether anything was retried.
+func (p *projection) retry(fk, jobID string) (bool, error) {
+	e, err := p.edit(fk)
+	if err != nil {
+		return false, err
+	}
+	f := e.f
+	retried := false
+	if f.TilesFailed > 0 {
+		t, err := p.table(e)
+		if err != nil {
+			return false, err
+		}
+		var idx []int
+		for i := 0; i < t.Len(); i++ {
+			if s, _ := t.Get(i); s == store.TileDeadLettered {
+				idx = append(idx, i)
+			}
+		}
+		for _, i := range idx {
+			if _, err := p.tile(fk, tileUpdate{Index: i, Change: store.TileRequeued}); err != nil {
+				return false, err
+			}
+		}
+		f.Retries++
+		if err := p.tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: jobID, Tiles: idx, Retry: f.Retries}); err != nil {
+			return false, err
+		}
+		retried = true
+	}
+	if f.AssemblyError != "" {
+		f.AssemblyError = ""
+		f.AssemblyRequested = nil
+		retried = true
+	}
+	return retried, nil
+}
+
+// staleAssembly forgets the pending assembly request of frame fk, so flush asks again.
+func (p *projection) staleAssembly(fk string) error {
+	e, err := p.edit(fk)
+	if err != nil {
+		return err
+	}
+	e.f.AssemblyRequested = nil
+	return nil
+}
+
+// flush asks for the assembly of every frame whose tiles are all completed and whose formats
+// are not, settles each frame's state and writes everything touched. It reports whether any
+// frame's state changed.
+func (p *projection) flush() (bool, error) {
+	changed := false
+	for _, fk := range p.order {
+		e := p.frames[fk]
+		if !e.dirty {
+			continue
+		}
+		f := e.f
+		if f.NeedsAssembly() {
+			f.Assemblies++
+			f.AssemblyRequested = slices.Clone(f.Formats)
+			jobID := ""
+			if len(f.JobIDs) > 0 {
+				jobID = f.JobIDs[len(f.JobIDs)-1]
+			}
+			if err := p.tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxAssemble, FrameKey: fk, JobID: jobID, Assembly: f.Assemblies}); err != nil {
+				return false, err
+			}
+		}
+		reason := ""
+		if f.Derive() == store.FrameFailed {
+			reason = e.reason
+		}
+		if f.Settle(reason, p.now) {
+			changed = true
+		}
+		f.Updated = p.now
+		if err := p.tx.PutFrame(f); err != nil {
+			return false, err
+		}
+		if e.tableMod {
+			if err := p.tx.PutTileTable(fk, e.table); err != nil {
+				return false, err
+			}
+		}
+	}
+	return changed, nil
+}

@@ -1,0 +1,279 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// Tile events move tiles and frame counters; the last tile completed asks for exactly one
+// assembly, and frame.completed completes the frame and the job.
+func TestEventsMoveTilesAndCompleteFrame(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 32, 16, 16)) // 2 tiles
+	h.relay(t)
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	f := h.frame(t, fk)
+	h.apply(t, tileEvent(t, f, 0, farm.EventTileStarted, 1, 1))
+	if s := h.tileState(t, fk, 0); s != store.TileRendering {
+		t.Fatalf("tile 0 after start: %s", s)
+	}
+	if st := h.status(t, res.Status.JobID); st.State != StateRendering || ExitCode(st.State) != 3 || st.TileAttempts != 1 {
+		t.Fatalf("job after a start: %s, %d attempts", st.State, st.TileAttempts)
+	}
+	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
+	if n := h.outboxKinds(t)[store.OutboxAssemble]; n != 0 {
+		t.Fatalf("assembly asked for with a tile missing (%d records)", n)
+	}
+	h.apply(t, tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1), tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1))
+	if n := h.outboxKinds(t)[store.OutboxAssemble]; n != 1 {
+		t.Fatalf("%d assembly records after the last tile (and a duplicate event), want 1", n)
+	}
+	if f := h.frame(t, fk); f.State != store.FrameAssembling || f.TilesCompleted != 2 {
+		t.Fatalf("frame %s with %d tiles completed", f.State, f.TilesCompleted)
+	}
+	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	st := h.status(t, res.Status.JobID)
+	if st.State != StateCompleted || ExitCode(st.State) != 0 || st.FramesCompleted != 1 {
+		t.Fatalf("job after frame.completed: %+v", st)
+	}
+}
+
+// An event naming a tile its frame does not have, or a frame nobody asked for, changes
+// nothing and does not block the events around it.
+func TestForgedEventsChangeNothing(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 32, 16, 16))
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	f := h.frame(t, fk)
+	wrongKey := tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1)
+	wrongKey.TileKey = strings.Repeat("f", 64)
+	outOfRange := tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1)
+	outOfRange.TileIndex = 7
+	unknownFrame := farm.Event{ID: "x", Type: farm.EventFrameCompleted, FrameKey: strings.Repeat("e", 64), Formats: []string{"png"}}
+	good := tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1)
+	h.apply(t, wrongKey, outOfRange, unknownFrame, good)
+	if got := h.frame(t, fk).TilesCompleted; got != 1 {
+		t.Fatalf("%d tiles completed, want only the genuine event's", got)
+	}
+	if s := h.tileState(t, fk, 0); s != store.TileQueued {
+		t.Fatalf("forged events moved tile 0 to %s", s)
+	}
+}
+
+// One causal order per tile: whatever order a tile's events arrive in (a lagging consumer, a
+// redelivered batch, the watcher racing the events), the projection ends the same. Here: two
+// failed deliveries, a dead letter, a retry's new message that starts and completes.
+func TestEventOrderDoesNotChangeTheOutcome(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 16, 16, 16)) // one tile
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	f := h.frame(t, fk)
+	failed := func(seq, d uint64, terminal bool) farm.Event {
+		ev := tileEvent(t, f, 0, farm.EventTileFailed, seq, d)
+		ev.Terminal, ev.Code, ev.Error = terminal, farm.CodePanic, "boom"
+		return ev
+	}
+	deadMessage := []farm.Event{
+		tileEvent(t, f, 0, farm.EventTileStarted, 10, 1), failed(10, 1, false),
+		tileEvent(t, f, 0, farm.EventTileStarted, 10, 2), failed(10, 2, true),
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for round := range 5 {
+		evs := slices.Clone(deadMessage)
+		rng.Shuffle(len(evs), func(i, j int) { evs[i], evs[j] = evs[j], evs[i] })
+		hr := newHarness(t, Config{})
+		rr := hr.submit(t, hr.request(1, 1, 16, 16, 16))
+		for _, ev := range evs {
+			hr.apply(t, ev)
+		}
+		fk := hr.job(t, rr.Status.JobID).FrameKey(1)
+		if s := hr.tileState(t, fk, 0); s != store.TileDeadLettered {
+			t.Fatalf("round %d (%v): tile ends %s, want dead_lettered", round, eventTypes(evs), s)
+		}
+		// Attempts count the starts that were news when they arrived, so only the states and
+		// failure counts are order-independent.
+		if st := hr.status(t, rr.Status.JobID); st.State != StateFailed || st.TilesFailed != 1 || len(st.Failures) != 1 {
+			t.Fatalf("round %d: job %s, %d failed tiles, failures %v; want failed, 1", round, st.State, st.TilesFailed, st.Failures)
+		}
+	}
+	// On one projection: the dead message's events in every order, then a retry whose events
+	// arrive before and after stale ones.
+	for _, ev := range deadMessage {
+		h.apply(t, ev)
+	}
+	if n, err := h.c.Retry(h.ctx, res.Status.JobID); err != nil || n != 1 {
+		t.Fatalf("Retry = %d, %v", n, err)
+	}
+	if s := h.tileState(t, fk, 0); s != store.TileQueued {
+		t.Fatalf("retried tile is %s", s)
+	}
+	stale := slices.Clone(deadMessage)
+	rng.Shuffle(len(stale), func(i, j int) { stale[i], stale[j] = stale[j], stale[i] })
+	h.apply(t, stale...) // a lagging consumer replays the dead message: nothing changes
+	if s := h.tileState(t, fk, 0); s != store.TileQueued {
+		t.Fatalf("stale events of the dead message moved the retried tile to %s", s)
+	}
+	h.apply(t, tileEvent(t, f, 0, farm.EventTileStarted, 11, 1))
+	h.apply(t, stale[0], failed(10, 2, true))
+	if s := h.tileState(t, fk, 0); s != store.TileRendering {
+		t.Fatalf("the retry's tile is %s after stale events, want rendering", s)
+	}
+	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 11, 1))
+	h.apply(t, failed(10, 2, true))
+	if s := h.tileState(t, fk, 0); s != store.TileCompleted {
+		t.Fatalf("completed tile moved to %s by a stale dead letter", s)
+	}
+	if st := h.status(t, res.Status.JobID); st.State != StateRendering || st.TilesFailed != 0 {
+		t.Fatalf("job after the retry completed its tile: %s, %d failed tiles", st.State, st.TilesFailed)
+	}
+}
+
+func eventTypes(evs []farm.Event) []string {
+	var out []string
+	for _, e := range evs {
+		out = append(out, fmt.Sprintf("%s@%d", e.Type, e.Delivery))
+	}
+	return out
+}
+
+// A terminal failure fails the frame, names the tile and its error, and exits 1; a retry
+// queues only the dead-lettered tile, under a message id of its own.
+func TestDeadLetteredTileFailsFrameAndRetryRequeuesIt(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 32, 16, 16))
+	h.relay(t)
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	f := h.frame(t, fk)
+	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
+	ev := tileEvent(t, f, 1, farm.EventTileFailed, 2, 1)
+	ev.Terminal, ev.Code, ev.Error = true, farm.CodeTerminal, "unknown material"
+	h.apply(t, ev)
+	st := h.status(t, res.Status.JobID)
+	ft := frameTiles(t, f)
+	if st.State != StateFailed || ExitCode(st.State) != 1 || len(st.Failures) != 1 ||
+		!strings.Contains(st.Failures[0], ft[1].Key[:12]) || !strings.Contains(st.Failures[0], "unknown material") {
+		t.Fatalf("failed job: %s %v", st.State, st.Failures)
+	}
+	if n, err := h.c.Retry(h.ctx, res.Status.JobID); err != nil || n != 1 {
+		t.Fatalf("Retry = %d, %v", n, err)
+	}
+	recs := h.outbox(t)
+	if len(recs) != 1 || !slices.Equal(recs[0].Tiles, []int{1}) || recs[0].Retry != 1 {
+		t.Fatalf("retry outbox %+v, want tile 1 only as retry 1", recs)
+	}
+	msgs, err := h.c.outboxMessages(h.ctx, recs[0])
+	if err != nil || len(msgs) != 1 || msgs[0].Header.Get("Nats-Msg-Id") != ft[1].Key+":retry:1" {
+		t.Fatalf("retry messages %v, %v", msgs, err)
+	}
+	if st := h.status(t, res.Status.JobID); st.State != StateRendering {
+		t.Fatalf("job after retry: %s", st.State)
+	}
+}
+
+// Another format of a completed frame is assembled again under a dedup id of its own, and the
+// job that finished first stays completed, its output served, while the other assembles.
+// Two such requests in a row each get their own assembly.
+func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, h.request(1, 1, 16, 16, 16))
+	h.relay(t)
+	fk := h.job(t, a.Status.JobID).FrameKey(1)
+	h.completeTiles(t, fk)
+	h.promoteFormat(t, fk, "png")
+	h.apply(t, farm.Event{ID: "png", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	h.relay(t)
+	var ids []string
+	for _, format := range []string{"exr", "png16"} {
+		req := h.request(1, 1, 16, 16, 16)
+		req.Formats = []string{format}
+		b := h.submit(t, req)
+		if b.Status.State != StateRendering {
+			t.Fatalf("%s job: %s, want in progress while it assembles", format, b.Status.State)
+		}
+		if st := h.status(t, a.Status.JobID); st.State != StateCompleted {
+			t.Fatalf("the png job regressed to %s when %s was asked for", st.State, format)
+		}
+		if _, err := h.c.FrameOutput(h.ctx, a.Status.JobID, 1, "png"); err != nil {
+			t.Fatalf("png output unavailable while %s assembles: %v", format, err)
+		}
+		for _, r := range h.outbox(t) {
+			msgs, err := h.c.outboxMessages(h.ctx, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range msgs {
+				ids = append(ids, m.Header.Get("Nats-Msg-Id"))
+			}
+		}
+		h.relay(t)
+	}
+	if len(ids) != 2 || ids[0] == ids[1] {
+		t.Fatalf("re-assembly ids %v, want two distinct ones", ids)
+	}
+	h.apply(t, farm.Event{ID: "all", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"exr", "png", "png16"}})
+	if f := h.frame(t, fk); f.State != store.FrameCompleted {
+		t.Fatalf("frame after every format: %s", f.State)
+	}
+}
+
+// The dead-letter watcher never records promoted work as failed: a tile (or assembly) whose
+// manifest exists when its message runs out of deliveries is recorded as done.
+func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 32, 16, 16))
+	h.relay(t)
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	f := h.frame(t, fk)
+	msgs, err := h.c.outboxMessages(h.ctx, store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dls := deadLetters{h.c}
+	h.promoteTile(t, f, 0)
+	dl := queue.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20}
+	if done, err := dls.Promoted(h.ctx, dl); err != nil || !done {
+		t.Fatalf("Promoted(tile with a manifest) = %v, %v", done, err)
+	}
+	if s := h.tileState(t, fk, 0); s != store.TileCompleted {
+		t.Fatalf("promoted tile recorded as %s", s)
+	}
+	dl2 := queue.DeadLetter{StreamSeq: 2, Subject: queue.SubjectRender, Data: msgs[1].Data, Deliveries: 20, Reason: "killed"}
+	if done, err := dls.Promoted(h.ctx, dl2); err != nil || done {
+		t.Fatalf("Promoted(tile without a manifest) = %v, %v", done, err)
+	}
+	if err := dls.Record(h.ctx, dl2); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.status(t, res.Status.JobID); st.State != StateFailed || !strings.Contains(st.Failures[0], farm.CodeMaxDeliveries) {
+		t.Fatalf("job after a real dead letter: %s %v", st.State, st.Failures)
+	}
+	// The tile is promoted after all (its last ack was lost): the reconciler completes it.
+	h.promoteTile(t, f, 1)
+	if _, err := h.c.Reconcile(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := h.status(t, res.Status.JobID); st.State != StateRendering || st.TilesCompleted != 2 || st.TilesFailed != 0 {
+		t.Fatalf("job after the dead tile's manifest appeared: %+v", st)
+	}
+	// Its assembly runs out of deliveries after promoting: done, not failed.
+	var asm farm.AssembleJob
+	asmMsgs, err := h.c.outboxMessages(h.ctx, h.outbox(t)[0])
+	if err != nil || json.Unmarshal(asmMsgs[0].Data, &asm) != nil {
+		t.Fatalf("assembly message: %v", err)
+	}
+	h.promoteFormat(t, fk, "png")
+	if done, err := dls.Promoted(h.ctx, queue.DeadLetter{StreamSeq: 9, Subject: queue.SubjectAssemble, Data: asmMsgs[0].Data}); err != nil || !done {
+		t.Fatalf("Promoted(assembly with its manifests) = %v, %v", done, err)
+	}
+	if st := h.status(t, res.Status.JobID); st.State != StateCompleted {
+		t.Fatalf("job after its promoted assembly dead-lettered: %s", st.State)
+	}
+}

@@ -1,0 +1,177 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// ErrSceneMissing is returned for a submission naming a scene that was never uploaded.
+var ErrSceneMissing = errors.New("scene not uploaded")
+
+// sceneInfo is what a submission needs of a stored scene: its name and what its file says
+// about settings, cameras and frames. It is small: assets are never kept.
+type sceneInfo struct {
+	name string
+	info *render.SceneInfo
+}
+
+// sceneInfos caches sceneInfo by scene version, bounded, loading each at most once at a time.
+type sceneInfos struct {
+	mu      sync.Mutex
+	limit   int
+	entries map[string]*sceneInfo
+	order   []string // oldest first
+	loading map[string]*sceneLoad
+}
+
+type sceneLoad struct {
+	done chan struct{}
+	v    *sceneInfo
+	err  error
+}
+
+func newSceneInfos(limit int) *sceneInfos {
+	return &sceneInfos{limit: limit, entries: map[string]*sceneInfo{}, loading: map[string]*sceneLoad{}}
+}
+
+// get returns the cached info of version, or loads it once however many callers ask at once.
+func (s *sceneInfos) get(ctx context.Context, version string, load func(context.Context) (*sceneInfo, error)) (*sceneInfo, error) {
+	s.mu.Lock()
+	if v, ok := s.entries[version]; ok {
+		s.mu.Unlock()
+		return v, nil
+	}
+	l, ok := s.loading[version]
+	if !ok {
+		l = &sceneLoad{done: make(chan struct{})}
+		s.loading[version] = l
+		s.mu.Unlock()
+		l.v, l.err = load(ctx)
+		s.mu.Lock()
+		delete(s.loading, version)
+		if l.err == nil {
+			s.putLocked(version, l.v)
+		}
+		close(l.done)
+	}
+	s.mu.Unlock()
+	select {
+	case <-l.done:
+		return l.v, l.err
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (s *sceneInfos) put(version string, v *sceneInfo) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.putLocked(version, v)
+}
+
+func (s *sceneInfos) putLocked(version string, v *sceneInfo) {
+	if _, ok := s.entries[version]; !ok {
+		s.order = append(s.order, version)
+		if len(s.order) > s.limit {
+			delete(s.entries, s.order[0])
+			s.order = s.order[1:]
+		}
+	}
+	s.entries[version] = v
+}
+
+// HasScene reports whether a scene bundle is stored under version.
+func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error) {
+	if !validVersion(version) {
+		return false, badInput("scene version %q is not a sha256 hex digest", version)
+	}
+	_, err := c.objects.Stat(ctx, farm.SceneKey(version))
+	if errors.Is(err, finalize.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checking stored scene: %w", err)
+	}
+	return true, nil
+}
+
+// PutScene validates an encoded scene bundle and stores it, once, under its scene version.
+// raw is kept by the store call and parsed in place, so an upload holds its bundle in memory
+// once. A bundle whose content does not hash to version, that carries assets its scene does
+// not reference, or whose scene does not parse is bad input; nothing is stored then.
+func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) error {
+	if !validVersion(version) {
+		return badInput("scene version %q is not a sha256 hex digest", version)
+	}
+	b, err := farm.DecodeBundle(raw)
+	if err != nil {
+		return badInput("%v", err)
+	}
+	if got := b.Version(); got != version {
+		return badInput("scene bundle hashes to %s, not %s", got, version)
+	}
+	if err := b.CheckAssets(); err != nil {
+		return badInput("%v", err)
+	}
+	if _, err := b.Parse(); err != nil {
+		return badInput("%v", err)
+	}
+	info, err := render.ParseSceneInfo(b.Scene)
+	if err != nil {
+		return badInput("%v", err)
+	}
+	if ok, err := c.HasScene(ctx, version); err != nil || ok {
+		c.scenes.put(version, &sceneInfo{name: b.Name, info: info})
+		return err
+	}
+	if err := c.objects.Put(ctx, farm.SceneKey(version), raw); err != nil {
+		return fmt.Errorf("storing scene %s: %w", version, err)
+	}
+	c.scenes.put(version, &sceneInfo{name: b.Name, info: info})
+	return nil
+}
+
+// scene returns what a submission needs of a stored scene.
+func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, error) {
+	if !validVersion(version) {
+		return nil, badInput("scene version %q is not a sha256 hex digest", version)
+	}
+	return c.scenes.get(ctx, version, func(ctx context.Context) (*sceneInfo, error) {
+		raw, err := c.objects.Get(ctx, farm.SceneKey(version))
+		if errors.Is(err, finalize.ErrNotFound) {
+			return nil, fmt.Errorf("%w: scene %s: upload it first (PUT /v1/scenes/%s)", ErrSceneMissing, version, version)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading stored scene %s: %w", version, err)
+		}
+		b, err := farm.DecodeBundle(raw)
+		if err != nil {
+			return nil, fmt.Errorf("stored scene %s: %w", version, err)
+		}
+		info, err := render.ParseSceneInfo(b.Scene)
+		if err != nil {
+			return nil, fmt.Errorf("stored scene %s: %w", version, err)
+		}
+		return &sceneInfo{name: b.Name, info: info}, nil
+	})
+}
+
+// validVersion accepts the lowercase sha256 hex of a scene version and nothing else, so a
+// version can never be more than a hash inside an object key.
+func validVersion(v string) bool {
+	if len(v) != 64 {
+		return false
+	}
+	for _, c := range v {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
