@@ -25,9 +25,9 @@ type projection struct {
 // frameEdit is one frame being changed in a projection.
 type frameEdit struct {
 	f        *store.Frame
-	table    store.TileTable  // loaded on first tile change
+	table    store.TileTable   // loaded on first tile change
 	tiles    []tiles.FrameTile // derived on first need
-	reason   string           // why the frame fails, for its next transition
+	reason   string            // why the frame fails, for its next transition
 	tableMod bool
 	dirty    bool // changed: flush writes it
 }

@@ -29,12 +29,12 @@ import (
 
 // CoordinatorOptions configure StartCoordinator.
 type CoordinatorOptions struct {
-	DataDir     string // coordinator database, embedded JetStream, filesystem store, in-process checkpoints
-	NATSURL     string // external NATS; empty embeds a JetStream server
-	NATSListen  string // embedded server's client address; empty means loopback on a free port
+	DataDir     string     // coordinator database, embedded JetStream, filesystem store, in-process checkpoints
+	NATSURL     string     // external NATS; empty embeds a JetStream server
+	NATSListen  string     // embedded server's client address; empty means loopback on a free port
 	NATSSync    queue.Sync // embedded server's disk sync policy; empty means queue.DefaultSync
-	StoreURL    string // object store; empty means file://DataDir/store
-	HTTPListen  string // HTTP API and /metrics; empty means none
+	StoreURL    string     // object store; empty means file://DataDir/store
+	HTTPListen  string     // HTTP API and /metrics; empty means none
 	Queue       queue.Config
 	Coordinator coordinator.Config
 	Workers     int // in-process workers

@@ -23,7 +23,9 @@ func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, f
 	ctx, cancel := context.WithCancel(context.Background())
 	dead := make(chan DeadLetter, 16)
 	errc := make(chan error, 1)
-	go func() { errc <- tf.f.WatchDeadLetters(ctx, nc, recordFunc(func(dl DeadLetter) error { dead <- dl; return nil })) }()
+	go func() {
+		errc <- tf.f.WatchDeadLetters(ctx, nc, recordFunc(func(dl DeadLetter) error { dead <- dl; return nil }))
+	}()
 	stopped := false
 	stop := func() {
 		if stopped {

@@ -94,7 +94,7 @@ func mustFetch(t *testing.T, f *Farm, wait time.Duration) jetstream.Msg {
 type recordFunc func(DeadLetter) error
 
 func (recordFunc) Promoted(context.Context, DeadLetter) (bool, error) { return false, nil }
-func (fn recordFunc) Record(_ context.Context, dl DeadLetter) error  { return fn(dl) }
+func (fn recordFunc) Record(_ context.Context, dl DeadLetter) error   { return fn(dl) }
 
 func deliveries(t *testing.T, m jetstream.Msg) uint64 {
 	t.Helper()
