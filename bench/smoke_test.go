@@ -76,6 +76,21 @@ func TestBenchSmoke(t *testing.T) {
 		reportDispatch(m, d)
 		checkMetrics(t, m, "publish-msgs/s", "fetch-ack-msgs/s", "msgs/s", "core-msgs/s", "dispatch/core", "publish/core")
 	})
+
+	t.Run("ShotDispatch", func(t *testing.T) {
+		w := dispatchShot{frames: 4, width: 96, height: 64, tileSize: 16, sync: "1s"}
+		d, err := measureShotDispatch(ctx, t.TempDir(), bundle, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.tiles != 4*24 {
+			t.Errorf("tiles = %d, want 96", d.tiles)
+		}
+		m := metricSet{}
+		reportShot(m, d, "")
+		checkMetrics(t, m, "submit-s", "submit1-s", "submitN/submit1", "durable-tiles/s", "peak-rss-MB", "db-bytes/tile",
+			"done-db-bytes/tile", "events/s")
+	})
 }
 
 // checkMetrics asserts that each named metric was reported and is finite and positive.

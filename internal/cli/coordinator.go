@@ -241,6 +241,7 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
 	maxQueued := fs.Uint64("max-queued", 0, "refuse submissions (exit 75) while more messages than this are queued; 0 = no limit")
+	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
 	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
 	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: outbox-before-publish, outbox-mid-publish or outbox-after-publish")
@@ -279,7 +280,7 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	}
 	ccfg.Faults.Crash = func(seam string) { killSelf(log, "coordinator", seam) }
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, NATSURL: *natsURL, NATSListen: *natsListen, NATSSync: sync,
-		StoreURL: *storeURL, HTTPListen: *listen, Queue: *qcfg, Coordinator: ccfg, Workers: *workers, Log: log})
+		StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, Queue: *qcfg, Coordinator: ccfg, Workers: *workers, Log: log})
 	if err != nil {
 		return err
 	}

@@ -52,6 +52,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	concurrency := fs.Int("concurrency", runtime.NumCPU(), "tiles rendered at once")
 	name := fs.String("name", "", "worker name in logs, leases and events (default: host-random)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
+	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address (off by default)")
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
 	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile (0: with every checkpoint)")
@@ -113,7 +114,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
 	}
 	return node.RunWorker(ctx, node.WorkerOptions{NATSURL: *natsURL, StoreURL: *storeURL, CheckpointDir: *ckptDir,
-		MetricsListen: *metricsListen, Worker: wc, Log: log})
+		MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Log: log})
 }
 
 func parseRect(s string) (render.Rect, error) {

@@ -17,8 +17,12 @@ import (
 // it stopped, and applying an event again changes nothing (see store.NextTileState).
 const consumerEvents = "coordinator"
 
-// eventBatch bounds the events applied in one transaction.
-const eventBatch = 512
+// eventBatch bounds the events applied in one transaction; eventLinger is how long a batch
+// waits for more events once it has one.
+const (
+	eventBatch  = 512
+	eventLinger = 5 * time.Millisecond
+)
 
 // consumeEvents applies EVENTS in batches: the events that have arrived are applied in one
 // transaction and acked after it commits, so a burst of tile events costs one commit per
@@ -28,7 +32,10 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 		Durable:       consumerEvents,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       time.Minute,
-		MaxAckPending: 4 * eventBatch,
+		// Well above what the iterator, the channel and a batch being applied hold unacked
+		// together: at the limit the server stops delivering and a pull can sit idle until it
+		// expires.
+		MaxAckPending: 16 * eventBatch,
 		// An event that cannot be applied even alone is given up after a few tries: what it
 		// said is repaired from the manifests by the reconciler.
 		MaxDeliver: 10,
@@ -41,7 +48,7 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 		return fmt.Errorf("consuming events: %w", err)
 	}
 	defer it.Stop()
-	msgs := make(chan jetstream.Msg, 2*eventBatch)
+	msgs := make(chan jetstream.Msg, eventBatch)
 	errc := make(chan error, 1)
 	go func() {
 		defer close(msgs)
@@ -68,7 +75,10 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 				return nil
 			}
 		}
+		// Group commit: take what has arrived, lingering a moment for more, so a burst of
+		// events costs one transaction per batch instead of one per event.
 		batch := []jetstream.Msg{msg}
+		linger := time.NewTimer(eventLinger)
 	fill:
 		for len(batch) < eventBatch {
 			select {
@@ -77,10 +87,11 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 					break fill
 				}
 				batch = append(batch, m)
-			default:
+			case <-linger.C:
 				break fill
 			}
 		}
+		linger.Stop()
 		c.applyBatch(ctx, batch)
 	}
 }

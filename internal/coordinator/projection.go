@@ -8,6 +8,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -25,9 +26,9 @@ type projection struct {
 // frameEdit is one frame being changed in a projection.
 type frameEdit struct {
 	f        *store.Frame
-	table    store.TileTable   // loaded on first tile change
-	tiles    []tiles.FrameTile // derived on first need
-	reason   string            // why the frame fails, for its next transition
+	table    store.TileTable // loaded on first tile change
+	rects    []render.Rect   // the frame's tiles, derived on first need
+	reason   string          // why the frame fails, for its next transition
 	tableMod bool
 	dirty    bool // changed: flush writes it
 }
@@ -60,6 +61,15 @@ func (p *projection) frame(fk string) (*frameEdit, error) {
 	return e, nil
 }
 
+// lookup returns a frame as the projection has it.
+func (p *projection) lookup(fk string) (*store.Frame, error) {
+	e, err := p.frame(fk)
+	if err != nil {
+		return nil, err
+	}
+	return e.f, nil
+}
+
 // add registers a frame that does not exist yet.
 func (p *projection) add(f *store.Frame) *frameEdit {
 	e := &frameEdit{f: f, dirty: true}
@@ -79,15 +89,15 @@ func (p *projection) table(e *frameEdit) (store.TileTable, error) {
 	return e.table, nil
 }
 
-func (e *frameEdit) frameTiles() ([]tiles.FrameTile, error) {
-	if e.tiles == nil {
-		ft, err := e.f.Tiles()
+func (e *frameEdit) tileRects() ([]render.Rect, error) {
+	if e.rects == nil {
+		r, err := tiles.Split(e.f.Settings.Width, e.f.Settings.Height, e.f.TileSize)
 		if err != nil {
 			return nil, err
 		}
-		e.tiles = ft
+		e.rects = r
 	}
-	return e.tiles, nil
+	return e.rects, nil
 }
 
 // tileUpdate is one change of one tile.
@@ -174,11 +184,12 @@ func (p *projection) tileIndex(fk, tileKey string, index int) error {
 	if err != nil {
 		return err
 	}
-	ft, err := e.frameTiles()
+	rects, err := e.tileRects()
 	if err != nil {
 		return err
 	}
-	if index < 0 || index >= len(ft) || ft[index].Key != tileKey {
+	// One hash of the tile named, not the frame's hundreds.
+	if index < 0 || index >= len(rects) || tiles.TileKey(fk, rects[index]) != tileKey {
 		return fmt.Errorf("tile %q is not tile %d of frame %s: %w", tileKey, index, fk, errUnknownTile)
 	}
 	return nil

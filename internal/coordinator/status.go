@@ -62,7 +62,7 @@ func (c *Coordinator) Status(ctx context.Context, jobID string) (Status, error) 
 		if err != nil {
 			return err
 		}
-		st, err = jobStatus(tx, j)
+		st, err = jobStatus(tx, j, tx.Frame)
 		return err
 	})
 	return st, err
@@ -77,7 +77,7 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 			return err
 		}
 		for _, j := range jobs {
-			st, err := jobStatus(tx, j)
+			st, err := jobStatus(tx, j, tx.Frame)
 			if err != nil {
 				return err
 			}
@@ -92,12 +92,14 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 // maxFailuresShown bounds the failure lines of one status.
 const maxFailuresShown = 50
 
-func jobStatus(tx *store.Tx, j *store.Job) (Status, error) {
+// jobStatus computes a job's status; frame looks its frames up (the transaction's, or a
+// projection's that has them in memory already).
+func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, error)) (Status, error) {
 	st := Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
 		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Outputs: []string{}}
 	states := make([]store.FrameState, 0, j.Frames())
 	for n := j.First; n <= j.Last; n++ {
-		f, err := tx.Frame(j.FrameKey(n))
+		f, err := frame(j.FrameKey(n))
 		if err != nil {
 			return st, fmt.Errorf("job %s frame %d: %w", j.ID, n, err)
 		}

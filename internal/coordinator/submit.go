@@ -157,10 +157,11 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 		return SubmitResult{}, ErrBusy
 	}
 	created := false
+	var st Status
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		if old, err := sameJob(tx, j); old != nil || err != nil {
 			if old != nil {
-				j = old
+				st, err = jobStatus(tx, old, tx.Frame)
 			}
 			return err
 		}
@@ -185,16 +186,19 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 		if _, err := p.flush(); err != nil {
 			return err
 		}
-		return tx.PutJob(j)
+		if err := tx.PutJob(j); err != nil {
+			return err
+		}
+		// The answer comes from the frames in memory: no need to read back what was just written.
+		st, err = jobStatus(tx, j, p.lookup)
+		return err
 	})
 	if err != nil {
 		return SubmitResult{}, err
 	}
-	c.kickRelay()
-	c.notify()
-	st, err := c.Status(ctx, j.ID)
-	if err != nil {
-		return SubmitResult{}, err
+	if created {
+		c.kickRelay()
+		c.notify()
 	}
 	return SubmitResult{Status: st, Created: created}, nil
 }

@@ -35,6 +35,7 @@ type CoordinatorOptions struct {
 	NATSSync    queue.Sync // embedded server's disk sync policy; empty means queue.DefaultSync
 	StoreURL    string     // object store; empty means file://DataDir/store
 	HTTPListen  string     // HTTP API and /metrics; empty means none
+	DebugListen string     // Go profiles (/debug/pprof/); empty means none
 	Queue       queue.Config
 	Coordinator coordinator.Config
 	Workers     int // in-process workers
@@ -115,6 +116,11 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		}
 		n.goRun(func() { _ = w.Run(rctx) })
 	}
+	stopDebug, err := serveDebug(o.DebugListen)
+	if err != nil {
+		return nil, err
+	}
+	n.closers = append(n.closers, stopDebug)
 	if o.HTTPListen != "" {
 		ln, err := net.Listen("tcp", o.HTTPListen)
 		if err != nil {
@@ -220,6 +226,7 @@ type WorkerOptions struct {
 	StoreURL      string
 	CheckpointDir string
 	MetricsListen string
+	DebugListen   string // Go profiles (/debug/pprof/); empty means none
 	Worker        worker.Config
 	Log           *slog.Logger
 }
@@ -268,6 +275,11 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	f.Log = log
 	m := metrics.New()
+	stopDebug, err := serveDebug(o.DebugListen)
+	if err != nil {
+		return err
+	}
+	defer stopDebug()
 	if o.MetricsListen != "" {
 		ln, err := net.Listen("tcp", o.MetricsListen)
 		if err != nil {

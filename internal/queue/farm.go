@@ -195,13 +195,16 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 
 // Publish publishes data with Nats-Msg-Id = msgID and waits for the PubAck. duplicate reports that the
 // stream's dedup window already held msgID: nothing new was stored (count it, it is not an error).
+// An empty msgID publishes without dedup, for messages whose consumer is idempotent anyway (events):
+// the stream then keeps no dedup entry for them.
 func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, hdr nats.Header) (duplicate bool, err error) {
-	if msgID == "" {
-		return false, fmt.Errorf("publishing to %q: empty msg id", subject)
-	}
 	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
 	maps.Copy(m.Header, hdr) // never mutate the caller's header map
-	ack, err := f.JS.PublishMsg(ctx, m, jetstream.WithMsgID(msgID))
+	var opts []jetstream.PublishOpt
+	if msgID != "" {
+		opts = append(opts, jetstream.WithMsgID(msgID))
+	}
+	ack, err := f.JS.PublishMsg(ctx, m, opts...)
 	if err != nil {
 		return false, fmt.Errorf("publishing %q to %q: %w", msgID, subject, err)
 	}

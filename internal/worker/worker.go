@@ -334,8 +334,10 @@ func (w *Worker) jitter() float64 {
 	return w.rng.Float64()
 }
 
-// publishEvent publishes an event about delivery d and waits for its PubAck. The id makes a
-// republished event a duplicate JetStream drops; seq and delivery give its causal order.
+// publishEvent publishes an event about delivery d and waits for its PubAck. It goes out
+// without a dedup id: the coordinator's projection is idempotent (store.NextTileState), so a
+// republished event changes nothing, and EVENTS keeps no dedup entry per event. Seq and
+// delivery give the event its causal order.
 func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev farm.Event) error {
 	ev.Attempt, ev.Worker, ev.Seq, ev.Delivery = d.attempt, w.cfg.Name, d.seq, d.num
 	if ev.Time.IsZero() {
@@ -351,7 +353,7 @@ func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev farm.Event) e
 	if err != nil {
 		return err
 	}
-	_, err = w.farm.Publish(ctx, ev.Subject(), ev.ID, data, nil)
+	_, err = w.farm.Publish(ctx, ev.Subject(), "", data, nil)
 	return err
 }
 
