@@ -29,9 +29,9 @@ const (
 // batch, not per event.
 func (c *Coordinator) consumeEvents(ctx context.Context) error {
 	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:       consumerEvents,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       time.Minute,
+		Durable:   consumerEvents,
+		AckPolicy: jetstream.AckExplicitPolicy,
+		AckWait:   time.Minute,
 		// Well above what the iterator, the channel and a batch being applied hold unacked
 		// together: at the limit the server stops delivering and a pull can sit idle until it
 		// expires.
