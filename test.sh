@@ -1,18 +1,30 @@
 #!/usr/bin/env bash
-# Runs every test of tilefarm. On a fresh machine it first installs the pinned MinIO server the
-# storage tests run against (a ~5 minute build, cached afterwards under ~/.cache/tilefarm).
+# Runs every test of tilefarm. On a fresh machine it first installs what the tests run
+# against, pinned and cached under ~/.cache/tilefarm: the MinIO server (a ~5 minute build)
+# and nats-server, built from the nats-server/v2 module pinned in go.mod.
 # Extra arguments go to `go test` (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
 cd "$(dirname "$0")"
 
+CACHE="${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/tilefarm"
+
 MINIO_VERSION=v0.0.0-20260212201848-7aac2a2c5b7c
-MINIO_DIR="${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/tilefarm/minio-$MINIO_VERSION"
+MINIO_DIR="$CACHE/minio-$MINIO_VERSION"
 if [ ! -x "$MINIO_DIR/minio" ]; then
   echo "installing MinIO $MINIO_VERSION into $MINIO_DIR (first run only, takes a few minutes)..."
   mkdir -p "$MINIO_DIR"
   (cd "$MINIO_DIR" && GOBIN="$MINIO_DIR" GOFLAGS=-mod=mod go install "github.com/minio/minio@$MINIO_VERSION")
 fi
 export TILEFARM_MINIO="$MINIO_DIR/minio"
+
+NATS_VERSION=$(go list -m -f '{{.Version}}' github.com/nats-io/nats-server/v2)
+NATS_DIR="$CACHE/nats-server-$NATS_VERSION"
+if [ ! -x "$NATS_DIR/nats-server" ]; then
+  echo "building nats-server $NATS_VERSION into $NATS_DIR (first run only)..."
+  mkdir -p "$NATS_DIR"
+  go build -o "$NATS_DIR/nats-server" github.com/nats-io/nats-server/v2
+fi
+export TILEFARM_NATS_SERVER="$NATS_DIR/nats-server"
 
 if [ $# -eq 0 ]; then
   set -- ./...

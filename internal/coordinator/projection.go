@@ -135,6 +135,14 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	t.Set(u.Index, next, nord)
 	e.tableMod, e.dirty = true, true
 	f := e.f
+	if u.Change == store.TileStarted {
+		// Every start is news exactly once (its order advanced), whatever state it finds.
+		f.TileAttempts++
+		f.SamplesRecovered += u.SamplesRecovered
+	}
+	if next == cur {
+		return false, nil
+	}
 	if cur == store.TileDeadLettered {
 		f.TilesFailed--
 	}
@@ -144,10 +152,6 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	case store.TileCompleted:
 		f.TilesCompleted++
 		f.SamplesRendered += u.SamplesRendered
-	}
-	if u.Change == store.TileStarted {
-		f.TileAttempts++
-		f.SamplesRecovered += u.SamplesRecovered
 	}
 	if u.Failure != nil && (next == store.TileFailedRetryable || next == store.TileDeadLettered) {
 		u.Failure.DeadLettered = next == store.TileDeadLettered

@@ -22,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 )
 
@@ -213,6 +216,9 @@ type farmProc struct {
 	store    string
 	env      []string // e.g. S3 credentials, for every process of the farm
 	serve    *proc
+	// externalNATS is a NATS server of its own (natstest) the farm uses instead of the
+	// coordinator's embedded one, so the coordinator can die while workers go on.
+	externalNATS string
 }
 
 // startServe starts `coordinator serve` on free ports with a filesystem store under data.
@@ -235,8 +241,12 @@ func (f *farmProc) restart(extra ...string) {
 	if f.http == "" {
 		f.http, f.natsAddr = freePort(f.t), freePort(f.t)
 	}
-	args := append([]string{"serve", "--data", f.data, "--listen", f.http, "--nats-listen", f.natsAddr,
-		"--store", f.store, "--log-level", "debug"}, extra...)
+	natsArgs := []string{"--nats-listen", f.natsAddr}
+	if f.externalNATS != "" {
+		natsArgs = []string{"--nats", f.externalNATS}
+	}
+	args := append(append([]string{"serve", "--data", f.data, "--listen", f.http, "--store", f.store, "--log-level", "debug"},
+		natsArgs...), extra...)
 	f.serve = startEnv(f.t, f.env, "coordinator", args...)
 	f.waitHealthy()
 }
@@ -261,7 +271,111 @@ func (f *farmProc) waitHealthy() {
 	f.t.Fatalf("coordinator serve did not become healthy:\n%s", f.serve.log())
 }
 
-func (f *farmProc) natsURL() string { return "nats://" + f.natsAddr }
+func (f *farmProc) natsURL() string {
+	if f.externalNATS != "" {
+		return f.externalNATS
+	}
+	return "nats://" + f.natsAddr
+}
+
+// startServeNATS starts `coordinator serve` with a filesystem store under data on the NATS
+// server at natsURL.
+func startServeNATS(t *testing.T, data, natsURL string, extra ...string) *farmProc {
+	t.Helper()
+	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), externalNATS: natsURL}
+	f.restart(extra...)
+	return f
+}
+
+// js connects to the farm's JetStream, for tests that look at or into its streams.
+func (f *farmProc) js() jetstream.JetStream {
+	f.t.Helper()
+	nc, err := nats.Connect(f.natsURL())
+	if err != nil {
+		f.t.Fatalf("connecting to the farm's NATS: %v", err)
+	}
+	f.t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return js
+}
+
+// deadLetters lists the DLQ through the CLI.
+func (f *farmProc) deadLetters() string {
+	f.t.Helper()
+	r := f.cli("dlq", "list")
+	if r.code != 0 {
+		f.t.Fatalf("dlq list: %s", r)
+	}
+	return r.stdout
+}
+
+// assertNoDeadLetters fails the test if anything was dead-lettered.
+func (f *farmProc) assertNoDeadLetters() {
+	f.t.Helper()
+	if out := f.deadLetters(); strings.Contains(out, "tiles.") {
+		f.t.Fatalf("something was dead-lettered:\n%s", out)
+	}
+}
+
+// delayProxy forwards TCP connections to target, holding every chunk for oneWay in each
+// direction, so a round trip through it takes 2*oneWay longer: a render node far from NATS.
+func delayProxy(t *testing.T, target string, oneWay time.Duration) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", target)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			go delayPipe(out, in, oneWay)
+			go delayPipe(in, out, oneWay)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// delayPipe copies src to dst in order, each chunk oneWay after it was read.
+func delayPipe(dst, src net.Conn, oneWay time.Duration) {
+	type chunk struct {
+		data []byte
+		due  time.Time
+	}
+	q := make(chan chunk, 4096)
+	go func() {
+		defer close(q)
+		for {
+			buf := make([]byte, 32<<10)
+			n, err := src.Read(buf)
+			if n > 0 {
+				q <- chunk{buf[:n], time.Now().Add(oneWay)}
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	for c := range q {
+		time.Sleep(time.Until(c.due))
+		if _, err := dst.Write(c.data); err != nil {
+			break
+		}
+	}
+	dst.Close()
+	src.Close()
+}
 
 // worker starts a tileworker process for this farm.
 func (f *farmProc) worker(name, ckptDir string, extra ...string) *proc {

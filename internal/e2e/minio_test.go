@@ -183,13 +183,15 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 	}
 }
 
-// Must show 5 and 6: MinIO stopped for 10 seconds mid-render; workers retry with backoff,
-// nothing is dead-lettered or lost, frames equal the reference; then gc deletes only
-// unreferenced objects and every manifest still resolves.
+// MinIO stopped for 20 seconds mid-render, longer than MaxDeliver ack-waits: workers retry in
+// place and take no new work meanwhile, nothing is dead-lettered or lost, frames equal the
+// reference; then gc deletes only unreferenced objects and every manifest still resolves.
 func TestMinIOOutageThenGC(t *testing.T) {
 	m := miniotest.Start(t)
 	scene := example("shot")
-	f := startServeStore(t, t.TempDir(), m.URL(), m.Env())
+	// An outage of ten ack-waits, with a failure budget of one and a safety net of two
+	// deliveries: an outage that spent deliveries or failures would dead-letter every tile.
+	f := startServeStore(t, t.TempDir(), m.URL(), m.Env(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "2", "--max-failures", "1")
 	slow := []string{"--fault-pass-delay", "100ms", "--checkpoint-every", "0"}
 	w1 := f.worker("node-a", t.TempDir(), slow...)
 	w2 := f.worker("node-b", t.TempDir(), slow...)
@@ -210,7 +212,7 @@ func TestMinIOOutageThenGC(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	m.Stop(t)
-	time.Sleep(10 * time.Second)
+	time.Sleep(20 * time.Second)
 	m.Restart(t)
 
 	done := f.waitDone(st.JobID, 3*time.Minute)

@@ -86,23 +86,22 @@ func (o Order) After(p Order) bool {
 }
 
 // NextTileState is the tile state machine, the one place a tile's state changes. Given the
-// tile's state and the order of the change that put it there, it returns the state after ch
-// (made at order ord), the order to keep, and whether anything changed.
+// tile's state and the order of the newest change recorded for it, it returns the state and
+// order after ch (made at order ord), and whether either changed.
 //
 // Rules (docs/design.md, "States"):
-//   - completed is final: a tile whose manifest exists is done whatever arrives later;
-//   - done completes a tile from any other state, in any order (manifests are the truth);
-//   - started, failed and dead_letter apply only when they come after what the tile last
-//     recorded, so a stale event about an older message or delivery changes nothing;
+//   - done completes a tile from any state, in any order (manifests are the truth), and
+//     completed is final: nothing moves a completed tile to another state;
+//   - started, failed and dead_letter apply only when they come after what the tile recorded,
+//     so a stale event about an older message or delivery changes nothing. On a completed
+//     tile they still advance its order, so an attempt whose start arrives after the
+//     reconciler completed the tile is counted once, like any other;
 //   - requeued turns a dead-lettered tile back into a queued one; the dead letter's order is
 //     kept, so events about the old message stay stale while the new message's are newer.
 func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (TileState, Order, bool) {
-	if cur == TileCompleted {
-		return cur, curOrder, false
-	}
 	switch ch {
 	case TileDone:
-		return TileCompleted, curOrder, true
+		return TileCompleted, curOrder, cur != TileCompleted
 	case TileRequeued:
 		if cur != TileDeadLettered {
 			return cur, curOrder, false
@@ -111,6 +110,9 @@ func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (Til
 	case TileStarted, TileFailed, TileDeadLetter:
 		if !ord.After(curOrder) {
 			return cur, curOrder, false
+		}
+		if cur == TileCompleted {
+			return cur, ord, true
 		}
 		next := TileRendering
 		switch ch {

@@ -34,20 +34,21 @@ func TestNextTileStateTable(t *testing.T) {
 		{f, store.TileStarted, older, f, false},
 		{d, store.TileStarted, newerMsg, r, true},
 		{d, store.TileStarted, store.StartedOrder(10, 99), d, false}, // same message: the dead letter is its last word
-		{c, store.TileStarted, newerMsg, c, false},
+		{c, store.TileStarted, newerMsg, c, true}, // the order advances; the state stays
+		{c, store.TileStarted, older, c, false},
 		// failed
 		{q, store.TileFailed, newer, f, true},
 		{r, store.TileFailed, newer, f, true},
 		{r, store.TileFailed, older, r, false},
 		{f, store.TileFailed, store.FailedOrder(10, 3), f, true},
 		{d, store.TileFailed, store.FailedOrder(10, 50), d, false},
-		{c, store.TileFailed, newerMsg, c, false},
+		{c, store.TileFailed, newerMsg, c, true},
 		// dead letter
 		{q, store.TileDeadLetter, store.DeadLetterOrder(10), d, true},
 		{r, store.TileDeadLetter, store.DeadLetterOrder(10), d, true},
 		{r, store.TileDeadLetter, store.DeadLetterOrder(9), r, false}, // an older duplicate message died
 		{f, store.TileDeadLetter, store.DeadLetterOrder(10), d, true},
-		{c, store.TileDeadLetter, store.DeadLetterOrder(11), c, false},
+		{c, store.TileDeadLetter, store.DeadLetterOrder(11), c, true},
 		// done: from anything, in any order; completed is final
 		{q, store.TileDone, store.Order{}, c, true},
 		{r, store.TileDone, store.Order{}, c, true},
@@ -66,6 +67,9 @@ func TestNextTileStateTable(t *testing.T) {
 			from := cur
 			if row.from == d {
 				from = store.DeadLetterOrder(10)
+			}
+			if row.from == c && row.change == store.TileDone {
+				from = store.Order{}
 			}
 			got, ord, changed := store.NextTileState(row.from, from, row.change, row.order)
 			if got != row.want || changed != row.changed {

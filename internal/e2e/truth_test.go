@@ -1,0 +1,360 @@
+package e2e
+
+// Manifests are the truth (docs/design.md): the recovery paths that could strand a job or
+// report it failed, each on real processes and a real JetStream, each checking that its
+// fault hit work in progress, and each ending with the job completed without an operator,
+// nothing dead-lettered, no tile rendered twice and frames equal to the reference.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/natstest"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// outputsEqualReference downloads a job's frames and compares each with a local reference.
+func outputsEqualReference(t *testing.T, f *farmProc, job, scene string, frames []int, settings ...string) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "o_####.png")
+	if r := f.cli("outputs", job, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	for _, fr := range frames {
+		samePixels(t, frameFile(out, fr), reference(t, scene, fr, settings...))
+	}
+}
+
+// countLines counts log lines matching re.
+func countLines(log, re string) int { return len(regexp.MustCompile(re).FindAllString(log, -1)) }
+
+// Scenario 1: a worker promotes a tile on the last delivery the queue allows and dies before
+// announcing it. The message runs out of deliveries, and the dead-letter watcher finds the
+// manifest: the tile is recorded done, not dead, and the job completes.
+func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "1")
+	victim := f.worker("victim", t.TempDir(), "--fault-crash", "after-manifest")
+	st, _ := f.submit(append([]string{scene, "--frames", "2"}, oneTile...)...)
+	if !victim.waitExit(time.Minute) || !strings.Contains(victim.log(), "seam=after-manifest") {
+		t.Fatalf("the worker did not die at the after-manifest seam:\n%s", victim.log())
+	}
+	if mid, _ := f.status(st.JobID); mid.State == "completed" || mid.TilesCompleted != 0 {
+		t.Fatalf("the kill did not hit work in progress: %+v", mid)
+	}
+	survivor := f.worker("survivor", t.TempDir())
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" || done.TilesFailed != 0 {
+		t.Fatalf("job after the kill: %+v", done)
+	}
+	if !strings.Contains(f.serve.log(), "its work is promoted") {
+		t.Fatalf("the message never ran out of deliveries:\n%s", f.serve.log())
+	}
+	f.assertNoDeadLetters()
+	if strings.Contains(survivor.log(), "checkpoint saved") || done.TileAttempts != 1 {
+		t.Fatalf("the promoted tile was rendered again (%d attempts):\n%s", done.TileAttempts, survivor.log())
+	}
+	outputsEqualReference(t, f, st.JobID, scene, []int{2}, oneTile...)
+}
+
+// Scenario 2: publishing tile.completed fails on the last allowed delivery. An outage of NATS
+// is retried in place, never a failure of the tile: the job completes, nothing is failed.
+func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "1", "--max-failures", "1")
+	w := f.worker("flaky", t.TempDir(), "--fault-fail-publish", "tile.completed:3")
+	st, _ := f.submit(append([]string{scene, "--frames", "3"}, oneTile...)...)
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" || done.TilesFailed != 0 {
+		t.Fatalf("job after failing completion publishes: %+v", done)
+	}
+	if !strings.Contains(w.log(), `op="publishing completion event"`) || !strings.Contains(w.log(), "injected fault") {
+		t.Fatalf("the injected publish failures never hit the tile's completion:\n%s", w.log())
+	}
+	f.assertNoDeadLetters()
+	outputsEqualReference(t, f, st.JobID, scene, []int{3}, oneTile...)
+}
+
+// Scenario 3: other formats of a finished frame asked for back to back, the second while the
+// first re-assembly is queued or running. Each re-assembly has a dedup id of its own, so both
+// complete; and the job that finished first stays completed throughout.
+func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir())
+	f.worker("w", t.TempDir())
+	args := append([]string{scene, "--frames", "4"}, small...)
+	first, _ := f.submit(args...)
+	if done := f.waitDone(first.JobID, time.Minute); done.State != "completed" {
+		t.Fatalf("png job: %+v", done)
+	}
+	exrJob, r := f.submit(append(args, "--format", "exr")...)
+	if r.code != 3 && r.code != 42 {
+		t.Fatalf("exr submission: %s", r)
+	}
+	png16Job, r := f.submit(append(args, "--format", "png16")...)
+	if r.code != 3 && r.code != 42 && r.code != 0 {
+		t.Fatalf("png16 submission: %s", r)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		if st, r := f.status(first.JobID); r.code != 0 {
+			t.Fatalf("the finished png job regressed to %s (exit %d) while other formats assembled", st.State, r.code)
+		}
+		_, r1 := f.status(exrJob.JobID)
+		_, r2 := f.status(png16Job.JobID)
+		if r1.code == 0 && r2.code == 0 {
+			break
+		}
+		if r1.code == 1 || r2.code == 1 || time.Now().After(deadline) {
+			t.Fatalf("re-assemblies did not both complete: exr %s, png16 %s", r1, r2)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if n := countLines(f.serve.log(), `publish deduplicated`); n != 0 {
+		t.Fatalf("%d publishes were swallowed by the dedup window", n)
+	}
+	dir := t.TempDir()
+	exr := filepath.Join(dir, "e_####.exr")
+	if r := f.cli("outputs", exrJob.JobID, "--out", exr); r.code != 0 {
+		t.Fatalf("outputs exr: %s", r)
+	}
+	refEXR := filepath.Join(dir, "ref.exr")
+	if r := run(t, "tileworker", append([]string{"render", scene, "--frame", "4", "--out", refEXR, "-q"}, small...)...); r.code != 0 {
+		t.Fatalf("reference exr: %s", r)
+	}
+	sameEXR(t, frameFile(exr, 4), refEXR)
+	png16 := filepath.Join(dir, "p_####.png")
+	if r := f.cli("outputs", png16Job.JobID, "--out", png16, "--format", "png16"); r.code != 0 {
+		t.Fatalf("outputs png16: %s", r)
+	}
+	ref16 := filepath.Join(dir, "ref16.png")
+	if r := run(t, "tileworker", append([]string{"render", scene, "--frame", "4", "--out", ref16, "--format", "png16", "-q"}, small...)...); r.code != 0 {
+		t.Fatalf("reference png16: %s", r)
+	}
+	samePixels(t, frameFile(png16, 4), ref16)
+}
+
+// Scenario 5, duplicate: a tile that renders for longer than two lease TTLs, with a duplicate
+// of its message delivered meanwhile (as after a relay crash past the dedup window). The
+// duplicate waits while the holder renews its lease, however long, and is acked once the
+// holder promotes: no delivery spent, nothing dead-lettered, the tile rendered once.
+func TestDuplicateOfALongTileWaitsForTheHolder(t *testing.T) {
+	scene := example("shot")
+	const ttl = 2 * time.Second
+	f := startServe(t, t.TempDir(), "--ack-wait", ttl.String(), "--lease-ttl", ttl.String(), "--max-deliver", "2", "--max-failures", "1")
+	holder := f.worker("holder", t.TempDir(), "--fault-pass-delay", "600ms", "--passes", "16", "--checkpoint-every", "0")
+	st, _ := f.submit(append([]string{scene, "--frames", "5"}, oneTile...)...)
+	waitCheckpoint(t, holder, 2)
+
+	ctx := context.Background()
+	js := f.js()
+	tilesStream, err := js.Stream(ctx, queue.StreamTiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := tilesStream.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, queue.SubjectRender, raw.Data, jetstream.WithMsgID("duplicate")); err != nil {
+		t.Fatal(err)
+	}
+	dupStart := time.Now()
+	dup := f.worker("duplicate", t.TempDir())
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" || done.TilesFailed != 0 {
+		t.Fatalf("job with a duplicate of its long tile: %+v", done)
+	}
+	if waited := time.Since(dupStart); waited < 2*ttl {
+		t.Fatalf("the duplicate waited only %v, less than two lease TTLs: the tile was not long enough to test this", waited)
+	}
+	if !strings.Contains(dup.log(), "tile leased by another worker; waiting") ||
+		!dup.waitLog("tile promoted by the lease holder; acking duplicate delivery", 30*time.Second) {
+		t.Fatalf("the duplicate did not wait for the holder:\n%s", dup.log())
+	}
+	if strings.Contains(dup.log(), "checkpoint saved") {
+		t.Fatalf("the duplicate rendered the tile again:\n%s", dup.log())
+	}
+	f.assertNoDeadLetters()
+	outputsEqualReference(t, f, st.JobID, scene, []int{5}, oneTile...)
+}
+
+// Scenario 5, handbacks: a tile handed back twice by SIGTERM, with a failure budget of one. A
+// handback is no failure: the tile resumes from its checkpoint each time and completes.
+func TestHandbacksAreNoFailures(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--ack-wait", "30s", "--lease-ttl", "30s", "--max-failures", "1")
+	st, _ := f.submit(append([]string{scene, "--frames", "6"}, oneTile...)...)
+	ckpts := t.TempDir()
+	for i, min := range []int{4, 8} {
+		w := f.worker(fmt.Sprintf("leaver-%d", i), ckpts, slowWorker...)
+		waitCheckpoint(t, w, min)
+		w.signal(syscall.SIGTERM)
+		if !w.waitExit(15 * time.Second) {
+			t.Fatalf("worker did not exit on SIGTERM:\n%s", w.log())
+		}
+		if !strings.Contains(w.log(), "shutting down: returning the job to the queue") {
+			t.Fatalf("worker %d did not hand the tile back:\n%s", i, w.log())
+		}
+	}
+	if mid, _ := f.status(st.JobID); mid.State == "completed" {
+		t.Fatalf("the handbacks did not hit work in progress: %+v", mid)
+	}
+	f.worker("finisher", ckpts)
+	done := f.waitDone(st.JobID, time.Minute)
+	if done.State != "completed" || done.SamplesRecovered < 8 || done.TileAttempts != 3 {
+		t.Fatalf("job after two handbacks: %+v", done)
+	}
+	f.assertNoDeadLetters()
+	outputsEqualReference(t, f, st.JobID, scene, []int{6}, oneTile...)
+}
+
+// Scenario 6: a render node 50 ms (round trip) away from NATS. Its idle pulls wait with the
+// server's own expiry, so no delivery is lost to latency: in a clean run every tile and
+// assembly is delivered exactly once.
+func TestNoDeliveryLostToLatency(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir())
+	proxy := delayProxy(t, f.natsAddr, 25*time.Millisecond)
+	w := startEnv(t, f.env, "tileworker", "--nats", "nats://"+proxy, "--store", f.store, "--checkpoints", t.TempDir(),
+		"--name", "far", "--concurrency", "2", "--log-level", "debug")
+	time.Sleep(3 * time.Second) // idle pulls come and go before work arrives
+	st, _ := f.submit(append([]string{scene, "--frames", "1-4"}, small...)...)
+	done := f.waitDone(st.JobID, 3*time.Minute)
+	if done.State != "completed" {
+		t.Fatalf("job through the slow link: %+v", done)
+	}
+	if done.TileAttempts != done.TilesTotal {
+		t.Fatalf("%d attempts for %d tiles: deliveries were lost", done.TileAttempts, done.TilesTotal)
+	}
+	if n := countLines(w.log(), `delivery=[2-9]`); n != 0 {
+		t.Fatalf("%d log lines of a redelivery in a clean run:\n%s", n, w.log())
+	}
+	ctx := context.Background()
+	js := f.js()
+	for _, name := range []string{queue.ConsumerWorkers, queue.ConsumerAssemblers} {
+		c, err := js.Consumer(ctx, queue.StreamTiles, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumRedelivered != 0 || info.Delivered.Consumer == 0 {
+			t.Fatalf("consumer %s: %d delivered, %d redelivered; want none redelivered", name, info.Delivered.Consumer, info.NumRedelivered)
+		}
+	}
+	outputsEqualReference(t, f, st.JobID, scene, []int{1, 4}, small...)
+}
+
+// busyShot is 2 frames of 2,500 tiles: 10,000 tile events and then some.
+var busyShot = []string{"--width", "400", "--height", "400", "--spp", "1", "--tile", "8", "--frames", "1-2"}
+
+// runBusyShot renders busyShot on a farm on its own NATS server with two workers. With
+// killCoordinator, the coordinator is killed once every tile is queued and restarted only once
+// the workers are done, so every one of their events waits unapplied; with purgeEvents, those
+// events are purged before the restart too.
+func runBusyShot(t *testing.T, killCoordinator, purgeEvents bool) (jobStatus func() string, f *farmProc, job string) {
+	t.Helper()
+	scene := example("shot")
+	ns := natstest.Start(t)
+	f = startServeNATS(t, t.TempDir(), ns.URL(), "--reconcile-every", "1h")
+	st, _ := f.submit(append([]string{scene}, busyShot...)...)
+	ctx := context.Background()
+	js := f.js()
+	waitStream(t, js, queue.StreamTiles, uint64(st.TilesTotal))
+	if killCoordinator {
+		f.serve.kill9()
+	}
+	for i := range 2 {
+		f.worker(fmt.Sprintf("w%d", i), t.TempDir(), "--concurrency", "2", "--log-level", "warn")
+	}
+	if killCoordinator {
+		waitStream(t, js, queue.StreamTiles, 0)
+		cons, err := js.Consumer(ctx, queue.StreamEvents, "coordinator")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := cons.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.NumPending < 10000 {
+			t.Fatalf("only %d events wait unapplied; the kill must leave at least 10,000", info.NumPending)
+		}
+		t.Logf("%d events wait unapplied", info.NumPending)
+		if purgeEvents {
+			s, err := js.Stream(ctx, queue.StreamEvents)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Purge(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f.restart("--reconcile-every", "1h")
+	}
+	return func() string {
+		done := f.waitDone(st.JobID, 4*time.Minute)
+		b, _ := json.Marshal(map[string]any{"state": done.State, "frames_completed": done.FramesCompleted,
+			"tiles_completed": done.TilesCompleted, "tiles_total": done.TilesTotal, "tiles_failed": done.TilesFailed,
+			"tile_attempts": done.TileAttempts, "samples_recovered": done.SamplesRecovered, "failures": done.Failures})
+		return string(b)
+	}, f, st.JobID
+}
+
+// waitStream waits until a stream holds n messages.
+func waitStream(t *testing.T, js jetstream.JetStream, stream string, n uint64) {
+	t.Helper()
+	ctx := context.Background()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(4 * time.Minute)
+	for {
+		info, err := s.Info(ctx)
+		if err == nil && info.State.Msgs == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s holds %d messages, want %d", stream, info.State.Msgs, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// The coordinator killed with more than 10,000 unapplied events and restarted ends with the
+// same status as an uninterrupted run of the same job.
+func TestCoordinatorCatchesUpTenThousandEvents(t *testing.T) {
+	want, _, _ := runBusyShot(t, false, false)
+	wantStatus := want()
+	got, f, job := runBusyShot(t, true, false)
+	if gotStatus := got(); gotStatus != wantStatus {
+		t.Fatalf("status after catching up:\n %s\nuninterrupted:\n %s", gotStatus, wantStatus)
+	}
+	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, busyShot[:6]...)
+}
+
+// The reconciler alone, with every event purged, completes a job whose tiles are all promoted.
+func TestReconcilerAloneCompletesAJob(t *testing.T) {
+	got, f, job := runBusyShot(t, true, true)
+	status := got()
+	if !strings.Contains(status, `"state":"completed"`) || !strings.Contains(status, `"tiles_failed":0`) {
+		t.Fatalf("job after its events were purged: %s", status)
+	}
+	if !strings.Contains(f.serve.log(), "reconciled with manifests") {
+		t.Fatalf("the reconciler did not find the promoted tiles:\n%s", f.serve.log())
+	}
+	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, busyShot[:6]...)
+}
