@@ -34,7 +34,7 @@ func TestNextTileStateTable(t *testing.T) {
 		{f, store.TileStarted, older, f, false},
 		{d, store.TileStarted, newerMsg, r, true},
 		{d, store.TileStarted, store.StartedOrder(10, 99), d, false}, // same message: the dead letter is its last word
-		{c, store.TileStarted, newerMsg, c, true}, // the order advances; the state stays
+		{c, store.TileStarted, newerMsg, c, true},                    // the order advances; the state stays
 		{c, store.TileStarted, older, c, false},
 		// failed
 		{q, store.TileFailed, newer, f, true},
