@@ -14,6 +14,7 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
 	"github.com/tilefarm/tilefarm/tiles"
@@ -57,20 +58,7 @@ func newHarnessQueue(t *testing.T, cfg Config, qcfg queue.Config) *harness {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
 	dir := t.TempDir()
-	e, err := queue.StartEmbedded(ctx, filepath.Join(dir, "jetstream"), "")
-	if err != nil {
-		t.Fatalf("StartEmbedded: %v", err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := e.Connect(t.Name())
-	if err != nil {
-		t.Fatalf("Connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatalf("jetstream.New: %v", err)
-	}
+	nc, js, _ := natstest.InProcess(t)
 	f, err := queue.Setup(ctx, js, qcfg)
 	if err != nil {
 		t.Fatalf("queue.Setup: %v", err)

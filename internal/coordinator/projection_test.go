@@ -1,12 +1,14 @@
 package coordinator
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -275,5 +277,71 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 	}
 	if st := h.status(t, res.Status.JobID); st.State != StateCompleted {
 		t.Fatalf("job after its promoted assembly dead-lettered: %s", st.State)
+	}
+}
+
+// Scenario 4 through the real EVENTS stream: the watcher records a dead letter, then a lagging
+// consumer delivers an older tile.started of the same message. The dead letter stands, so a
+// retry requeues the tile (it left the queue) and the job completes when the retry does.
+func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 16, 16, 16))
+	h.relay(t)
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	f := h.frame(t, fk)
+	msgs, err := h.c.outboxMessages(h.ctx, store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (deadLetters{h.c}).Record(h.ctx, queue.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20, Reason: "killed"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	defer cancel()
+	go func() { _ = h.c.consumeEvents(ctx) }()
+	publish := func(ev farm.Event) {
+		t.Helper()
+		ev.Time = time.Now().UTC()
+		data, _ := json.Marshal(ev)
+		if _, err := h.farm.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	publish(tileEvent(t, f, 0, farm.EventTileStarted, 1, 19)) // the lagging start
+	marker := tileEvent(t, f, 0, farm.EventTileStarted, 1, 1)
+	publish(marker) // an even older one, then wait until both were consumed
+	waitFor("the lagging events to be consumed", func() bool {
+		info, err := h.farm.Events.Info(h.ctx)
+		if err != nil {
+			return false
+		}
+		c, err := h.farm.Events.Consumer(h.ctx, consumerEvents)
+		if err != nil {
+			return false
+		}
+		ci, err := c.Info(h.ctx)
+		return err == nil && info.State.Msgs == 2 && ci.AckFloor.Stream == info.State.LastSeq
+	})
+	if s := h.tileState(t, fk, 0); s != store.TileDeadLettered {
+		t.Fatalf("a lagging start moved the dead-lettered tile to %s", s)
+	}
+	if n, err := h.c.Retry(h.ctx, res.Status.JobID); err != nil || n != 1 {
+		t.Fatalf("Retry = %d, %v", n, err)
+	}
+	publish(tileEvent(t, f, 0, farm.EventTileStarted, 2, 1))
+	publish(tileEvent(t, f, 0, farm.EventTileCompleted, 2, 1))
+	waitFor("the retried tile to complete", func() bool { return h.tileState(t, fk, 0) == store.TileCompleted })
+	if st := h.status(t, res.Status.JobID); st.State != StateRendering || st.TilesFailed != 0 {
+		t.Fatalf("job after the retry: %+v", st)
 	}
 }

@@ -358,3 +358,26 @@ func TestReconcilerAloneCompletesAJob(t *testing.T) {
 	}
 	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, busyShot[:6]...)
 }
+
+// A farm on a shared filesystem store keeps remote checkpoints too: a tile killed on one node
+// resumes on another whose checkpoint directory is empty.
+func TestFileStoreFarmResumesOnAnotherNode(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s")
+	a := f.worker("node-a", t.TempDir(), append(slowWorker, "--remote-checkpoint-every", "0")...)
+	st, _ := f.submit(append([]string{scene, "--frames", "7"}, oneTile...)...)
+	waitCheckpoint(t, a, 8)
+	a.kill9()
+	if mid, _ := f.status(st.JobID); mid.State == "completed" {
+		t.Fatalf("the kill did not hit work in progress: %+v", mid)
+	}
+	b := f.worker("node-b", t.TempDir())
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" || done.SamplesRecovered < 8 {
+		t.Fatalf("job after the kill: %+v (want at least the 8 samples checkpointed)", done)
+	}
+	if !strings.Contains(b.log(), "resuming from checkpoint") {
+		t.Fatalf("node-b did not resume from the remote checkpoint:\n%s", b.log())
+	}
+	outputsEqualReference(t, f, st.JobID, scene, []int{7}, oneTile...)
+}

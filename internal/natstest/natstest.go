@@ -15,7 +15,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // EnvBinary names the variable the test command sets to the nats-server it builds from the
@@ -188,4 +190,35 @@ func freeAddr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
+}
+
+// InProcess starts a real JetStream server inside the test process, with file storage in a
+// temporary directory, and returns a connection to it and its client URL. It is the server
+// every package's unit tests share; it is shut down when the test ends.
+func InProcess(t testing.TB) (nc *nats.Conn, js jetstream.JetStream, url string) {
+	t.Helper()
+	srv, err := server.NewServer(&server.Options{
+		ServerName: "natstest", Host: "127.0.0.1", Port: server.RANDOM_PORT, JetStream: true,
+		StoreDir: t.TempDir(), NoSigs: true, NoLog: true, DisableJetStreamBanner: true,
+	})
+	if err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	srv.Start()
+	t.Cleanup(func() {
+		srv.Shutdown()
+		srv.WaitForShutdown()
+	})
+	if !srv.ReadyForConnections(readyTimeout) || !srv.JetStreamEnabled() {
+		t.Fatalf("natstest: in-process JetStream server not ready after %v", readyTimeout)
+	}
+	nc, err = nats.Connect(srv.ClientURL(), nats.InProcessServer(srv), nats.Name(t.Name()))
+	if err != nil {
+		t.Fatalf("natstest: connecting: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	if js, err = jetstream.New(nc); err != nil {
+		t.Fatalf("natstest: %v", err)
+	}
+	return nc, js, srv.ClientURL()
 }

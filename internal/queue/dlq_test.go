@@ -16,10 +16,7 @@ import (
 // stop function that asserts the watcher returned nil.
 func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, func()) {
 	t.Helper()
-	nc, err := tf.e.Connect(name)
-	if err != nil {
-		t.Fatalf("Connect: %v", err)
-	}
+	nc := tf.connect(t, name)
 	ctx, cancel := context.WithCancel(context.Background())
 	dead := make(chan DeadLetter, 16)
 	errc := make(chan error, 1)
@@ -294,11 +291,7 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 	cfg.MaxDeliver = 2
 	tf := startFarm(t, cfg)
 	ctx := testCtx(t)
-	nc, err := tf.e.Connect("flaky-watcher")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := tf.connect(t, "flaky-watcher")
 	calls := make(chan uint64, 8)
 	var n atomic.Int32
 	wctx, cancel := context.WithCancel(ctx)
@@ -375,11 +368,7 @@ func TestPromotedMessageIsNotDeadLettered(t *testing.T) {
 	cfg.MaxDeliver = 2
 	tf := startFarm(t, cfg)
 	ctx := testCtx(t)
-	nc, err := tf.e.Connect("watcher")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := tf.connect(t, "watcher")
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	h := promotedHandler{seen: make(chan uint64, 4)}

@@ -8,13 +8,26 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/natstest"
 )
 
-// testFarm is a farm on its own embedded server in a temp dir.
+// testFarm is a farm on its own in-process server in a temp dir.
 type testFarm struct {
-	e  *Embedded
-	nc *nats.Conn
-	f  *Farm
+	url string
+	nc  *nats.Conn
+	f   *Farm
+}
+
+// connect opens another connection to the farm's server, as another process would.
+func (tf *testFarm) connect(t *testing.T, name string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(tf.url, nats.Name(name))
+	if err != nil {
+		t.Fatalf("Connect: %v", err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // fastConfig shortens timers so redelivery and expiry tests finish in seconds.
@@ -28,26 +41,13 @@ func fastConfig() Config {
 func startFarm(t *testing.T, cfg Config) *testFarm {
 	t.Helper()
 	ctx := testCtx(t)
-	e, err := StartEmbedded(ctx, t.TempDir(), "")
-	if err != nil {
-		t.Fatalf("StartEmbedded: %v", err)
-	}
-	t.Cleanup(e.Shutdown)
-	nc, err := e.Connect(t.Name())
-	if err != nil {
-		t.Fatalf("Connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatalf("jetstream.New: %v", err)
-	}
+	nc, js, url := natstest.InProcess(t)
 	f, err := Setup(ctx, js, cfg)
 	if err != nil {
 		t.Fatalf("Setup: %v", err)
 	}
 	f.Log = slog.New(slog.NewTextHandler(t.Output(), nil)) // shown only for failing or -v runs
-	return &testFarm{e: e, nc: nc, f: f}
+	return &testFarm{url: url, nc: nc, f: f}
 }
 
 func testCtx(t *testing.T) context.Context {

@@ -1,0 +1,294 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"log/slog"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/natstest"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/render"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// runHarness runs one worker against a real in-process JetStream and a filesystem store, one
+// delivery at a time, so a test can set the stage before a tile and look at everything after.
+type runHarness struct {
+	ctx     context.Context
+	farm    *queue.Farm
+	js      jetstream.JetStream
+	objects *finalize.FSStore
+	ckpts   *tiles.CheckpointStore
+	bundle  *farm.Bundle
+	scene   *render.Scene
+	st      render.Settings
+	logs    *syncBuffer
+}
+
+// syncBuffer is a log sink safe for the worker's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newRunHarness(t *testing.T) *runHarness {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	_, js, _ := natstest.InProcess(t)
+	f, err := queue.Setup(ctx, js, queue.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects, err := finalize.NewFSStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ckpts, err := tiles.OpenCheckpointStore(filepath.Join(t.TempDir(), "checkpoints.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ckpts.Close() })
+	b, err := farm.ReadBundle("../../examples/cornell/scene.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := objects.Put(ctx, farm.SceneKey(b.Version()), b.Encode()); err != nil {
+		t.Fatal(err)
+	}
+	scene, err := b.Parse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := scene.Resolve(render.Overrides{Width: 32, Height: 32, SPP: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &runHarness{ctx: ctx, farm: f, js: js, objects: objects, ckpts: ckpts, bundle: b, scene: scene, st: st, logs: &syncBuffer{}}
+}
+
+// job is the tile job of the frame's only 32 px tile, as the relay derives it.
+func (h *runHarness) job() farm.TileJob {
+	r := render.Rect{X1: 32, Y1: 32}
+	sv := h.bundle.Version()
+	fk := tiles.FrameKey(sv, h.st.Camera, 1, tiles.SettingsHash(h.st))
+	return farm.TileJob{JobID: "job-test", TileKey: tiles.TileKey(fk, r), FrameKey: fk, Index: 0, SceneVersion: sv,
+		Settings: h.st, Frame: 1, Rect: r, InputHash: tiles.InputHash(sv, h.st, 1, r)}
+}
+
+func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Metrics) {
+	t.Helper()
+	m := metrics.New()
+	cfg.Name = "w1"
+	w, err := New(cfg, Deps{Farm: h.farm, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
+		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w, m
+}
+
+// deliver publishes job to TILES and has w handle its delivery.
+func (h *runHarness) deliver(t *testing.T, w *Worker, job farm.TileJob) {
+	t.Helper()
+	data, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := h.farm.FetchTile(h.ctx, 2*time.Second)
+	if err != nil || msg == nil {
+		t.Fatalf("FetchTile = %v, %v", msg, err)
+	}
+	w.handle(h.ctx, msg)
+}
+
+// events returns every event in EVENTS.
+func (h *runHarness) events(t *testing.T) []farm.Event {
+	t.Helper()
+	info, err := h.farm.Events.Info(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []farm.Event
+	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
+		raw, err := h.farm.Events.GetMsg(h.ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev farm.Event
+		if err := json.Unmarshal(raw.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+	}
+	return out
+}
+
+// reference renders the job's tile from scratch.
+func (h *runHarness) reference(t *testing.T, job farm.TileJob, to int) *render.Tile {
+	t.Helper()
+	tile, err := render.NewTile(h.scene, job.Settings, job.Frame, job.Rect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tile.Render(h.ctx, 0, to); err != nil {
+		t.Fatal(err)
+	}
+	return tile
+}
+
+// promoted returns the promoted float pixels of the job's tile.
+func (h *runHarness) promoted(t *testing.T, job farm.TileJob) []float32 {
+	t.Helper()
+	m, err := finalize.ReadManifest(h.ctx, h.objects, farm.TileManifestKey(job.FrameKey, job.TileKey))
+	if err != nil {
+		t.Fatalf("tile manifest: %v", err)
+	}
+	data, err := finalize.ReadObject(h.ctx, h.objects, m, farm.TileOutputName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pix, err := finalize.DecodeTile(data, 32*32*3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pix
+}
+
+func samePixels(t *testing.T, got, want []float32) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%d floats, want %d", len(got), len(want))
+	}
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("float %d = %v, want %v (bit for bit)", i, got[i], want[i])
+		}
+	}
+}
+
+// Scenario 7: a duplicate takes the lease just after the holder promoted and released it. The
+// manifest is checked again right after the lease is taken: the duplicate renders nothing and
+// acks, and the promoted pixels are the holder's.
+func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	want := h.reference(t, job, job.Settings.SPP).Pixels()
+	holderDone := false
+	w, m := h.worker(t, Config{Faults: Faults{BeforeLease: func(j farm.TileJob) {
+		// The holder promotes between the duplicate's first manifest check and its lease.
+		if _, err := finalize.Promote(h.ctx, h.objects, farm.TileManifestKey(j.FrameKey, j.TileKey), "holder", farm.BuildFingerprint(),
+			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(want)}}, nil); err != nil {
+			t.Error(err)
+		}
+		holderDone = true
+	}}})
+	h.deliver(t, w, job)
+	if !holderDone {
+		t.Fatal("the fault never ran: the duplicate did not reach its lease")
+	}
+	for _, ev := range h.events(t) {
+		if ev.Type == farm.EventTileStarted {
+			t.Fatalf("the duplicate started rendering a promoted tile: %+v", ev)
+		}
+	}
+	if got := testutil.ToFloat64(m.SamplesRendered); got != 0 {
+		t.Fatalf("the duplicate rendered %v samples", got)
+	}
+	if got := testutil.ToFloat64(m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck)); got != 1 {
+		t.Fatalf("manifest-check duplicates = %v, want 1", got)
+	}
+	if n, _, _ := h.farm.Depth(h.ctx); n != 0 {
+		t.Fatalf("TILES holds %d messages: the duplicate was not acked", n)
+	}
+	if owner, _, err := h.farm.Leases.Owner(h.ctx, job.TileKey); err != nil || owner != "" {
+		t.Fatalf("lease still held by %q (%v)", owner, err)
+	}
+	samePixels(t, h.promoted(t, job), want)
+}
+
+// Scenario 8: a remote checkpoint of the right tile and inputs, made by another build, is
+// discarded: its floats are never resumed. One made by this build is.
+func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		build   string
+		resumed bool
+	}{{"other build", "go1.0 other/v9 render/pt-0", false}, {"same build", farm.BuildFingerprint(), true}} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newRunHarness(t)
+			job := h.job()
+			half := h.reference(t, job, job.Settings.SPP/2).Export()
+			sum := half.Sum
+			if !c.resumed {
+				// A foreign build's floats differ; make it obvious if they were used.
+				sum = make([]float64, len(half.Sum))
+				for i := range sum {
+					sum[i] = 1e6
+				}
+			}
+			codec, err := tiles.NewCodec()
+			if err != nil {
+				t.Fatal(err)
+			}
+			data, err := codec.Encode(tiles.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
+				Next: half.Next, Sum: sum, Build: c.build, SavedAt: time.Now()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := h.objects.Put(h.ctx, farm.CheckpointKey(job.TileKey), data); err != nil {
+				t.Fatal(err)
+			}
+			w, m := h.worker(t, Config{})
+			h.deliver(t, w, job)
+			var started *farm.Event
+			for _, ev := range h.events(t) {
+				if ev.Type == farm.EventTileStarted {
+					started = &ev
+				}
+			}
+			if started == nil {
+				t.Fatal("no tile.started event")
+			}
+			wantRecovered := 0
+			if c.resumed {
+				wantRecovered = half.Next
+			}
+			if started.SamplesRecovered != wantRecovered || int(testutil.ToFloat64(m.SamplesRecovered)) != wantRecovered {
+				t.Fatalf("samples recovered %d (metric %v), want %d", started.SamplesRecovered, testutil.ToFloat64(m.SamplesRecovered), wantRecovered)
+			}
+			if !c.resumed && !strings.Contains(h.logs.String(), "discarding checkpoint made by another build") {
+				t.Fatalf("the foreign checkpoint was not reported discarded:\n%s", h.logs.String())
+			}
+			samePixels(t, h.promoted(t, job), h.reference(t, job, job.Settings.SPP).Pixels())
+		})
+	}
+}
