@@ -77,6 +77,17 @@ func TestBenchSmoke(t *testing.T) {
 		checkMetrics(t, m, "publish-msgs/s", "fetch-ack-msgs/s", "msgs/s", "core-msgs/s", "dispatch/core", "publish/core")
 	})
 
+	t.Run("SceneUpload", func(t *testing.T) {
+		u, err := measureUpload(ctx, t.TempDir(), gridBundle(20))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := metricSet{}
+		reportUpload(m, u)
+		checkMetrics(t, m, "bundle-MB", "upload-MB/s")
+		checkFinite(t, m, "upload-peak/bundle")
+	})
+
 	t.Run("ShotDispatch", func(t *testing.T) {
 		w := dispatchShot{frames: 4, width: 96, height: 64, tileSize: 16, sync: "1s"}
 		d, err := measureShotDispatch(ctx, t.TempDir(), bundle, w)

@@ -28,6 +28,9 @@ func FuzzParseScene(f *testing.F) {
 	read := mapReader(fuzzAssets)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s, err := ParseScene(data, read)
+		if verr := ValidateScene(data, read); (verr == nil) != (err == nil) || (err != nil && verr.Error() != err.Error()) {
+			t.Fatalf("ValidateScene = %v, ParseScene = %v; want the same outcome", verr, err)
+		}
 		if err != nil {
 			return
 		}

@@ -23,7 +23,20 @@ func (e *objError) Error() string { return fmt.Sprintf("line %d: %s", e.line, e.
 // memory.
 func parseOBJ(data []byte, maxTris int) (*meshObject, error) {
 	m := &meshObject{}
-	nvt := 0
+	if _, err := scanOBJ(data, maxTris, m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// checkOBJ validates an OBJ file exactly as parseOBJ does, with the same errors, but keeps
+// nothing: it returns the triangle count. A coordinator validating a submission uses it, so
+// validating a big mesh costs no memory beyond the file itself.
+func checkOBJ(data []byte, maxTris int) (int, error) { return scanOBJ(data, maxTris, nil) }
+
+// scanOBJ reads data, appending to m when it is not nil, and returns the triangle count.
+func scanOBJ(data []byte, maxTris int, m *meshObject) (int, error) {
+	nv, nvn, nvt, ntris := 0, 0, 0, 0
 	var idx []objCorner // reused per face
 	line := 0
 	for len(data) > 0 {
@@ -45,42 +58,51 @@ func parseOBJ(data []byte, maxTris int) (*meshObject, error) {
 		case "v":
 			v, err := objVec(f, line, "v")
 			if err != nil {
-				return nil, err
+				return 0, err
 			}
-			m.positions = append(m.positions, v)
+			nv++
+			if m != nil {
+				m.positions = append(m.positions, v)
+			}
 		case "vn":
 			v, err := objVec(f, line, "vn")
 			if err != nil {
-				return nil, err
+				return 0, err
 			}
-			m.normals = append(m.normals, v.Normalize())
+			nvn++
+			if m != nil {
+				m.normals = append(m.normals, v.Normalize())
+			}
 		case "vt":
 			nvt++
 		case "f":
 			if len(f) < 4 {
-				return nil, &objError{line, fmt.Sprintf("face needs at least 3 vertices, got %d", len(f)-1)}
+				return 0, &objError{line, fmt.Sprintf("face needs at least 3 vertices, got %d", len(f)-1)}
 			}
 			idx = idx[:0]
 			for _, c := range f[1:] {
-				cc, err := objParseCorner(c, line, len(m.positions), nvt, len(m.normals))
+				cc, err := objParseCorner(c, line, nv, nvt, nvn)
 				if err != nil {
-					return nil, err
+					return 0, err
 				}
 				idx = append(idx, cc)
 			}
 			for i := 1; i+1 < len(idx); i++ {
-				if len(m.tris) >= maxTris {
-					return nil, &objError{line, fmt.Sprintf("more than %d triangles", maxTris)}
+				if ntris >= maxTris {
+					return 0, &objError{line, fmt.Sprintf("more than %d triangles", maxTris)}
 				}
-				a, b, c := idx[0], idx[i], idx[i+1]
-				m.tris = append(m.tris, objTri{v: [3]int32{a.v, b.v, c.v}, n: [3]int32{a.n, b.n, c.n}})
+				ntris++
+				if m != nil {
+					a, b, c := idx[0], idx[i], idx[i+1]
+					m.tris = append(m.tris, objTri{v: [3]int32{a.v, b.v, c.v}, n: [3]int32{a.n, b.n, c.n}})
+				}
 			}
 		}
 	}
-	if len(m.tris) == 0 {
-		return nil, &objError{line, "no faces"}
+	if ntris == 0 {
+		return 0, &objError{line, "no faces"}
 	}
-	return m, nil
+	return ntris, nil
 }
 
 // objCorner is one resolved face corner.

@@ -86,10 +86,21 @@ func ParseScene(data []byte, read AssetReader) (*Scene, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.loadMeshes(read); err != nil {
+	if err := s.loadMeshes(read, true); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+// ValidateScene checks scene JSON and every asset it references exactly as ParseScene does,
+// with the same errors, but builds no meshes: validating a submission costs no memory beyond
+// its files.
+func ValidateScene(data []byte, read AssetReader) error {
+	s, err := decodeScene(data)
+	if err != nil {
+		return err
+	}
+	return s.loadMeshes(read, false)
 }
 
 // SceneInfo is what a scene file says about its settings, cameras and frames, read without
@@ -155,9 +166,10 @@ func readLimited(path string, limit int64) ([]byte, error) {
 	return data, nil
 }
 
-// loadMeshes reads and parses every referenced OBJ once.
-func (s *Scene) loadMeshes(read AssetReader) error {
-	loaded := map[string]*meshObject{}
+// loadMeshes reads and parses every referenced OBJ once; without keep it only validates them.
+func (s *Scene) loadMeshes(read AssetReader, keep bool) error {
+	loaded := map[string]*meshObject{} // kept meshes, by file
+	tris := map[string]int{}           // triangles, by file
 	total := 0
 	for i := range s.objects {
 		o := &s.objects[i]
@@ -165,41 +177,63 @@ func (s *Scene) loadMeshes(read AssetReader) error {
 			continue
 		}
 		field := o.field + ".file"
-		m, ok := loaded[o.file]
-		if !ok {
-			if read == nil {
-				return sceneErr(field, "no asset reader to load %q", o.file)
+		n, seen := tris[o.file]
+		if !seen {
+			var err error
+			if n, err = s.loadMesh(read, o.file, field, MaxTriangles-total, keep, loaded); err != nil {
+				return err
 			}
-			data, err := read(o.file)
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return &SceneError{Field: field, Msg: fmt.Sprintf("asset %q not found", o.file), err: err}
-				}
-				var se *SceneError
-				if errors.As(err, &se) {
-					return &SceneError{Field: field, Msg: fmt.Sprintf("reading %q: %s", o.file, se.Msg), err: err}
-				}
-				return fmt.Errorf("scene: %s: reading %q: %w", field, o.file, err)
-			}
-			if len(data) > MaxOBJBytes {
-				return sceneErr(field, "%q is %d bytes, limit is %d", o.file, len(data), MaxOBJBytes)
-			}
-			m, err = parseOBJ(data, MaxTriangles-total)
-			if err != nil {
-				return &SceneError{Field: field, Msg: fmt.Sprintf("%s: %v", o.file, err), err: err}
-			}
-			loaded[o.file] = m
+			tris[o.file] = n
 		}
-		total += len(m.tris)
+		total += n
 		if total > MaxTriangles {
 			return sceneErr(field, "scene has more than %d triangles", MaxTriangles)
 		}
+		if !keep {
+			continue
+		}
+		m := loaded[o.file]
 		if o.smooth {
 			m.computeVertexNormals()
 		}
 		o.mesh = m
 	}
 	return nil
+}
+
+// loadMesh reads one OBJ and parses it into loaded (keep) or only checks it, returning its
+// triangle count.
+func (s *Scene) loadMesh(read AssetReader, file, field string, maxTris int, keep bool, loaded map[string]*meshObject) (int, error) {
+	if read == nil {
+		return 0, sceneErr(field, "no asset reader to load %q", file)
+	}
+	data, err := read(file)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return 0, &SceneError{Field: field, Msg: fmt.Sprintf("asset %q not found", file), err: err}
+		}
+		var se *SceneError
+		if errors.As(err, &se) {
+			return 0, &SceneError{Field: field, Msg: fmt.Sprintf("reading %q: %s", file, se.Msg), err: err}
+		}
+		return 0, fmt.Errorf("scene: %s: reading %q: %w", field, file, err)
+	}
+	if len(data) > MaxOBJBytes {
+		return 0, sceneErr(field, "%q is %d bytes, limit is %d", file, len(data), MaxOBJBytes)
+	}
+	n := 0
+	if keep {
+		var m *meshObject
+		if m, err = parseOBJ(data, maxTris); err == nil {
+			loaded[file], n = m, len(m.tris)
+		}
+	} else {
+		n, err = checkOBJ(data, maxTris)
+	}
+	if err != nil {
+		return 0, &SceneError{Field: field, Msg: fmt.Sprintf("%s: %v", file, err), err: err}
+	}
+	return n, nil
 }
 
 // Defaults returns the settings written in the scene file, with defaults for

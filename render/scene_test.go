@@ -172,6 +172,10 @@ func TestBadInput(t *testing.T) {
 			if err == nil {
 				t.Fatal("no error")
 			}
+			// Validating without building meshes reports exactly the same error.
+			if verr := ValidateScene([]byte(js), read); verr == nil || verr.Error() != err.Error() {
+				t.Fatalf("ValidateScene = %v, ParseScene = %v; want the same error", verr, err)
+			}
 			var se *SceneError
 			if isScene := errors.As(err, &se); isScene == c.notScene {
 				t.Fatalf("errors.As(*SceneError) = %v, want %v (err: %v)", isScene, !c.notScene, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 const coordinatorUsage = `Usage: coordinator COMMAND [flags]
@@ -183,7 +184,10 @@ func submitRequest(scene, frames string, rf *renderFlags, out string, formats []
 		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
 	// Validate here too, so bad input fails before anything starts or is sent.
-	s, err := b.Parse()
+	if err := b.Validate(); err != nil {
+		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+	}
+	s, err := render.ParseSceneInfo(b.Scene)
 	if err != nil {
 		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}

@@ -119,7 +119,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 	if err := b.CheckAssets(); err != nil {
 		return badInput("%v", err)
 	}
-	if _, err := b.Parse(); err != nil {
+	if err := b.Validate(); err != nil {
 		return badInput("%v", err)
 	}
 	info, err := render.ParseSceneInfo(b.Scene)

@@ -69,14 +69,20 @@ func ReadBundle(scenePath string) (*Bundle, error) {
 func (b *Bundle) Version() string { return tiles.SceneVersion(b.Scene, b.Assets) }
 
 // Parse parses the scene with its assets read from the bundle.
-func (b *Bundle) Parse() (*render.Scene, error) {
-	return render.ParseScene(b.Scene, func(rel string) ([]byte, error) {
-		data, ok := b.Assets[rel]
-		if !ok {
-			return nil, fmt.Errorf("asset %q is not in the scene bundle: %w", rel, os.ErrNotExist)
-		}
-		return data, nil
-	})
+func (b *Bundle) Parse() (*render.Scene, error) { return render.ParseScene(b.Scene, b.read) }
+
+// Validate checks the scene and every asset it references, with the errors Parse gives, but
+// builds nothing: it is how a submission is checked where nothing is rendered.
+func (b *Bundle) Validate() error {
+	return render.ValidateScene(b.Scene, b.read)
+}
+
+func (b *Bundle) read(rel string) ([]byte, error) {
+	data, ok := b.Assets[rel]
+	if !ok {
+		return nil, fmt.Errorf("asset %q is not in the scene bundle: %w", rel, os.ErrNotExist)
+	}
+	return data, nil
 }
 
 // CheckAssets rejects a bundle carrying a file its scene does not reference: a bundle holds
