@@ -21,14 +21,14 @@ import (
 // coreSubject carries the core-NATS baseline; no farm stream captures it.
 const coreSubject = "bench.core"
 
-// fetchWait is how long one FetchOne may wait before a missing message counts as lost.
+// fetchWait is how long one FetchTile may wait before a missing message counts as lost.
 const fetchWait = 5 * time.Second
 
 // dispatchResult sums the timings of one dispatch measurement of n messages.
 type dispatchResult struct {
 	n       int
 	publish time.Duration // n JetStream publishes with msg ids, each waiting for its PubAck
-	consume time.Duration // n FetchOne + DoubleAck, one at a time as a worker slot does
+	consume time.Duration // n FetchTile + DoubleAck, one at a time as a worker slot does
 	core    time.Duration // n core-NATS publishes delivered to a subscriber: the baseline
 }
 
@@ -72,7 +72,7 @@ func outboxMessages(n int) ([]outboxMessage, error) {
 
 // measureDispatch starts an embedded JetStream server in a fresh directory under base, sets up
 // the farm's streams, and times n messages through core NATS (baseline), then through
-// queue.Farm.Publish with msg ids, then out again with FetchOne + DoubleAck. It checks that the
+// queue.Farm.Publish with msg ids, then out again with FetchTile + DoubleAck. It checks that the
 // dedup window catches a republished id and that every message comes out exactly once.
 func measureDispatch(ctx context.Context, base string, n int) (dispatchResult, error) {
 	msgs, err := outboxMessages(n)
