@@ -65,7 +65,7 @@ func finitePositive(v float64) bool {
 	return v > 0 && !math.IsInf(v, 0) && !math.IsNaN(v)
 }
 
-// samePNG compares two PNG images by decoded pixels (never by bytes, see DESIGN.md).
+// samePNG compares two PNG images by decoded pixels (never by bytes: PNG encoders may differ in bytes for the same pixels).
 func samePNG(got, want []byte) error {
 	g, err := png.Decode(bytes.NewReader(got))
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 	"github.com/tilefarm/tilefarm/render"
 )
 
-// Exit codes of the command contract in DESIGN.md.
+// Exit codes of the command contract (docs/operations.md): scripts and cron jobs rely on them.
 const (
 	ExitOK         = 0
 	ExitFailed     = 1

@@ -140,7 +140,7 @@ func TestExitCode(t *testing.T) {
 			t.Errorf("%s: stderr %q, want it prefixed by the command and to contain %q", c.name, stderr.String(), c.stderrHas)
 		}
 	}
-	// The contract's numbers themselves (DESIGN.md, Command contract).
+	// The contract's numbers themselves (docs/operations.md, Exit codes).
 	if ExitOK != 0 || ExitFailed != 1 || ExitUsage != 2 || ExitInProgress != 3 || ExitQueued != 42 || ExitBusy != 75 || ExitInterrupt != 130 {
 		t.Error("exit code constants drifted from the command contract")
 	}

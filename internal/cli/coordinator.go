@@ -81,7 +81,7 @@ func Coordinator(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return code
 }
 
-// farmFlags are the queue settings an operator may tune; DESIGN.md's defaults apply.
+// farmFlags are the queue settings an operator may tune, with queue.DefaultConfig's defaults.
 func farmFlags(fs *flag.FlagSet) *queue.Config {
 	cfg := queue.DefaultConfig()
 	fs.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "how long a delivered tile may go without a heartbeat before redelivery")

@@ -280,7 +280,7 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 	}
 }
 
-// Scenario 4 through the real EVENTS stream: the watcher records a dead letter, then a lagging
+// One causal order per tile, through the real EVENTS stream: the watcher records a dead letter, then a lagging
 // consumer delivers an older tile.started of the same message. The dead letter stands, so a
 // retry requeues the tile (it left the queue) and the job completes when the retry does.
 func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {

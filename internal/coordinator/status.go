@@ -169,7 +169,7 @@ func frameError(tx *store.Tx, f *store.Frame) string {
 	return msg
 }
 
-// ExitCode maps a job state onto the command contract of DESIGN.md.
+// ExitCode maps a job state onto the exit codes of `submit` and `status` (docs/operations.md).
 func ExitCode(state string) int {
 	switch state {
 	case StateCompleted:

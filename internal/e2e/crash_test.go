@@ -36,7 +36,7 @@ func waitCheckpoint(t *testing.T, p *proc, minSample int) {
 	t.Fatalf("worker never checkpointed %d samples:\n%s", minSample, p.log())
 }
 
-// Must show 3: a worker process killed with SIGKILL mid-tile; the restarted worker resumes the
+// A worker process killed with SIGKILL mid-tile; the restarted worker resumes the
 // tile from its checkpoint and the frame equals the reference.
 func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
 	scene := example("shot")
@@ -68,7 +68,7 @@ func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
 	samePixels(t, frameFile(out, 4), reference(t, scene, 4, oneTile...))
 }
 
-// Must show 4: a worker paused beyond its lease loses the tile to another worker; when it wakes
+// A worker paused beyond its lease loses the tile to another worker; when it wakes
 // it cannot promote anything, and its late ack loses nothing.
 func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	scene := example("shot")
@@ -148,7 +148,7 @@ func tileKeys(t *testing.T, f *farmProc, job string) []string {
 	return keys
 }
 
-// Must show 5: the coordinator killed with SIGKILL between writing the outbox and publishing,
+// The coordinator killed with SIGKILL between writing the outbox and publishing,
 // and between publishing and deleting the outbox record: nothing lost, nothing rendered twice,
 // and the duplicate publish is caught and counted.
 func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
@@ -198,7 +198,7 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 	}
 }
 
-// Must show 6: a tile that fails in every attempt is dead-lettered after MaxDeliver with its
+// A tile that fails in every attempt is dead-lettered after MaxDeliver with its
 // error; the other tiles and frames complete; status exits 1 and names it.
 func TestPoisonTileIsDeadLettered(t *testing.T) {
 	scene := example("shot")

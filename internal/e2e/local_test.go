@@ -24,7 +24,7 @@ func renderJSON(t *testing.T, args ...string) coordinator.Status {
 	return st
 }
 
-// Must show 1 and 2: a one-shot farm render equals the reference, and a re-run renders nothing.
+// A one-shot farm render equals the reference, and a re-run renders nothing.
 func TestRenderEqualsReferenceAndRerunReusesEverything(t *testing.T) {
 	scene := example("shot")
 	data := t.TempDir()

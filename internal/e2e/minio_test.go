@@ -55,7 +55,7 @@ func sameEXR(t *testing.T, got, want string) {
 	}
 }
 
-// Must show 3: serve + two tileworker processes + MinIO render frames equal to the local
+// serve + two tileworker processes + MinIO render frames equal to the local
 // reference, and `outputs` downloads them (PNG and OpenEXR) through verified manifests.
 func TestMinIOFarmEqualsReference(t *testing.T) {
 	m := miniotest.Start(t)
@@ -149,7 +149,7 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 	}
 }
 
-// Must show 4: a worker killed mid-tile, and the tile finished on another node with an empty
+// A worker killed mid-tile, and the tile finished on another node with an empty
 // checkpoint directory, resumed from the remote checkpoint in MinIO.
 func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 	m := miniotest.Start(t)

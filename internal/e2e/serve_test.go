@@ -46,7 +46,7 @@ func waitQueue(t *testing.T, natsURL string, n uint64) {
 	}
 }
 
-// Must show 2 and 7: idempotent submit, conflicts, and the exit-code contract.
+// Idempotent submit, conflicts, and the exit-code contract.
 func TestServeIdempotencyAndExitCodes(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir())

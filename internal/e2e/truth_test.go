@@ -37,7 +37,7 @@ func outputsEqualReference(t *testing.T, f *farmProc, job, scene string, frames 
 // countLines counts log lines matching re.
 func countLines(log, re string) int { return len(regexp.MustCompile(re).FindAllString(log, -1)) }
 
-// Scenario 1: a worker promotes a tile on the last delivery the queue allows and dies before
+// Nothing promoted is failed: a worker promotes a tile on the last delivery the queue allows and dies before
 // announcing it. The message runs out of deliveries, and the dead-letter watcher finds the
 // manifest: the tile is recorded done, not dead, and the job completes.
 func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
@@ -66,7 +66,7 @@ func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 	outputsEqualReference(t, f, st.JobID, scene, []int{2}, oneTile...)
 }
 
-// Scenario 2: publishing tile.completed fails on the last allowed delivery. An outage of NATS
+// Outages are no failures: publishing tile.completed fails on the last allowed delivery. An outage of NATS
 // is retried in place, never a failure of the tile: the job completes, nothing is failed.
 func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
 	scene := example("shot")
@@ -84,7 +84,7 @@ func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
 	outputsEqualReference(t, f, st.JobID, scene, []int{3}, oneTile...)
 }
 
-// Scenario 3: other formats of a finished frame asked for back to back, the second while the
+// Re-assembly ids are unique per request: other formats of a finished frame asked for back to back, the second while the
 // first re-assembly is queued or running. Each re-assembly has a dedup id of its own, so both
 // complete; and the job that finished first stays completed throughout.
 func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
@@ -143,7 +143,7 @@ func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
 	samePixels(t, frameFile(png16, 4), ref16)
 }
 
-// Scenario 5, duplicate: a tile that renders for longer than two lease TTLs, with a duplicate
+// A live lease is waited for, however long: a tile that renders for longer than two lease TTLs, with a duplicate
 // of its message delivered meanwhile (as after a relay crash past the dedup window). The
 // duplicate waits while the holder renews its lease, however long, and is acked once the
 // holder promotes: no delivery spent, nothing dead-lettered, the tile rendered once.
@@ -188,7 +188,7 @@ func TestDuplicateOfALongTileWaitsForTheHolder(t *testing.T) {
 	outputsEqualReference(t, f, st.JobID, scene, []int{5}, oneTile...)
 }
 
-// Scenario 5, handbacks: a tile handed back twice by SIGTERM, with a failure budget of one. A
+// Handbacks are no failures: a tile handed back twice by SIGTERM, with a failure budget of one. A
 // handback is no failure: the tile resumes from its checkpoint each time and completes.
 func TestHandbacksAreNoFailures(t *testing.T) {
 	scene := example("shot")
@@ -218,7 +218,7 @@ func TestHandbacksAreNoFailures(t *testing.T) {
 	outputsEqualReference(t, f, st.JobID, scene, []int{6}, oneTile...)
 }
 
-// Scenario 6: a render node 100 ms (round trip) away from NATS, taking work that trickles in
+// No delivery is lost to latency: a render node 100 ms (round trip) away from NATS, taking work that trickles in
 // while it idles. Its idle pulls wait with the server's own expiry, so no delivery is lost to
 // latency: in a clean run every tile and assembly is delivered exactly once.
 func TestNoDeliveryLostToLatency(t *testing.T) {

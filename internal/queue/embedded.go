@@ -28,7 +28,7 @@ type EmbeddedOption func(*server.Options)
 // Sync is the embedded server's disk sync policy: "always" fsyncs every write, a duration
 // fsyncs that often. A process crash loses nothing either way (written data is in the OS page
 // cache); only an OS crash or power loss can lose what was written since the last sync.
-// DefaultSync is the farm's choice; docs/design.md gives its cost as measured.
+// DefaultSync is the farm's choice; docs/design.md ("JetStream") gives its cost as measured.
 type Sync string
 
 // Sync policies.

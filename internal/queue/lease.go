@@ -31,7 +31,7 @@ type Leases struct {
 	ttl time.Duration
 }
 
-// TTL returns the bucket TTL; holders must renew well within it (DESIGN.md: every TTL/5 or so).
+// TTL returns the bucket TTL; holders must renew well within it (workers renew every TTL/5 or so).
 func (l *Leases) TTL() time.Duration { return l.ttl }
 
 // Acquire creates the lease for key. A live lease of anyone, the same owner included, yields ErrLeaseHeld;

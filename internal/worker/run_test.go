@@ -195,7 +195,7 @@ func samePixels(t *testing.T, got, want []float32) {
 	}
 }
 
-// Scenario 7: a duplicate takes the lease just after the holder promoted and released it. The
+// The manifest is checked again after the lease: a duplicate takes the lease just after the holder promoted and released it. The
 // manifest is checked again right after the lease is taken: the duplicate renders nothing and
 // acks, and the promoted pixels are the holder's.
 func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
@@ -235,7 +235,7 @@ func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
 	samePixels(t, h.promoted(t, job), want)
 }
 
-// Scenario 8: a remote checkpoint of the right tile and inputs, made by another build, is
+// A remote checkpoint of the right tile and inputs, made by another build, is
 // discarded: its floats are never resumed. One made by this build is.
 func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
 	for _, c := range []struct {

@@ -40,7 +40,7 @@ func (w *Worker) describeTile(d *delivery, job farm.TileJob) {
 	}
 }
 
-// renderTile carries one tile job through the Render flow (docs/design.md, "Render").
+// renderTile carries one tile job through the Render flow (docs/design.md, "Flows").
 func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 	if err := checkIdentity(r.job); err != nil {
 		return err

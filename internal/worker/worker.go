@@ -1,7 +1,7 @@
 // Package worker is the tile worker loop: it takes tile and assemble jobs from the shared
 // JetStream consumers and carries each through lease, checkpointed rendering, finalization,
 // event and ack, in that order, so no crash can lose a tile or publish it twice
-// (docs/design.md, "Render" and "Finalize").
+// (docs/design.md, "Flows": Render and Finalize).
 package worker
 
 import (
