@@ -84,37 +84,16 @@ func freeAddr() (string, error) {
 // big one's tiles become durable in TILES, with the process's peak memory and database size.
 func measureShotDispatch(ctx context.Context, dir string, bundle *farm.Bundle, w dispatchShot) (shotDispatch, error) {
 	var res shotDispatch
-	bin, err := coordinatorBinary()
-	if err != nil {
-		return res, err
-	}
-	httpAddr, err := freeAddr()
-	if err != nil {
-		return res, err
-	}
 	natsAddr, err := freeAddr()
 	if err != nil {
 		return res, err
 	}
-	data := filepath.Join(dir, "data")
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--listen", httpAddr, "--nats-listen", natsAddr,
-		"--workers", "0", "--nats-sync", w.sync, "--log-level", "warn")
-	logf, err := os.Create(filepath.Join(dir, "serve.log"))
+	srv, err := startCoordinatorProcess(ctx, dir, "--nats-listen", natsAddr, "--nats-sync", w.sync)
 	if err != nil {
 		return res, err
 	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		return res, err
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	if err := waitHealthy(ctx, httpAddr); err != nil {
-		return res, err
-	}
+	defer srv.stop()
+	data, httpAddr := srv.data, srv.http
 	nc, err := nats.Connect("nats://" + natsAddr)
 	if err != nil {
 		return res, err
@@ -161,7 +140,7 @@ func measureShotDispatch(ctx context.Context, dir string, bundle *farm.Bundle, w
 		return res, err
 	}
 	res.durable = time.Since(start)
-	if res.peakRSS, err = peakRSS(cmd.Process.Pid); err != nil {
+	if res.peakRSS, err = peakRSS(srv.pid()); err != nil {
 		return res, err
 	}
 	fi, err := os.Stat(filepath.Join(data, "coordinator.db"))
@@ -189,7 +168,7 @@ func measureShotDispatch(ctx context.Context, dir string, bundle *farm.Bundle, w
 		}
 	}
 	res.applied = time.Since(start)
-	if res.peakRSS, err = peakRSS(cmd.Process.Pid); err != nil {
+	if res.peakRSS, err = peakRSS(srv.pid()); err != nil {
 		return res, err
 	}
 	if fi, err = os.Stat(filepath.Join(data, "coordinator.db")); err != nil {
@@ -224,6 +203,49 @@ func publishCompletions(ctx context.Context, js jetstream.JetStream, st coordina
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// coordinatorProcess is a `coordinator serve --workers 0` process with its data in a directory.
+type coordinatorProcess struct {
+	cmd        *exec.Cmd
+	data, http string
+}
+
+// startCoordinatorProcess starts `coordinator serve --workers 0` with its data under dir and
+// its log in dir/serve.log, and waits until it is healthy.
+func startCoordinatorProcess(ctx context.Context, dir string, extra ...string) (*coordinatorProcess, error) {
+	bin, err := coordinatorBinary()
+	if err != nil {
+		return nil, err
+	}
+	httpAddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	p := &coordinatorProcess{data: filepath.Join(dir, "data"), http: httpAddr}
+	args := append([]string{"serve", "--data", p.data, "--listen", httpAddr, "--workers", "0", "--log-level", "warn"}, extra...)
+	p.cmd = exec.CommandContext(ctx, bin, args...)
+	logf, err := os.Create(filepath.Join(dir, "serve.log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close() // the child holds its own descriptor
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		return nil, err
+	}
+	if err := waitHealthy(ctx, httpAddr); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *coordinatorProcess) pid() int { return p.cmd.Process.Pid }
+
+func (p *coordinatorProcess) stop() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
 }
 
 func waitHealthy(ctx context.Context, addr string) error {

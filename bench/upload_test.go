@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -46,39 +43,23 @@ type uploadCost struct {
 // upload raised the process's peak memory.
 func measureUpload(ctx context.Context, dir string, b *farm.Bundle) (uploadCost, error) {
 	res := uploadCost{}
-	bin, err := coordinatorBinary()
+	srv, err := startCoordinatorProcess(ctx, dir, "--nats-listen", "127.0.0.1:0")
 	if err != nil {
 		return res, err
 	}
-	httpAddr, err := freeAddr()
-	if err != nil {
-		return res, err
-	}
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", filepath.Join(dir, "data"), "--listen", httpAddr,
-		"--nats-listen", "127.0.0.1:0", "--workers", "0", "--log-level", "warn")
-	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
-	if err := cmd.Start(); err != nil {
-		return res, err
-	}
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	}()
-	if err := waitHealthy(ctx, httpAddr); err != nil {
-		return res, err
-	}
+	defer srv.stop()
 	raw := b.Encode()
 	res.bundleBytes = len(raw)
-	before, err := peakRSS(cmd.Process.Pid)
+	before, err := peakRSS(srv.pid())
 	if err != nil {
 		return res, err
 	}
 	start := time.Now()
-	if err := client.New(httpAddr).PutScene(ctx, b.Version(), b); err != nil {
+	if err := client.New(srv.http).PutScene(ctx, b.Version(), b); err != nil {
 		return res, fmt.Errorf("uploading a %d-byte bundle: %w", len(raw), err)
 	}
 	res.elapsed = time.Since(start)
-	after, err := peakRSS(cmd.Process.Pid)
+	after, err := peakRSS(srv.pid())
 	if err != nil {
 		return res, err
 	}

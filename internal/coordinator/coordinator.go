@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
@@ -89,7 +90,7 @@ type Coordinator struct {
 	m       *metrics.Metrics
 	log     *slog.Logger
 	now     func() time.Time
-	scenes  *sceneInfos
+	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
 	uploads chan struct{} // one token per scene upload in progress
 
 	relayKick chan struct{}
@@ -107,7 +108,7 @@ func New(cfg Config, d Deps) *Coordinator {
 	return &Coordinator{
 		cfg: cfg, store: d.Store, farm: d.Farm, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
 		now:       func() time.Time { return time.Now().UTC() },
-		scenes:    newSceneInfos(8),
+		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),

@@ -116,6 +116,15 @@ func (h *harness) submit(t *testing.T, req SubmitRequest) SubmitResult {
 	return res
 }
 
+// submitFrame submits frame 1 of the shot at width x height in size-px tiles, dispatches it
+// and returns the submission and the frame's key.
+func (h *harness) submitFrame(t *testing.T, width, height, size int) (SubmitResult, string) {
+	t.Helper()
+	res := h.submit(t, h.request(1, 1, width, height, size))
+	h.relay(t)
+	return res, h.job(t, res.Status.JobID).FrameKey(1)
+}
+
 func (h *harness) outbox(t *testing.T) []store.OutboxRecord {
 	t.Helper()
 	recs, err := h.st.PendingOutbox(h.ctx, 1<<20)

@@ -19,9 +19,7 @@ import (
 // assembly, and frame.completed completes the frame and the job.
 func TestEventsMoveTilesAndCompleteFrame(t *testing.T) {
 	h := newHarness(t, Config{})
-	res := h.submit(t, h.request(1, 1, 32, 16, 16)) // 2 tiles
-	h.relay(t)
-	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	res, fk := h.submitFrame(t, 32, 16, 16) // 2 tiles
 	f := h.frame(t, fk)
 	h.apply(t, tileEvent(t, f, 0, farm.EventTileStarted, 1, 1))
 	if s := h.tileState(t, fk, 0); s != store.TileRendering {
@@ -150,9 +148,7 @@ func eventTypes(evs []farm.Event) []string {
 // queues only the dead-lettered tile, under a message id of its own.
 func TestDeadLetteredTileFailsFrameAndRetryRequeuesIt(t *testing.T) {
 	h := newHarness(t, Config{})
-	res := h.submit(t, h.request(1, 1, 32, 16, 16))
-	h.relay(t)
-	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	res, fk := h.submitFrame(t, 32, 16, 16)
 	f := h.frame(t, fk)
 	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
 	ev := tileEvent(t, f, 1, farm.EventTileFailed, 2, 1)
@@ -185,9 +181,7 @@ func TestDeadLetteredTileFailsFrameAndRetryRequeuesIt(t *testing.T) {
 // Two such requests in a row each get their own assembly.
 func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 	h := newHarness(t, Config{})
-	a := h.submit(t, h.request(1, 1, 16, 16, 16))
-	h.relay(t)
-	fk := h.job(t, a.Status.JobID).FrameKey(1)
+	a, fk := h.submitFrame(t, 16, 16, 16)
 	h.completeTiles(t, fk)
 	h.promoteFormat(t, fk, "png")
 	h.apply(t, farm.Event{ID: "png", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
@@ -230,9 +224,7 @@ func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 // manifest exists when its message runs out of deliveries is recorded as done.
 func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 	h := newHarness(t, Config{})
-	res := h.submit(t, h.request(1, 1, 32, 16, 16))
-	h.relay(t)
-	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	res, fk := h.submitFrame(t, 32, 16, 16)
 	f := h.frame(t, fk)
 	msgs, err := h.c.outboxMessages(h.ctx, store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
 	if err != nil {
@@ -285,9 +277,7 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 // retry requeues the tile (it left the queue) and the job completes when the retry does.
 func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 	h := newHarness(t, Config{})
-	res := h.submit(t, h.request(1, 1, 16, 16, 16))
-	h.relay(t)
-	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	res, fk := h.submitFrame(t, 16, 16, 16)
 	f := h.frame(t, fk)
 	msgs, err := h.c.outboxMessages(h.ctx, store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
 	if err != nil {

@@ -64,9 +64,7 @@ func TestReconcileCompletesFromManifestsAlone(t *testing.T) {
 // with unsynced JetStream data) is asked for again.
 func TestReconcileAsksAgainForAStaleAssembly(t *testing.T) {
 	h := newHarness(t, Config{StaleAssembly: time.Minute})
-	res := h.submit(t, h.request(1, 1, 16, 16, 16))
-	h.relay(t)
-	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	_, fk := h.submitFrame(t, 16, 16, 16)
 	h.completeTiles(t, fk)
 	h.relay(t) // the assembly message, then lost
 	if rep, err := h.c.Reconcile(h.ctx); err != nil || rep.Reassembled != 0 {

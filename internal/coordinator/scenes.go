@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -19,71 +18,6 @@ var ErrSceneMissing = errors.New("scene not uploaded")
 type sceneInfo struct {
 	name string
 	info *render.SceneInfo
-}
-
-// sceneInfos caches sceneInfo by scene version, bounded, loading each at most once at a time.
-type sceneInfos struct {
-	mu      sync.Mutex
-	limit   int
-	entries map[string]*sceneInfo
-	order   []string // oldest first
-	loading map[string]*sceneLoad
-}
-
-type sceneLoad struct {
-	done chan struct{}
-	v    *sceneInfo
-	err  error
-}
-
-func newSceneInfos(limit int) *sceneInfos {
-	return &sceneInfos{limit: limit, entries: map[string]*sceneInfo{}, loading: map[string]*sceneLoad{}}
-}
-
-// get returns the cached info of version, or loads it once however many callers ask at once.
-func (s *sceneInfos) get(ctx context.Context, version string, load func(context.Context) (*sceneInfo, error)) (*sceneInfo, error) {
-	s.mu.Lock()
-	if v, ok := s.entries[version]; ok {
-		s.mu.Unlock()
-		return v, nil
-	}
-	l, ok := s.loading[version]
-	if !ok {
-		l = &sceneLoad{done: make(chan struct{})}
-		s.loading[version] = l
-		s.mu.Unlock()
-		l.v, l.err = load(ctx)
-		s.mu.Lock()
-		delete(s.loading, version)
-		if l.err == nil {
-			s.putLocked(version, l.v)
-		}
-		close(l.done)
-	}
-	s.mu.Unlock()
-	select {
-	case <-l.done:
-		return l.v, l.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (s *sceneInfos) put(version string, v *sceneInfo) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.putLocked(version, v)
-}
-
-func (s *sceneInfos) putLocked(version string, v *sceneInfo) {
-	if _, ok := s.entries[version]; !ok {
-		s.order = append(s.order, version)
-		if len(s.order) > s.limit {
-			delete(s.entries, s.order[0])
-			s.order = s.order[1:]
-		}
-	}
-	s.entries[version] = v
 }
 
 // HasScene reports whether a scene bundle is stored under version.
@@ -127,13 +61,13 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 		return badInput("%v", err)
 	}
 	if ok, err := c.HasScene(ctx, version); err != nil || ok {
-		c.scenes.put(version, &sceneInfo{name: b.Name, info: info})
+		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info})
 		return err
 	}
 	if err := c.objects.Put(ctx, farm.SceneKey(version), raw); err != nil {
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
-	c.scenes.put(version, &sceneInfo{name: b.Name, info: info})
+	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info})
 	return nil
 }
 
@@ -142,7 +76,7 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 	if !validVersion(version) {
 		return nil, badInput("scene version %q is not a sha256 hex digest", version)
 	}
-	return c.scenes.get(ctx, version, func(ctx context.Context) (*sceneInfo, error) {
+	return c.scenes.Get(ctx, version, func(ctx context.Context) (*sceneInfo, error) {
 		raw, err := c.objects.Get(ctx, farm.SceneKey(version))
 		if errors.Is(err, finalize.ErrNotFound) {
 			return nil, fmt.Errorf("%w: scene %s: upload it first (PUT /v1/scenes/%s)", ErrSceneMissing, version, version)

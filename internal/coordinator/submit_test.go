@@ -101,9 +101,7 @@ func TestSubmitOverlappingJobsShareFrames(t *testing.T) {
 // and nothing is dispatched.
 func TestSubmitReusesCompletedFrame(t *testing.T) {
 	h := newHarness(t, Config{})
-	a := h.submit(t, h.request(1, 1, 32, 32, 16))
-	h.relay(t)
-	fk := h.job(t, a.Status.JobID).FrameKey(1)
+	_, fk := h.submitFrame(t, 32, 32, 16)
 	h.completeTiles(t, fk)
 	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
 	h.relay(t)

@@ -22,6 +22,8 @@ import (
 
 	"github.com/minio/minio-go/v7"
 	"github.com/minio/minio-go/v7/pkg/credentials"
+
+	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
 // MinIOModule is the MinIO version the project's test command installs.
@@ -45,7 +47,7 @@ type Server struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{} // closed when cmd has exited
+	done <-chan struct{} // closed when cmd has exited
 }
 
 // Start launches MinIO and waits until it is ready. The binary is
@@ -156,11 +158,6 @@ var errExited = errors.New("minio exited during startup")
 
 // launch starts the process, appending its output to the log file.
 func (s *Server) launch() error {
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(logf, "=== %s minio server on %s\n", time.Now().Format(time.RFC3339Nano), s.Endpoint)
 	cmd := exec.Command(s.binary, "server", s.dataDir,
 		"--address", s.Endpoint, "--console-address", s.console, "--quiet")
 	cmd.Env = append(os.Environ(),
@@ -170,18 +167,10 @@ func (s *Server) launch() error {
 		"MINIO_UPDATE=off",
 		"MINIO_CI_CD=on",
 	)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive a crashed test binary
-	if err := cmd.Start(); err != nil {
-		logf.Close()
+	done, err := proctest.Launch(cmd, s.logPath, "minio server on "+s.Endpoint)
+	if err != nil {
 		return err
 	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(done)
-	}()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()

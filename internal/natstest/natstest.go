@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
 // EnvBinary names the variable the test command sets to the nats-server it builds from the
@@ -40,7 +42,7 @@ type Server struct {
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
-	done chan struct{}
+	done <-chan struct{}
 }
 
 // Start launches a single nats-server with JetStream and waits until it serves clients. The
@@ -85,23 +87,11 @@ func (s *Server) URL() string { return "nats://" + s.Addr }
 var errExited = errors.New("nats-server exited")
 
 func (s *Server) launch() error {
-	logf, err := os.OpenFile(s.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	cmd := exec.Command(s.binary, "-c", s.conf)
+	done, err := proctest.Launch(cmd, s.logPath, "nats-server "+s.Name+" on "+s.Addr)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(logf, "=== %s nats-server %s on %s\n", time.Now().UTC().Format(time.RFC3339Nano), s.Name, s.Addr)
-	cmd := exec.Command(s.binary, "-c", s.conf)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return err
-	}
-	done := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		close(done)
-	}()
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()

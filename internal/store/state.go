@@ -21,12 +21,7 @@ const (
 
 var tileStateNames = [...]string{"queued", "rendering", "failed_retryable", "dead_lettered", "completed"}
 
-func (s TileState) String() string {
-	if int(s) < len(tileStateNames) {
-		return tileStateNames[s]
-	}
-	return fmt.Sprintf("tile_state_%d", s)
-}
+func (s TileState) String() string { return enumName(tileStateNames[:], s, "tile_state") }
 
 // MarshalText makes the state read as its name in JSON.
 func (s TileState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
@@ -46,12 +41,7 @@ const (
 
 var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued"}
 
-func (c TileChange) String() string {
-	if int(c) < len(tileChangeNames) && c != 0 {
-		return tileChangeNames[c]
-	}
-	return fmt.Sprintf("tile_change_%d", c)
-}
+func (c TileChange) String() string { return enumName(tileChangeNames[:], c, "tile_change") }
 
 // Order places a change of one tile in causal order: the TILES stream sequence of the message
 // it is about, then the rank of the change within that message (delivery, then phase). Every
@@ -141,26 +131,13 @@ const (
 
 var frameStateNames = [...]string{"queued", "rendering", "assembling", "completed", "failed"}
 
-func (s FrameState) String() string {
-	if int(s) < len(frameStateNames) {
-		return frameStateNames[s]
-	}
-	return fmt.Sprintf("frame_state_%d", s)
-}
+func (s FrameState) String() string { return enumName(frameStateNames[:], s, "frame_state") }
 
 // MarshalText makes the state read as its name in JSON.
 func (s FrameState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText reads a state name.
-func (s *FrameState) UnmarshalText(b []byte) error {
-	for i, n := range frameStateNames {
-		if n == string(b) {
-			*s = FrameState(i)
-			return nil
-		}
-	}
-	return fmt.Errorf("unknown frame state %q", b)
-}
+func (s *FrameState) UnmarshalText(b []byte) error { return enumParse(frameStateNames[:], b, s, "frame state") }
 
 // JobState is where a job stands as its artist sees it; it maps onto the exit codes of
 // `submit` and `status`.
@@ -176,25 +153,31 @@ const (
 
 var jobStateNames = [...]string{"queued", "rendering", "completed", "failed"}
 
-func (s JobState) String() string {
-	if int(s) < len(jobStateNames) {
-		return jobStateNames[s]
-	}
-	return fmt.Sprintf("job_state_%d", s)
-}
+func (s JobState) String() string { return enumName(jobStateNames[:], s, "job_state") }
 
 // MarshalText makes the state read as its name in JSON.
 func (s JobState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText reads a state name.
-func (s *JobState) UnmarshalText(b []byte) error {
-	for i, n := range jobStateNames {
-		if n == string(b) {
-			*s = JobState(i)
+func (s *JobState) UnmarshalText(b []byte) error { return enumParse(jobStateNames[:], b, s, "job state") }
+
+// enumName is the name of an enumerated value, or kind_N for a value with none.
+func enumName[T ~uint8](names []string, v T, kind string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
+	}
+	return fmt.Sprintf("%s_%d", kind, v)
+}
+
+// enumParse sets *v to the value named b.
+func enumParse[T ~uint8](names []string, b []byte, v *T, kind string) error {
+	for i, n := range names {
+		if n != "" && n == string(b) {
+			*v = T(i)
 			return nil
 		}
 	}
-	return fmt.Errorf("unknown job state %q", b)
+	return fmt.Errorf("unknown %s %q", kind, b)
 }
 
 // DeriveJobState folds the states of a job's frames (each as seen with the job's own formats)

@@ -7,10 +7,10 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -25,65 +25,20 @@ type Scenes struct {
 	objects finalize.Store
 	dir     string
 	log     *slog.Logger
-
-	mu      sync.Mutex
-	parsed  map[string]*render.Scene
-	order   []string // oldest first, for eviction
-	loading map[string]*sceneLoad
-}
-
-type sceneLoad struct {
-	done  chan struct{}
-	scene *render.Scene
-	err   error
+	// parsed keeps the newest parsed scenes: a long-lived worker sees many shots.
+	parsed *flight.Cache[*render.Scene]
 }
 
 // NewScenes makes a scene cache reading bundles from objects, cached on disk under dir
 // ("" keeps them in memory only).
 func NewScenes(objects finalize.Store, dir string, log *slog.Logger) *Scenes {
-	return &Scenes{objects: objects, dir: dir, log: log, parsed: map[string]*render.Scene{}, loading: map[string]*sceneLoad{}}
+	return &Scenes{objects: objects, dir: dir, log: log, parsed: flight.New[*render.Scene](maxCachedScenes)}
 }
 
 // Get returns the parsed scene of version. Concurrent callers asking for the same version
 // share one load.
 func (s *Scenes) Get(ctx context.Context, version string) (*render.Scene, error) {
-	s.mu.Lock()
-	if sc, ok := s.parsed[version]; ok {
-		s.mu.Unlock()
-		return sc, nil
-	}
-	l, ok := s.loading[version]
-	if !ok {
-		l = &sceneLoad{done: make(chan struct{})}
-		s.loading[version] = l
-		s.mu.Unlock()
-		l.scene, l.err = s.load(ctx, version)
-		s.mu.Lock()
-		delete(s.loading, version)
-		if l.err == nil {
-			s.keepLocked(version, l.scene)
-		}
-		close(l.done)
-	}
-	s.mu.Unlock()
-	select {
-	case <-l.done:
-		return l.scene, l.err
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (s *Scenes) keepLocked(version string, sc *render.Scene) {
-	if _, ok := s.parsed[version]; !ok {
-		s.order = append(s.order, version)
-		if len(s.order) > maxCachedScenes {
-			// A long-lived worker sees many shots; keep only the newest parsed scenes in memory.
-			delete(s.parsed, s.order[0])
-			s.order = s.order[1:]
-		}
-	}
-	s.parsed[version] = sc
+	return s.parsed.Get(ctx, version, func(ctx context.Context) (*render.Scene, error) { return s.load(ctx, version) })
 }
 
 // load reads the bundle from the disk cache, else from the object store, and parses it.

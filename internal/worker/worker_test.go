@@ -106,8 +106,8 @@ func TestScenes(t *testing.T) {
 			t.Fatalf("scene %s: %v", v, err)
 		}
 	}
-	if len(scenes.parsed) != maxCachedScenes {
-		t.Fatalf("%d scenes in memory, want at most %d", len(scenes.parsed), maxCachedScenes)
+	if scenes.parsed.Len() != maxCachedScenes {
+		t.Fatalf("%d scenes in memory, want at most %d", scenes.parsed.Len(), maxCachedScenes)
 	}
 	for _, v := range versions {
 		if _, err := os.Stat(filepath.Join(cache, v+".tfb")); err != nil {
@@ -125,7 +125,7 @@ func TestScenes(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(cache, versions[1]+".tfb"), []byte("TFBUNDLE\x01garbage"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	delete(scenes.parsed, versions[1])
+	scenes.parsed.Forget(versions[1])
 	if err := objects.Delete(ctx, farm.SceneKey(versions[1])); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,80 @@
+package flight
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestConcurrentGetsShareOneLoad(t *testing.T) {
+	c := New[int](2)
+	var loads atomic.Int32
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, err := c.Get(context.Background(), "a", func(context.Context) (int, error) {
+				loads.Add(1)
+				time.Sleep(20 * time.Millisecond)
+				return 7, nil
+			})
+			if err != nil || v != 7 {
+				t.Errorf("Get = %d, %v", v, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if n := loads.Load(); n != 1 {
+		t.Fatalf("16 concurrent Gets loaded %d times, want once", n)
+	}
+}
+
+func TestBoundedOldestFirstAndErrorsNotCached(t *testing.T) {
+	c := New[string](2)
+	ctx := context.Background()
+	get := func(k string) (string, error) {
+		return c.Get(ctx, k, func(context.Context) (string, error) { return "v" + k, nil })
+	}
+	for _, k := range []string{"a", "b", "c"} {
+		if _, err := get(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c.Len() != 2 {
+		t.Fatalf("Len = %d, want 2", c.Len())
+	}
+	reloaded := false
+	if _, err := c.Get(ctx, "a", func(context.Context) (string, error) { reloaded = true; return "va", nil }); err != nil || !reloaded {
+		t.Fatalf("the oldest value was not evicted (reloaded %v, %v)", reloaded, err)
+	}
+	boom := errors.New("boom")
+	if _, err := c.Get(ctx, "x", func(context.Context) (string, error) { return "", boom }); !errors.Is(err, boom) {
+		t.Fatalf("Get = %v, want the load's error", err)
+	}
+	if v, err := get("x"); err != nil || v != "vx" {
+		t.Fatalf("a failed load was cached: %q, %v", v, err)
+	}
+	c.Forget("x")
+	if c.Len() != 1 {
+		t.Fatalf("Len after Forget = %d, want 1", c.Len())
+	}
+}
+
+func TestWaiterHonoursItsContext(t *testing.T) {
+	c := New[int](1)
+	release := make(chan struct{})
+	go func() {
+		_, _ = c.Get(context.Background(), "k", func(context.Context) (int, error) { <-release; return 1, nil })
+	}()
+	time.Sleep(10 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := c.Get(ctx, "k", nil); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("waiter = %v, want its deadline", err)
+	}
+	close(release)
+}
