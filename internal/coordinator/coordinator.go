@@ -91,7 +91,7 @@ type Coordinator struct {
 	log     *slog.Logger
 	now     func() time.Time
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
-	uploads chan struct{} // one token per scene upload in progress
+	uploads chan struct{}             // one token per scene upload in progress
 
 	relayKick chan struct{}
 	changedMu sync.Mutex

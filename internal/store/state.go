@@ -137,7 +137,9 @@ func (s FrameState) String() string { return enumName(frameStateNames[:], s, "fr
 func (s FrameState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText reads a state name.
-func (s *FrameState) UnmarshalText(b []byte) error { return enumParse(frameStateNames[:], b, s, "frame state") }
+func (s *FrameState) UnmarshalText(b []byte) error {
+	return enumParse(frameStateNames[:], b, s, "frame state")
+}
 
 // JobState is where a job stands as its artist sees it; it maps onto the exit codes of
 // `submit` and `status`.
@@ -159,7 +161,9 @@ func (s JobState) String() string { return enumName(jobStateNames[:], s, "job_st
 func (s JobState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // UnmarshalText reads a state name.
-func (s *JobState) UnmarshalText(b []byte) error { return enumParse(jobStateNames[:], b, s, "job state") }
+func (s *JobState) UnmarshalText(b []byte) error {
+	return enumParse(jobStateNames[:], b, s, "job state")
+}
 
 // enumName is the name of an enumerated value, or kind_N for a value with none.
 func enumName[T ~uint8](names []string, v T, kind string) string {
