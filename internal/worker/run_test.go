@@ -292,3 +292,22 @@ func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
 		})
 	}
 }
+
+// A message that is not a tile job at all is dead-lettered at once with its error, without
+// taking the worker down.
+func TestUndecodableJobIsDeadLettered(t *testing.T) {
+	h := newRunHarness(t)
+	w, _ := h.worker(t, Config{})
+	if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, "garbage", []byte("{not json"), nil); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := h.farm.FetchTile(h.ctx, 2*time.Second)
+	if err != nil || msg == nil {
+		t.Fatalf("FetchTile = %v, %v", msg, err)
+	}
+	w.handle(h.ctx, msg)
+	dls, err := h.farm.ListDeadLetters(h.ctx)
+	if err != nil || len(dls) != 1 || !strings.Contains(dls[0].Reason, "decoding tile job") {
+		t.Fatalf("dead letters %+v (%v), want the undecodable job with its error", dls, err)
+	}
+}

@@ -314,10 +314,12 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 		w.m.DeadLetters.Inc()
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
-	// or about to be retried).
-	ev := d.describe(farm.Event{Error: err.Error(), Terminal: terminal, Code: farm.ErrorCode(err, finalize.IsRetryable)})
-	if perr := w.publishEvent(cctx, d, ev); perr != nil {
-		d.log.Warn("publishing failure event", "err", perr)
+	// or about to be retried). A message that did not even decode names nothing to report.
+	if d.describe != nil {
+		ev := d.describe(farm.Event{Error: err.Error(), Terminal: terminal, Code: farm.ErrorCode(err, finalize.IsRetryable)})
+		if perr := w.publishEvent(cctx, d, ev); perr != nil {
+			d.log.Warn("publishing failure event", "err", perr)
+		}
 	}
 	if terminal {
 		return
