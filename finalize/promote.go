@@ -283,6 +283,9 @@ func parseManifest(data []byte) (Manifest, error) {
 	if len(m.Objects) == 0 {
 		return Manifest{}, fmt.Errorf("%w: manifest names no objects", ErrCorrupt)
 	}
+	// Names are unique, as newManifest makes them: Object and sameContent look objects up by
+	// name, so a repeated name would be ambiguous and sameContent no longer an equality.
+	seen := make(map[string]bool, len(m.Objects))
 	for _, o := range m.Objects {
 		if err := ValidateKey(o.Key); err != nil {
 			return Manifest{}, fmt.Errorf("%w: manifest object %q: %v", ErrCorrupt, o.Name, err)
@@ -290,6 +293,10 @@ func parseManifest(data []byte) (Manifest, error) {
 		if len(o.SHA256) != 64 || o.Size < 0 {
 			return Manifest{}, fmt.Errorf("%w: manifest object %q has no valid size and sha256", ErrCorrupt, o.Name)
 		}
+		if seen[o.Name] {
+			return Manifest{}, fmt.Errorf("%w: manifest names object %q twice", ErrCorrupt, o.Name)
+		}
+		seen[o.Name] = true
 	}
 	return m, nil
 }

@@ -18,8 +18,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // outputsEqualReference downloads a job's frames and compares each with a local reference.
@@ -265,6 +268,30 @@ func TestNoDeliveryLostToLatency(t *testing.T) {
 	outputsEqualReference(t, f, ids[0], scene, []int{1}, quick...)
 }
 
+// waitRemoteCheckpoint waits until a tile's remote checkpoint in the farm's filesystem store
+// holds at least minSample samples.
+func waitRemoteCheckpoint(t *testing.T, f *farmProc, tileKey string, minSample int) {
+	t.Helper()
+	objects, err := finalize.NewFSStore(filepath.Join(f.data, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	codec, err := tiles.NewCodec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		if data, err := objects.Get(context.Background(), farm.CheckpointKey(tileKey)); err == nil {
+			if c, err := codec.Decode(data); err == nil && c.Next >= minSample {
+				return
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("no remote checkpoint of tile %s with %d samples", tileKey, minSample)
+}
+
 // busyShot is 2 frames of 2,500 tiles: 10,000 tile events and then some.
 var busyShot = []string{"--width", "400", "--height", "400", "--spp", "1", "--tile", "8", "--frames", "1-2"}
 
@@ -374,7 +401,7 @@ func TestFileStoreFarmResumesOnAnotherNode(t *testing.T) {
 	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s")
 	a := f.worker("node-a", t.TempDir(), append(slowWorker, "--remote-checkpoint-every", "0")...)
 	st, _ := f.submit(append([]string{scene, "--frames", "7"}, oneTile...)...)
-	waitCheckpoint(t, a, 8)
+	waitRemoteCheckpoint(t, f, tileKeys(t, f, st.JobID)[0], 8)
 	a.kill9()
 	if mid, _ := f.status(st.JobID); mid.State == "completed" {
 		t.Fatalf("the kill did not hit work in progress: %+v", mid)

@@ -1,6 +1,8 @@
 // Package miniotest runs a real MinIO server for tests: the S3 store, the
 // finalization protocol and the farm's storage-outage tests run against it
-// rather than against a fake.
+// rather than against a fake. Start runs a single node; StartCluster runs a
+// distributed, erasure-coded deployment of several nodes whose nodes a test
+// can kill and restart one at a time.
 package miniotest
 
 import (
@@ -29,8 +31,12 @@ import (
 // MinIOModule is the MinIO version the project's test command installs.
 const MinIOModule = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
 
-// readyTimeout bounds how long Start and Restart wait for the server.
+// readyTimeout bounds how long Start, StartCluster and Restart wait for the servers.
 const readyTimeout = 60 * time.Second
+
+// startTries is how many sets of free ports Start and StartCluster try: a free
+// port can be taken by someone else before MinIO binds it.
+const startTries = 3
 
 // Server is a real MinIO process on a free loopback port with a temporary data
 // directory. Bucket names a bucket that exists once Start returns.
@@ -40,14 +46,8 @@ type Server struct {
 	SecretKey string
 	Bucket    string
 
-	binary  string
 	dataDir string
-	console string // console host:port
-	logPath string
-
-	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done <-chan struct{} // closed when cmd has exited
+	proc    *process
 }
 
 // Start launches MinIO and waits until it is ready. The binary is
@@ -56,54 +56,47 @@ type Server struct {
 // and its data removed when the test ends; its log is printed if the test failed.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin, err := findBinary()
-	if err != nil {
-		t.Fatalf("miniotest: %v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
-	}
+	bin := mustFindBinary(t)
 	tmp := t.TempDir() // removed after the process is killed (cleanups run last-in first-out)
 	s := &Server{
 		AccessKey: "tilefarm-" + randomHex(4),
 		SecretKey: randomHex(20),
 		Bucket:    "tilefarm-test",
-		binary:    bin,
 		dataDir:   filepath.Join(tmp, "data"),
-		logPath:   filepath.Join(tmp, "minio.log"),
 	}
+	s.proc = newProcess(bin, filepath.Join(tmp, "minio.log"), s.AccessKey, s.SecretKey)
+	s.proc.volumes = []string{s.dataDir}
 	if err := os.MkdirAll(s.dataDir, 0o755); err != nil {
 		t.Fatalf("miniotest: %v", err)
 	}
 	t.Cleanup(func() {
-		s.kill()
+		s.proc.kill()
 		if t.Failed() {
-			s.dumpLog(t)
+			s.proc.dumpLog(t)
 		}
 	})
-	// A free port can be taken by someone else before MinIO binds it: retry
-	// with new ports when the process dies during startup.
-	for try := 0; ; try++ {
-		s.Endpoint, s.console = freeAddr(t), freeAddr(t)
-		err := s.launch()
+	for try := 1; ; try++ {
+		s.proc.addr, s.proc.console = freeAddr(t), freeAddr(t)
+		s.Endpoint = s.proc.addr
+		err := s.proc.launch()
 		if err == nil {
 			err = s.waitReady()
 		}
 		if err == nil {
 			return s
 		}
-		s.kill()
-		if try == 2 || !errors.Is(err, errExited) {
-			s.dumpLog(t)
+		s.proc.kill()
+		if try == startTries || !errors.Is(err, errExited) {
 			t.Fatalf("miniotest: starting %s: %v", bin, err)
 		}
 	}
 }
 
 // URL returns the store URL of the server's bucket, for finalize.OpenStore.
-func (s *Server) URL() string { return "s3+http://" + s.Endpoint + "/" + s.Bucket }
+func (s *Server) URL() string { return storeURL(s.Endpoint, s.Bucket) }
 
 // Env returns the credential variables OpenStore and child processes read.
-func (s *Server) Env() []string {
-	return []string{"AWS_ACCESS_KEY_ID=" + s.AccessKey, "AWS_SECRET_ACCESS_KEY=" + s.SecretKey}
-}
+func (s *Server) Env() []string { return credentialEnv(s.AccessKey, s.SecretKey) }
 
 // DataDir returns the server's data directory, which survives Stop.
 func (s *Server) DataDir() string { return s.dataDir }
@@ -112,142 +105,236 @@ func (s *Server) DataDir() string { return s.dataDir }
 // data directory, so Restart brings the same objects back: an outage.
 func (s *Server) Stop(t testing.TB) {
 	t.Helper()
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-	}
-	s.mu.Lock()
-	s.cmd, s.done = nil, nil
-	s.mu.Unlock()
+	s.proc.stop()
 }
 
 // Restart starts the server again on the same port and data directory and
 // waits until it is ready.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	s.Stop(t)
+	if err := s.proc.restart(s.waitReady); err != nil {
+		t.Fatalf("miniotest: restarting on %s: %v", s.Endpoint, err)
+	}
+}
+
+// waitReady polls the readiness endpoint until it answers 200 and the bucket exists.
+func (s *Server) waitReady() error {
+	return pollReady([]*process{s.proc}, func() error {
+		// The health endpoint turns 200 before IAM is loaded, while signed
+		// requests still fail with "Server not initialized": ready means
+		// the bucket exists, created with the root credentials.
+		if err := healthy(s.Endpoint, "/minio/health/ready"); err != nil {
+			return err
+		}
+		return ensureBucket(s.Endpoint, s.AccessKey, s.SecretKey, s.Bucket)
+	})
+}
+
+var errExited = errors.New("minio exited during startup")
+
+// process is one MinIO server process, a single-node Server or a node of a
+// Cluster: how it is launched, stopped, killed and its log shown.
+type process struct {
+	binary  string
+	logPath string
+	secret  string   // redacted from the log when it is shown
+	env     []string // added to the test's environment
+	addr    string   // host:port of the S3 API
+	console string   // host:port of the console, which is off but needs a port
+	volumes []string // the data directory, or every node's endpoint URL
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done <-chan struct{} // closed when cmd has exited
+}
+
+func newProcess(binary, logPath, accessKey, secretKey string) *process {
+	return &process{
+		binary:  binary,
+		logPath: logPath,
+		secret:  secretKey,
+		env: []string{
+			"MINIO_ROOT_USER=" + accessKey,
+			"MINIO_ROOT_PASSWORD=" + secretKey,
+			"MINIO_BROWSER=off",
+			"MINIO_UPDATE=off",
+			"MINIO_CI_CD=on",
+		},
+	}
+}
+
+// launch starts the process, appending its output to the log file.
+func (p *process) launch() error {
+	args := append([]string{"server", "--address", p.addr, "--console-address", p.console, "--quiet"}, p.volumes...)
+	cmd := exec.Command(p.binary, args...)
+	cmd.Env = append(os.Environ(), p.env...)
+	done, err := proctest.Launch(cmd, p.logPath, "minio server on "+p.addr)
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+	return nil
+}
+
+// exited returns a channel closed once the process has exited, or nil if it
+// was not started.
+func (p *process) exited() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.done
+}
+
+// running reports whether the process was launched and has not exited.
+func (p *process) running() bool {
+	done := p.exited()
+	if done == nil {
+		return false
+	}
+	select {
+	case <-done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop ends the process with SIGTERM, then SIGKILL after 10 s, and waits for it.
+func (p *process) stop() { p.end(syscall.SIGTERM, 10*time.Second) }
+
+// kill ends the process at once with SIGKILL, if it runs, and waits for it.
+func (p *process) kill() { p.end(syscall.SIGKILL, 0) }
+
+func (p *process) end(sig syscall.Signal, grace time.Duration) {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.cmd, p.done = nil, nil
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	if grace > 0 {
+		select {
+		case <-done:
+			return
+		case <-time.After(grace):
+			_ = cmd.Process.Kill()
+		}
+	}
+	<-done
+}
+
+// restart stops the process and launches it again on the same addresses and
+// volumes until ready succeeds. An early exit (the old socket may linger
+// briefly) is retried until readyTimeout.
+func (p *process) restart(ready func() error) error {
+	p.stop()
 	deadline := time.Now().Add(readyTimeout)
 	for {
-		err := s.launch()
+		err := p.launch()
 		if err == nil {
-			err = s.waitReady()
+			err = ready()
 		}
 		if err == nil {
-			return
+			return nil
 		}
-		s.kill()
-		// The old socket may linger briefly; retry an early exit until the deadline.
+		p.kill()
 		if !errors.Is(err, errExited) || time.Now().After(deadline) {
-			s.dumpLog(t)
-			t.Fatalf("miniotest: restarting on %s: %v", s.Endpoint, err)
+			return err
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
 }
 
-var errExited = errors.New("minio exited during startup")
-
-// launch starts the process, appending its output to the log file.
-func (s *Server) launch() error {
-	cmd := exec.Command(s.binary, "server", s.dataDir,
-		"--address", s.Endpoint, "--console-address", s.console, "--quiet")
-	cmd.Env = append(os.Environ(),
-		"MINIO_ROOT_USER="+s.AccessKey,
-		"MINIO_ROOT_PASSWORD="+s.SecretKey,
-		"MINIO_BROWSER=off",
-		"MINIO_UPDATE=off",
-		"MINIO_CI_CD=on",
-	)
-	done, err := proctest.Launch(cmd, s.logPath, "minio server on "+s.Endpoint)
+func (p *process) dumpLog(t testing.TB) {
+	t.Helper()
+	b, err := os.ReadFile(p.logPath)
 	if err != nil {
-		return err
+		t.Logf("miniotest: no log: %v", err)
+		return
 	}
-	s.mu.Lock()
-	s.cmd, s.done = cmd, done
-	s.mu.Unlock()
-	return nil
+	t.Logf("miniotest: MinIO log %s:\n%s", p.logPath, strings.ReplaceAll(string(b), p.secret, "REDACTED"))
 }
 
-// waitReady polls the readiness endpoint until it answers 200.
-func (s *Server) waitReady() error {
-	s.mu.Lock()
-	done := s.done
-	s.mu.Unlock()
-	client := &http.Client{Timeout: 2 * time.Second}
-	url := "http://" + s.Endpoint + "/minio/health/ready"
+// pollReady calls check until it succeeds, for at most readyTimeout; it
+// returns errExited as soon as one of procs has exited.
+func pollReady(procs []*process, check func() error) error {
 	deadline := time.Now().Add(readyTimeout)
 	var lastErr error
 	for time.Now().Before(deadline) {
-		select {
-		case <-done:
-			return errExited
-		default:
-		}
-		resp, err := client.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			// The health endpoint turns 200 before IAM is loaded, while signed
-			// requests still fail with "Server not initialized": ready means
-			// the bucket exists, created with the root credentials.
-			if resp.StatusCode == http.StatusOK {
-				if lastErr = s.ensureBucket(); lastErr == nil {
-					return nil
-				}
+		for _, p := range procs {
+			if !p.running() {
+				return fmt.Errorf("%w: %s", errExited, p.addr)
 			}
+		}
+		prev := fmt.Sprint(lastErr)
+		if lastErr = check(); lastErr == nil {
+			fmt.Fprintf(os.Stderr, "DEBUG %s ready\n", time.Now().Format("15:04:05.000"))
+			return nil
+		}
+		if fmt.Sprint(lastErr) != prev {
+			fmt.Fprintf(os.Stderr, "DEBUG %s %v\n", time.Now().Format("15:04:05.000"), lastErr)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	return fmt.Errorf("not ready after %s (last error: %v)", readyTimeout, lastErr)
 }
 
-// ensureBucket creates s.Bucket unless it exists.
-func (s *Server) ensureBucket() error {
-	client, err := minio.New(s.Endpoint, &minio.Options{
-		Creds:      credentials.NewStaticV4(s.AccessKey, s.SecretKey, ""),
+var healthClient = &http.Client{Timeout: 2 * time.Second}
+
+// healthy asks a health endpoint (path with its query) of the server at
+// endpoint and fails unless it answers 200.
+func healthy(endpoint, path string) error {
+	resp, err := healthClient.Get("http://" + endpoint + path)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s%s: %s", endpoint, path, resp.Status)
+	}
+	return nil
+}
+
+// client returns a MinIO client with the root credentials that gives up fast.
+func client(endpoint, accessKey, secretKey string) (*minio.Client, error) {
+	return minio.New(endpoint, &minio.Options{
+		Creds:      credentials.NewStaticV4(accessKey, secretKey, ""),
 		MaxRetries: 1,
 	})
+}
+
+// ensureBucket creates bucket unless it exists.
+func ensureBucket(endpoint, accessKey, secretKey, bucket string) error {
+	c, err := client(endpoint, accessKey, secretKey)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ok, err := client.BucketExists(ctx, s.Bucket)
+	ok, err := c.BucketExists(ctx, bucket)
 	if err != nil || ok {
 		return err
 	}
-	return client.MakeBucket(ctx, s.Bucket, minio.MakeBucketOptions{})
+	return c.MakeBucket(ctx, bucket, minio.MakeBucketOptions{})
 }
 
-// kill ends the process at once, if it runs.
-func (s *Server) kill() {
-	s.mu.Lock()
-	cmd, done := s.cmd, s.done
-	s.cmd, s.done = nil, nil
-	s.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	_ = cmd.Process.Kill()
-	<-done
+func storeURL(endpoint, bucket string) string { return "s3+http://" + endpoint + "/" + bucket }
+
+func credentialEnv(accessKey, secretKey string) []string {
+	return []string{"AWS_ACCESS_KEY_ID=" + accessKey, "AWS_SECRET_ACCESS_KEY=" + secretKey}
 }
 
-func (s *Server) dumpLog(t testing.TB) {
+// mustFindBinary locates the minio executable or fails the test.
+func mustFindBinary(t testing.TB) string {
 	t.Helper()
-	b, err := os.ReadFile(s.logPath)
+	bin, err := findBinary()
 	if err != nil {
-		t.Logf("miniotest: no log: %v", err)
-		return
+		t.Fatalf("miniotest: %v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
 	}
-	t.Logf("miniotest: MinIO log %s:\n%s", s.logPath, strings.ReplaceAll(string(b), s.SecretKey, "REDACTED"))
+	return bin
 }
 
 // findBinary locates the minio executable.

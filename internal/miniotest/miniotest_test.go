@@ -70,20 +70,26 @@ func (r *fatalRecorder) Skipf(string, ...any) { r.skipped = true; runtime.Goexit
 func (r *fatalRecorder) SkipNow()             { r.skipped = true; runtime.Goexit() }
 
 // TestMissingBinaryFails checks that a missing MinIO fails loudly with the
-// way to install it, instead of skipping the storage tests.
+// way to install it, instead of skipping the storage tests, for a single
+// server and for a cluster.
 func TestMissingBinaryFails(t *testing.T) {
 	t.Setenv("TILEFARM_MINIO", "/nonexistent/minio")
-	rec := &fatalRecorder{TB: t}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		miniotest.Start(rec)
-	}()
-	<-done
-	if rec.skipped {
-		t.Fatal("Start skipped the test")
-	}
-	if !strings.Contains(rec.fatal, "README") || !strings.Contains(rec.fatal, "go install") || !strings.Contains(rec.fatal, "TILEFARM_MINIO") {
-		t.Fatalf("Start failed with %q, want a message naming TILEFARM_MINIO, the README command and go install", rec.fatal)
+	for name, start := range map[string]func(testing.TB){
+		"Start":        func(tb testing.TB) { miniotest.Start(tb) },
+		"StartCluster": func(tb testing.TB) { miniotest.StartCluster(tb, 4) },
+	} {
+		rec := &fatalRecorder{TB: t}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			start(rec)
+		}()
+		<-done
+		if rec.skipped {
+			t.Fatalf("%s skipped the test", name)
+		}
+		if !strings.Contains(rec.fatal, "README") || !strings.Contains(rec.fatal, "go install") || !strings.Contains(rec.fatal, "TILEFARM_MINIO") {
+			t.Fatalf("%s failed with %q, want a message naming TILEFARM_MINIO, the README command and go install", name, rec.fatal)
+		}
 	}
 }

@@ -1,15 +1,19 @@
-// Package natstest runs real nats-server processes for tests: farms whose coordinator must be
-// killed while workers keep going, and clusters whose nodes must be killed, need JetStream in
-// a process of its own rather than embedded in the coordinator.
+// Package natstest runs real NATS servers for tests and the fault harness: nats-server
+// processes, single or as a JetStream cluster, whose nodes can be killed, stopped and restarted
+// (a coordinator that must die while workers go on, a stream leader killed mid-render), and
+// an in-process JetStream server for unit tests.
 package natstest
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -26,58 +30,168 @@ import (
 // nats-server/v2 module pinned in go.mod.
 const EnvBinary = "TILEFARM_NATS_SERVER"
 
-// readyTimeout bounds how long Start and Restart wait for the server.
+// readyTimeout bounds how long a start or restart waits for a server.
 const readyTimeout = 30 * time.Second
 
-// Server is one real nats-server process with JetStream, on a loopback port, with its store
-// in a temporary directory that survives Stop and Kill, so Restart brings its streams back.
+// Options configure the servers.
+type Options struct {
+	// Config is appended to every node's configuration (accounts, authorization, TLS).
+	Config string
+	// Connect are the options clients need to reach the servers (credentials, TLS); the
+	// readiness check uses them.
+	Connect []nats.Option
+}
+
+// Server is one nats-server process with JetStream, on a loopback port, with its store in a
+// directory that survives Stop and Kill, so Restart brings its streams back.
 type Server struct {
 	Name string
 	Addr string // host:port of the client listener
 
 	binary  string
-	dir     string
 	conf    string
 	logPath string
+	connect []nats.Option
+	cluster bool
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
 	done <-chan struct{}
 }
 
-// Start launches a single nats-server with JetStream and waits until it serves clients. The
-// binary is $TILEFARM_NATS_SERVER, else nats-server on PATH; a missing binary fails the test
-// (it is never skipped). The process is killed when the test ends; its log is printed if the
-// test failed.
-func Start(t testing.TB) *Server {
-	t.Helper()
+// Cluster is one server, or several forming a JetStream cluster.
+type Cluster struct {
+	Servers []*Server
+}
+
+// Launch starts n nats-server processes under dir: one plain server for n = 1, else a
+// JetStream cluster of n routed nodes. It returns once every node serves clients and
+// JetStream has a meta leader. The binary is $TILEFARM_NATS_SERVER, else nats-server on PATH.
+func Launch(dir string, n int, o Options) (*Cluster, error) {
 	bin, err := findBinary()
 	if err != nil {
-		t.Fatalf("natstest: %v; run the test command from README.md, which builds it", err)
+		return nil, err
 	}
-	dir := t.TempDir()
-	s := &Server{Name: "n1", binary: bin, dir: dir, conf: filepath.Join(dir, "server.conf"), logPath: filepath.Join(dir, "server.log")}
-	t.Cleanup(func() {
-		s.Kill()
-		if t.Failed() {
-			s.dumpLog(t)
-		}
-	})
 	for try := 0; ; try++ {
-		s.Addr = freeAddr(t)
-		conf := fmt.Sprintf("server_name: %s\nlisten: %q\njetstream {\n  store_dir: %q\n}\n", s.Name, s.Addr, filepath.Join(dir, "js"))
-		if err := os.WriteFile(s.conf, []byte(conf), 0o644); err != nil {
-			t.Fatalf("natstest: %v", err)
-		}
-		err := s.launch()
+		c, err := launchOnce(bin, dir, n, o)
 		if err == nil {
+			return c, nil
+		}
+		c.Kill()
+		// A free port can be taken by someone else before a node binds it: try new ports.
+		if try == 2 || !errors.Is(err, errExited) {
+			return c, err
+		}
+	}
+}
+
+func launchOnce(bin, dir string, n int, o Options) (*Cluster, error) {
+	c := &Cluster{}
+	clientAddrs, routeAddrs := make([]string, n), make([]string, n)
+	for i := range n {
+		var err error
+		if clientAddrs[i], err = freeAddr(); err != nil {
+			return c, err
+		}
+		if routeAddrs[i], err = freeAddr(); err != nil {
+			return c, err
+		}
+	}
+	var routes []string
+	for _, a := range routeAddrs {
+		routes = append(routes, fmt.Sprintf("%q", "nats-route://"+a))
+	}
+	for i := range n {
+		name := fmt.Sprintf("n%d", i+1)
+		ndir := filepath.Join(dir, name)
+		if err := os.MkdirAll(ndir, 0o755); err != nil {
+			return c, err
+		}
+		conf := fmt.Sprintf("server_name: %s\nlisten: %q\njetstream {\n  store_dir: %q\n}\n", name, clientAddrs[i], filepath.Join(ndir, "js"))
+		if n > 1 {
+			conf += fmt.Sprintf("cluster {\n  name: tilefarm\n  listen: %q\n  routes: [%s]\n}\n", routeAddrs[i], strings.Join(routes, ", "))
+		}
+		conf += o.Config
+		s := &Server{Name: name, Addr: clientAddrs[i], binary: bin, conf: filepath.Join(ndir, "server.conf"),
+			logPath: filepath.Join(ndir, "server.log"), connect: o.Connect, cluster: n > 1}
+		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
+			return c, err
+		}
+		c.Servers = append(c.Servers, s)
+	}
+	for _, s := range c.Servers {
+		if err := s.start(); err != nil {
+			return c, fmt.Errorf("starting %s: %w", s.Name, err)
+		}
+	}
+	for _, s := range c.Servers {
+		if err := s.waitReady(); err != nil {
+			return c, fmt.Errorf("waiting for %s: %w", s.Name, err)
+		}
+	}
+	return c, nil
+}
+
+// Start launches a single nats-server with JetStream for a test. A missing binary fails the
+// test (it is never skipped). The process is killed when the test ends; its log is printed if
+// the test failed.
+func Start(t testing.TB, opts ...Options) *Server { return StartCluster(t, 1, opts...).Servers[0] }
+
+// StartCluster launches a JetStream cluster of n nodes for a test, as Start does one server.
+func StartCluster(t testing.TB, n int, opts ...Options) *Cluster {
+	t.Helper()
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	c, err := Launch(t.TempDir(), n, o)
+	if c != nil {
+		t.Cleanup(func() {
+			c.Kill()
+			if t.Failed() {
+				var b strings.Builder
+				c.DumpLogs(&b)
+				t.Logf("natstest: server logs:\n%s", b.String())
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("natstest: %v; run the test command from README.md, which builds nats-server", err)
+	}
+	return c
+}
+
+// URLs is every node's client URL, comma-separated, as clients take them.
+func (c *Cluster) URLs() string {
+	var urls []string
+	for _, s := range c.Servers {
+		urls = append(urls, s.URL())
+	}
+	return strings.Join(urls, ",")
+}
+
+// Server returns the node called name, or nil.
+func (c *Cluster) Server(name string) *Server {
+	for _, s := range c.Servers {
+		if s.Name == name {
 			return s
 		}
+	}
+	return nil
+}
+
+// Kill kills every node.
+func (c *Cluster) Kill() {
+	for _, s := range c.Servers {
 		s.Kill()
-		if try == 2 || !errors.Is(err, errExited) {
-			s.dumpLog(t)
-			t.Fatalf("natstest: starting %s: %v", bin, err)
-		}
+	}
+}
+
+// DumpLogs writes every node's log to w.
+func (c *Cluster) DumpLogs(w io.Writer) {
+	for _, s := range c.Servers {
+		b, _ := os.ReadFile(s.logPath)
+		fmt.Fprintf(w, "---- %s (%s) ----\n%s", s.Name, s.logPath, b)
 	}
 }
 
@@ -86,7 +200,7 @@ func (s *Server) URL() string { return "nats://" + s.Addr }
 
 var errExited = errors.New("nats-server exited")
 
-func (s *Server) launch() error {
+func (s *Server) start() error {
 	cmd := exec.Command(s.binary, "-c", s.conf)
 	done, err := proctest.Launch(cmd, s.logPath, "nats-server "+s.Name+" on "+s.Addr)
 	if err != nil {
@@ -95,21 +209,49 @@ func (s *Server) launch() error {
 	s.mu.Lock()
 	s.cmd, s.done = cmd, done
 	s.mu.Unlock()
+	return nil
+}
+
+// waitReady waits until the server serves clients and, in a cluster, answers JetStream
+// requests (the cluster has a meta leader and this node has caught up with it).
+func (s *Server) waitReady() error {
+	s.mu.Lock()
+	done := s.done
+	s.mu.Unlock()
 	deadline := time.Now().Add(readyTimeout)
+	var last error
 	for time.Now().Before(deadline) {
 		select {
 		case <-done:
 			return errExited
 		default:
 		}
-		nc, err := nats.Connect(s.URL(), nats.Timeout(time.Second))
-		if err == nil {
-			nc.Close()
+		last = s.ping()
+		if last == nil {
 			return nil
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("not ready after %v", readyTimeout)
+	return fmt.Errorf("not ready after %v: %v", readyTimeout, last)
+}
+
+func (s *Server) ping() error {
+	nc, err := nats.Connect(s.URL(), append([]nats.Option{nats.Timeout(time.Second), nats.NoReconnect()}, s.connect...)...)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if !s.cluster {
+		return nil
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	return err
 }
 
 // Pid is the server process's id, or 0 when it is not running.
@@ -121,6 +263,9 @@ func (s *Server) Pid() int {
 	}
 	return s.cmd.Process.Pid
 }
+
+// Running reports whether the process is up.
+func (s *Server) Running() bool { return s.Pid() != 0 }
 
 // Kill kills the process with SIGKILL and waits for it to exit; its store stays.
 func (s *Server) Kill() { s.signalAndWait(syscall.SIGKILL) }
@@ -145,18 +290,38 @@ func (s *Server) signalAndWait(sig syscall.Signal) {
 	}
 }
 
-// Restart starts the server again on the same address and store.
+// Relaunch starts a stopped or killed server again on the same address and store, and waits
+// until it is ready.
+func (s *Server) Relaunch() error {
+	if err := s.start(); err != nil {
+		return err
+	}
+	return s.waitReady()
+}
+
+// Restart is Relaunch for a test.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	if err := s.launch(); err != nil {
-		s.dumpLog(t)
-		t.Fatalf("natstest: restarting %s: %v", s.Name, err)
+	if err := s.Relaunch(); err != nil {
+		b, _ := os.ReadFile(s.logPath)
+		t.Fatalf("natstest: restarting %s: %v\n%s", s.Name, err, b)
 	}
 }
 
-func (s *Server) dumpLog(t testing.TB) {
-	b, _ := os.ReadFile(s.logPath)
-	t.Logf("natstest: log of %s (%s):\n%s", s.Name, s.logPath, b)
+// StreamLeader returns the name of the node leading stream, as the cluster reports it.
+func (c *Cluster) StreamLeader(ctx context.Context, js jetstream.JetStream, stream string) (string, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return "", err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return "", err
+	}
+	if info.Cluster == nil || info.Cluster.Leader == "" {
+		return "", fmt.Errorf("stream %s has no leader", stream)
+	}
+	return info.Cluster.Leader, nil
 }
 
 func findBinary() (string, error) {
@@ -172,14 +337,13 @@ func findBinary() (string, error) {
 	return "", fmt.Errorf("no nats-server: set %s or put nats-server on PATH", EnvBinary)
 }
 
-func freeAddr(t testing.TB) string {
-	t.Helper()
+func freeAddr() (string, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("natstest: %v", err)
+		return "", err
 	}
 	defer ln.Close()
-	return ln.Addr().String()
+	return ln.Addr().String(), nil
 }
 
 // InProcess starts a real JetStream server inside the test process, with file storage in a
