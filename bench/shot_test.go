@@ -103,7 +103,7 @@ func measureShotDispatch(ctx context.Context, dir string, bundle *farm.Bundle, w
 	if err != nil {
 		return res, err
 	}
-	c := client.New(httpAddr)
+	c := client.New(httpAddr, "")
 	if err := c.PutScene(ctx, bundle.Version(), bundle); err != nil {
 		return res, fmt.Errorf("uploading scene: %w", err)
 	}

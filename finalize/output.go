@@ -39,7 +39,11 @@ func ExpandPattern(pattern string, frame int) (string, error) {
 // WriteFileAtomic writes data to path through a temporary file in the same
 // directory that is synced and then renamed over path, so a reader (or a
 // crash) never leaves a half-written output behind.
-func WriteFileAtomic(path string, data []byte) error {
+func WriteFileAtomic(path string, data []byte) error { return WriteFileMode(path, data, 0o644) }
+
+// WriteFileMode is WriteFileAtomic with the file's permissions: 0600 for a
+// secret, which is never readable by others, not even for a moment.
+func WriteFileMode(path string, data []byte, perm os.FileMode) error {
 	dir, base := filepath.Split(path)
 	if base == "" {
 		return fmt.Errorf("writing %q: not a file name", path)
@@ -63,7 +67,7 @@ func WriteFileAtomic(path string, data []byte) error {
 	if err := f.Sync(); err != nil {
 		return fail(err)
 	}
-	if err := f.Chmod(0o644); err != nil {
+	if err := f.Chmod(perm); err != nil {
 		return fail(err)
 	}
 	if err := f.Close(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -235,12 +236,23 @@ func short(s string) string {
 func cmdServe(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := newFlags("coordinator serve", "coordinator serve [flags]", `
 Run the coordinator daemon: the HTTP API for submit/status/jobs/outputs and /metrics on --listen,
-the outbox relay, the event consumer and the dead-letter watcher. Without --nats it embeds a
-JetStream server on --nats-listen so tileworkers can join; without --store it keeps objects under
---data/store. Stops cleanly on SIGINT/SIGTERM.`, stderr)
+the outbox relay, the event consumer, the dead-letter watcher and the reconciler. Without --nats
+it embeds a JetStream server on --nats-listen so tileworkers can join; without --store it keeps
+objects under --data/store. Stops cleanly on SIGINT/SIGTERM.
+
+Security: beyond loopback, the embedded JetStream always requires credentials (serve writes the
+workers' to --data/worker.creds: copy it to render nodes for 'tileworker --nats-creds'), and the
+HTTP API needs a token (--api-token-file, or TILEFARM_API_TOKEN); serve refuses to start
+without one unless --insecure says so. When embedding, --nats-cert/--nats-key are the server's
+TLS certificate and --nats-ca the CA client certificates must chain to; with --nats URL they
+are this process's client certificate and the servers' CA.`, stderr)
 	data := fs.String("data", ".tilefarm", "directory for the coordinator database (and embedded JetStream, store)")
-	natsURL := fs.String("nats", "", "external NATS URL (default: embedded JetStream)")
+	nf := natsFlags(fs, "")
 	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "client address of the embedded JetStream server")
+	natsAuth := fs.Bool("nats-auth", false, "require credentials on the embedded JetStream even on loopback (always on beyond loopback)")
+	tokenFile := fs.String("api-token-file", "", "file holding the HTTP API's bearer token (or set TILEFARM_API_TOKEN)")
+	insecure := fs.Bool("insecure", false, "allow the HTTP API or the embedded JetStream beyond loopback without authentication")
+	replicas := fs.Int("replicas", 1, "replicas of every stream and bucket: 3 on a JetStream cluster of three or more nodes")
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
@@ -260,8 +272,24 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	if err != nil {
 		return err
 	}
+	qcfg.Replicas = *replicas
 	if err := qcfg.Validate(); err != nil {
 		return usagef("%v", err)
+	}
+	token, err := apiToken(*tokenFile)
+	if err != nil {
+		return err
+	}
+	embedded := nf.URLs == ""
+	if !*insecure {
+		if token == "" && !isLoopback(*listen) {
+			return usagef("refusing to serve the HTTP API on %s without a token: anyone who can reach it could submit and cancel jobs; set --api-token-file or %s, or pass --insecure", *listen, client.EnvToken)
+		}
+		if embedded && !isLoopback(*natsListen) {
+			*natsAuth = true // beyond loopback, JetStream is never open to anyone
+		}
+	} else if token == "" && !isLoopback(*listen) {
+		log.Warn("serving the HTTP API beyond loopback without a token (--insecure)", "listen", *listen)
 	}
 	sync, err := queue.ParseSync(*natsSync)
 	if err != nil {
@@ -283,12 +311,18 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 		return usagef("--fault-crash %q: want outbox-before-publish, outbox-mid-publish or outbox-after-publish", *crash)
 	}
 	ccfg.Faults.Crash = func(seam string) { killSelf(log, "coordinator", seam) }
-	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, NATSURL: *natsURL, NATSListen: *natsListen, NATSSync: sync,
-		StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, Queue: *qcfg, Coordinator: ccfg, Workers: *workers, Log: log})
+	opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
+		StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
+		Coordinator: ccfg, Workers: *workers, Log: log}
+	if embedded {
+		// The TLS flags are the embedded server's own certificate.
+		opts.NATSTLSCert, opts.NATSTLSKey, opts.NATSTLSCA = nf.Cert, nf.Key, nf.CA
+	}
+	n, err := node.StartCoordinator(ctx, opts)
 	if err != nil {
 		return err
 	}
-	nurl := node.RedactURL(*natsURL)
+	nurl := node.RedactURL(nf.URLs)
 	if n.Embedded != nil {
 		nurl = n.Embedded.ClientURL()
 	}
@@ -300,13 +334,65 @@ JetStream server on --nats-listen so tileworkers can join; without --store it ke
 	return nil
 }
 
-func clientFlags(fs *flag.FlagSet) *string {
+// natsFlags are how a process reaches NATS: --nats (default NATS_URL), --nats-creds and the TLS
+// files. A user name, password or token come from NATS_USER, NATS_PASSWORD and NATS_TOKEN only.
+func natsFlags(fs *flag.FlagSet, def string) *node.NATSClient {
+	c := &node.NATSClient{User: os.Getenv("NATS_USER"), Password: os.Getenv("NATS_PASSWORD"), Token: os.Getenv("NATS_TOKEN")}
+	if env := os.Getenv("NATS_URL"); env != "" {
+		def = env
+	}
+	fs.StringVar(&c.URLs, "nats", def, "NATS URL, or several comma-separated (the nodes of a cluster) (env NATS_URL)")
+	fs.StringVar(&c.Creds, "nats-creds", "", "NATS credentials file: an nkey seed such as serve's worker.creds, or a JWT .creds file")
+	fs.StringVar(&c.CA, "nats-ca", "", "CA certificate file for NATS TLS")
+	fs.StringVar(&c.Cert, "nats-cert", "", "certificate file for NATS TLS")
+	fs.StringVar(&c.Key, "nats-key", "", "key file of --nats-cert")
+	return c
+}
+
+// apiToken reads the HTTP API token from a file, else from TILEFARM_API_TOKEN.
+func apiToken(file string) (string, error) {
+	if file == "" {
+		return os.Getenv(client.EnvToken), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading the API token: %w", err)
+	}
+	token := strings.TrimSpace(string(data))
+	if len(token) < 16 {
+		return "", fmt.Errorf("the API token in %s is shorter than 16 characters", file)
+	}
+	return token, nil
+}
+
+// isLoopback reports whether a listen address only accepts this host's connections.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// clientFlags is --server; the API token comes from the environment only, where a process
+// listing cannot show it.
+func clientFlags(fs *flag.FlagSet) *apiFlags {
 	def := os.Getenv("TILEFARM_SERVER")
 	if def == "" {
 		def = "http://127.0.0.1:7070"
 	}
-	return fs.String("server", def, "coordinator HTTP address (env TILEFARM_SERVER)")
+	a := &apiFlags{}
+	fs.StringVar(&a.server, "server", def, "coordinator HTTP address (env TILEFARM_SERVER); the API token is read from "+client.EnvToken)
+	return a
 }
+
+type apiFlags struct{ server string }
+
+func (a *apiFlags) client() *client.Client { return client.New(a.server, os.Getenv(client.EnvToken)) }
 
 func cmdSubmit(ctx context.Context, args []string, stdout, stderr io.Writer) (int, error) {
 	fs := newFlags("coordinator submit", "coordinator submit SCENE --frames A-B [flags]", `
@@ -339,7 +425,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 		return 0, err
 	}
 	req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
-	c := client.New(*server)
+	c := server.client()
 	res, err := c.Submit(ctx, bundle, req)
 	if err != nil {
 		return 0, err
@@ -386,7 +472,7 @@ func reportJob(ctx context.Context, args []string, stdout, stderr io.Writer, cmd
 	if len(pos) != 1 {
 		return 0, usagef("want exactly one JOB")
 	}
-	st, err := get(client.New(*server), pos[0])
+	st, err := get(server.client(), pos[0])
 	if err != nil {
 		if isNotFound(err) {
 			return 0, fmt.Errorf("no job %q", pos[0])
@@ -404,7 +490,7 @@ func cmdJobs(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if _, err := parseArgs(fs, args); err != nil {
 		return err
 	}
-	jobs, err := client.New(*server).Jobs(ctx)
+	jobs, err := server.client().Jobs(ctx)
 	if err != nil {
 		return err
 	}
@@ -438,7 +524,7 @@ PATTERN ('####' is the zero-padded frame number). Frames not finished yet are sk
 	if err != nil {
 		return err
 	}
-	c := client.New(*server)
+	c := server.client()
 	st, err := c.Status(ctx, pos[0])
 	if err != nil {
 		return err
@@ -466,7 +552,7 @@ List dead-lettered tiles with their error, or put one back on the queue.`, stder
 	if err != nil {
 		return err
 	}
-	c := client.New(*server)
+	c := server.client()
 	switch {
 	case len(pos) == 1 && pos[0] == "list":
 		dls, err := c.DeadLetters(ctx)

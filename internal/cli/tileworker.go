@@ -46,7 +46,7 @@ with checkpoints, and publish results through the object store. The farm's ack-w
 and MaxDeliver are read from the server the coordinator set up. On SIGTERM in-flight tiles are
 checkpointed and handed back at once. S3 credentials come from AWS_ACCESS_KEY_ID and
 AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 'tileworker render -h').`, stderr)
-	natsURL := fs.String("nats", "nats://127.0.0.1:4222", "NATS URL of the farm")
+	nf := natsFlags(fs, "nats://127.0.0.1:4222")
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (required)")
 	ckptDir := fs.String("checkpoints", ".tilefarm-worker", "directory for the local checkpoint database")
 	concurrency := fs.Int("concurrency", runtime.NumCPU(), "tiles rendered at once")
@@ -113,7 +113,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		}
 		wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
 	}
-	return node.RunWorker(ctx, node.WorkerOptions{NATSURL: *natsURL, StoreURL: *storeURL, CheckpointDir: *ckptDir,
+	return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
 		MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Log: log})
 }
 

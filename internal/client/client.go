@@ -23,19 +23,27 @@ import (
 // ErrUnavailable means the coordinator could not be reached; retrying later may work.
 var ErrUnavailable = errors.New("coordinator unavailable")
 
+// EnvToken is the variable the commands read the API token from.
+const EnvToken = "TILEFARM_API_TOKEN"
+
 // Client talks to one coordinator.
 type Client struct {
-	base string
-	http *http.Client
+	base  string
+	token string
+	http  *http.Client
 }
 
-// New returns a client for a coordinator at base ("http://127.0.0.1:7070" or "127.0.0.1:7070").
-func New(base string) *Client {
+// New returns a client for a coordinator at base ("http://127.0.0.1:7070" or "127.0.0.1:7070")
+// that sends token, if any, as its bearer token.
+func New(base, token string) *Client {
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	return &Client{base: strings.TrimRight(base, "/"), http: &http.Client{Timeout: 10 * time.Minute}}
+	return &Client{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
 }
+
+// ErrUnauthorized means the coordinator refused the API token (or its absence).
+var ErrUnauthorized = errors.New("unauthorized")
 
 // Submit submits a job for bundle. The bundle is uploaded only when the coordinator does not
 // have its scene version yet, so a cron job re-running submit sends a big scene once.
@@ -113,6 +121,9 @@ func (c *Client) doRaw(ctx context.Context, method, path, contentType string, bo
 	if body != nil {
 		req.Header.Set("Content-Type", contentType)
 	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -142,8 +153,12 @@ func (c *Client) doRaw(ctx context.Context, method, path, contentType string, bo
 			return fmt.Errorf("%w (%w)", msg, store.ErrNotFound)
 		case "not_ready":
 			return fmt.Errorf("%w (%w)", msg, coordinator.ErrNotReady)
+		case "unauthorized":
+			return fmt.Errorf("%w (%w)", msg, ErrUnauthorized)
 		}
 		switch resp.StatusCode {
+		case http.StatusUnauthorized:
+			return fmt.Errorf("%s: %w", resp.Status, ErrUnauthorized)
 		case http.StatusNotFound:
 			return fmt.Errorf("%w (%w)", msg, store.ErrNotFound)
 		case http.StatusTooManyRequests:

@@ -108,6 +108,25 @@ func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
+		if !validHash(ev.FrameKey) {
+			c.log.Warn("dropping an event that names no frame", "subject", m.Subject(), "type", ev.Type)
+			_ = m.Term()
+			continue
+		}
+		if ev.Type == farm.EventFrameAssembled {
+			// A claim that outputs are promoted counts only once their manifests say so.
+			promoted, err := c.formatsPromoted(ctx, ev.FrameKey, ev.Formats)
+			if err != nil {
+				c.log.Warn("checking an assembled frame's manifests; retrying the event", "frame_key", ev.FrameKey, "err", err)
+				_ = m.NakWithDelay(time.Second)
+				continue
+			}
+			if !promoted {
+				c.log.Warn("ignoring frame.assembled for outputs with no manifest", "frame_key", ev.FrameKey, "formats", ev.Formats, "worker", ev.Worker)
+				_ = m.Ack()
+				continue
+			}
+		}
 		evs = append(evs, ev)
 		keep = append(keep, m)
 	}
@@ -177,7 +196,7 @@ func (c *Coordinator) applyEvent(p *projection, ev farm.Event) error {
 			u.Failure = &store.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time}
 		}
 		return p.tileChecked(ev.FrameKey, ev.TileKey, ev.TileIndex, u)
-	case farm.EventFrameCompleted:
+	case farm.EventFrameAssembled:
 		return p.formatsDone(ev.FrameKey, ev.Formats)
 	case farm.EventFrameFailed:
 		if !ev.Terminal {

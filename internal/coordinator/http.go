@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -103,6 +104,24 @@ func (c *Coordinator) Handler() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]any{"requeued": seq})
 	})
 	return mux
+}
+
+// RequireToken makes every request but /healthz present token as a bearer token
+// (Authorization: Bearer TOKEN); an empty token requires nothing. A missing or wrong token is
+// 401, compared in constant time, and never echoed.
+func RequireToken(token string, h http.Handler) http.Handler {
+	if token == "" {
+		return h
+	}
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tilefarm"`)
+			writeJSON(w, http.StatusUnauthorized, APIError{Error: "missing or wrong API token (set TILEFARM_API_TOKEN)", Kind: "unauthorized"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // maxRequestBytes bounds a JSON request body; scene bundles have their own limit.

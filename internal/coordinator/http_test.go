@@ -168,7 +168,7 @@ func TestHTTPFrameOutputOfCompletedFrame(t *testing.T) {
 	fk := h.job(t, res.Status.JobID).FrameKey(1)
 	h.completeTiles(t, fk)
 	h.promoteFormat(t, fk, "png")
-	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	code, raw, _ := call(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/png", res.Status.JobID), nil, nil)
 	if code != 200 || string(raw) != "frame png" {
 		t.Fatalf("GET frame = %d %q", code, raw)

@@ -39,7 +39,7 @@ func TestEventsMoveTilesAndCompleteFrame(t *testing.T) {
 	if f := h.frame(t, fk); f.State != store.FrameAssembling || f.TilesCompleted != 2 {
 		t.Fatalf("frame %s with %d tiles completed", f.State, f.TilesCompleted)
 	}
-	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	st := h.status(t, res.Status.JobID)
 	if st.State != StateCompleted || ExitCode(st.State) != 0 || st.FramesCompleted != 1 {
 		t.Fatalf("job after frame.completed: %+v", st)
@@ -57,7 +57,7 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 	wrongKey.TileKey = strings.Repeat("f", 64)
 	outOfRange := tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1)
 	outOfRange.TileIndex = 7
-	unknownFrame := farm.Event{ID: "x", Type: farm.EventFrameCompleted, FrameKey: strings.Repeat("e", 64), Formats: []string{"png"}}
+	unknownFrame := farm.Event{ID: "x", Type: farm.EventFrameAssembled, FrameKey: strings.Repeat("e", 64), Formats: []string{"png"}}
 	good := tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1)
 	h.apply(t, wrongKey, outOfRange, unknownFrame, good)
 	if got := h.frame(t, fk).TilesCompleted; got != 1 {
@@ -184,7 +184,7 @@ func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 	a, fk := h.submitFrame(t, 16, 16, 16)
 	h.completeTiles(t, fk)
 	h.promoteFormat(t, fk, "png")
-	h.apply(t, farm.Event{ID: "png", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, farm.Event{ID: "png", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	h.relay(t)
 	var ids []string
 	for _, format := range []string{"exr", "png16"} {
@@ -214,7 +214,7 @@ func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 	if len(ids) != 2 || ids[0] == ids[1] {
 		t.Fatalf("re-assembly ids %v, want two distinct ones", ids)
 	}
-	h.apply(t, farm.Event{ID: "all", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"exr", "png", "png16"}})
+	h.apply(t, farm.Event{ID: "all", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"exr", "png", "png16"}})
 	if f := h.frame(t, fk); f.State != store.FrameCompleted {
 		t.Fatalf("frame after every format: %s", f.State)
 	}

@@ -22,7 +22,7 @@ type sceneInfo struct {
 
 // HasScene reports whether a scene bundle is stored under version.
 func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error) {
-	if !validVersion(version) {
+	if !validHash(version) {
 		return false, badInput("scene version %q is not a sha256 hex digest", version)
 	}
 	_, err := c.objects.Stat(ctx, farm.SceneKey(version))
@@ -40,7 +40,7 @@ func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error
 // once. A bundle whose content does not hash to version, that carries assets its scene does
 // not reference, or whose scene does not parse is bad input; nothing is stored then.
 func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) error {
-	if !validVersion(version) {
+	if !validHash(version) {
 		return badInput("scene version %q is not a sha256 hex digest", version)
 	}
 	b, err := farm.DecodeBundle(raw)
@@ -73,7 +73,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 
 // scene returns what a submission needs of a stored scene.
 func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, error) {
-	if !validVersion(version) {
+	if !validHash(version) {
 		return nil, badInput("scene version %q is not a sha256 hex digest", version)
 	}
 	return c.scenes.Get(ctx, version, func(ctx context.Context) (*sceneInfo, error) {
@@ -96,9 +96,9 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 	})
 }
 
-// validVersion accepts the lowercase sha256 hex of a scene version and nothing else, so a
-// version can never be more than a hash inside an object key.
-func validVersion(v string) bool {
+// validHash accepts the lowercase sha256 hex of a scene version or a frame key and nothing
+// else, so what a client or a worker sends can never be more than a hash inside an object key.
+func validHash(v string) bool {
 	if len(v) != 64 {
 		return false
 	}

@@ -103,7 +103,7 @@ func TestSubmitReusesCompletedFrame(t *testing.T) {
 	h := newHarness(t, Config{})
 	_, fk := h.submitFrame(t, 32, 32, 16)
 	h.completeTiles(t, fk)
-	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameCompleted, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	h.relay(t)
 	req := h.request(1, 1, 32, 32, 16)
 	req.IdempotencyKey = "again"

@@ -38,10 +38,12 @@ type AssembleJob struct {
 
 // Event types published by workers to the EVENTS stream.
 const (
-	EventTileStarted    = "tile.started"
-	EventTileCompleted  = "tile.completed"
-	EventTileFailed     = "tile.failed"
-	EventFrameCompleted = "frame.completed"
+	EventTileStarted   = "tile.started"
+	EventTileCompleted = "tile.completed"
+	EventTileFailed    = "tile.failed"
+	// EventFrameAssembled claims formats of a frame promoted; the coordinator believes it
+	// only once it finds their manifests (a worker cannot complete a frame by saying so).
+	EventFrameAssembled = "frame.assembled"
 	EventFrameFailed    = "frame.failed"
 )
 

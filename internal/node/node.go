@@ -29,13 +29,22 @@ import (
 
 // CoordinatorOptions configure StartCoordinator.
 type CoordinatorOptions struct {
-	DataDir     string     // coordinator database, embedded JetStream, filesystem store, in-process checkpoints
-	NATSURL     string     // external NATS; empty embeds a JetStream server
-	NATSListen  string     // embedded server's client address; empty means loopback on a free port
-	NATSSync    queue.Sync // embedded server's disk sync policy; empty means queue.DefaultSync
-	StoreURL    string     // object store; empty means file://DataDir/store
-	HTTPListen  string     // HTTP API and /metrics; empty means none
-	DebugListen string     // Go profiles (/debug/pprof/); empty means none
+	DataDir string // coordinator database, embedded JetStream, filesystem store, in-process checkpoints
+	// NATS reaches an external NATS (a cluster); with no URLs a JetStream server is embedded.
+	NATS       NATSClient
+	NATSListen string     // embedded server's client address; empty means loopback on a free port
+	NATSSync   queue.Sync // embedded server's disk sync policy; empty means queue.DefaultSync
+	// NATSAuth makes the embedded server require credentials: serve creates the coordinator's
+	// and the workers' under DataDir (CoordinatorCredsFile, WorkerCredsFile).
+	NATSAuth bool
+	// NATSTLSCert and NATSTLSKey serve the embedded server's clients over TLS; with
+	// NATSTLSCA clients must present a certificate it signed.
+	NATSTLSCert, NATSTLSKey, NATSTLSCA string
+	// APIToken, when set, is required as a bearer token by every API call.
+	APIToken    string
+	StoreURL    string // object store; empty means file://DataDir/store
+	HTTPListen  string // HTTP API and /metrics; empty means none
+	DebugListen string // Go profiles (/debug/pprof/); empty means none
 	Queue       queue.Config
 	Coordinator coordinator.Config
 	Workers     int // in-process workers
@@ -79,7 +88,11 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	if err != nil {
 		return nil, fmt.Errorf("opening JetStream: %w", err)
 	}
-	f, err := queue.Setup(ctx, js, o.Queue)
+	var f *queue.Farm
+	err = waitSetUp(ctx, "setting up streams", log, func(ctx context.Context) (err error) {
+		f, err = queue.Setup(ctx, js, o.Queue)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -127,17 +140,18 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 			return nil, fmt.Errorf("listening on %s: %w", o.HTTPListen, err)
 		}
 		n.HTTPAddr = ln.Addr().String()
-		n.http = &http.Server{Handler: n.Coord.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		n.http = &http.Server{Handler: coordinator.RequireToken(o.APIToken, n.Coord.Handler()),
+			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 		go func() { _ = n.http.Serve(ln) }()
 	}
 	return n, nil
 }
 
 func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *slog.Logger) (*nats.Conn, error) {
-	if o.NATSURL != "" {
-		nc, err := nats.Connect(o.NATSURL, nats.Name("tilefarm-coordinator"), nats.MaxReconnects(-1))
+	if o.NATS.URLs != "" {
+		nc, err := o.NATS.connect("tilefarm-coordinator", log)
 		if err != nil {
-			return nil, fmt.Errorf("connecting to NATS %s: %w", RedactURL(o.NATSURL), err)
+			return nil, err
 		}
 		n.closers = append(n.closers, nc.Close)
 		return nc, nil
@@ -146,21 +160,48 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 	if o.NATSSync != "" {
 		opts = append(opts, queue.WithSync(o.NATSSync))
 	}
+	var connOpts []nats.Option
+	if o.NATSAuth {
+		coordKey, workerKey, err := ensureCredentials(o.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		opts = append(opts, queue.WithConfig(queue.AccountConfig(coordKey, workerKey)))
+		co, err := credsOption(filepath.Join(o.DataDir, CoordinatorCredsFile))
+		if err != nil {
+			return nil, err
+		}
+		connOpts = append(connOpts, co)
+	}
+	if o.NATSTLSCert != "" || o.NATSTLSKey != "" {
+		opts = append(opts, queue.WithTLS(o.NATSTLSCert, o.NATSTLSKey, o.NATSTLSCA))
+	}
 	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen, opts...)
 	if err != nil {
 		return nil, err
 	}
 	n.Embedded = emb
 	n.closers = append(n.closers, emb.Shutdown)
-	nc, err := emb.Connect("tilefarm-coordinator")
+	nc, err := emb.Connect("tilefarm-coordinator", connOpts...)
 	if err != nil {
 		return nil, err
 	}
 	n.closers = append(n.closers, nc.Close)
 	if o.NATSListen != "" {
-		log.Info("embedded JetStream listening", "url", emb.ClientURL())
+		attrs := []any{"url", emb.ClientURL(), "auth", o.NATSAuth, "tls", o.NATSTLSCert != ""}
+		if o.NATSAuth {
+			attrs = append(attrs, "worker_credentials", filepath.Join(mustAbs(o.DataDir), WorkerCredsFile))
+		}
+		log.Info("embedded JetStream listening", attrs...)
 	}
 	return nc, nil
+}
+
+func mustAbs(p string) string {
+	if a, err := filepath.Abs(p); err == nil {
+		return a
+	}
+	return p
 }
 
 func (n *Coordinator) goRun(fn func()) {
@@ -222,7 +263,7 @@ func RedactURL(u string) string {
 
 // WorkerOptions configure RunWorker.
 type WorkerOptions struct {
-	NATSURL       string
+	NATS          NATSClient
 	StoreURL      string
 	CheckpointDir string
 	MetricsListen string
@@ -251,9 +292,9 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer ckpts.Close()
-	nc, err := nats.Connect(o.NATSURL, nats.Name("tilefarm-worker"), nats.MaxReconnects(-1), nats.RetryOnFailedConnect(true))
+	nc, err := o.NATS.connect("tilefarm-worker", log)
 	if err != nil {
-		return fmt.Errorf("connecting to NATS %s: %w", RedactURL(o.NATSURL), err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)

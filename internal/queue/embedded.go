@@ -23,7 +23,7 @@ type Embedded struct {
 }
 
 // EmbeddedOption configures StartEmbedded.
-type EmbeddedOption func(*server.Options)
+type EmbeddedOption func(*server.Options) error
 
 // Sync is the embedded server's disk sync policy: "always" fsyncs every write, a duration
 // fsyncs that often. A process crash loses nothing either way (written data is in the OS page
@@ -53,14 +53,41 @@ func ParseSync(s string) (Sync, error) {
 
 // WithSync sets the embedded server's sync policy (default DefaultSync).
 func WithSync(s Sync) EmbeddedOption {
-	return func(o *server.Options) {
+	return func(o *server.Options) error {
 		if s == SyncAlways {
 			o.SyncAlways = true
-			return
+			return nil
 		}
-		if d, err := time.ParseDuration(string(s)); err == nil && d > 0 {
-			o.SyncInterval = d
+		d, err := time.ParseDuration(string(s))
+		if err != nil || d <= 0 {
+			return fmt.Errorf("sync policy %q: want \"always\" or a positive duration", s)
 		}
+		o.SyncInterval = d
+		return nil
+	}
+}
+
+// WithConfig applies nats-server configuration text, the same a nats-server process reads
+// from its file: the farm's account and users (AccountConfig), TLS.
+func WithConfig(conf string) EmbeddedOption {
+	return func(o *server.Options) error {
+		if err := o.ProcessConfigString(conf); err != nil {
+			return fmt.Errorf("embedded nats configuration: %w", err)
+		}
+		return nil
+	}
+}
+
+// WithTLS serves clients over TLS with the certificate and key files; with ca, clients must
+// present a certificate it signed.
+func WithTLS(cert, key, ca string) EmbeddedOption {
+	return func(o *server.Options) error {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: cert, KeyFile: key, CaFile: ca, Verify: ca != ""})
+		if err != nil {
+			return fmt.Errorf("embedded nats TLS: %w", err)
+		}
+		o.TLSConfig, o.TLS, o.TLSVerify = tc, true, ca != ""
+		return nil
 	}
 }
 
@@ -98,9 +125,10 @@ func StartEmbedded(ctx context.Context, dir, listen string, opts ...EmbeddedOpti
 		NoLog:                  true,
 		DisableJetStreamBanner: true,
 	}
-	WithSync(DefaultSync)(sopts)
-	for _, o := range opts {
-		o(sopts)
+	for _, o := range append([]EmbeddedOption{WithSync(DefaultSync)}, opts...) {
+		if err := o(sopts); err != nil {
+			return nil, fmt.Errorf("starting embedded nats: %w", err)
+		}
 	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {
@@ -133,9 +161,10 @@ func StartEmbedded(ctx context.Context, dir, listen string, opts ...EmbeddedOpti
 // ClientURL returns the TCP URL external clients (tileworkers in other processes) connect to.
 func (e *Embedded) ClientURL() string { return e.srv.ClientURL() }
 
-// Connect opens an in-process connection, which skips TCP for clients living in the same process.
-func (e *Embedded) Connect(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(e.srv.ClientURL(), nats.InProcessServer(e.srv), nats.Name(name))
+// Connect opens an in-process connection, which skips TCP for clients living in the same
+// process; opts carry its credentials when the server requires them.
+func (e *Embedded) Connect(name string, opts ...nats.Option) (*nats.Conn, error) {
+	nc, err := nats.Connect(e.srv.ClientURL(), append([]nats.Option{nats.InProcessServer(e.srv), nats.Name(name)}, opts...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connecting %q to embedded nats: %w", name, err)
 	}

@@ -94,10 +94,11 @@ func (w *Worker) assemble(ctx context.Context, d *delivery, job farm.AssembleJob
 	return w.frameCompleted(ctx, d, job, false)
 }
 
-// frameCompleted announces the frame's formats promoted (retrying a NATS outage in place) and acks.
+// frameCompleted announces the frame's formats promoted (retrying a NATS outage in place) and
+// acks; the coordinator checks the claim against the manifests.
 func (w *Worker) frameCompleted(ctx context.Context, d *delivery, job farm.AssembleJob, duplicate bool) error {
-	ev := farm.Event{ID: farm.EventFrameCompleted + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
-		Type: farm.EventFrameCompleted, JobID: job.JobID, FrameKey: job.FrameKey, Duplicate: duplicate, Formats: job.Formats}
+	ev := farm.Event{ID: farm.EventFrameAssembled + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
+		Type: farm.EventFrameAssembled, JobID: job.JobID, FrameKey: job.FrameKey, Duplicate: duplicate, Formats: job.Formats}
 	if err := w.retryInPlace(ctx, d, "publishing frame event", func(ctx context.Context) error {
 		return w.publishEvent(ctx, d, ev)
 	}); err != nil {

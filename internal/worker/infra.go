@@ -27,12 +27,14 @@ func isInfra(err error) bool {
 		return true
 	}
 	for _, e := range []error{nats.ErrTimeout, nats.ErrNoResponders, nats.ErrDisconnected, nats.ErrConnectionReconnecting,
-		jetstream.ErrNoStreamResponse, jetstream.ErrNoHeartbeat, context.DeadlineExceeded} {
+		nats.ErrNoServers, jetstream.ErrNoStreamResponse, jetstream.ErrNoHeartbeat, context.DeadlineExceeded} {
 		if errors.Is(err, e) {
 			return true
 		}
 	}
-	return false
+	// A cluster electing a leader answers 503 ("JetStream system temporarily unavailable").
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // retryStore runs an object-store operation with retryInPlace and keeps the store's health

@@ -1,0 +1,70 @@
+package queue
+
+import (
+	"fmt"
+	"strings"
+)
+
+// Account is the NATS account a farm's identities share; JetStream is enabled for it.
+const Account = "TILEFARM"
+
+// WorkerPublish is everything a worker identity may publish: the JetStream API requests a
+// worker makes (read stream, consumer and bucket info; pull from the two shared consumers;
+// direct reads of its buckets), acks of its deliveries, its writes to the leases and failures
+// buckets, its own events and its dead letters. Nothing else: it cannot create, edit, purge or
+// delete streams, consumers or buckets, enqueue tile jobs, or publish the coordinator's
+// frame.completed. docs/reliability.md lists what is refused.
+func WorkerPublish() []string {
+	var p []string
+	p = append(p, "$JS.API.INFO")
+	for _, s := range []string{StreamTiles, StreamEvents, StreamDLQ, "KV_" + BucketLeases, "KV_" + BucketFailures} {
+		p = append(p, "$JS.API.STREAM.INFO."+s)
+	}
+	for _, c := range []string{ConsumerWorkers, ConsumerAssemblers} {
+		p = append(p, "$JS.API.CONSUMER.INFO."+StreamTiles+"."+c, "$JS.API.CONSUMER.MSG.NEXT."+StreamTiles+"."+c)
+	}
+	p = append(p, "$JS.ACK."+StreamTiles+".>")
+	for _, b := range []string{BucketLeases, BucketFailures} {
+		p = append(p, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b, "$KV."+b+".>")
+	}
+	p = append(p, EventsTilePrefix+">", EventFrameAssembledSubject, EventFrameFailedSubject, dlqSubjects)
+	return p
+}
+
+// WorkerSubscribe is everything a worker identity may subscribe to: replies to its own
+// requests and deliveries of its pulls.
+func WorkerSubscribe() []string { return []string{"_INBOX.>"} }
+
+// Event subjects the permissions name; they must agree with farm.Event.Subject.
+const (
+	EventsTilePrefix           = "events.tile."
+	EventFrameAssembledSubject = "events.frame.assembled"
+	EventFrameFailedSubject    = "events.frame.failed"
+)
+
+// AccountConfig is the nats-server configuration of a farm's account with two nkey users: the
+// coordinator, who may do anything in the account, and workers, limited to WorkerPublish and
+// WorkerSubscribe. The embedded server uses it; an external cluster adds it to its
+// configuration (docs/reliability.md).
+func AccountConfig(coordinatorNkey, workerNkey string) string {
+	quote := func(ss []string) string {
+		q := make([]string, len(ss))
+		for i, s := range ss {
+			q[i] = fmt.Sprintf("%q", s)
+		}
+		return strings.Join(q, ", ")
+	}
+	return fmt.Sprintf(`accounts {
+  %s {
+    jetstream: enabled
+    users: [
+      { nkey: %q }
+      { nkey: %q, permissions: {
+          publish: { allow: [%s] }
+          subscribe: { allow: [%s] }
+      } }
+    ]
+  }
+}
+`, Account, coordinatorNkey, workerNkey, quote(WorkerPublish()), quote(WorkerSubscribe()))
+}
