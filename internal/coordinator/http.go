@@ -38,6 +38,13 @@ func (c *Coordinator) Handler() http.Handler {
 		var req SubmitRequest
 		body := http.MaxBytesReader(w, r.Body, maxRequestBytes)
 		if err := json.NewDecoder(body).Decode(&req); err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeJSON(w, http.StatusRequestEntityTooLarge, APIError{
+					Error: fmt.Sprintf("submission exceeds the %d KiB limit of a request body (scenes are uploaded with PUT /v1/scenes)", maxRequestBytes>>10),
+					Kind:  "bad_input"})
+				return
+			}
 			writeError(w, badInput("decoding submission: %v", err))
 			return
 		}

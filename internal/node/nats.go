@@ -3,12 +3,15 @@ package node
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -90,7 +93,16 @@ func (c NATSClient) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 		return nil, err
 	}
 	shown := redactURLs(c.URLs)
+	var failures atomic.Int64
 	opts = append(opts,
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			// Say why NATS cannot be reached (a refused credential, an untrusted certificate),
+			// now and then rather than on every try.
+			if n := failures.Add(1); n == 1 || n%20 == 0 {
+				log.Warn("cannot reach NATS; retrying", "servers", shown, "tries", n, "err", err)
+			}
+		}),
+		nats.ConnectHandler(func(nc *nats.Conn) { log.Info("connected to NATS", "server", nc.ConnectedServerName()) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			if err != nil {
 				log.Warn("disconnected from NATS; reconnecting", "err", err)
@@ -102,6 +114,22 @@ func (c NATSClient) connect(name string, log *slog.Logger) (*nats.Conn, error) {
 		return nil, fmt.Errorf("connecting to NATS %s: %w", shown, err)
 	}
 	return nc, nil
+}
+
+// trustOwnCert is the TLS option of a client of our own embedded server: it trusts exactly that
+// server's certificate and presents it as its client certificate.
+func trustOwnCert(certFile, keyFile string) (nats.Option, error) {
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("NATS TLS certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return nil, fmt.Errorf("NATS TLS certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(leaf)
+	return nats.Secure(&tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}), nil
 }
 
 // redactURLs drops credentials from every URL of a comma-separated list.

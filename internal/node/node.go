@@ -175,6 +175,13 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 	}
 	if o.NATSTLSCert != "" || o.NATSTLSKey != "" {
 		opts = append(opts, queue.WithTLS(o.NATSTLSCert, o.NATSTLSKey, o.NATSTLSCA))
+		// The coordinator's own in-process connection trusts exactly the server's certificate
+		// (and presents it, should the server verify clients).
+		co, err := trustOwnCert(o.NATSTLSCert, o.NATSTLSKey)
+		if err != nil {
+			return nil, err
+		}
+		connOpts = append(connOpts, co)
 	}
 	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen, opts...)
 	if err != nil {

@@ -1,0 +1,244 @@
+package e2e
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// violations collects the asynchronous errors a NATS connection reports.
+type violations struct {
+	mu   sync.Mutex
+	errs []string
+}
+
+func (v *violations) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errs = append(v.errs, err.Error())
+}
+
+// wait returns once an error mentioning sub was reported.
+func (v *violations) wait(t *testing.T, sub string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		v.mu.Lock()
+		for _, e := range v.errs {
+			if strings.Contains(e, "Permissions Violation") && strings.Contains(e, sub) {
+				v.mu.Unlock()
+				return
+			}
+		}
+		v.mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("no permissions violation reported for %q (errors: %v)", sub, v.errs)
+}
+
+// With authentication on, the farm works with the right credentials and refuses everything
+// else: clients without credentials, API calls without the token, and a worker credential
+// trying what only the coordinator may do. No secret appears in any log line or error.
+func TestAuthenticatedFarm(t *testing.T) {
+	scene := example("shot")
+	data := t.TempDir()
+	raw := make([]byte, 24)
+	_, _ = rand.Read(raw)
+	token := "tf-" + hex.EncodeToString(raw)
+	tokenFile := filepath.Join(t.TempDir(), "api-token")
+	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), env: []string{"TILEFARM_API_TOKEN=" + token}}
+	f.restart("--nats-auth", "--api-token-file", tokenFile)
+	workerCreds := filepath.Join(data, "worker.creds")
+	for _, name := range []string{"worker.creds", "coordinator.creds"} {
+		fi, err := os.Stat(filepath.Join(data, name))
+		if err != nil || fi.Mode().Perm() != 0o600 {
+			t.Fatalf("credentials %s: %v, mode %v; want mode 0600", name, err, fi.Mode().Perm())
+		}
+	}
+	credsBefore, _ := os.ReadFile(workerCreds)
+	w := f.worker("w", t.TempDir(), "--nats-creds", workerCreds)
+
+	// The right credentials render.
+	var outputs []string
+	st, r := f.submit(append([]string{scene, "--frames", "2"}, small...)...)
+	outputs = append(outputs, r.stdout+r.stderr)
+	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != "completed" {
+		t.Fatalf("job on the authenticated farm: %+v", done)
+	}
+	outputsEqualReference(t, f, st.JobID, scene, []int{2}, small...)
+
+	// The API refuses a missing token with 401, and the CLI says why.
+	resp, err := http.Get("http://" + f.http + "/v1/jobs/" + st.JobID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("GET without a token = %d, want 401", resp.StatusCode)
+	}
+	noToken := runEnv(t, []string{"TILEFARM_API_TOKEN="}, "coordinator", "status", st.JobID, "--server", f.http)
+	outputs = append(outputs, noToken.stdout+noToken.stderr)
+	if noToken.code != 1 || !strings.Contains(noToken.stderr, "TILEFARM_API_TOKEN") {
+		t.Fatalf("status without a token: %s", noToken)
+	}
+
+	// NATS refuses a client without credentials.
+	if nc, err := nats.Connect(f.natsURL(), nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("NATS accepted a client without credentials")
+	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+		t.Fatalf("connecting without credentials: %v, want an authorization error", err)
+	}
+
+	// A worker credential cannot do what only the coordinator may.
+	var v violations
+	seedOpt, err := nats.NkeyOptionFromSeed(workerCreds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wnc, err := nats.Connect(f.natsURL(), seedOpt, nats.ErrorHandler(v.handler), nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("connecting with the worker credential: %v", err)
+	}
+	defer wnc.Close()
+	wjs, err := jetstream.New(wnc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 2*time.Second) }
+	ctx, cancel := short()
+	if err := wjs.DeleteStream(ctx, queue.StreamTiles); err == nil {
+		t.Fatal("a worker credential deleted TILES")
+	}
+	cancel()
+	v.wait(t, "$JS.API.STREAM.DELETE.TILES")
+	ctx, cancel = short()
+	if tiles, err := wjs.Stream(ctx, queue.StreamTiles); err != nil {
+		t.Fatalf("a worker credential cannot even read TILES' info: %v", err)
+	} else if err := tiles.Purge(ctx); err == nil {
+		t.Fatal("a worker credential purged TILES")
+	}
+	cancel()
+	v.wait(t, "$JS.API.STREAM.PURGE.TILES")
+	ctx, cancel = short()
+	if err := wjs.DeleteKeyValue(ctx, queue.BucketLeases); err == nil {
+		t.Fatal("a worker credential deleted the leases bucket")
+	}
+	cancel()
+	v.wait(t, "$JS.API.STREAM.DELETE.KV_leases")
+	ctx, cancel = short()
+	if _, err := wjs.CreateOrUpdateConsumer(ctx, queue.StreamTiles, jetstream.ConsumerConfig{Durable: queue.ConsumerWorkers, MaxDeliver: 1}); err == nil {
+		t.Fatal("a worker credential edited the workers consumer")
+	}
+	cancel()
+	v.wait(t, "$JS.API.CONSUMER")
+	forged := []byte(`{"type":"frame.completed","frame_key":"` + st.Frames[0].FrameKey + `","formats":["exr"]}`)
+	if err := wnc.Publish("events.frame.completed", forged); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, "events.frame.completed")
+	if err := wnc.Publish(queue.SubjectRender, []byte(`{"tile_key":"forged"}`)); err != nil {
+		t.Fatal(err)
+	}
+	v.wait(t, queue.SubjectRender)
+
+	// What a worker may do still works for it: reading its bucket, for one.
+	ctx, cancel = short()
+	if _, err := wjs.KeyValue(ctx, queue.BucketLeases); err != nil {
+		t.Fatalf("the worker credential cannot open the leases bucket: %v", err)
+	}
+	cancel()
+
+	// The coordinator's own credential sees everything intact.
+	copt, err := nats.NkeyOptionFromSeed(filepath.Join(data, "coordinator.creds"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cnc, err := nats.Connect(f.natsURL(), copt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cnc.Close()
+	cjs, _ := jetstream.New(cnc)
+	ctx, cancel = short()
+	defer cancel()
+	if _, err := cjs.KeyValue(ctx, queue.BucketLeases); err != nil {
+		t.Fatalf("the leases bucket is gone: %v", err)
+	}
+	events, err := cjs.Stream(ctx, queue.StreamEvents)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := events.GetLastMsgForSubject(ctx, "events.frame.completed"); !errors.Is(err, jetstream.ErrMsgNotFound) {
+		t.Fatalf("a forged frame.completed reached EVENTS: %v", err)
+	}
+
+	// Credentials are reused on restart, and the same worker goes on rendering.
+	f.serve.kill9()
+	f.restart("--nats-auth", "--api-token-file", tokenFile)
+	if credsAfter, _ := os.ReadFile(workerCreds); string(credsAfter) != string(credsBefore) {
+		t.Fatal("the worker credentials changed on restart")
+	}
+	st2, r := f.submit(append([]string{scene, "--frames", "3"}, small...)...)
+	outputs = append(outputs, r.stdout+r.stderr)
+	if done := f.waitDone(st2.JobID, 2*time.Minute); done.State != "completed" {
+		t.Fatalf("job after the coordinator's restart: %+v", done)
+	}
+
+	// No secret in any log or output.
+	seeds := secretLines(t, workerCreds, filepath.Join(data, "coordinator.creds"))
+	logs := append(outputs, f.serve.log(), w.log())
+	for _, l := range logs {
+		for _, secret := range append(seeds, token) {
+			if strings.Contains(l, secret) {
+				t.Fatalf("a secret appears in a log or output:\n%s", l)
+			}
+		}
+	}
+}
+
+// secretLines returns the nkey seeds in credential files.
+func secretLines(t *testing.T, files ...string) []string {
+	t.Helper()
+	var out []string
+	for _, p := range files {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(l, "SU") {
+				out = append(out, l)
+			}
+		}
+	}
+	if len(out) != len(files) {
+		t.Fatalf("found %d seeds in %d credential files", len(out), len(files))
+	}
+	return out
+}
+
+// serve refuses to expose the API beyond loopback without a token, and says why.
+func TestServeRefusesAnOpenAPIBeyondLoopback(t *testing.T) {
+	r := runEnv(t, []string{"TILEFARM_API_TOKEN="}, "coordinator", "serve", "--data", t.TempDir(), "--listen", "0.0.0.0:"+strings.Split(freePort(t), ":")[1],
+		"--nats-listen", freePort(t))
+	if r.code != 2 || !strings.Contains(r.stderr, "without a token") || !strings.Contains(r.stderr, "--insecure") {
+		t.Fatalf("serve --listen 0.0.0.0 without a token: %s", r)
+	}
+}
