@@ -132,7 +132,7 @@ func RequireToken(token string, h http.Handler) http.Handler {
 }
 
 // maxRequestBytes bounds a JSON request body; scene bundles have their own limit.
-const maxRequestBytes = 1 << 20
+const maxRequestBytes = 4 << 20
 
 // handlePutScene stores an uploaded scene bundle. The body is read once into a buffer of its
 // declared length and parsed in place, and only MaxUploads uploads are handled at once, so

@@ -87,7 +87,7 @@ func TestHTTPSubmitAndErrors(t *testing.T) {
 	if e := expectError(t, srv, "POST", "/v1/jobs", marshal(t, bad), http.StatusBadRequest, "bad_input"); !strings.Contains(e.Error, "reversed") {
 		t.Errorf("bad input message %q does not say the range is reversed", e.Error)
 	}
-	big := append([]byte(`{"project": "`), bytes.Repeat([]byte("x"), 2<<20)...)
+	big := append([]byte(`{"project": "`), bytes.Repeat([]byte("x"), 8<<20)...)
 	if e := expectError(t, srv, "POST", "/v1/jobs", append(big, `"}`...), http.StatusRequestEntityTooLarge, "bad_input"); !strings.Contains(e.Error, "KiB limit") {
 		t.Errorf("an oversized body's error %q does not name the limit", e.Error)
 	}
