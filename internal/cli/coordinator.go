@@ -260,7 +260,7 @@ are this process's client certificate and the servers' CA.`, stderr)
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
 	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
-	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: outbox-before-publish, outbox-mid-publish or outbox-after-publish")
+	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: submit-after-commit, outbox-before-publish, outbox-mid-publish or outbox-after-publish")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	qcfg := farmFlags(fs)
 	if pos, err := parseArgs(fs, args); err != nil {
@@ -301,6 +301,8 @@ are this process's client certificate and the servers' CA.`, stderr)
 	ccfg := coordinator.Config{MaxQueued: *maxQueued, ReconcileEvery: *reconcile}
 	switch *crash {
 	case "":
+	case "submit-after-commit":
+		ccfg.Faults.CrashAfterSubmit = true
 	case "outbox-before-publish":
 		ccfg.Faults.CrashBeforePublish = true
 	case "outbox-mid-publish":
@@ -308,7 +310,7 @@ are this process's client certificate and the servers' CA.`, stderr)
 	case "outbox-after-publish":
 		ccfg.Faults.CrashAfterPublish = true
 	default:
-		return usagef("--fault-crash %q: want outbox-before-publish, outbox-mid-publish or outbox-after-publish", *crash)
+		return usagef("--fault-crash %q: want submit-after-commit, outbox-before-publish, outbox-mid-publish or outbox-after-publish", *crash)
 	}
 	ccfg.Faults.Crash = func(seam string) { killSelf(log, "coordinator", seam) }
 	opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,

@@ -54,6 +54,8 @@ func (c *Config) normalize() {
 // Faults name seams at which a coordinator kills itself with SIGKILL, so crash tests hit the
 // exact window the outbox protocol guards in a real process.
 type Faults struct {
+	// CrashAfterSubmit: after a submission's transaction commits, before it is answered.
+	CrashAfterSubmit bool
 	// CrashBeforePublish: after reading an outbox record, before publishing it.
 	CrashBeforePublish bool
 	// CrashMidPublish: after publishing half of an outbox record's messages.

@@ -196,6 +196,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	if err != nil {
 		return SubmitResult{}, err
 	}
+	c.cfg.Faults.at("submit-after-commit", c.cfg.Faults.CrashAfterSubmit && created)
 	if created {
 		c.kickRelay()
 		c.notify()

@@ -45,11 +45,11 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 	if err := s.PutIfAbsent(ctx, "before/kill", []byte("written by all four")); err != nil {
 		t.Fatal(err)
 	}
-	// One erasure-coded object has a shard (and its metadata) on every node's drive.
-	for i := range c.Len() {
-		if !hasObject(c.Node(i), c.Bucket, "before/kill") {
-			t.Fatalf("node %d's drive holds no part of an object written with all nodes up", i)
-		}
+	// An erasure-coded object has a shard (and its metadata) on every drive it
+	// was written to: at least the write quorum, 3 of 4 (a drive a loaded node
+	// answers too slowly for is healed later).
+	if n := drivesHolding(c, "before/kill"); n < 3 {
+		t.Fatalf("an object written with all nodes up is on %d drives, want at least 3", n)
 	}
 
 	victim := c.Node(2)
@@ -79,8 +79,9 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 		t.Fatalf("List with one node down = %v, %v", objs, err)
 	}
 	t.Logf("writes and reads with a node down took %v", time.Since(start))
-	if hasObject(victim, c.Bucket, "during/outage") || !hasObject(c.Node(1), c.Bucket, "during/outage") {
-		t.Fatal("the object written with node 2 down is not on the live drives only")
+	// With one drive gone, write quorum takes every live one.
+	if hasObject(victim, c.Bucket, "during/outage") || drivesHolding(c, "during/outage") != 3 {
+		t.Fatal("the object written with node 2 down is not on exactly the three live drives")
 	}
 
 	start = time.Now()
@@ -105,6 +106,17 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 	if got, err := s.Get(ctx, "after/restart"); err != nil || string(got) != "through node 2" {
 		t.Fatalf("Get through node 0 of an object written through the restarted node = %q, %v", got, err)
 	}
+}
+
+// drivesHolding counts the nodes whose drive holds MinIO's metadata of key in the cluster's bucket.
+func drivesHolding(c *miniotest.Cluster, key string) int {
+	n := 0
+	for i := range c.Len() {
+		if hasObject(c.Node(i), c.Bucket, key) {
+			n++
+		}
+	}
+	return n
 }
 
 // hasObject reports whether node's drive holds MinIO's metadata of bucket/key.

@@ -269,13 +269,8 @@ func pollReady(procs []*process, check func() error) error {
 				return fmt.Errorf("%w: %s", errExited, p.addr)
 			}
 		}
-		prev := fmt.Sprint(lastErr)
 		if lastErr = check(); lastErr == nil {
-			fmt.Fprintf(os.Stderr, "DEBUG %s ready\n", time.Now().Format("15:04:05.000"))
 			return nil
-		}
-		if fmt.Sprint(lastErr) != prev {
-			fmt.Fprintf(os.Stderr, "DEBUG %s %v\n", time.Now().Format("15:04:05.000"), lastErr)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

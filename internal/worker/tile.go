@@ -52,7 +52,7 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 	if f := w.cfg.Faults.BeforeLease; f != nil {
 		f(r.job)
 	}
-	w.crashAt("before-lease")
+	w.crashAt(r.log, "before-lease")
 
 	// 2. Lease with fencing token; from here on the heartbeat keeps lease and message alive
 	// until the tile is settled.
@@ -214,7 +214,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, farm.BuildFingerprint(),
 			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
 			map[string]string{"tile_key": r.job.TileKey, "frame_key": r.job.FrameKey, "input_hash": r.job.InputHash, "worker": w.cfg.Name},
-			finalize.AfterUpload(func() { w.crashAt("after-upload") }))
+			finalize.AfterUpload(func() { w.crashAt(r.log, "after-upload") }))
 		return err
 	})
 	if err != nil {
@@ -225,7 +225,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		}
 		return err
 	}
-	w.crashAt("after-manifest")
+	w.crashAt(r.log, "after-manifest")
 	if p.Existing {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 	} else {
@@ -253,7 +253,7 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 	}); err != nil {
 		return fmt.Errorf("publishing completion event: %w", err)
 	}
-	w.crashAt("after-event")
+	w.crashAt(r.log, "after-event")
 	if err := w.ckpts.Delete(ctx, r.job.TileKey); err != nil {
 		r.log.Warn("deleting local checkpoint", "err", err)
 	}
@@ -263,7 +263,7 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 	if r.finish != nil {
 		r.finish()
 	}
-	w.crashAt("before-ack")
+	w.crashAt(r.log, "before-ack")
 	// The lease release above ends the heartbeat context; the ack must still go out.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -348,7 +348,7 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, r *tileRun
 			if err := tile.Render(ctx, tile.Next(), tile.Next()+(to-tile.Next())/2); err != nil {
 				return err
 			}
-			w.crashAt("mid-pass")
+			w.crashAt(r.log, "mid-pass")
 		}
 		if err := tile.Render(ctx, tile.Next(), to); err != nil {
 			return err
@@ -367,7 +367,7 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, r *tileRun
 				lastRemote = now
 			}
 			w.saveCheckpoint(ctx, tile, r, remote)
-			w.crashAt("after-checkpoint")
+			w.crashAt(r.log, "after-checkpoint")
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()

@@ -359,8 +359,8 @@ func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev farm.Event) e
 	return err
 }
 
-// crashAt calls the crash hook when seam is the armed one.
-func (w *Worker) crashAt(seam string) {
+// crashAt calls the crash hook when seam is the armed one, saying first which tile it hits.
+func (w *Worker) crashAt(log *slog.Logger, seam string) {
 	f := w.cfg.Faults
 	if f.CrashAt != seam || f.Crash == nil {
 		return
@@ -370,6 +370,7 @@ func (w *Worker) crashAt(seam string) {
 	w.crashed = true
 	w.faultMu.Unlock()
 	if first {
+		log.Warn("fault injection: crashing at a seam", "seam", seam)
 		f.Crash(seam)
 	}
 }
