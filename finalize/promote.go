@@ -290,7 +290,7 @@ func parseManifest(data []byte) (Manifest, error) {
 		if err := ValidateKey(o.Key); err != nil {
 			return Manifest{}, fmt.Errorf("%w: manifest object %q: %v", ErrCorrupt, o.Name, err)
 		}
-		if len(o.SHA256) != 64 || o.Size < 0 {
+		if _, err := hex.DecodeString(o.SHA256); len(o.SHA256) != 64 || err != nil || o.Size < 0 {
 			return Manifest{}, fmt.Errorf("%w: manifest object %q has no valid size and sha256", ErrCorrupt, o.Name)
 		}
 		if seen[o.Name] {

@@ -57,28 +57,41 @@ func newHarnessQueue(t *testing.T, cfg Config, qcfg queue.Config) *harness {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	dir := t.TempDir()
-	nc, js, _ := natstest.InProcess(t)
+	return buildHarness(t, ctx, cfg, qcfg, slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+// buildHarness assembles a harness for any testing.TB (a fuzz target builds one on its
+// *testing.F and every input shares it), with the shot scene uploaded.
+func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Config, log *slog.Logger) *harness {
+	tb.Helper()
+	dir := tb.TempDir()
+	nc, js, _ := natstest.InProcess(tb)
 	f, err := queue.Setup(ctx, js, qcfg)
 	if err != nil {
-		t.Fatalf("queue.Setup: %v", err)
+		tb.Fatalf("queue.Setup: %v", err)
 	}
-	log := slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 	f.Log = log
 	fs, err := finalize.NewFSStore(filepath.Join(dir, "store"))
 	if err != nil {
-		t.Fatalf("NewFSStore: %v", err)
+		tb.Fatalf("NewFSStore: %v", err)
 	}
 	objects := &countingStore{Store: fs}
 	st, err := store.Open(filepath.Join(dir, "coordinator.db"))
 	if err != nil {
-		t.Fatalf("store.Open: %v", err)
+		tb.Fatalf("store.Open: %v", err)
 	}
-	t.Cleanup(func() { _ = st.Close() })
+	tb.Cleanup(func() { _ = st.Close() })
 	m := metrics.New()
 	h := &harness{c: New(cfg, Deps{Store: st, Farm: f, NATS: nc, Objects: objects, Metrics: m, Log: log}),
 		st: st, objects: objects, farm: f, js: js, m: m, ctx: ctx}
-	h.version = h.putScene(t, shotBundle(t))
+	b, err := farm.ReadBundle(shotScene)
+	if err != nil {
+		tb.Fatalf("ReadBundle: %v", err)
+	}
+	h.version = b.Version()
+	if err := h.c.PutScene(ctx, h.version, b.Encode()); err != nil {
+		tb.Fatalf("PutScene: %v", err)
+	}
 	return h
 }
 

@@ -37,7 +37,12 @@ func (c *Coordinator) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
 		var req SubmitRequest
 		body := http.MaxBytesReader(w, r.Body, maxRequestBytes)
-		if err := json.NewDecoder(body).Decode(&req); err != nil {
+		dec := json.NewDecoder(body)
+		err := dec.Decode(&req)
+		if err == nil && dec.More() {
+			err = errors.New("more than one JSON value in the body")
+		}
+		if err != nil {
 			var tooBig *http.MaxBytesError
 			if errors.As(err, &tooBig) {
 				writeJSON(w, http.StatusRequestEntityTooLarge, APIError{

