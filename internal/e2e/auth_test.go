@@ -121,7 +121,9 @@ func TestAuthenticatedFarm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(context.Background(), 2*time.Second) }
+	short := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), 2*time.Second)
+	}
 	ctx, cancel := short()
 	if err := wjs.DeleteStream(ctx, queue.StreamTiles); err == nil {
 		t.Fatal("a worker credential deleted TILES")
