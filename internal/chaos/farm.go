@@ -1,0 +1,521 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"image/png"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/internal/natstest"
+	"github.com/tilefarm/tilefarm/internal/proctest"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// config is one run of the harness.
+type config struct {
+	dir    string
+	seed   uint64
+	soak   time.Duration
+	only   string
+	outage time.Duration
+	log    io.Writer
+}
+
+// Farm timings: short, so a kill's tile is back within seconds and scenarios stay quick.
+const (
+	ackWait  = "3s"
+	leaseTTL = "3s"
+)
+
+// jobSettings render a frame in 6 tiles of about a second each on the slowed workers.
+var jobSettings = []string{"--width", "96", "--height", "54", "--spp", "8", "--tile", "32"}
+
+// workerSlow makes every pass take a while and checkpoints (locally and remotely) after each,
+// so a fault always finds tiles in progress with samples to recover.
+var workerSlow = []string{"--fault-pass-delay", "120ms", "--passes", "8", "--checkpoint-every", "0", "--remote-checkpoint-every", "0"}
+
+// binaries are the farm's own commands, built once.
+type binaries struct{ coordinator, tileworker string }
+
+func buildBinaries(dir string) (binaries, error) {
+	root, err := moduleRoot()
+	if err != nil {
+		return binaries{}, err
+	}
+	bin := filepath.Join(dir, "bin")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		return binaries{}, err
+	}
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/coordinator", "./cmd/tileworker")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return binaries{}, fmt.Errorf("building the farm: %v\n%s", err, out)
+	}
+	return binaries{coordinator: filepath.Join(bin, "coordinator"), tileworker: filepath.Join(bin, "tileworker")}, nil
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the module: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
+
+// proc is one farm process with its log.
+type proc struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    <-chan struct{}
+}
+
+func (p *proc) log() string {
+	b, _ := os.ReadFile(p.logPath)
+	return string(b)
+}
+
+func (p *proc) signal(s syscall.Signal) { _ = p.cmd.Process.Signal(s) }
+
+func (p *proc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill kills the process with SIGKILL (thawing it first) and waits for it.
+func (p *proc) kill() {
+	if p.exited() {
+		return
+	}
+	p.signal(syscall.SIGCONT)
+	p.signal(syscall.SIGKILL)
+	<-p.done
+}
+
+// waitExit waits for the process to exit by itself.
+func (p *proc) waitExit(d time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(d):
+		return false
+	}
+}
+
+// waitLog waits until the log matches re and returns the match's first group, if any.
+func (p *proc) waitLog(re string, d time.Duration) (string, bool) {
+	rx := regexp.MustCompile(re)
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		if m := rx.FindStringSubmatch(p.log()); m != nil {
+			if len(m) > 1 {
+				return m[1], true
+			}
+			return "", true
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return "", false
+}
+
+// theFarm is one farm under test: its NATS and MinIO servers, coordinator, workers, and the
+// local references its frames are compared with.
+type theFarm struct {
+	cfg      config
+	bins     binaries
+	name     string
+	dir      string
+	nats     *natstest.Cluster
+	minio    *miniotest.Deployment
+	objects  finalize.Store
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	http     string
+	coord    *proc
+	workers  []*proc
+	metrics  map[*proc]string // metrics address of each worker
+	api      *client.Client
+	bundle   *farm.Bundle
+	scene    string
+	mu       sync.Mutex
+	refs     map[int]string // reference PNG by frame
+	frame    int            // the last frame number handed out
+	procs    int
+	sequence int
+}
+
+func (f *theFarm) logf(format string, args ...any) {
+	fmt.Fprintf(f.cfg.log, "chaos [%s] %s\n", f.name, fmt.Sprintf(format, args...))
+}
+
+// newFarm starts NATS (natsNodes), MinIO (minioNodes), a coordinator and workers workers.
+func newFarm(ctx context.Context, cfg config, bins binaries, name string, natsNodes, minioNodes, workers int) (*theFarm, error) {
+	f := &theFarm{cfg: cfg, bins: bins, name: name, dir: filepath.Join(cfg.dir, name), metrics: map[*proc]string{}, refs: map[int]string{}}
+	if err := os.MkdirAll(f.dir, 0o755); err != nil {
+		return nil, err
+	}
+	var err error
+	if f.nats, err = natstest.Launch(filepath.Join(f.dir, "nats"), natsNodes, natstest.Options{}); err != nil {
+		f.close()
+		return nil, fmt.Errorf("starting NATS: %w", err)
+	}
+	if f.minio, err = miniotest.LaunchDeployment(filepath.Join(f.dir, "minio"), minioNodes); err != nil {
+		f.close()
+		return nil, fmt.Errorf("starting MinIO: %w", err)
+	}
+	for _, kv := range f.minio.Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v) // the harness opens the store like the farm does
+	}
+	if f.objects, err = finalize.OpenStore(ctx, f.minio.URL()); err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.nc, err = nats.Connect(f.nats.URLs(), nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond)); err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.js, err = jetstream.New(f.nc); err != nil {
+		f.close()
+		return nil, err
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		f.close()
+		return nil, err
+	}
+	f.scene = filepath.Join(root, "examples", "shot", "scene.json")
+	if f.bundle, err = farm.ReadBundle(f.scene); err != nil {
+		f.close()
+		return nil, err
+	}
+	if f.http, err = freeAddr(); err != nil {
+		f.close()
+		return nil, err
+	}
+	f.api = client.New(f.http, "")
+	if err := f.startCoordinator(); err != nil {
+		f.close()
+		return nil, err
+	}
+	for i := range workers {
+		if _, err := f.startWorker(fmt.Sprintf("w%d", i+1)); err != nil {
+			f.close()
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+func (f *theFarm) replicas() string { return strconv.Itoa(min(3, len(f.nats.Servers))) }
+
+// startCoordinator starts `coordinator serve` on the farm's NATS and store, with extra flags
+// (a fault seam), and waits until it is healthy.
+func (f *theFarm) startCoordinator(extra ...string) error {
+	args := append([]string{"serve", "--data", filepath.Join(f.dir, "coordinator"), "--listen", f.http, "--nats", f.nats.URLs(),
+		"--store", f.minio.URL(), "--replicas", f.replicas(), "--ack-wait", ackWait, "--lease-ttl", leaseTTL,
+		"--reconcile-every", "5s", "--log-level", "info"}, extra...)
+	p, err := f.start("coordinator", f.bins.coordinator, args...)
+	if err != nil {
+		return err
+	}
+	f.coord = p
+	deadline := time.Now().Add(90 * time.Second)
+	for time.Now().Before(deadline) {
+		if resp, err := http.Get("http://" + f.http + "/healthz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if p.exited() && len(extra) == 0 {
+			return fmt.Errorf("coordinator exited:\n%s", p.log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("coordinator did not become healthy:\n%s", p.log())
+}
+
+// startWorker starts a tileworker (slowed, see workerSlow) with extra flags.
+func (f *theFarm) startWorker(name string, extra ...string) (*proc, error) {
+	maddr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := append(append([]string{"--nats", f.nats.URLs(), "--store", f.minio.URL(), "--checkpoints", filepath.Join(f.dir, "ckpt-"+name),
+		"--name", name, "--concurrency", "1", "--metrics-listen", maddr, "--log-level", "debug"}, workerSlow...), extra...)
+	p, err := f.start(name, f.bins.tileworker, args...)
+	if err != nil {
+		return nil, err
+	}
+	f.metrics[p] = maddr
+	if len(extra) == 0 {
+		f.workers = append(f.workers, p)
+	}
+	return p, nil
+}
+
+func (f *theFarm) start(name, bin string, args ...string) (*proc, error) {
+	f.procs++
+	logPath := filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.procs, name))
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), f.minio.Env()...)
+	done, err := proctest.Launch(cmd, logPath, name+" "+strings.Join(args, " "))
+	if err != nil {
+		return nil, err
+	}
+	return &proc{name: name, cmd: cmd, logPath: logPath, done: done}, nil
+}
+
+func (f *theFarm) close() {
+	if f.coord != nil {
+		f.coord.kill()
+	}
+	for p := range f.metrics {
+		p.kill()
+	}
+	if f.nc != nil {
+		f.nc.Close()
+	}
+	if f.nats != nil {
+		f.nats.Kill()
+	}
+	if f.minio != nil {
+		f.minio.Kill()
+	}
+}
+
+// nextFrames hands out n frame numbers no earlier job of this farm used, so no job shares a
+// frame with another and every job renders its own tiles.
+func (f *theFarm) nextFrames(n int) (first, last int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	first = f.frame + 1
+	f.frame += n
+	return first, f.frame
+}
+
+// submit submits frames first-last with the scenario settings.
+func (f *theFarm) submit(ctx context.Context, first, last int) (coordinator.Status, error) {
+	req := coordinator.SubmitRequest{SceneVersion: f.bundle.Version(), First: first, Last: last, Width: 96, Height: 54, SPP: 8,
+		TileSize: 32, Formats: []string{"png"}}
+	res, err := f.api.Submit(ctx, f.bundle, req)
+	return res.Status, err
+}
+
+// waitDone waits until job is completed or failed.
+func (f *theFarm) waitDone(ctx context.Context, job string, d time.Duration) (coordinator.Status, error) {
+	deadline := time.Now().Add(d)
+	var st coordinator.Status
+	var err error
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		st, err = f.api.Status(ctx, job)
+		if err == nil && (st.State == coordinator.StateCompleted || st.State == coordinator.StateFailed) {
+			return st, nil
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if err == nil {
+		err = fmt.Errorf("job %s still %s after %v (%d/%d tiles)", job, st.State, d, st.TilesCompleted, st.TilesTotal)
+	}
+	return st, err
+}
+
+// status reads a job's status, retrying while the coordinator is unreachable.
+func (f *theFarm) status(ctx context.Context, job string) coordinator.Status {
+	for ctx.Err() == nil {
+		if st, err := f.api.Status(ctx, job); err == nil {
+			return st
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return coordinator.Status{}
+}
+
+// reference renders frame locally with `tileworker render`, once.
+func (f *theFarm) reference(ctx context.Context, frame int) (string, error) {
+	f.mu.Lock()
+	if p, ok := f.refs[frame]; ok {
+		f.mu.Unlock()
+		return p, nil
+	}
+	f.mu.Unlock()
+	out := filepath.Join(f.cfg.dir, fmt.Sprintf("ref_%04d.png", frame))
+	args := append([]string{"render", f.scene, "--frame", strconv.Itoa(frame), "--out", out, "-q"}, jobSettings...)
+	if b, err := exec.CommandContext(ctx, f.bins.tileworker, args...).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("reference of frame %d: %v\n%s", frame, err, b)
+	}
+	f.mu.Lock()
+	f.refs[frame] = out
+	f.mu.Unlock()
+	return out, nil
+}
+
+// differingPixels compares a farm output with the reference, by decoded pixels.
+func differingPixels(got []byte, refPath string) (int, error) {
+	want, err := os.ReadFile(refPath)
+	if err != nil {
+		return 0, err
+	}
+	a, err := png.Decode(bytes.NewReader(got))
+	if err != nil {
+		return 0, fmt.Errorf("decoding farm output: %w", err)
+	}
+	b, err := png.Decode(bytes.NewReader(want))
+	if err != nil {
+		return 0, err
+	}
+	if a.Bounds() != b.Bounds() {
+		return a.Bounds().Dx() * a.Bounds().Dy(), nil
+	}
+	n := 0
+	for y := a.Bounds().Min.Y; y < a.Bounds().Max.Y; y++ {
+		for x := a.Bounds().Min.X; x < a.Bounds().Max.X; x++ {
+			r1, g1, b1, _ := a.At(x, y).RGBA()
+			r2, g2, b2, _ := b.At(x, y).RGBA()
+			if r1 != r2 || g1 != g2 || b1 != b2 {
+				n++
+			}
+		}
+	}
+	return n, nil
+}
+
+// deliveries sums the deliveries the TILES consumers made so far, redeliveries included.
+func (f *theFarm) deliveries(ctx context.Context) uint64 {
+	var n uint64
+	for _, name := range []string{queue.ConsumerWorkers, queue.ConsumerAssemblers} {
+		for try := 0; try < 20; try++ {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			c, err := f.js.Consumer(cctx, queue.StreamTiles, name)
+			var info *jetstream.ConsumerInfo
+			if err == nil {
+				info, err = c.Info(cctx)
+			}
+			cancel()
+			if err == nil {
+				n += info.Delivered.Consumer
+				break
+			}
+			time.Sleep(500 * time.Millisecond)
+		}
+	}
+	return n
+}
+
+// duplicates sums tilefarm_duplicates_suppressed_total by layer over the coordinator and the
+// live workers.
+func (f *theFarm) duplicates() map[string]float64 {
+	out := map[string]float64{}
+	addrs := []string{f.http}
+	for p, a := range f.metrics {
+		if !p.exited() {
+			addrs = append(addrs, a)
+		}
+	}
+	rx := regexp.MustCompile(`^tilefarm_duplicates_suppressed_total\{layer="([a-z_]+)"\} ([0-9.e+]+)$`)
+	for _, a := range addrs {
+		resp, err := http.Get("http://" + a + "/metrics")
+		if err != nil {
+			continue
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			if m := rx.FindStringSubmatch(line); m != nil {
+				v, _ := strconv.ParseFloat(m[2], 64)
+				out[m[1]] += v
+			}
+		}
+	}
+	return out
+}
+
+// waitTileAgain waits for the first event about tileKey after since from a worker other than
+// gone (the tile rendering again, or found promoted by its next delivery) and returns how long
+// after since it came.
+func (f *theFarm) waitTileAgain(ctx context.Context, tileKey, gone string, since time.Time, d time.Duration) (time.Duration, error) {
+	cctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	cons, err := f.js.OrderedConsumer(cctx, queue.StreamEvents, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{queue.EventsTilePrefix + ">"}, DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &since})
+	if err != nil {
+		return 0, err
+	}
+	for {
+		msg, err := cons.Next(jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			if cctx.Err() != nil {
+				return 0, fmt.Errorf("tile %s not seen again within %v", short(tileKey), d)
+			}
+			continue
+		}
+		md, _ := msg.Metadata()
+		var ev farm.Event
+		if json.Unmarshal(msg.Data(), &ev) == nil && ev.TileKey == tileKey && ev.Worker != gone && md != nil && md.Timestamp.After(since) {
+			return md.Timestamp.Sub(since), nil
+		}
+	}
+}
+
+// manifestsComplete checks that every tile and the PNG of each frame of a job has its
+// manifest: a promotion lost would show here as a missing one.
+func (f *theFarm) manifestsComplete(ctx context.Context, st coordinator.Status) error {
+	for _, fr := range st.Frames {
+		objs, err := f.objects.List(ctx, finalize.ManifestPrefix+farm.TileManifestPrefix(fr.FrameKey))
+		if err != nil {
+			return err
+		}
+		if len(objs) != fr.TilesTotal {
+			return fmt.Errorf("frame %d has %d tile manifests for %d tiles", fr.Frame, len(objs), fr.TilesTotal)
+		}
+		if ok, err := finalize.ManifestExists(ctx, f.objects, farm.FrameManifestKey(fr.FrameKey, "png")); err != nil || !ok {
+			return fmt.Errorf("frame %d has no png manifest (%v)", fr.Frame, err)
+		}
+	}
+	return nil
+}
+
+func short(s string) string {
+	if len(s) > 12 {
+		return s[:12]
+	}
+	return s
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+var errInvalid = errors.New("the fault did not land on work in progress")
