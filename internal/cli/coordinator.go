@@ -35,6 +35,7 @@ Commands:
   outputs JOB --out PATTERN                 download a job's finished frames
   dlq list | dlq requeue SEQ                inspect and requeue dead-lettered tiles
   gc [--grace D]                            delete unreferenced attempt objects and old checkpoints
+  credentials [--data DIR]                  NATS identities and the account config for an external cluster
 
 Run 'coordinator COMMAND -h' for the flags of a command.
 Exit codes: 0 completed, 42 accepted/queued, 3 in progress, 1 failed, 2 usage error, 75 busy/unreachable (retry).
@@ -72,6 +73,8 @@ func Coordinator(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		err = cmdDLQ(ctx, rest, stdout, stderr)
 	case "gc":
 		err = cmdGC(ctx, rest, stdout, stderr)
+	case "credentials":
+		err = cmdCredentials(rest, stdout, stderr)
 	default:
 		err = usagef("unknown command %q", cmd)
 		name = "coordinator"
@@ -333,6 +336,32 @@ are this process's client certificate and the servers' CA.`, stderr)
 	log.Info("coordinator stopping")
 	n.Close()
 	log.Info("coordinator stopped")
+	return nil
+}
+
+func cmdCredentials(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("coordinator credentials", "coordinator credentials [--data DIR]", `
+Create (or reuse) the farm's two NATS identities in --data, as serve does when it embeds NATS
+with authentication: coordinator.creds (for 'serve --nats URL --nats-creds') and worker.creds
+(for 'tileworker --nats-creds' on render nodes), both mode 0600. Then print the nats-server
+configuration that grants them their permissions, to add to every node of an external JetStream
+cluster. Only public keys are printed; the seeds stay in the files.`, stderr)
+	data := fs.String("data", ".tilefarm", "directory for the credential files")
+	if pos, err := parseArgs(fs, args); err != nil {
+		return err
+	} else if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	if err := os.MkdirAll(*data, 0o700); err != nil {
+		return err
+	}
+	coord, work, err := node.EnsureCredentials(*data)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "# tilefarm account for nats-server; identities in %s (%s, %s)\n", mustAbs(*data),
+		node.CoordinatorCredsFile, node.WorkerCredsFile)
+	fmt.Fprint(stdout, queue.AccountConfig(coord, work))
 	return nil
 }
 

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"context"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -79,4 +82,33 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 		}
 	}
 	outputsEqualReference(t, f, st.JobID, scene, []int{1, 2, 3, 4, 5, 6}, small...)
+}
+
+// The documented external configuration: `coordinator credentials` makes the two identities
+// and prints the account block; a 3-node cluster configured with it runs a farm whose
+// coordinator and workers each present their own credential, and refuses anyone else.
+func TestExternalClusterWithCredentials(t *testing.T) {
+	scene := example("shot")
+	creds := t.TempDir()
+	r := run(t, "coordinator", "credentials", "--data", creds)
+	if r.code != 0 || !strings.Contains(r.stdout, "accounts {") {
+		t.Fatalf("coordinator credentials: %s", r)
+	}
+	coordSeed, err := nats.NkeyOptionFromSeed(filepath.Join(creds, "coordinator.creds"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := natstest.StartCluster(t, 3, natstest.Options{Config: r.stdout, Connect: []nats.Option{coordSeed}})
+	if nc, err := nats.Connect(c.URLs(), nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("the cluster accepted a client without credentials")
+	}
+	f := startServeNATS(t, t.TempDir(), c.URLs(), "--replicas", "3", "--nats-creds", filepath.Join(creds, "coordinator.creds"))
+	startEnv(t, nil, "tileworker", "--nats", c.URLs(), "--nats-creds", filepath.Join(creds, "worker.creds"), "--store", f.store,
+		"--checkpoints", t.TempDir(), "--name", "w", "--concurrency", "1")
+	st, _ := f.submit(append([]string{scene, "--frames", "2"}, small...)...)
+	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != "completed" {
+		t.Fatalf("job on the authenticated cluster: %+v", done)
+	}
+	outputsEqualReference(t, f, st.JobID, scene, []int{2}, small...)
 }

@@ -150,9 +150,9 @@ const (
 	WorkerCredsFile      = "worker.creds"
 )
 
-// ensureCredentials returns the public keys of the coordinator's and the workers' identities
+// EnsureCredentials returns the public keys of the coordinator's and the workers' identities
 // under dir, creating their seed files the first time.
-func ensureCredentials(dir string) (coordinator, worker string, err error) {
+func EnsureCredentials(dir string) (coordinator, worker string, err error) {
 	if coordinator, err = ensureSeed(filepath.Join(dir, CoordinatorCredsFile)); err != nil {
 		return "", "", err
 	}

@@ -162,7 +162,7 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 	}
 	var connOpts []nats.Option
 	if o.NATSAuth {
-		coordKey, workerKey, err := ensureCredentials(o.DataDir)
+		coordKey, workerKey, err := EnsureCredentials(o.DataDir)
 		if err != nil {
 			return nil, err
 		}
