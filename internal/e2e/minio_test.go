@@ -189,9 +189,9 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 func TestMinIOOutageThenGC(t *testing.T) {
 	m := miniotest.Start(t)
 	scene := example("shot")
-	// An outage of ten ack-waits, with a failure budget of one and a safety net of two
+	// An outage of five ack-waits, with a failure budget of one and a safety net of three
 	// deliveries: an outage that spent deliveries or failures would dead-letter every tile.
-	f := startServeStore(t, t.TempDir(), m.URL(), m.Env(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "2", "--max-failures", "1")
+	f := startServeStore(t, t.TempDir(), m.URL(), m.Env(), "--ack-wait", "4s", "--lease-ttl", "4s", "--max-deliver", "3", "--max-failures", "1")
 	slow := []string{"--fault-pass-delay", "100ms", "--checkpoint-every", "0"}
 	w1 := f.worker("node-a", t.TempDir(), slow...)
 	w2 := f.worker("node-b", t.TempDir(), slow...)
