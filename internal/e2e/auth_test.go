@@ -244,3 +244,32 @@ func TestServeRefusesAnOpenAPIBeyondLoopback(t *testing.T) {
 		t.Fatalf("serve --listen 0.0.0.0 without a token: %s", r)
 	}
 }
+
+// Beyond loopback the embedded JetStream requires credentials without being asked: serve
+// writes them and refuses a client that has none.
+func TestEmbeddedNATSBeyondLoopbackRequiresCredentials(t *testing.T) {
+	data := t.TempDir()
+	port := strings.Split(freePort(t), ":")[1]
+	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), natsAddr: "0.0.0.0:" + port}
+	f.http = freePort(t)
+	f.restart()
+	if _, err := os.Stat(filepath.Join(data, "worker.creds")); err != nil {
+		t.Fatalf("no worker credentials written: %v", err)
+	}
+	if !strings.Contains(f.serve.log(), "auth=true") {
+		t.Fatalf("the embedded server does not say it requires credentials:\n%s", f.serve.log())
+	}
+	if nc, err := nats.Connect("nats://127.0.0.1:"+port, nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
+		nc.Close()
+		t.Fatal("a client without credentials was accepted beyond loopback")
+	}
+	seed, err := nats.NkeyOptionFromSeed(filepath.Join(data, "worker.creds"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect("nats://127.0.0.1:"+port, seed, nats.NoReconnect())
+	if err != nil {
+		t.Fatalf("the worker credential was refused: %v", err)
+	}
+	nc.Close()
+}
