@@ -16,6 +16,28 @@ type Settings struct {
 	MaxDepth int     `json:"max_depth"`
 	Seed     uint64  `json:"seed"`
 	Exposure float64 `json:"exposure"` // EV stops, used by tone mapping in finalize (render ignores it)
+	// Passes fixes the partition of a tile's samples into passes (see PassEnds) for renderers
+	// whose bits depend on it (Cycles); 0 leaves it to the worker, as this renderer's bits do
+	// not depend on it. Omitted when 0, so settings without it hash as before.
+	Passes int `json:"passes,omitempty"`
+	// Build is the fingerprint of the renderer a scene not rendered by this package needs
+	// (Blender's version, Cycles kernel and BVH): workers of another build refuse its tiles.
+	Build string `json:"build,omitempty"`
+}
+
+// PassEnds returns the ends of the passes a tile renders its st.SPP samples in: pass i is
+// samples [ends[i-1], ends[i]), in st.Passes equal parts when the settings fix them, else in
+// passes parts (the worker's choice; at least one sample each).
+func (st Settings) PassEnds(passes int) []int {
+	if st.Passes > 0 {
+		passes = st.Passes
+	}
+	passes = max(1, min(passes, st.SPP))
+	ends := make([]int, passes)
+	for i := range ends {
+		ends[i] = int(int64(st.SPP) * int64(i+1) / int64(passes))
+	}
+	return ends
 }
 
 // Limits on settings: anything beyond them is rejected as absurd rather than
@@ -43,11 +65,17 @@ func (s *Scene) Validate(st Settings) error {
 	if s.cameraIndex(st.Camera) < 0 {
 		return sceneErr("settings.camera", "unknown camera %q (have %s)", st.Camera, quoteList(s.Cameras()))
 	}
+	if st.Passes != 0 || st.Build != "" {
+		return sceneErr("settings.passes", "the built-in renderer takes no fixed passes or build: any partition of a tile's samples gives the same bits")
+	}
+	if err := ValidateSize(st); err != nil {
+		return err
+	}
 	return validateNumbers(st)
 }
 
-// validateNumbers checks the numeric settings.
-func validateNumbers(st Settings) error {
+// ValidateSize checks the image size and sample count every renderer shares the limits of.
+func ValidateSize(st Settings) error {
 	if err := checkRange("settings.width", st.Width, 1, MaxWidth); err != nil {
 		return err
 	}
@@ -57,9 +85,11 @@ func validateNumbers(st Settings) error {
 	if int64(st.Width)*int64(st.Height) > MaxPixels {
 		return sceneErr("settings.width", "width×height = %d pixels exceeds the limit of %d", int64(st.Width)*int64(st.Height), MaxPixels)
 	}
-	if err := checkRange("settings.spp", st.SPP, 1, MaxSPP); err != nil {
-		return err
-	}
+	return checkRange("settings.spp", st.SPP, 1, MaxSPP)
+}
+
+// validateNumbers checks the numeric settings only this renderer has.
+func validateNumbers(st Settings) error {
 	if err := checkRange("settings.max_depth", st.MaxDepth, 1, MaxMaxDepth); err != nil {
 		return err
 	}
@@ -99,12 +129,16 @@ func quoteList(names []string) string {
 type Overrides struct {
 	Camera             string
 	Width, Height, SPP int
+	Passes             int // only for renderers whose bits depend on the pass partition
 }
 
 // Resolve returns the scene's settings with the overrides applied, validated: every command and
 // the coordinator resolve a request's settings the same way, so they hash the same.
 func (s *Scene) Resolve(o Overrides) (Settings, error) {
 	st := s.Defaults()
+	if o.Passes != 0 {
+		return Settings{}, sceneErr("settings.passes", "passes apply to Blender scenes: the built-in renderer's tiles give the same bits however their samples are split")
+	}
 	if o.Camera != "" {
 		st.Camera = o.Camera
 	}
