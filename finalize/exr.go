@@ -298,7 +298,9 @@ func decodeEXR(data []byte) (*Frame, error) {
 	if r.err != nil {
 		return nil, r.err
 	}
-	if version&0xff != exrVersion || version&^0xff != 0 {
+	// Bit 10 says names may be up to 255 bytes long (Blender sets it); cstring reads those.
+	const longNames = 0x400
+	if version&0xff != exrVersion || version&^(0xff|longNames) != 0 {
 		return nil, fmt.Errorf("unsupported version/flags %#x (only single-part scanline files)", version)
 	}
 	var (

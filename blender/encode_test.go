@@ -1,0 +1,87 @@
+package blender_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"image"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// Property: a frame assembled from tiles and passes equals Blender's own full-frame render to
+// within float rounding, and its PNG, encoded through the scene's colour management, is
+// Blender's own PNG of the frame to within one 8-bit level.
+func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
+	pool := blendertest.Pool(t, 1)
+	sc := loadExample(t, pool)
+	st := settings(t, sc, 96, 72, 8, 4)
+	frame := finalize.NewFrame(st.Width, st.Height)
+	for _, r := range []render.Rect{{X1: 50, Y1: 40}, {X0: 50, X1: 96, Y1: 40}, {Y0: 40, X1: 96, Y1: 72}} {
+		if err := frame.Place(r.X0, r.Y0, r.X1, r.Y1, renderTile(t, pool, sc, st, 3, r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	own := blenderFrame(t, sc, st, 3)
+	if worst := blendertest.MaxRelDiff(frame.Pix, own.Pix); worst > 1e-5 {
+		t.Fatalf("tiled frame differs from Blender's own render by %g relative, want rounding only (< 1e-5)", worst)
+	}
+	data, err := blender.EncodePNG(context.Background(), pool, sc, frame, 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ours, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := blenderPNG(t, sc, st, 3)
+	d := blendertest.MaxLevelDiff(ours, theirs)
+	if d > 1 {
+		t.Fatalf("our PNG differs from Blender's by %d levels, want at most 1", d)
+	}
+	t.Logf("PNG within %d level of Blender's own", d)
+	if d := blendertest.MaxLevelDiff(ours, toneMapped(t, frame)); d <= 1 {
+		t.Fatalf("our PNG is within %d level of tilefarm's own tone mapper: the scene's Filmic view was not applied", d)
+	}
+}
+
+// blenderPNG renders frame with Blender's own command line as an 8-bit PNG.
+func blenderPNG(t *testing.T, sc *blender.Scene, st render.Settings, frame int) image.Image {
+	t.Helper()
+	dir := t.TempDir()
+	script := filepath.Join(dir, "settings.py")
+	if err := os.WriteFile(script, []byte(blendertest.OwnRenderSettings(st, true)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	blendertest.Run(t, sc.Blend(), "--disable-autoexec", "-t", "1", "--python", script,
+		"-o", filepath.Join(dir, "frame_####"), "-f", strconv.Itoa(frame))
+	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("frame_%04d.png", frame)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+func toneMapped(t *testing.T, f *finalize.Frame) image.Image {
+	data, err := finalize.EncodePNG8(f, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return img
+}

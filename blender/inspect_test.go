@@ -1,0 +1,108 @@
+package blender_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/internal/blendertest"
+)
+
+func TestInspectExample(t *testing.T) {
+	pool := blendertest.Pool(t, 1)
+	in, err := blender.Inspect(context.Background(), pool, blendertest.Example(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := in.Desc
+	if d.Blend != "scene.blend" || !slices.Equal(d.Files, []string{"scene.blend", "textures/checker.png"}) {
+		t.Fatalf("blend %q files %q: want the .blend and its texture by their relative names", d.Blend, d.Files)
+	}
+	if !slices.Equal(d.Cameras, []string{"Camera"}) || d.Camera != "Camera" || d.Width != 160 || d.Height != 120 ||
+		d.SPP != 32 || d.Seed != 7 || d.FrameStart != 1 || d.FrameEnd != 24 || d.ViewTransform != "Filmic" {
+		t.Fatalf("description %+v does not say what the example scene has", d)
+	}
+	if len(d.SwitchedOff) != 0 {
+		t.Fatalf("the example has nothing to switch off, got %q", d.SwitchedOff)
+	}
+	if !strings.HasPrefix(d.Build, "blender/3.4.1 ") || !strings.Contains(d.Build, "cycles-cpu/") || !strings.Contains(d.Build, "driver/"+blender.DriverVersion) {
+		t.Fatalf("build %q lacks the Blender version, kernel or driver", d.Build)
+	}
+	for name, p := range in.Paths {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("file %s at %s: %v", name, p, err)
+		}
+	}
+	back, err := blender.ParseDescription(d.Encode())
+	if err != nil || !slices.Equal(back.Files, d.Files) || back.Build != d.Build {
+		t.Fatalf("description does not round-trip: %v", err)
+	}
+}
+
+// Property: a scene that would render wrong on the farm (magenta textures, dropped objects,
+// scripts not run) or not at all is rejected at inspection with a message naming the problem.
+func TestInspectRejectsBadScenes(t *testing.T) {
+	dir := t.TempDir()
+	blendertest.Run(t, "--python", filepath.Join("testdata", "make_bad.py"), "--", blendertest.Example(t), dir)
+	// A missing texture: the example's .blend without its textures directory.
+	data, err := os.ReadFile(blendertest.Example(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "bare"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "lib", "props.blend")); err != nil {
+		t.Fatal(err)
+	}
+	pool := blendertest.Pool(t, 1)
+	for _, c := range []struct {
+		name, path string
+		want       []string
+	}{
+		{"missing texture", write("bare/scene.blend", data), []string{"image 'checker.png' needs //textures/checker.png, which is missing"}},
+		{"missing linked library", filepath.Join(dir, "linked.blend"), []string{"linked library 'props.blend' needs //lib/props.blend, which is missing"}},
+		{"not a blend", write("notes.blend", []byte("just some text\n")), []string{"notes.blend is not a .blend file"}},
+		{"no camera", filepath.Join(dir, "nocamera.blend"), []string{"has no camera"}},
+		{"needs autoexec", filepath.Join(dir, "autoexec.blend"), []string{"needs Python scripts to run", "rig.py"}},
+		{"absolute path", filepath.Join(dir, "absolute.blend"), []string{"uses the absolute path", "Make Paths Relative"}},
+		{"missing file", filepath.Join(dir, "nothing-here.blend"), []string{"nothing-here.blend"}},
+	} {
+		_, err := blender.Inspect(context.Background(), pool, c.path)
+		if !errors.Is(err, blender.ErrScene) {
+			t.Errorf("%s: got %v, want an ErrScene", c.name, err)
+			continue
+		}
+		for _, w := range c.want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: error %q does not say %q", c.name, err, w)
+			}
+		}
+	}
+
+	in, err := blender.Inspect(context.Background(), pool, filepath.Join(dir, "unsplittable.blend"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(in.Desc.SwitchedOff, "\n")
+	for _, w := range []string{"adaptive sampling", "denoising", "compositing"} {
+		if !strings.Contains(got, w) {
+			t.Errorf("switched off %q does not name %s", in.Desc.SwitchedOff, w)
+		}
+	}
+	if len(in.Desc.SwitchedOff) != 3 {
+		t.Errorf("switched off %q: want one line for each of the 3 settings", in.Desc.SwitchedOff)
+	}
+}

@@ -1,0 +1,152 @@
+package blender
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// Tile renders one pixel rectangle of one frame of a Scene, pass by pass: each pass is one
+// Cycles border render of the samples [a, b) (sample_offset a, samples b-a), whose float mean
+// is added into float64 sums times b-a, in pass order. For a fixed partition of the samples
+// that is deterministic, so a tile resumed from its sums after any pass ends with the same
+// bits as one rendered straight through. A Tile is not safe for concurrent use.
+type Tile struct {
+	pool  *Pool
+	scene *Scene
+	st    render.Settings
+	frame int
+	rect  render.Rect
+	ends  []int
+	next  int
+	sum   []float64
+}
+
+// NewTile prepares rendering rect r of frame. The settings must fix the pass partition and
+// carry the pool's build fingerprint: a tile made for another Blender build is refused with
+// ErrBuildMismatch, since its bits could differ.
+func NewTile(ctx context.Context, pool *Pool, sc *Scene, st render.Settings, frame int, r render.Rect) (*Tile, error) {
+	if st.Passes < 1 || st.Passes > st.SPP {
+		return nil, sceneErr("settings.passes %d: a Blender tile needs between 1 and %d passes fixed at submit", st.Passes, st.SPP)
+	}
+	if err := render.ValidateSize(st); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrScene, err)
+	}
+	if r.X0 < 0 || r.Y0 < 0 || r.X1 > st.Width || r.Y1 > st.Height || r.X0 >= r.X1 || r.Y0 >= r.Y1 {
+		return nil, sceneErr("rect [%d,%d)x[%d,%d) is empty or outside the %dx%d image", r.X0, r.X1, r.Y0, r.Y1, st.Width, st.Height)
+	}
+	build, err := pool.Build(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if st.Build != build {
+		return nil, fmt.Errorf("%w: the tile was made for %q, this worker runs %q (all workers of a farm, and the machine that submits, must run the same Blender on the same kind of CPU)", ErrBuildMismatch, st.Build, build)
+	}
+	return &Tile{pool: pool, scene: sc, st: st, frame: frame, rect: r, ends: st.PassEnds(0),
+		sum: make([]float64, 3*r.Dx()*r.Dy())}, nil
+}
+
+// Render renders samples [from, to), which must start at Next and end at the end of a pass
+// of the partition. A cancelled ctx kills the pass's Blender process; the tile stays at the
+// last complete pass.
+func (t *Tile) Render(ctx context.Context, from, to int) error {
+	if from != t.next {
+		return fmt.Errorf("blender: from = %d, but the tile's next sample is %d", from, t.next)
+	}
+	if to != from && !slices.Contains(t.ends, to) {
+		return fmt.Errorf("blender: %d is not the end of a pass of %v", to, t.ends)
+	}
+	for _, end := range t.ends {
+		if end <= t.next || end > to {
+			continue
+		}
+		pix, err := t.pass(ctx, t.next, end)
+		if err != nil {
+			return err
+		}
+		n := float64(end - t.next)
+		for i, v := range pix {
+			t.sum[i] += float64(v) * n
+		}
+		t.next = end
+	}
+	return nil
+}
+
+// pass renders samples [a, b) of the tile and returns their mean, RGB interleaved, row-major.
+func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, error) {
+	out, err := t.pool.scratch(".exr")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(out)
+	blend := t.scene.Blend()
+	req := map[string]any{"op": "render", "file": blend, "frame": t.frame, "camera": t.st.Camera,
+		"width": t.st.Width, "height": t.st.Height, "seed": t.st.Seed,
+		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "out": out}
+	if _, err := t.pool.call(ctx, blend, req); err != nil {
+		return nil, fmt.Errorf("rendering samples [%d,%d) of tile %v: %w", a, b, t.rect, err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
+	}
+	f, err := finalize.DecodeEXR(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
+	}
+	if f.Width != t.rect.Dx() || f.Height != t.rect.Dy() {
+		return nil, fmt.Errorf("%w: Blender rendered %dx%d pixels for the %dx%d tile %v", ErrProcess, f.Width, f.Height, t.rect.Dx(), t.rect.Dy(), t.rect)
+	}
+	return f.Pix, nil
+}
+
+// Next returns the next sample to render.
+func (t *Tile) Next() int { return t.next }
+
+// Export returns a deep copy of the tile's progress.
+func (t *Tile) Export() render.State {
+	return render.State{Next: t.next, Sum: slices.Clone(t.sum)}
+}
+
+// Import restores progress saved by Export, after checking that it fits this tile: the right
+// number of finite sums, and a next sample at the end of a pass.
+func (t *Tile) Import(st render.State) error {
+	if len(st.Sum) != len(t.sum) {
+		return fmt.Errorf("blender: state has %d sums, tile needs %d", len(st.Sum), len(t.sum))
+	}
+	if st.Next != 0 && !slices.Contains(t.ends, st.Next) {
+		return fmt.Errorf("blender: state's next sample %d is not the end of a pass of %v", st.Next, t.ends)
+	}
+	for _, v := range st.Sum {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return errors.New("blender: state holds a non-finite sum")
+		}
+		if st.Next == 0 && v != 0 {
+			return errors.New("blender: state has sums but no samples")
+		}
+	}
+	copy(t.sum, st.Sum)
+	t.next = st.Next
+	return nil
+}
+
+// Pixels returns the mean of the samples so far, RGB interleaved, row-major over the rect.
+// The division (not a multiplication by 1/n) makes a one-pass tile exactly Blender's floats.
+func (t *Tile) Pixels() []float32 {
+	out := make([]float32, len(t.sum))
+	if t.next == 0 {
+		return out
+	}
+	n := float64(t.next)
+	for i, v := range t.sum {
+		out[i] = float32(v / n)
+	}
+	return out
+}

@@ -1,0 +1,102 @@
+package blender_test
+
+import (
+	"context"
+	"math"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// Property: a tile rendered as a Cycles border region is exactly the same pixels of a
+// full-frame render, for rectangle edges where the naive border p/N is a pixel off.
+func TestBorderTileEqualsFullFrameRegion(t *testing.T) {
+	pool := blendertest.Pool(t, 1)
+	sc := loadExample(t, pool)
+	st := settings(t, sc, 150, 97, 2, 1)
+	full := renderTile(t, pool, sc, st, 1, render.Rect{X1: 150, Y1: 97})
+	for _, r := range []render.Rect{{X0: 49, Y0: 0, X1: 101, Y1: 33}, {X0: 0, Y0: 33, X1: 49, Y1: 97}, {X0: 137, Y0: 61, X1: 150, Y1: 97}, {X0: 1, Y0: 1, X1: 2, Y1: 2}} {
+		got := renderTile(t, pool, sc, st, 1, r)
+		i := 0
+		for y := r.Y0; y < r.Y1; y++ {
+			for x := r.X0; x < r.X1; x++ {
+				for c := 0; c < 3; c++ {
+					if want := full[(y*150+x)*3+c]; got[i] != want {
+						t.Fatalf("rect %v pixel (%d,%d)[%d] = %v, full frame has %v", r, x, y, c, got[i], want)
+					}
+					i++
+				}
+			}
+		}
+	}
+}
+
+// Property: a tile resumed from its exported sums after any pass ends with the same bits as
+// one rendered straight through, and a partition of the samples differs from one pass only by
+// float rounding.
+func TestPassesResumeBitForBit(t *testing.T) {
+	pool := blendertest.Pool(t, 1)
+	sc := loadExample(t, pool)
+	r := render.Rect{X0: 40, Y0: 30, X1: 90, Y1: 70}
+	st := settings(t, sc, 160, 120, 12, 3)
+	straight := renderTile(t, pool, sc, st, 2, r)
+
+	ctx := context.Background()
+	a := newTile(t, pool, sc, st, 2, r)
+	if err := a.Render(ctx, 0, 4); err != nil {
+		t.Fatal(err)
+	}
+	saved := a.Export()
+	b := newTile(t, pool, sc, st, 2, r)
+	if err := b.Import(saved); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Render(ctx, b.Next(), 12); err != nil {
+		t.Fatal(err)
+	}
+	if got := b.Pixels(); !equal(got, straight) {
+		t.Fatal("a tile resumed after its first pass differs from one rendered straight through")
+	}
+	one := renderTile(t, pool, sc, settings(t, sc, 160, 120, 12, 1), 2, r)
+	worst := 0.0
+	for i := range one {
+		d := math.Abs(float64(one[i]-straight[i])) / math.Max(math.Abs(float64(one[i])), 1e-3)
+		worst = math.Max(worst, d)
+	}
+	if worst > 1e-5 {
+		t.Fatalf("3 passes differ from 1 pass by %g relative; only rounding (< 1e-5) is expected", worst)
+	}
+	if equal(one, straight) {
+		t.Log("3 passes happen to equal 1 pass bit for bit")
+	}
+	if err := b.Render(ctx, 12, 13); err == nil {
+		t.Fatal("rendering past the last pass succeeded")
+	}
+	c := newTile(t, pool, sc, st, 2, r)
+	if err := c.Render(ctx, 0, 6); err == nil {
+		t.Fatal("rendering to the middle of a pass succeeded")
+	}
+}
+
+func newTile(t *testing.T, pool *blender.Pool, sc *blender.Scene, st render.Settings, frame int, r render.Rect) *blender.Tile {
+	t.Helper()
+	tile, err := blender.NewTile(context.Background(), pool, sc, st, frame, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tile
+}
+
+func equal(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}

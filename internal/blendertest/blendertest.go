@@ -1,0 +1,132 @@
+// Package blendertest gives tests a real Blender: the binary, the bundled example scene and a
+// process pool cleaned up with the test. A test that needs Blender fails when it is missing,
+// never skips: the test command installs the pinned Blender first.
+package blendertest
+
+import (
+	"fmt"
+	"image"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// EnvBinary names the variable that points tests at a Blender executable.
+const EnvBinary = "TILEFARM_BLENDER"
+
+// Binary returns the Blender executable: $TILEFARM_BLENDER, else blender on PATH.
+func Binary(t testing.TB) string {
+	t.Helper()
+	if b := os.Getenv(EnvBinary); b != "" {
+		return b
+	}
+	b, err := exec.LookPath("blender")
+	if err != nil {
+		t.Fatalf("Blender is needed and missing: run ./test.sh (it installs Blender 3.4.1) or set %s", EnvBinary)
+	}
+	return b
+}
+
+// Root is the repository's root directory.
+func Root(t testing.TB) string {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("cannot locate the repository")
+	}
+	return filepath.Join(filepath.Dir(file), "..", "..")
+}
+
+// Example is the path of the bundled example Blender scene.
+func Example(t testing.TB) string {
+	return filepath.Join(Root(t), "examples", "blender", "scene.blend")
+}
+
+// Pool starts a pool of size Blender processes working in a temporary directory, closed when
+// the test ends.
+func Pool(t testing.TB, size int) *blender.Pool {
+	t.Helper()
+	p := blender.NewPool(blender.Options{Binary: Binary(t), Dir: t.TempDir(), Size: size})
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+// Run runs Blender with args (after -b --factory-startup) and fails the test on error.
+func Run(t testing.TB, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(Binary(t), append([]string{"-b", "--factory-startup", "--python-exit-code", "1"}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("blender %v: %v\n%s", args, err, out)
+	}
+	return out
+}
+
+// OwnRenderSettings is a Python script that sets a scene up for Blender's own command-line
+// render (-f N) with the settings a farm job renders with: the resolution, camera, samples
+// and seed of st, nothing split, written as a 32-bit float EXR or (png) an 8-bit PNG. It is
+// what an artist would set by hand to compare the farm's frame with Blender's.
+func OwnRenderSettings(st render.Settings, png bool) string {
+	format := "r.image_settings.file_format = 'OPEN_EXR'\nr.image_settings.color_depth = '32'\nr.image_settings.exr_codec = 'NONE'\n"
+	if png {
+		format = "r.image_settings.file_format = 'PNG'\nr.image_settings.color_mode = 'RGB'\nr.image_settings.color_depth = '8'\n"
+	}
+	return fmt.Sprintf(`import bpy
+sc = bpy.context.scene
+sc.camera = sc.objects[%q]
+r, c = sc.render, sc.cycles
+r.resolution_x, r.resolution_y, r.resolution_percentage = %d, %d, 100
+c.samples, c.seed, c.sample_offset = %d, %d, 0
+c.use_adaptive_sampling = False
+c.use_denoising = False
+c.use_animated_seed = False
+r.use_compositing = False
+r.use_sequencer = False
+`, st.Camera, st.Width, st.Height, st.SPP, st.Seed) + format
+}
+
+// MaxRelDiff is the largest |a-b| / max(|b|, 1e-3) over two float buffers of one size (the
+// floor keeps near-black pixels from turning rounding into huge ratios).
+func MaxRelDiff(a, b []float32) float64 {
+	if len(a) != len(b) {
+		return math.Inf(1)
+	}
+	worst := 0.0
+	for i := range a {
+		d := math.Abs(float64(a[i])-float64(b[i])) / math.Max(math.Abs(float64(b[i])), 1e-3)
+		worst = math.Max(worst, d)
+	}
+	return worst
+}
+
+// MaxLevelDiff is the largest difference of one 8-bit channel value between two images of one
+// size (alpha ignored); a size mismatch is 256.
+func MaxLevelDiff(a, b image.Image) int {
+	if a.Bounds() != b.Bounds() {
+		return 256
+	}
+	worst := 0
+	r := a.Bounds()
+	for y := r.Min.Y; y < r.Max.Y; y++ {
+		for x := r.Min.X; x < r.Max.X; x++ {
+			ar, ag, ab, _ := a.At(x, y).RGBA()
+			br, bg, bb, _ := b.At(x, y).RGBA()
+			for _, d := range []int{int(ar>>8) - int(br>>8), int(ag>>8) - int(bg>>8), int(ab>>8) - int(bb>>8)} {
+				worst = max(worst, abs(d))
+			}
+		}
+	}
+	return worst
+}
+
+func abs(v int) int {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
