@@ -35,7 +35,7 @@ func benchContext(b *testing.B) context.Context {
 	return ctx
 }
 
-// BenchmarkFarmEfficiency renders frames 1-4 of examples/shot locally with cli.RenderFrame on
+// BenchmarkFarmEfficiency renders frames 1-4 of examples/shot locally with worker.Reference on
 // GOMAXPROCS goroutines (the baseline) and through a fresh in-process farm with GOMAXPROCS
 // workers, and reports farm/local (1.0 = the farm costs nothing) and tiles/s.
 func BenchmarkFarmEfficiency(b *testing.B) {

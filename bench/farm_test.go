@@ -7,7 +7,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/cli"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/node"
@@ -53,7 +52,7 @@ type run struct {
 	png     map[int][]byte // encoded output by frame, checked outside the timed region
 }
 
-// renderLocal renders the workload with cli.RenderFrame on w.parallel goroutines and encodes
+// renderLocal renders the workload with worker.Reference on w.parallel goroutines and encodes
 // each frame as PNG, which is the work the farm's assembly also does. Parsing the scene is
 // timed too: every farm worker parses it as well.
 func renderLocal(ctx context.Context, bundle *farm.Bundle, w workload) (run, error) {
@@ -66,21 +65,18 @@ func renderLocal(ctx context.Context, bundle *farm.Bundle, w workload) (run, err
 	if err != nil {
 		return run{}, err
 	}
+	ref, err := worker.NewReference(bundle, "", nil)
+	if err != nil {
+		return run{}, err
+	}
 	r := run{png: make(map[int][]byte, w.frames())}
 	for f := w.first; f <= w.last; f++ {
-		img, err := cli.RenderFrame(ctx, scene, st, f, w.tileSize, w.parallel, nil)
+		img, err := ref.RenderFrame(ctx, st, f, w.tileSize, w.parallel, nil)
 		if err != nil {
 			return run{}, fmt.Errorf("rendering frame %d locally: %w", f, err)
 		}
-		outs, err := worker.EncodeFrame(img, st.Exposure, []string{"png"})
-		if err != nil {
+		if r.png[f], err = ref.Encode(ctx, img, st, "png"); err != nil {
 			return run{}, fmt.Errorf("encoding frame %d: %w", f, err)
-		}
-		name, _ := farm.FrameOutputName("png")
-		for _, o := range outs {
-			if o.Name == name {
-				r.png[f] = o.Data
-			}
 		}
 	}
 	r.elapsed = time.Since(start)

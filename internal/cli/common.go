@@ -166,8 +166,8 @@ func mustAbs(p string) string {
 
 // renderFlags are the settings overrides shared by render, submit and tileworker render.
 type renderFlags struct {
-	spp, width, height, tile int
-	camera                   string
+	spp, width, height, tile, passes int
+	camera                           string
 }
 
 func addRenderFlags(fs *flag.FlagSet) *renderFlags {
@@ -177,6 +177,7 @@ func addRenderFlags(fs *flag.FlagSet) *renderFlags {
 	fs.IntVar(&rf.height, "height", 0, "image height override")
 	fs.StringVar(&rf.camera, "camera", "", "camera name (default: the scene's)")
 	fs.IntVar(&rf.tile, "tile", 64, "tile size in pixels (never changes a pixel)")
+	fs.IntVar(&rf.passes, "passes", 0, "Blender scenes: passes each tile's samples are split into, each a checkpoint (default 4; part of the frame's identity)")
 	return rf
 }
 
@@ -185,10 +186,13 @@ func (rf *renderFlags) check() error {
 	if rf.tile < 1 || rf.tile > 4096 {
 		return usagef("--tile %d: want 1-4096", rf.tile)
 	}
+	if rf.passes < 0 {
+		return usagef("--passes %d: want at least 1", rf.passes)
+	}
 	return nil
 }
 
 // overrides are the settings the flags change.
 func (rf *renderFlags) overrides() render.Overrides {
-	return render.Overrides{Camera: rf.camera, Width: rf.width, Height: rf.height, SPP: rf.spp}
+	return render.Overrides{Camera: rf.camera, Width: rf.width, Height: rf.height, SPP: rf.spp, Passes: rf.passes}
 }

@@ -6,19 +6,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/render"
 )
 
 const coordinatorUsage = `Usage: coordinator COMMAND [flags]
@@ -107,7 +109,8 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
 	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
 	rf := addRenderFlags(fs)
-	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers")
+	bf := addBlenderFlags(fs, false)
+	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers (for Blender scenes, one Blender process each)")
 	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
 	jsonOut := fs.Bool("json", false, "print one JSON summary object on stdout")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
@@ -132,11 +135,14 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 	if err != nil {
 		return 0, err
 	}
-	req, bundle, err := submitRequest(pos[0], *frames, rf, *out, []string{fmtName})
+	pool := bf.pool(filepath.Join(*data, "worker"), *workers, log)
+	defer pool.Close()
+	req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, []string{fmtName}, pool, stderr)
 	if err != nil {
 		return 0, err
 	}
-	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers, Log: log})
+	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers,
+		Blender: pool, Log: log})
 	if err != nil {
 		return 0, err
 	}
@@ -171,7 +177,7 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
 // submit.
-func submitRequest(scene, frames string, rf *renderFlags, out string, formats []string) (coordinator.SubmitRequest, *farm.Bundle, error) {
+func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, out string, formats []string, pool *blender.Pool, stderr io.Writer) (coordinator.SubmitRequest, *farm.Bundle, error) {
 	var req coordinator.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
@@ -183,15 +189,11 @@ func submitRequest(scene, frames string, rf *renderFlags, out string, formats []
 	if err := rf.check(); err != nil {
 		return req, nil, err
 	}
-	b, err := farm.ReadBundle(scene)
+	b, err := readScene(ctx, scene, pool, stderr)
 	if err != nil {
-		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return req, nil, err
 	}
-	// Validate here too, so bad input fails before anything starts or is sent.
-	if err := b.Validate(); err != nil {
-		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
-	}
-	s, err := render.ParseSceneInfo(b.Scene)
+	s, err := b.Settings()
 	if err != nil {
 		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
@@ -207,7 +209,7 @@ func submitRequest(scene, frames string, rf *renderFlags, out string, formats []
 		}
 	}
 	return coordinator.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
-		Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
+		Passes: rf.passes, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
 }
 
 func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
@@ -259,6 +261,7 @@ are this process's client certificate and the servers' CA.`, stderr)
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
+	bf := addBlenderFlags(fs, true)
 	maxQueued := fs.Uint64("max-queued", 0, "refuse submissions (exit 75) while more messages than this are queued; 0 = no limit")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
@@ -319,6 +322,10 @@ are this process's client certificate and the servers' CA.`, stderr)
 	opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
 		StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
 		Coordinator: ccfg, Workers: *workers, Log: log}
+	if *workers > 0 {
+		opts.Blender = bf.pool(filepath.Join(*data, "worker"), *workers, log)
+		defer opts.Blender.Close()
+	}
 	if embedded {
 		// The TLS flags are the embedded server's own certificate.
 		opts.NATSTLSCert, opts.NATSTLSKey, opts.NATSTLSCA = nf.Cert, nf.Key, nf.CA
@@ -433,6 +440,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`, stderr)
 	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
 	rf := addRenderFlags(fs)
+	bf := addBlenderFlags(fs, false)
 	format := fs.String("format", "png", "output formats, comma-separated: png, png16, exr (png is always produced)")
 	priority := fs.Int("priority", 0, "priority (recorded; dispatch bands are on the roadmap)")
 	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
@@ -451,7 +459,14 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	if err != nil {
 		return 0, err
 	}
-	req, bundle, err := submitRequest(pos[0], *frames, rf, "", formats)
+	tmp, err := os.MkdirTemp("", "tilefarm-submit-")
+	if err != nil {
+		return 0, err
+	}
+	defer os.RemoveAll(tmp)
+	pool := bf.pool(tmp, 1, slog.New(slog.DiscardHandler))
+	defer pool.Close()
+	req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, "", formats, pool, stderr)
 	if err != nil {
 		return 0, err
 	}

@@ -4,20 +4,19 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
 const tileworkerUsage = `Usage: tileworker [flags]            run a worker daemon that renders tiles for a farm
@@ -56,7 +55,8 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
 	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile (0: with every checkpoint)")
-	passes := fs.Int("passes", 16, "passes a tile's samples are split into (checkpoint granularity)")
+	passes := fs.Int("passes", 16, "passes a JSON scene's tile samples are split into (checkpoint granularity); Blender scenes fix theirs at submit")
+	bf := addBlenderFlags(fs, true)
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
 	faultCrash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: "+strings.Join(worker.Seams, ", "))
@@ -113,8 +113,10 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		}
 		wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
 	}
+	pool := bf.pool(*ckptDir, *concurrency, log)
+	defer pool.Close()
 	return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
-		MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Log: log})
+		MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Blender: pool, Log: log})
 }
 
 func parseRect(s string) (render.Rect, error) {
@@ -135,13 +137,15 @@ func parseRect(s string) (render.Rect, error) {
 
 func cmdLocalRender(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("tileworker render", "tileworker render SCENE --frame N --out FILE [flags]", `
-Render one frame of SCENE on all cores of this machine, tile by tile, with no farm, and write it
-to FILE (PNG, or OpenEXR for .exr). This is the reference a farm render must equal pixel for
-pixel: tile size and worker count never change a pixel.`, stderr)
+Render one frame of SCENE (a tilefarm JSON scene or a .blend) on all cores of this machine, tile
+by tile and pass by pass as the farm's workers do, with no farm, and write it to FILE (PNG, or
+OpenEXR for .exr). This is the reference a farm render must equal pixel for pixel: tile size and
+worker count never change a pixel. A .blend renders with one Blender process per -j.`, stderr)
 	frame := fs.Int("frame", 0, "frame number (default: the scene's first frame)")
 	out := fs.String("out", "", "output file (.png, or .exr for 32-bit float OpenEXR)")
 	format := fs.String("format", "", "png, png16 or exr (default from --out's extension)")
 	rf := addRenderFlags(fs)
+	bf := addBlenderFlags(fs, false)
 	jobs := fs.Int("j", runtime.NumCPU(), "tiles rendered in parallel")
 	quiet := fs.Bool("q", false, "no progress bar")
 	pos, err := parseArgs(fs, args)
@@ -157,96 +161,53 @@ pixel: tile size and worker count never change a pixel.`, stderr)
 	if err := rf.check(); err != nil {
 		return err
 	}
-	if *jobs < 1 {
-		return usagef("-j %d: want at least 1", *jobs)
+	if *jobs < 1 || *jobs > 1024 {
+		return usagef("-j %d: want 1-1024", *jobs)
 	}
 	f, err := formatFor(*format, *out)
 	if err != nil {
 		return err
 	}
-	scene, err := render.LoadSceneFile(pos[0])
+	tmp, err := os.MkdirTemp("", "tilefarm-render-")
 	if err != nil {
 		return err
 	}
-	st, err := scene.Resolve(rf.overrides())
+	defer os.RemoveAll(tmp)
+	pool := bf.pool(tmp, *jobs, slog.New(slog.DiscardHandler))
+	defer pool.Close()
+	bundle, err := readScene(ctx, pos[0], pool, stderr)
 	if err != nil {
 		return err
+	}
+	info, err := bundle.Settings()
+	if err != nil {
+		return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+	}
+	st, err := info.Resolve(rf.overrides())
+	if err != nil {
+		return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
 	}
 	fr := *frame
 	if fr == 0 {
-		fr, _ = scene.Frames()
+		fr, _ = info.Frames()
+	}
+	ref, err := worker.NewReference(bundle, tmp, pool)
+	if err != nil {
+		return err
 	}
 	p := newProgress(stderr, *quiet)
-	img, err := RenderFrame(ctx, scene, st, fr, rf.tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
+	img, err := ref.RenderFrame(ctx, st, fr, rf.tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
 	p.done()
 	if err != nil {
 		return err
 	}
-	outs, err := worker.EncodeFrame(img, st.Exposure, []string{f})
+	data, err := ref.Encode(ctx, img, st, f)
 	if err != nil {
 		return err
 	}
-	if err := writeFile(*out, outs[0].Data); err != nil {
+	if err := writeFile(*out, data); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "wrote %s (%dx%d, %d spp, frame %d)\n", filepath.Clean(*out), st.Width, st.Height, st.SPP, fr)
 	return nil
-}
-
-// RenderFrame renders a whole frame locally on parallel goroutines, one tile each at a time.
-func RenderFrame(ctx context.Context, scene *render.Scene, st render.Settings, frame, tileSize, parallel int, onTile func(done, total int)) (*finalize.Frame, error) {
-	rects, err := tiles.Split(st.Width, st.Height, tileSize)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
-	}
-	img := finalize.NewFrame(st.Width, st.Height)
-	next := make(chan render.Rect)
-	var (
-		mu    sync.Mutex
-		done  int
-		first error
-		wg    sync.WaitGroup
-	)
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for i := 0; i < parallel; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for r := range next {
-				t, err := render.NewTile(scene, st, frame, r)
-				if err == nil {
-					err = t.Render(ctx, 0, st.SPP)
-				}
-				mu.Lock()
-				if err == nil {
-					err = img.Place(r.X0, r.Y0, r.X1, r.Y1, t.Pixels())
-				}
-				if err != nil && first == nil {
-					first = err
-					cancel()
-				}
-				done++
-				if onTile != nil {
-					onTile(done, len(rects))
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	for _, r := range rects {
-		if ctx.Err() != nil {
-			break
-		}
-		next <- r
-	}
-	close(next)
-	wg.Wait()
-	if first != nil {
-		return nil, first
-	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	return img, nil
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/render"
 )
 
 // ErrSceneMissing is returned for a submission naming a scene that was never uploaded.
@@ -17,7 +16,7 @@ var ErrSceneMissing = errors.New("scene not uploaded")
 // about settings, cameras and frames. It is small: assets are never kept.
 type sceneInfo struct {
 	name string
-	info *render.SceneInfo
+	info farm.SceneSettings
 }
 
 // HasScene reports whether a scene bundle is stored under version.
@@ -56,7 +55,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 	if err := b.Validate(); err != nil {
 		return badInput("%v", err)
 	}
-	info, err := render.ParseSceneInfo(b.Scene)
+	info, err := b.Settings()
 	if err != nil {
 		return badInput("%v", err)
 	}
@@ -88,7 +87,7 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}
-		info, err := render.ParseSceneInfo(b.Scene)
+		info, err := b.Settings()
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}

@@ -37,6 +37,7 @@ type SubmitRequest struct {
 	Last           int      `json:"last"`
 	SceneFrames    bool     `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
 	SPP            int      `json:"spp,omitempty"`
+	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
 	Width          int      `json:"width,omitempty"`
 	Height         int      `json:"height,omitempty"`
 	TileSize       int      `json:"tile_size,omitempty"`
@@ -98,7 +99,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*s
 		}
 		return nil, 0, err
 	}
-	st, err := sc.info.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP})
+	st, err := sc.info.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP, Passes: req.Passes})
 	if err != nil {
 		return nil, 0, badInput("%v", err)
 	}

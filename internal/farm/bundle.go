@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -65,16 +66,82 @@ func ReadBundle(scenePath string) (*Bundle, error) {
 	return b, nil
 }
 
+// BlendBundle reads the .blend and every file it depends on, as Inspect found them, into a
+// bundle whose scene document is the description.
+func BlendBundle(in *blender.Inspection) (*Bundle, error) {
+	b := &Bundle{Name: path.Base(in.Desc.Blend), Scene: in.Desc.Encode(), Assets: make(map[string][]byte, len(in.Desc.Files))}
+	total := len(b.Scene)
+	for _, name := range in.Desc.Files {
+		data, err := os.ReadFile(in.Paths[name])
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", name, err)
+		}
+		if total += len(data); total > MaxBundleBytes {
+			return nil, fmt.Errorf("scene %s: the .blend and its files exceed %d MiB", b.Name, MaxBundleBytes>>20)
+		}
+		b.Assets[name] = data
+	}
+	return b, nil
+}
+
 // Version is the bundle's scene_version.
 func (b *Bundle) Version() string { return tiles.SceneVersion(b.Scene, b.Assets) }
 
-// Parse parses the scene with its assets read from the bundle.
+// IsBlender reports whether the bundle is a Blender scene (its scene document is a
+// blender.Description) rather than a tilefarm JSON scene.
+func (b *Bundle) IsBlender() bool { return blender.IsDescription(b.Scene) }
+
+// Parse parses a tilefarm JSON scene with its assets read from the bundle.
 func (b *Bundle) Parse() (*render.Scene, error) { return render.ParseScene(b.Scene, b.read) }
 
+// Blender returns a Blender scene's description.
+func (b *Bundle) Blender() (*blender.Description, error) { return blender.ParseDescription(b.Scene) }
+
+// SceneSettings is what a submission needs of a scene of either kind: its settings with a
+// request's overrides applied, and its own frame range.
+type SceneSettings interface {
+	Resolve(render.Overrides) (render.Settings, error)
+	Frames() (first, last int)
+}
+
+// Settings reads what a submission needs from the scene document alone, assets unread.
+func (b *Bundle) Settings() (SceneSettings, error) {
+	if b.IsBlender() {
+		return b.Blender()
+	}
+	return render.ParseSceneInfo(b.Scene)
+}
+
 // Validate checks the scene and every asset it references, with the errors Parse gives, but
-// builds nothing: it is how a submission is checked where nothing is rendered.
+// builds nothing: it is how a submission is checked where nothing is rendered. A Blender
+// scene's files must all be there and its .blend must look like one; only Blender itself can
+// check more, which Inspect did where the bundle was made.
 func (b *Bundle) Validate() error {
-	return render.ValidateScene(b.Scene, b.read)
+	if !b.IsBlender() {
+		return render.ValidateScene(b.Scene, b.read)
+	}
+	d, err := b.Blender()
+	if err != nil {
+		return err
+	}
+	for _, name := range d.Files {
+		if _, err := b.read(name); err != nil {
+			return err
+		}
+	}
+	if !blender.IsBlend(b.Assets[d.Blend]) {
+		return fmt.Errorf("%s is not a .blend file", d.Blend)
+	}
+	return nil
+}
+
+// Unpack writes a Blender scene's files under dir/version for Blender to open, once.
+func (b *Bundle) Unpack(dir, version string) (*blender.Scene, error) {
+	d, err := b.Blender()
+	if err != nil {
+		return nil, err
+	}
+	return blender.Unpack(dir, version, d, b.read)
 }
 
 func (b *Bundle) read(rel string) ([]byte, error) {
@@ -88,9 +155,18 @@ func (b *Bundle) read(rel string) ([]byte, error) {
 // CheckAssets rejects a bundle carrying a file its scene does not reference: a bundle holds
 // exactly what renders the scene, nothing an attacker or a stray directory could add.
 func (b *Bundle) CheckAssets() error {
-	refs, err := render.AssetPaths(b.Scene)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrBadBundle, err)
+	var refs []string
+	if b.IsBlender() {
+		d, err := b.Blender()
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadBundle, err)
+		}
+		refs = d.AssetPaths()
+	} else {
+		var err error
+		if refs, err = render.AssetPaths(b.Scene); err != nil {
+			return fmt.Errorf("%w: %v", ErrBadBundle, err)
+		}
 	}
 	for name := range b.Assets {
 		if !slices.Contains(refs, name) {

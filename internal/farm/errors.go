@@ -75,3 +75,13 @@ func BuildFingerprint() string {
 	}
 	return fmt.Sprintf("%s %s%s render/%s", runtime.Version(), runtime.GOARCH, amd64, render.Version)
 }
+
+// BuildFor is the build fingerprint of tiles and frames rendered with st: this build's, plus
+// the external renderer's (Blender's version, Cycles kernel and BVH) for scenes that need one.
+// Manifests and checkpoints record it, so neither is ever mixed across builds.
+func BuildFor(st render.Settings) string {
+	if st.Build == "" {
+		return BuildFingerprint()
+	}
+	return BuildFingerprint() + "; " + st.Build
+}

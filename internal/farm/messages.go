@@ -72,6 +72,19 @@ type Event struct {
 	Time             time.Time `json:"time"`
 }
 
+// Progress reports the samples a tile has rendered so far, after each pass of a tile that has
+// more to go, so a long tile (a Blender tile can take minutes) shows progress. It travels on
+// core NATS, not a stream: it is advisory, and a lost report loses nothing.
+type Progress struct {
+	JobID    string    `json:"job_id"`
+	FrameKey string    `json:"frame_key"`
+	TileKey  string    `json:"tile_key"`
+	Samples  int       `json:"samples"` // rendered so far, those recovered from a checkpoint included
+	SPP      int       `json:"spp"`
+	Worker   string    `json:"worker"`
+	Time     time.Time `json:"time"`
+}
+
 // Subject returns the EVENTS subject for an event type.
 func (e Event) Subject() string { return "events." + e.Type }
 

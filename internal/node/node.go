@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/metrics"
@@ -49,7 +50,10 @@ type CoordinatorOptions struct {
 	Coordinator coordinator.Config
 	Workers     int // in-process workers
 	Worker      worker.Config
-	Log         *slog.Logger
+	// Blender runs the in-process workers' Blender scenes; nil renders JSON scenes only. The
+	// caller closes it.
+	Blender *blender.Pool
+	Log     *slog.Logger
 }
 
 // Coordinator is a running coordinator process.
@@ -123,7 +127,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		wc.Name = hostname() + "-local"
 		wc.Concurrency = o.Workers
 		w, err := worker.New(wc, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
-			Scenes: worker.NewScenes(objects, "", log), Metrics: n.Metrics, Log: log})
+			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Blender, log), Metrics: n.Metrics, Log: log})
 		if err != nil {
 			return nil, err
 		}
@@ -276,6 +280,7 @@ type WorkerOptions struct {
 	MetricsListen string
 	DebugListen   string // Go profiles (/debug/pprof/); empty means none
 	Worker        worker.Config
+	Blender       *blender.Pool // renders Blender scenes; nil renders JSON scenes only; the caller closes it
 	Log           *slog.Logger
 }
 
@@ -338,7 +343,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		defer srv.Close()
 	}
 	w, err := worker.New(o.Worker, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
-		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), log), Metrics: m, Log: log})
+		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), o.Blender, log), Metrics: m, Log: log})
 	if err != nil {
 		return err
 	}

@@ -11,7 +11,7 @@ const Account = "TILEFARM"
 // WorkerPublish is everything a worker identity may publish: the JetStream API requests a
 // worker makes (read stream, consumer and bucket info; pull from the two shared consumers;
 // direct reads of its buckets), acks of its deliveries, its writes to the leases and failures
-// buckets, its own events and its dead letters. Nothing else: it cannot create, edit, purge or
+// buckets, its own events, its dead letters and progress reports. Nothing else: it cannot create, edit, purge or
 // delete streams, consumers or buckets, enqueue tile jobs, or publish the coordinator's
 // frame.completed. docs/reliability.md lists what is refused.
 func WorkerPublish() []string {
@@ -27,7 +27,7 @@ func WorkerPublish() []string {
 	for _, b := range []string{BucketLeases, BucketFailures} {
 		p = append(p, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b, "$KV."+b+".>")
 	}
-	p = append(p, EventsTilePrefix+">", EventFrameAssembledSubject, EventFrameFailedSubject, dlqSubjects)
+	p = append(p, EventsTilePrefix+">", EventFrameAssembledSubject, EventFrameFailedSubject, dlqSubjects, ProgressSubject)
 	return p
 }
 

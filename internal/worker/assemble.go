@@ -73,7 +73,7 @@ func (w *Worker) assemble(ctx context.Context, d *delivery, job farm.AssembleJob
 		var p finalize.Promotion
 		err = w.retryStore(ctx, d, "promoting frame", func(ctx context.Context) (err error) {
 			p, err = finalize.Promote(ctx, w.objects, farm.FrameManifestKey(job.FrameKey, missing[i]), d.attempt,
-				farm.BuildFingerprint(), []finalize.Output{out},
+				farm.BuildFor(job.Settings), []finalize.Output{out},
 				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
 			return err
 		})
@@ -110,9 +110,14 @@ func (w *Worker) frameCompleted(ctx context.Context, d *delivery, job farm.Assem
 	return nil
 }
 
-// assembleOutputs reads the frame's tiles through their manifests and encodes the formats asked for.
+// assembleOutputs reads the frame's tiles through their manifests and encodes the formats asked
+// for, with the scene's renderer (a Blender scene's PNGs are encoded by Blender).
 func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, formats []string) ([]finalize.Output, error) {
 	st := job.Settings
+	sc, err := w.scenes.Get(ctx, job.SceneVersion)
+	if err != nil {
+		return nil, err
+	}
 	frame := finalize.NewFrame(st.Width, st.Height)
 	frameTiles, err := tiles.FrameTiles(job.FrameKey, st.Width, st.Height, job.TileSize)
 	if err != nil {
@@ -126,8 +131,8 @@ func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, form
 			}
 			return nil, fmt.Errorf("reading tile manifest %s: %w", t.Key, err)
 		}
-		if m.Build != farm.BuildFingerprint() {
-			return nil, farm.Terminalf("build mismatch: tile %s was rendered by %q, this assembler is %q", t.Key, m.Build, farm.BuildFingerprint())
+		if build := farm.BuildFor(st); m.Build != build {
+			return nil, farm.Terminalf("build mismatch: tile %s was rendered by %q, this assembler is %q", t.Key, m.Build, build)
 		}
 		data, err := finalize.ReadObject(ctx, w.objects, m, farm.TileOutputName)
 		if err != nil {
@@ -142,31 +147,5 @@ func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, form
 			return nil, farm.Terminalf("placing tile %s: %w", t.Key, err)
 		}
 	}
-	return EncodeFrame(frame, st.Exposure, formats)
-}
-
-// EncodeFrame encodes a frame in each of formats, in order.
-func EncodeFrame(frame *finalize.Frame, exposure float64, formats []string) ([]finalize.Output, error) {
-	outs := make([]finalize.Output, 0, len(formats))
-	for _, f := range formats {
-		name, ok := farm.FrameOutputName(f)
-		if !ok {
-			return nil, farm.Terminalf("unknown output format %q", f)
-		}
-		var data []byte
-		var err error
-		switch f {
-		case "png":
-			data, err = finalize.EncodePNG8(frame, exposure)
-		case "png16":
-			data, err = finalize.EncodePNG16(frame, exposure)
-		case "exr":
-			data, err = finalize.EncodeEXR(frame, finalize.EXRZip)
-		}
-		if err != nil {
-			return nil, farm.Terminalf("encoding %s: %w", f, err)
-		}
-		outs = append(outs, finalize.Output{Name: name, Data: data})
-	}
-	return outs, nil
+	return encodeFrame(ctx, sc, frame, st, formats)
 }

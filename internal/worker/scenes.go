@@ -8,41 +8,43 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/flight"
-	"github.com/tilefarm/tilefarm/render"
 )
 
 // maxCachedScenes bounds the parsed scenes (BVHs, meshes) a process keeps in memory.
 const maxCachedScenes = 4
 
-// Scenes is a process's cache of parsed scenes by scene version: every slot and every worker
-// of the process shares one, and a scene is downloaded and parsed once, however many slots ask
-// for it at the same moment. Bundles are also kept on disk (when dir is set), so a restarted
-// worker does not download them again.
+// Scenes is a process's cache of loaded scenes by scene version: every slot and every worker
+// of the process shares one, and a scene is downloaded and parsed (or, for Blender, unpacked)
+// once, however many slots ask for it at the same moment. Bundles are also kept on disk (when
+// dir is set), so a restarted worker does not download them again.
 type Scenes struct {
 	objects finalize.Store
 	dir     string
+	blender *blender.Pool
 	log     *slog.Logger
-	// parsed keeps the newest parsed scenes: a long-lived worker sees many shots.
-	parsed *flight.Cache[*render.Scene]
+	// parsed keeps the newest loaded scenes: a long-lived worker sees many shots.
+	parsed *flight.Cache[scene]
 }
 
-// NewScenes makes a scene cache reading bundles from objects, cached on disk under dir
-// ("" keeps them in memory only).
-func NewScenes(objects finalize.Store, dir string, log *slog.Logger) *Scenes {
-	return &Scenes{objects: objects, dir: dir, log: log, parsed: flight.New[*render.Scene](maxCachedScenes)}
+// NewScenes makes a scene cache reading bundles from objects, cached on disk under dir (""
+// keeps JSON scenes in memory only; Blender scenes need a directory to be unpacked in).
+// Blender scenes render on pool's processes; a nil pool renders JSON scenes only.
+func NewScenes(objects finalize.Store, dir string, pool *blender.Pool, log *slog.Logger) *Scenes {
+	return &Scenes{objects: objects, dir: dir, blender: pool, log: log, parsed: flight.New[scene](maxCachedScenes)}
 }
 
-// Get returns the parsed scene of version. Concurrent callers asking for the same version
+// Get returns the loaded scene of version. Concurrent callers asking for the same version
 // share one load.
-func (s *Scenes) Get(ctx context.Context, version string) (*render.Scene, error) {
-	return s.parsed.Get(ctx, version, func(ctx context.Context) (*render.Scene, error) { return s.load(ctx, version) })
+func (s *Scenes) Get(ctx context.Context, version string) (scene, error) {
+	return s.parsed.Get(ctx, version, func(ctx context.Context) (scene, error) { return s.load(ctx, version) })
 }
 
-// load reads the bundle from the disk cache, else from the object store, and parses it.
-func (s *Scenes) load(ctx context.Context, version string) (*render.Scene, error) {
+// load reads the bundle from the disk cache, else from the object store, and loads it.
+func (s *Scenes) load(ctx context.Context, version string) (scene, error) {
 	b, err := s.cached(version)
 	if err != nil {
 		data, gerr := s.objects.Get(ctx, farm.SceneKey(version))
@@ -68,11 +70,33 @@ func (s *Scenes) load(ctx context.Context, version string) (*render.Scene, error
 			}
 		}
 	}
-	sc, err := b.Parse()
-	if err != nil {
-		return nil, farm.Terminalf("parsing scene %s: %w", version, err)
+	return loadBundle(b, version, s.dir, s.blender)
+}
+
+// loadBundle makes a decoded bundle renderable: a JSON scene is parsed, a Blender scene's
+// files are unpacked under dir/blender for the pool's processes to open.
+func loadBundle(b *farm.Bundle, version, dir string, pool *blender.Pool) (scene, error) {
+	if !b.IsBlender() {
+		sc, err := b.Parse()
+		if err != nil {
+			return nil, farm.Terminalf("parsing scene %s: %w", version, err)
+		}
+		return pathTracer{sc}, nil
 	}
-	return sc, nil
+	switch {
+	case pool == nil:
+		return nil, fmt.Errorf("scene %s is a Blender scene and this worker runs no Blender", version)
+	case dir == "":
+		return nil, fmt.Errorf("scene %s is a Blender scene and this worker has no directory to unpack it in", version)
+	}
+	if err := b.Validate(); err != nil {
+		return nil, farm.Terminalf("scene %s: %w", version, err)
+	}
+	bs, err := b.Unpack(filepath.Join(dir, "blender"), version)
+	if err != nil {
+		return nil, fmt.Errorf("scene %s: %w", version, err)
+	}
+	return cycles{s: bs, pool: pool}, nil
 }
 
 func (s *Scenes) path(version string) string { return filepath.Join(s.dir, version+".tfb") }

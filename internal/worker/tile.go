@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -163,17 +164,17 @@ func (w *Worker) acquire(ctx context.Context, r *tileRun) (*queue.Lease, error) 
 
 // renderAndPromote is steps 3-5 of the Render flow, run under a live lease.
 func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
-	var scene *render.Scene
+	var sc scene
 	err := w.retryStore(ctx, r.delivery, "fetching scene", func(ctx context.Context) (err error) {
-		scene, err = w.scenes.Get(ctx, r.job.SceneVersion)
+		sc, err = w.scenes.Get(ctx, r.job.SceneVersion)
 		return err
 	})
 	if err != nil {
 		return err
 	}
-	tile, err := render.NewTile(scene, r.job.Settings, r.job.Frame, r.job.Rect)
+	tile, err := sc.newTile(ctx, r.job.Settings, r.job.Frame, r.job.Rect)
 	if err != nil {
-		return farm.Terminalf("creating tile: %w", err)
+		return err
 	}
 
 	// 3. Resume from a checkpoint made from the same inputs by the same build.
@@ -211,7 +212,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	}
 	var p finalize.Promotion
 	err = w.retryStore(ctx, r.delivery, "promoting tile", func(ctx context.Context) (err error) {
-		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, farm.BuildFingerprint(),
+		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, farm.BuildFor(r.job.Settings),
 			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
 			map[string]string{"tile_key": r.job.TileKey, "frame_key": r.job.FrameKey, "input_hash": r.job.InputHash, "worker": w.cfg.Name},
 			finalize.AfterUpload(func() { w.crashAt(r.log, "after-upload") }))
@@ -276,7 +277,7 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 
 // resume imports the newest usable checkpoint, local first, then remote: one of this tile,
 // made from the same inputs by the same build. It returns the samples recovered.
-func (w *Worker) resume(ctx context.Context, tile *render.Tile, r *tileRun) int {
+func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int {
 	candidates := []func() (tiles.Checkpoint, bool){
 		func() (tiles.Checkpoint, bool) {
 			c, ok, err := w.ckpts.Load(ctx, r.job.TileKey)
@@ -301,7 +302,7 @@ func (w *Worker) resume(ctx context.Context, tile *render.Tile, r *tileRun) int 
 			return c, true
 		},
 	}
-	build := farm.BuildFingerprint()
+	build := farm.BuildFor(r.job.Settings)
 	best := tiles.Checkpoint{}
 	for _, load := range candidates {
 		c, ok := load()
@@ -333,17 +334,19 @@ func (w *Worker) resume(ctx context.Context, tile *render.Tile, r *tileRun) int 
 	return best.Next
 }
 
-// renderPasses renders the remaining samples in contiguous passes, checkpointing after passes.
-func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, r *tileRun) error {
+// renderPasses renders the remaining samples pass by pass (the partition the settings fix, or
+// the worker's), checkpointing after passes and reporting progress while passes remain.
+func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun) error {
 	spp := r.job.Settings.SPP
-	pass := (spp + w.cfg.PassesPerTile - 1) / w.cfg.PassesPerTile
 	var lastLocal, lastRemote time.Time
-	for passes := 0; tile.Next() < spp; passes++ {
+	for passes, to := range r.job.Settings.PassEnds(w.cfg.PassesPerTile) {
+		if to <= tile.Next() {
+			continue
+		}
 		if f := w.cfg.Faults; f.PanicTileSet && r.job.Frame == f.PanicFrame && r.job.Rect == f.PanicTile {
 			panic(fmt.Sprintf("injected fault in frame %d tile %v", r.job.Frame, r.job.Rect))
 		}
-		to := min(tile.Next()+pass, spp)
-		if passes == 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 {
+		if passes >= 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 && r.job.Settings.Passes == 0 {
 			// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves.
 			if err := tile.Render(ctx, tile.Next(), tile.Next()+(to-tile.Next())/2); err != nil {
 				return err
@@ -359,6 +362,7 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, r *tileRun
 		if to == spp {
 			break
 		}
+		w.reportProgress(r, to)
 		now := time.Now()
 		if now.Sub(lastLocal) >= w.cfg.CheckpointEvery {
 			lastLocal = now
@@ -376,16 +380,29 @@ func (w *Worker) renderPasses(ctx context.Context, tile *render.Tile, r *tileRun
 	return nil
 }
 
+// reportProgress tells the coordinator how far a tile is, best effort: a lost report loses
+// nothing (docs/design.md, "Progress").
+func (w *Worker) reportProgress(r *tileRun, samples int) {
+	data, err := json.Marshal(farm.Progress{JobID: r.job.JobID, FrameKey: r.job.FrameKey, TileKey: r.job.TileKey,
+		Samples: samples, SPP: r.job.Settings.SPP, Worker: w.cfg.Name, Time: time.Now().UTC()})
+	if err == nil {
+		err = w.farm.PublishProgress(data)
+	}
+	if err != nil {
+		r.log.Debug("reporting progress", "err", err)
+	}
+}
+
 // saveCheckpoint saves the tile's state locally and, if remote, uploads it as the remote
 // checkpoint, but only while the lease is still ours: a worker that slept through losing its
 // lease must not overwrite the new holder's newer checkpoint.
-func (w *Worker) saveCheckpoint(ctx context.Context, tile *render.Tile, r *tileRun, remote bool) {
+func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileRun, remote bool) {
 	if tile.Next() == 0 {
 		return
 	}
 	st := tile.Export()
 	c := tiles.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
-		Attempt: r.attempt, Build: farm.BuildFingerprint(), SavedAt: time.Now().UTC()}
+		Attempt: r.attempt, Build: farm.BuildFor(r.job.Settings), SavedAt: time.Now().UTC()}
 	if err := w.ckpts.Save(ctx, c); err != nil {
 		r.log.Warn("saving local checkpoint", "err", err)
 	} else {

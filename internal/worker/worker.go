@@ -146,7 +146,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	log = log.With("worker", cfg.Name)
 	scenes := d.Scenes
 	if scenes == nil {
-		scenes = NewScenes(d.Objects, "", log)
+		scenes = NewScenes(d.Objects, "", nil, log)
 	}
 	w := &Worker{
 		cfg: cfg, farm: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,

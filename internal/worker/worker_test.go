@@ -86,7 +86,7 @@ func TestScenes(t *testing.T) {
 		versions = append(versions, b.Version())
 	}
 	cache := t.TempDir()
-	scenes := NewScenes(objects, cache, slog.New(slog.DiscardHandler))
+	scenes := NewScenes(objects, cache, nil, slog.New(slog.DiscardHandler))
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
