@@ -144,6 +144,23 @@ type DeadLetterHandler interface {
 	Record(ctx context.Context, dl DeadLetter) error
 }
 
+// handleBatch handles a batch's advisories as they arrive; it returns false as soon as ctx
+// ends, without waiting for the pull to expire, so a coordinator stops at once.
+func (f *Farm) handleBatch(ctx context.Context, batch jetstream.MessageBatch, h DeadLetterHandler, log *slog.Logger) bool {
+	msgs := batch.Messages()
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return true
+			}
+			f.handleAdvisory(ctx, m, h, log)
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
 // WatchDeadLetters settles every TILES message that reached MaxDeliver. It reads the
 // $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.TILES.* advisories from the TILES_ADVISORIES stream that
 // Setup creates to capture them, through the shared durable consumer "dead-letters": an advisory raised
@@ -185,8 +202,8 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, h DeadLetter
 			}
 			continue
 		}
-		for m := range batch.Messages() {
-			f.handleAdvisory(ctx, m, h, log)
+		if !f.handleBatch(ctx, batch, h, log) {
+			return nil // shutting down: an advisory still delivered is redelivered after its ack-wait
 		}
 		if err := batch.Error(); err != nil && ctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
 			log.Error("fetching max deliveries advisories", "err", err)
