@@ -135,7 +135,7 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 	if err != nil {
 		return 0, err
 	}
-	pool := bf.pool(filepath.Join(*data, "worker"), *workers, log)
+	pool := bf.workerPool(filepath.Join(*data, "worker"), *workers, log)
 	defer pool.Close()
 	req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, []string{fmtName}, pool, stderr)
 	if err != nil {
@@ -223,6 +223,9 @@ func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
 	fmt.Fprintf(w, "  scene %s (%s), camera %s, frames %d-%d\n", st.Scene, short(st.SceneVersion), st.Camera, st.FirstFrame, st.LastFrame)
 	fmt.Fprintf(w, "  frames %d/%d completed, %d failed; tiles %d/%d completed (%d rendered now, %d reused), %d attempts, %d samples recovered from checkpoints\n",
 		st.FramesCompleted, st.FramesTotal, st.FramesFailed, st.TilesCompleted, st.TilesTotal, st.TilesRendered, st.TilesReused, st.TileAttempts, st.SamplesRecovered)
+	if st.SamplesTotal > 0 && st.State != coordinator.StateCompleted {
+		fmt.Fprintf(w, "  samples %d/%d (%d%%)\n", st.SamplesDone, st.SamplesTotal, st.SamplesDone*100/st.SamplesTotal)
+	}
 	for _, f := range st.Failures {
 		fmt.Fprintf(w, "  FAILED %s\n", f)
 	}
@@ -323,7 +326,7 @@ are this process's client certificate and the servers' CA.`, stderr)
 		StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
 		Coordinator: ccfg, Workers: *workers, Log: log}
 	if *workers > 0 {
-		opts.Blender = bf.pool(filepath.Join(*data, "worker"), *workers, log)
+		opts.Blender = bf.workerPool(filepath.Join(*data, "worker"), *workers, log)
 		defer opts.Blender.Close()
 	}
 	if embedded {

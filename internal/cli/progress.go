@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/term"
+
+	"github.com/tilefarm/tilefarm/internal/coordinator"
 )
 
 // progress draws a one-line bar on a terminal and, elsewhere (cron logs, CI), prints a line
@@ -28,22 +30,19 @@ func newProgress(w io.Writer, quiet bool) *progress {
 	return &progress{w: w, tty: tty, quiet: quiet}
 }
 
-// update shows done of total units with a label.
+// update shows done of total units with a label, as "12/48 tiles".
 func (p *progress) update(done, total int, label string) {
-	if p.quiet {
-		return
-	}
-	line := fmt.Sprintf("%d/%d %s", done, total, label)
-	if line == p.last {
+	p.show(int64(done), int64(total), fmt.Sprintf("%d/%d %s", done, total, label))
+}
+
+// show draws a bar filled done/total with line beside it; off a terminal it prints line when
+// it changed, at most every 2 s, and always once done reaches total.
+func (p *progress) show(done, total int64, line string) {
+	if p.quiet || line == p.last {
 		return
 	}
 	if p.tty {
-		const width = 30
-		filled := 0
-		if total > 0 {
-			filled = done * width / total
-		}
-		fmt.Fprintf(p.w, "\r[%s%s] %s\x1b[K", strings.Repeat("#", filled), strings.Repeat(".", width-filled), line)
+		fmt.Fprintf(p.w, "\r[%s] %s\x1b[K", bar(done, total, barWidth), line)
 	} else {
 		if time.Since(p.lastTime) < 2*time.Second && done != total {
 			return
@@ -52,6 +51,30 @@ func (p *progress) update(done, total int, label string) {
 		p.lastTime = time.Now()
 	}
 	p.last = line
+}
+
+// barWidth is the characters of a bar between its brackets.
+const barWidth = 30
+
+// bar is a width-character bar filled done/total, empty when total is not positive.
+func bar(done, total int64, width int) string {
+	filled := 0
+	if total > 0 {
+		filled = int(min(max(done, 0), total) * int64(width) / total)
+	}
+	return strings.Repeat("#", filled) + strings.Repeat(".", width-filled)
+}
+
+// jobProgress is where a job stands for its bar: by samples when the coordinator counts them,
+// so the bar moves while a long tile renders, by tiles otherwise (a coordinator from before
+// samples were counted sends none).
+func jobProgress(st coordinator.Status) (done, total int64, line string) {
+	line = fmt.Sprintf("%d/%d tiles, %d/%d frames", st.TilesCompleted, st.TilesTotal, st.FramesCompleted, st.FramesTotal)
+	if st.SamplesTotal <= 0 {
+		return int64(st.TilesCompleted), int64(st.TilesTotal), line
+	}
+	done = min(max(st.SamplesDone, 0), st.SamplesTotal)
+	return done, st.SamplesTotal, fmt.Sprintf("%d%% samples, %s", done*100/st.SamplesTotal, line)
 }
 
 // done ends the bar's line.

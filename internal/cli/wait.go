@@ -25,7 +25,7 @@ func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, chan
 		if err != nil {
 			return st, err
 		}
-		p.update(st.TilesCompleted, st.TilesTotal, fmt.Sprintf("tiles, %d/%d frames", st.FramesCompleted, st.FramesTotal))
+		p.show(jobProgress(st))
 		switch st.State {
 		case coordinator.StateCompleted, coordinator.StateFailed:
 			p.done()

@@ -95,6 +95,8 @@ type Coordinator struct {
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
 	uploads chan struct{}             // one token per scene upload in progress
 
+	progress *progressTracker // tiles in progress, in memory only (progress.go)
+
 	relayKick chan struct{}
 	changedMu sync.Mutex
 	changed   chan struct{} // closed and replaced on every projection change, for waiters
@@ -107,7 +109,7 @@ func New(cfg Config, d Deps) *Coordinator {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Coordinator{
+	c := &Coordinator{
 		cfg: cfg, store: d.Store, farm: d.Farm, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
 		now:       func() time.Time { return time.Now().UTC() },
 		scenes:    flight.New[*sceneInfo](8),
@@ -115,11 +117,14 @@ func New(cfg Config, d Deps) *Coordinator {
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
 	}
+	// The tracker asks c.now at each use, so a test that sets the clock sets it for progress too.
+	c.progress = newProgressTracker(func() time.Time { return c.now() }, log)
+	return c
 }
 
-// Run runs the outbox relay, the event consumer, the dead-letter watcher, the reconciler and
-// the metrics sampler until ctx is done. Each restarts after an error, so a NATS or storage
-// outage heals by itself.
+// Run runs the outbox relay, the event consumer, the dead-letter watcher, the reconciler, the
+// progress watcher and the metrics sampler until ctx is done. Each restarts after an error, so
+// a NATS or storage outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loops := map[string]func(context.Context) error{
@@ -127,6 +132,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"event consumer":      c.consumeEvents,
 		"dead-letter watcher": c.watchDeadLetters,
 		"reconciler":          c.reconcileLoop,
+		"progress watcher":    c.watchProgress,
 		"metrics sampler":     c.sampleMetrics,
 	}
 	for name, loop := range loops {

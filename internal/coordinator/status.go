@@ -24,6 +24,8 @@ type FrameStatus struct {
 	TilesTotal     int    `json:"tiles_total"`
 	TilesCompleted int    `json:"tiles_completed"`
 	TilesFailed    int    `json:"tiles_failed"`
+	SamplesTotal   int64  `json:"samples_total"` // tiles_total x spp
+	SamplesDone    int64  `json:"samples_done"`  // completed tiles whole, tiles in progress as reported ("Progress")
 	Error          string `json:"error,omitempty"`
 }
 
@@ -45,6 +47,8 @@ type Status struct {
 	TilesFailed      int           `json:"tiles_failed"`
 	TileAttempts     int           `json:"tile_attempts"`
 	SamplesRecovered int           `json:"samples_recovered"`
+	SamplesTotal     int64         `json:"samples_total"` // the frames' sums: they move while a long tile renders
+	SamplesDone      int64         `json:"samples_done"`
 	Frames           []FrameStatus `json:"frames"`
 	Failures         []string      `json:"failures,omitempty"`
 	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
@@ -54,15 +58,18 @@ type Status struct {
 }
 
 // Status computes a job's status from the projection: one frame record per frame, plus the
-// failure details of failed frames.
+// failure details of failed frames and the samples of its tiles in progress.
 func (c *Coordinator) Status(ctx context.Context, jobID string) (Status, error) {
 	var st Status
+	inProgress := c.progress.samples()
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		j, err := tx.Job(jobID)
 		if err != nil {
 			return err
 		}
-		st, err = jobStatus(tx, j, tx.Frame)
+		if st, err = jobStatus(tx, j, tx.Frame); err == nil {
+			addProgress(&st, inProgress)
+		}
 		return err
 	})
 	return st, err
@@ -71,6 +78,7 @@ func (c *Coordinator) Status(ctx context.Context, jobID string) (Status, error) 
 // Jobs lists the status of every job, oldest first.
 func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 	var out []Status
+	inProgress := c.progress.samples()
 	err := c.store.View(ctx, func(tx *store.Tx) error {
 		jobs, err := tx.Jobs()
 		if err != nil {
@@ -81,6 +89,7 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 			if err != nil {
 				return err
 			}
+			addProgress(&st, inProgress)
 			st.Frames = nil
 			out = append(out, st)
 		}
@@ -105,8 +114,12 @@ func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, 
 		}
 		s := f.StateFor(j.Formats)
 		states = append(states, s)
+		spp := int64(f.Settings.SPP)
 		fs := FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: s.String(), TilesTotal: f.TilesTotal,
-			TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
+			TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed,
+			SamplesTotal: int64(f.TilesTotal) * spp, SamplesDone: int64(f.TilesCompleted) * spp}
+		st.SamplesTotal += fs.SamplesTotal
+		st.SamplesDone += fs.SamplesDone
 		st.TilesTotal += f.TilesTotal
 		st.TilesCompleted += f.TilesCompleted
 		st.TilesFailed += f.TilesFailed
@@ -126,6 +139,26 @@ func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, 
 	}
 	st.State = store.DeriveJobState(states).String()
 	return st, nil
+}
+
+// addProgress adds the samples reported of tiles in progress (progressTracker.samples) to the
+// frames that have any. A frame's samples never exceed what its tiles not completed yet can
+// hold, so a report about a tile completed meanwhile, or a forged one, cannot count beyond it.
+// Frames with nothing in progress cost a map lookup, none when nothing is in progress.
+func addProgress(st *Status, inProgress map[string]int64) {
+	if len(inProgress) == 0 {
+		return
+	}
+	for i := range st.Frames {
+		fs := &st.Frames[i]
+		n, ok := inProgress[fs.FrameKey]
+		if !ok {
+			continue
+		}
+		n = min(n, fs.SamplesTotal-fs.SamplesDone)
+		fs.SamplesDone += n
+		st.SamplesDone += n
+	}
 }
 
 // frameError says why a frame failed: its dead-lettered tiles with their last error, or its
