@@ -113,7 +113,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		}
 		wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
 	}
-	pool := bf.pool(*ckptDir, *concurrency, log)
+	pool := bf.workerPool(*ckptDir, *concurrency, log)
 	defer pool.Close()
 	return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
 		MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Blender: pool, Log: log})
