@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of tilefarm. On a fresh machine it first installs what the tests run
 # against, pinned and cached under ~/.cache/tilefarm: the MinIO server (a ~5 minute build)
-# and nats-server, built from the nats-server/v2 module pinned in go.mod.
+# and nats-server, built from the nats-server/v2 module pinned in go.mod; and Blender 3.4.1
+# from Debian (about 40 s), unless TILEFARM_BLENDER already names one.
 # Extra arguments go to `go test` (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -25,6 +26,26 @@ if [ ! -x "$NATS_DIR/nats-server" ]; then
   go build -o "$NATS_DIR/nats-server" github.com/nats-io/nats-server/v2
 fi
 export TILEFARM_NATS_SERVER="$NATS_DIR/nats-server"
+
+BLENDER_VERSION=3.4.1
+BLENDER_PACKAGE="blender=3.4.1+dfsg-2+b1"
+if [ -z "${TILEFARM_BLENDER:-}" ]; then
+  if ! command -v blender >/dev/null; then
+    echo "installing Blender $BLENDER_VERSION from Debian (first run only, about 40 s)..."
+    if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
+      echo "test.sh: Blender $BLENDER_VERSION is needed: install it (apt-get install $BLENDER_PACKAGE) or set TILEFARM_BLENDER" >&2
+      exit 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$BLENDER_PACKAGE" >/dev/null ||
+      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$BLENDER_PACKAGE" >/dev/null; }
+  fi
+  TILEFARM_BLENDER=$(command -v blender)
+fi
+if ! "$TILEFARM_BLENDER" --version 2>/dev/null | grep -q "^Blender $BLENDER_VERSION\b"; then
+  echo "test.sh: $TILEFARM_BLENDER is not Blender $BLENDER_VERSION, which the tests and DESIGN's measured facts pin" >&2
+  exit 1
+fi
+export TILEFARM_BLENDER
 
 if [ $# -eq 0 ]; then
   set -- ./...

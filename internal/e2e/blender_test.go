@@ -283,4 +283,15 @@ func TestBlenderBadInputIsRefused(t *testing.T) {
 	if scenes, _ := filepath.Glob(filepath.Join(f.data, "store", "scenes", "*")); len(scenes) > 0 {
 		t.Fatalf("refused submissions stored scenes: %v", scenes)
 	}
+
+	// What cannot be split is switched off, and submit says so, one line per setting.
+	r := f.cli("submit", filepath.Join(dir, "unsplittable.blend"), "--frames", "1")
+	if r.code != 42 {
+		t.Fatalf("submitting a scene with unsplittable settings: %s", r)
+	}
+	for _, w := range []string{"adaptive sampling", "denoising", "compositing"} {
+		if n := strings.Count(r.stderr, w); n != 1 {
+			t.Errorf("submit said %d times that %s is switched off, want once:\n%s", n, w, r.stderr)
+		}
+	}
 }
