@@ -12,6 +12,7 @@
 import json
 import os
 import re
+import struct
 import sys
 import threading
 import time
@@ -76,7 +77,9 @@ def build():
 current = {"file": None}
 
 
-def open_file(path):
+def open_file(path, split=True):
+    """Opens path unless it is open already, prepared for renders (split_only) unless split is
+    false."""
     if current["file"] == path:
         return
     current["file"] = None
@@ -86,7 +89,9 @@ def open_file(path):
         bpy.ops.wm.open_mainfile(filepath=path, load_ui=False, use_scripts=False)
     except RuntimeError as e:
         raise SceneError("opening %s: %s" % (os.path.basename(path), str(e).strip()))
-    current["file"] = path
+    if split:
+        split_only(bpy.context.scene)
+        current["file"] = path
 
 
 def scene_cameras(sc):
@@ -169,7 +174,7 @@ def switched_off(sc):
 
 
 def inspect(req):
-    open_file(req["file"])
+    open_file(req["file"], split=False)  # the scene's own settings; a render opens it afresh
     sc = bpy.context.scene
     frame = sc.frame_start
     sc.frame_set(frame)  # evaluates drivers, so a Python driver blocked by autoexec shows below
@@ -244,7 +249,12 @@ def split_only(sc):
     r.use_single_layer = True
     r.threads_mode = "FIXED"
     r.threads = 1
-    r.use_persistent_data = False
+    # Keeps the synced scene and its BVH between the passes a process renders; a pass's bits
+    # do not depend on what the process rendered before (tested).
+    r.use_persistent_data = True
+    r.use_border, r.use_crop_to_border = True, True
+    r.resolution_percentage = 100
+    r.use_file_extension = False
     s = r.image_settings
     s.file_format = "OPEN_EXR"
     s.color_mode = "RGBA"
@@ -260,37 +270,52 @@ def heartbeat():
         send({"alive": True})
 
 
+def f32(v):
+    """v as Blender stores a float property."""
+    return struct.unpack("f", struct.pack("f", v))[0]
+
+
+def put(obj, attr, value):
+    # Setting a property tags the scene for an update even to the value it has, which would
+    # make Cycles sync the scene again; only what changes is set.
+    if getattr(obj, attr) != value:
+        setattr(obj, attr, value)
+
+
 def render(req):
     open_file(req["file"])
     sc = bpy.context.scene
-    split_only(sc)
-    sc.frame_set(req["frame"])
+    if sc.frame_current != req["frame"]:
+        sc.frame_set(req["frame"])
     cam = sc.objects.get(req["camera"])
     if cam is None or cam.type != "CAMERA":
         raise SceneError("the scene has no camera %r (have %s)" % (req["camera"], ", ".join(scene_cameras(sc)) or "none"))
-    sc.camera = cam
+    if sc.camera != cam:
+        sc.camera = cam
     r, cy = sc.render, sc.cycles
     w, h = req["width"], req["height"]
     x0, y0, x1, y1 = req["rect"]
     if not (0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h):
         raise SceneError("rect %s is outside the %dx%d frame" % (req["rect"], w, h))
-    r.resolution_x, r.resolution_y, r.resolution_percentage = w, h, 100
-    r.use_border, r.use_crop_to_border = True, True
+    put(r, "resolution_x", w)
+    put(r, "resolution_y", h)
     # Blender's y runs from the bottom.
-    r.border_min_x, r.border_max_x = edge(x0, w), edge(x1, w)
-    r.border_min_y, r.border_max_y = edge(h - y1, h), edge(h - y0, h)
-    cy.seed = req["seed"]
-    cy.sample_offset = req["from"]
-    cy.samples = req["to"] - req["from"]
+    for attr, value in (("border_min_x", edge(x0, w)), ("border_max_x", edge(x1, w)),
+                        ("border_min_y", edge(h - y1, h)), ("border_max_y", edge(h - y0, h))):
+        put(r, attr, f32(value))
+    put(cy, "seed", req["seed"])
+    put(cy, "sample_offset", req["from"])
+    put(cy, "samples", req["to"] - req["from"])
     out = req["out"]
     if os.path.exists(out):
         os.remove(out)
     r.filepath = out
-    r.use_file_extension = False
+    start = time.perf_counter()
     bpy.ops.render.render(write_still=True)
+    seconds = time.perf_counter() - start
     if not os.path.isfile(out):
         raise RuntimeError("Blender wrote no image to %s" % out)
-    return {}
+    return {"render_seconds": seconds}
 
 
 # --- encode: the assembled float frame as Blender itself would write it -----------------------

@@ -2,11 +2,13 @@ package blender
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/render"
@@ -26,6 +28,16 @@ type Tile struct {
 	ends  []int
 	next  int
 	sum   []float64
+	stats Stats
+}
+
+// Stats say where a tile's time went: the passes rendered, the time Blender's own render
+// calls took (sync, BVH, samples, writing the pass), and the whole time of those passes, so
+// the rest is the adapter's overhead (request, settings, reading and adding the pass).
+type Stats struct {
+	Passes  int
+	Blender time.Duration
+	Total   time.Duration
 }
 
 // NewTile prepares rendering rect r of frame. The settings must fix the pass partition and
@@ -66,7 +78,8 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 		if end <= t.next || end > to {
 			continue
 		}
-		pix, err := t.pass(ctx, t.next, end)
+		start := time.Now()
+		pix, blenderTime, err := t.pass(ctx, t.next, end)
 		if err != nil {
 			return err
 		}
@@ -75,36 +88,50 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 			t.sum[i] += float64(v) * n
 		}
 		t.next = end
+		t.stats.Passes++
+		t.stats.Blender += blenderTime
+		t.stats.Total += time.Since(start)
 	}
 	return nil
 }
 
-// pass renders samples [a, b) of the tile and returns their mean, RGB interleaved, row-major.
-func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, error) {
+// Stats returns where the time of the passes rendered so far went.
+func (t *Tile) Stats() Stats { return t.stats }
+
+// pass renders samples [a, b) of the tile and returns their mean, RGB interleaved, row-major,
+// and how long Blender's render call took.
+func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, error) {
 	out, err := t.pool.scratch(".exr")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer os.Remove(out)
 	blend := t.scene.Blend()
 	req := map[string]any{"op": "render", "file": blend, "frame": t.frame, "camera": t.st.Camera,
 		"width": t.st.Width, "height": t.st.Height, "seed": t.st.Seed,
 		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "out": out}
-	if _, err := t.pool.call(ctx, blend, req); err != nil {
-		return nil, fmt.Errorf("rendering samples [%d,%d) of tile %v: %w", a, b, t.rect, err)
+	line, err := t.pool.call(ctx, blend, req)
+	if err != nil {
+		return nil, 0, fmt.Errorf("rendering samples [%d,%d) of tile %v: %w", a, b, t.rect, err)
+	}
+	var reply struct {
+		Seconds float64 `json:"render_seconds"`
+	}
+	if err := json.Unmarshal(line, &reply); err != nil {
+		return nil, 0, fmt.Errorf("%w: unreadable render reply: %v", ErrProcess, err)
 	}
 	data, err := os.ReadFile(out)
 	if err != nil {
-		return nil, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
+		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
 	}
 	f, err := finalize.DecodeEXR(data)
 	if err != nil {
-		return nil, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
+		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
 	}
 	if f.Width != t.rect.Dx() || f.Height != t.rect.Dy() {
-		return nil, fmt.Errorf("%w: Blender rendered %dx%d pixels for the %dx%d tile %v", ErrProcess, f.Width, f.Height, t.rect.Dx(), t.rect.Dy(), t.rect)
+		return nil, 0, fmt.Errorf("%w: Blender rendered %dx%d pixels for the %dx%d tile %v", ErrProcess, f.Width, f.Height, t.rect.Dx(), t.rect.Dy(), t.rect)
 	}
-	return f.Pix, nil
+	return f.Pix, time.Duration(reply.Seconds * float64(time.Second)), nil
 }
 
 // Next returns the next sample to render.

@@ -100,3 +100,20 @@ func equal(a, b []float32) bool {
 	}
 	return true
 }
+
+// Property: a pass's bits do not depend on what its Blender process rendered before (other
+// frames, other rectangles, other sample counts), so any process of any worker may render it.
+func TestPassIgnoresProcessHistory(t *testing.T) {
+	fresh := blendertest.Pool(t, 1)
+	sc := loadExample(t, fresh)
+	st := settings(t, sc, 120, 90, 6, 2)
+	r := render.Rect{X0: 30, Y0: 20, X1: 70, Y1: 60}
+	want := renderTile(t, fresh, sc, st, 2, r)
+
+	used := blendertest.Pool(t, 1)
+	renderTile(t, used, sc, settings(t, sc, 160, 120, 3, 1), 7, render.Rect{X1: 160, Y1: 120})
+	renderTile(t, used, sc, st, 1, render.Rect{X0: 5, Y0: 5, X1: 110, Y1: 80})
+	if got := renderTile(t, used, sc, st, 2, r); !equal(got, want) {
+		t.Fatal("the same tile differs on a process that rendered other work first")
+	}
+}

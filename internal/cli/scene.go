@@ -45,10 +45,11 @@ func (bf *blenderFlags) pool(dir string, size int, log *slog.Logger) *blender.Po
 	return blender.NewPool(blender.Options{Binary: bf.binary, Dir: dir, Size: size, HangTimeout: bf.hang, Log: log})
 }
 
-// workerPool is the pool of a worker with slots tile slots: one process each, and one for its
-// assembly loop, so a frame's PNG is encoded while every slot renders.
+// workerPool is the pool of a worker with slots tile slots: one process each. A process serves
+// one request (a pass, an encoding) at a time, so the assembly loop's encodings take turns
+// with the slots' passes instead of costing a process of their own.
 func (bf *blenderFlags) workerPool(dir string, slots int, log *slog.Logger) *blender.Pool {
-	return bf.pool(dir, slots+1, log)
+	return bf.pool(dir, slots, log)
 }
 
 // isBlendFile reports whether path names a .blend scene: by its extension, or by its first bytes.

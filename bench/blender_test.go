@@ -1,0 +1,246 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// blenderWorkload is a Blender job: frames of the example scene with overrides (0 keeps the
+// scene's), split into tiles and passes, on workers in-process workers.
+type blenderWorkload struct {
+	binary                     string // the Blender executable
+	first, last                int
+	width, height, spp, passes int
+	tileSize, workers          int
+}
+
+// loadBlender inspects the example Blender scene into a bundle, outside any timed region.
+func loadBlender(tb testing.TB, ctx context.Context) *farm.Bundle {
+	tb.Helper()
+	pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(tb), Dir: tb.TempDir()})
+	defer pool.Close()
+	in, err := blender.Inspect(ctx, pool, blendertest.Example(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	b, err := farm.BlendBundle(in)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func (w blenderWorkload) settings(b *farm.Bundle) (render.Settings, error) {
+	d, err := b.Blender()
+	if err != nil {
+		return render.Settings{}, err
+	}
+	return d.Resolve(render.Overrides{Width: w.width, Height: w.height, SPP: w.spp, Passes: w.passes})
+}
+
+// blenderRun is the farm measured against Blender's own command-line render of the same frames.
+type blenderRun struct {
+	farm, own time.Duration
+	frames    int
+	worst     float64 // largest relative difference of a farm float from Blender's own
+}
+
+func (r blenderRun) add(o blenderRun) blenderRun {
+	return blenderRun{farm: r.farm + o.farm, own: r.own + o.own, frames: r.frames + o.frames, worst: max(r.worst, o.worst)}
+}
+
+// measureBlenderFarm renders the workload (a) with Blender's own command line, one process
+// with as many threads as the farm has workers, timed as a whole process, and (b) through a
+// fresh in-process farm whose workers start their Blender processes during the job, timed
+// from submit to completed. Every farm frame must equal Blender's own to within rounding, or
+// the two did not do the same work.
+func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w blenderWorkload) (blenderRun, error) {
+	dir, err := os.MkdirTemp(base, "blender-*")
+	if err != nil {
+		return blenderRun{}, err
+	}
+	defer os.RemoveAll(dir)
+	st, err := w.settings(bundle)
+	if err != nil {
+		return blenderRun{}, err
+	}
+	own, ownDir, err := blendersOwn(ctx, dir, bundle, st, w)
+	if err != nil {
+		return blenderRun{}, err
+	}
+	pool := blender.NewPool(blender.Options{Binary: w.binary, Dir: filepath.Join(dir, "worker"), Size: w.workers})
+	defer pool.Close()
+	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: filepath.Join(dir, "farm"), Queue: queue.DefaultConfig(),
+		Workers: w.workers, Blender: pool, Log: quietLogger()})
+	if err != nil {
+		return blenderRun{}, err
+	}
+	defer n.Close()
+	start := time.Now()
+	if err := n.Coord.PutScene(ctx, bundle.Version(), bundle.Encode()); err != nil {
+		return blenderRun{}, err
+	}
+	res, err := n.Coord.Submit(ctx, coordinator.SubmitRequest{SceneVersion: bundle.Version(), First: w.first, Last: w.last,
+		SPP: w.spp, Width: w.width, Height: w.height, Passes: w.passes, TileSize: w.tileSize, Formats: []string{"exr"}})
+	if err != nil {
+		return blenderRun{}, err
+	}
+	if _, err := waitCompleted(ctx, n.Coord, res.Status.JobID); err != nil {
+		return blenderRun{}, err
+	}
+	r := blenderRun{farm: time.Since(start), own: own, frames: w.last - w.first + 1}
+	for f := w.first; f <= w.last; f++ {
+		data, err := n.Coord.FrameOutput(ctx, res.Status.JobID, f, "exr")
+		if err != nil {
+			return blenderRun{}, err
+		}
+		got, err := finalize.DecodeEXR(data)
+		if err != nil {
+			return blenderRun{}, err
+		}
+		want, err := readFrame(filepath.Join(ownDir, fmt.Sprintf("own_%04d.exr", f)))
+		if err != nil {
+			return blenderRun{}, err
+		}
+		d := blendertest.MaxRelDiff(got.Pix, want.Pix)
+		if d > 1e-5 {
+			return blenderRun{}, fmt.Errorf("%w: frame %d differs from Blender's own by %g relative", errMismatch, f, d)
+		}
+		r.worst = max(r.worst, d)
+	}
+	return r, nil
+}
+
+// blendersOwn renders the workload's frames with `blender -b -t WORKERS -a`, as an artist would
+// on the machine, and returns how long the process took and where the frames are.
+func blendersOwn(ctx context.Context, dir string, bundle *farm.Bundle, st render.Settings, w blenderWorkload) (time.Duration, string, error) {
+	sc, err := bundle.Unpack(filepath.Join(dir, "own-scene"), bundle.Version())
+	if err != nil {
+		return 0, "", err
+	}
+	out := filepath.Join(dir, "own")
+	script := filepath.Join(dir, "own.py")
+	if err := os.WriteFile(script, []byte(blendertest.OwnRenderSettings(st, false)), 0o644); err != nil {
+		return 0, "", err
+	}
+	cmd := exec.CommandContext(ctx, w.binary, "-b", sc.Blend(), "--factory-startup", "--disable-autoexec",
+		"-t", strconv.Itoa(w.workers), "--python-exit-code", "1", "--python", script, "-o", filepath.Join(out, "own_####"),
+		"-s", strconv.Itoa(w.first), "-e", strconv.Itoa(w.last), "-a")
+	start := time.Now()
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return 0, "", fmt.Errorf("blender's own render: %v\n%s", err, b)
+	}
+	return time.Since(start), out, nil
+}
+
+func readFrame(path string) (*finalize.Frame, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return finalize.DecodeEXR(data)
+}
+
+func reportBlenderFarm(r reporter, run blenderRun) {
+	r.ReportMetric(ratio(run.farm, run.own), "farm/blender")
+	r.ReportMetric(rate(run.frames, run.farm), "frames/s")
+	r.ReportMetric(rate(run.frames, run.own), "blender-frames/s")
+	r.ReportMetric(run.worst, "max-rel-diff")
+}
+
+// passStats renders passes of one tile on one Blender process and returns where their time
+// went: Blender's render calls, and the whole passes.
+func passStats(ctx context.Context, pool *blender.Pool, sc *blender.Scene, st render.Settings, r render.Rect, passes int) (blender.Stats, error) {
+	var total blender.Stats
+	for range passes {
+		t, err := blender.NewTile(ctx, pool, sc, st, 1, r)
+		if err != nil {
+			return total, err
+		}
+		if err := t.Render(ctx, 0, st.SPP); err != nil {
+			return total, err
+		}
+		s := t.Stats()
+		total.Passes += s.Passes
+		total.Blender += s.Blender
+		total.Total += s.Total
+	}
+	return total, nil
+}
+
+func reportPass(r reporter, s blender.Stats) {
+	n := float64(s.Passes)
+	r.ReportMetric((s.Total - s.Blender).Seconds()*1e3/n, "overhead-ms/pass")
+	r.ReportMetric(s.Blender.Seconds()*1e3/n, "blender-ms/pass")
+	r.ReportMetric(ratio(s.Total-s.Blender, s.Blender), "overhead/blender")
+}
+
+// exampleFarm is the example Blender shot at its own settings (160x120, 32 spp), 4 passes,
+// 80 px tiles (4 per frame), frames 1-6, on 2 workers.
+var exampleFarm = blenderWorkload{first: 1, last: 6, tileSize: 80, workers: 2}
+
+// BenchmarkBlenderFarm renders frames of the example Blender scene through a farm of 2
+// in-process workers and with Blender's own command line on 2 threads, and reports
+// farm/blender (1.0 = the farm costs nothing over Blender rendering the frames itself).
+func BenchmarkBlenderFarm(b *testing.B) {
+	ctx, base := benchContext(b), b.TempDir()
+	bundle := loadBlender(b, ctx)
+	w := exampleFarm
+	w.binary = blendertest.Binary(b)
+	var total blenderRun
+	for b.Loop() {
+		r, err := measureBlenderFarm(ctx, base, bundle, w)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total = total.add(r)
+	}
+	reportBlenderFarm(b, total)
+}
+
+// BenchmarkBlenderPass renders 1-sample passes of a 64x64 tile of the example on one Blender
+// process, and reports the adapter's cost per pass beyond Blender's own render call.
+func BenchmarkBlenderPass(b *testing.B) {
+	ctx := benchContext(b)
+	bundle := loadBlender(b, ctx)
+	sc, err := bundle.Unpack(b.TempDir(), bundle.Version())
+	if err != nil {
+		b.Fatal(err)
+	}
+	st, err := blenderWorkload{spp: 1, passes: 1}.settings(bundle)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(b), Dir: b.TempDir()})
+	defer pool.Close()
+	tile := render.Rect{X0: 48, Y0: 28, X1: 112, Y1: 92}
+	if _, err := passStats(ctx, pool, sc, st, tile, 2); err != nil { // start Blender, open the scene
+		b.Fatal(err)
+	}
+	var total blender.Stats
+	for b.Loop() {
+		s, err := passStats(ctx, pool, sc, st, tile, 10)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total.Passes += s.Passes
+		total.Blender += s.Blender
+		total.Total += s.Total
+	}
+	reportPass(b, total)
+}
