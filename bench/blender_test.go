@@ -185,7 +185,7 @@ func passStats(ctx context.Context, pool *blender.Pool, sc *blender.Scene, st re
 
 func reportPass(r reporter, s blender.Stats) {
 	n := float64(s.Passes)
-	r.ReportMetric((s.Total - s.Blender).Seconds()*1e3/n, "overhead-ms/pass")
+	r.ReportMetric((s.Total-s.Blender).Seconds()*1e3/n, "overhead-ms/pass")
 	r.ReportMetric(s.Blender.Seconds()*1e3/n, "blender-ms/pass")
 	r.ReportMetric(ratio(s.Total-s.Blender, s.Blender), "overhead/blender")
 }
