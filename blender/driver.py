@@ -186,7 +186,6 @@ def inspect(req):
     cams = scene_cameras(sc)
     if not cams:
         raise SceneError("the scene %r has no camera" % sc.name)
-    blend_dir = os.path.dirname(os.path.abspath(req["file"]))
     stored = bpy.utils.blend_paths(absolute=False, packed=False, local=False)
     absolute = bpy.utils.blend_paths(absolute=True, packed=False, local=False)
     who = owners()
@@ -210,7 +209,7 @@ def inspect(req):
     if missing:
         raise SceneError("; ".join(missing))
     r, cy = sc.render, sc.cycles
-    return {"scene": sc.name, "blend_dir": blend_dir, "deps": sorted(set(deps)),
+    return {"scene": sc.name, "deps": sorted(set(deps)),
             "cameras": cams, "camera": sc.camera.name if sc.camera is not None and sc.camera.type == "CAMERA" else "",
             "width": r.resolution_x * r.resolution_percentage // 100,
             "height": r.resolution_y * r.resolution_percentage // 100,

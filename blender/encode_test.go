@@ -3,12 +3,8 @@ package blender_test
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"image"
 	"image/png"
-	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
@@ -30,7 +26,7 @@ func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	own := blenderFrame(t, sc, st, 3)
+	own := blendertest.ReadEXR(t, blendertest.OwnRender(t, sc.Blend(), st, 3, false))
 	if worst := blendertest.MaxRelDiff(frame.Pix, own.Pix); worst > 1e-5 {
 		t.Fatalf("tiled frame differs from Blender's own render by %g relative, want rounding only (< 1e-5)", worst)
 	}
@@ -42,7 +38,7 @@ func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	theirs := blenderPNG(t, sc, st, 3)
+	theirs := blendertest.ReadPNG(t, blendertest.OwnRender(t, sc.Blend(), st, 3, true))
 	d := blendertest.MaxLevelDiff(ours, theirs)
 	if d > 1 {
 		t.Fatalf("our PNG differs from Blender's by %d levels, want at most 1", d)
@@ -51,27 +47,6 @@ func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
 	if d := blendertest.MaxLevelDiff(ours, toneMapped(t, frame)); d <= 1 {
 		t.Fatalf("our PNG is within %d level of tilefarm's own tone mapper: the scene's Filmic view was not applied", d)
 	}
-}
-
-// blenderPNG renders frame with Blender's own command line as an 8-bit PNG.
-func blenderPNG(t *testing.T, sc *blender.Scene, st render.Settings, frame int) image.Image {
-	t.Helper()
-	dir := t.TempDir()
-	script := filepath.Join(dir, "settings.py")
-	if err := os.WriteFile(script, []byte(blendertest.OwnRenderSettings(st, true)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	blendertest.Run(t, sc.Blend(), "--disable-autoexec", "-t", "1", "--python", script,
-		"-o", filepath.Join(dir, "frame_####"), "-f", strconv.Itoa(frame))
-	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("frame_%04d.png", frame)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	img, err := png.Decode(bytes.NewReader(data))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return img
 }
 
 func toneMapped(t *testing.T, f *finalize.Frame) image.Image {

@@ -2,14 +2,10 @@ package blender_test
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -56,26 +52,4 @@ func renderTile(t *testing.T, pool *blender.Pool, sc *blender.Scene, st render.S
 		}
 	}
 	return tile.Pixels()
-}
-
-// blenderFrame renders a frame with Blender's own command line (-f N), as an artist would,
-// with the settings the farm renders with, and returns its float pixels.
-func blenderFrame(t *testing.T, sc *blender.Scene, st render.Settings, frame int) *finalize.Frame {
-	t.Helper()
-	dir := t.TempDir()
-	script := filepath.Join(dir, "settings.py")
-	if err := os.WriteFile(script, []byte(blendertest.OwnRenderSettings(st, false)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	blendertest.Run(t, sc.Blend(), "--disable-autoexec", "-t", "1", "--python", script,
-		"-o", filepath.Join(dir, "frame_####"), "-f", strconv.Itoa(frame))
-	data, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("frame_%04d.exr", frame)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := finalize.DecodeEXR(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return f
 }

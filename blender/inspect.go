@@ -17,25 +17,11 @@ type Inspection struct {
 	Paths map[string]string // bundle name -> path on disk
 }
 
-// inspectReply is the driver's answer to an inspect request.
+// inspectReply is the driver's answer to an inspect request: what the description says of the
+// scene, and where the .blend's dependencies are.
 type inspectReply struct {
-	Scene         string   `json:"scene"`
-	BlendDir      string   `json:"blend_dir"`
-	Deps          []string `json:"deps"`
-	Cameras       []string `json:"cameras"`
-	Camera        string   `json:"camera"`
-	Width         int      `json:"width"`
-	Height        int      `json:"height"`
-	SPP           int      `json:"spp"`
-	Seed          uint64   `json:"seed"`
-	MaxBounces    int      `json:"max_bounces"`
-	FrameStart    int      `json:"frame_start"`
-	FrameEnd      int      `json:"frame_end"`
-	ViewTransform string   `json:"view_transform"`
-	Look          string   `json:"look"`
-	Exposure      float64  `json:"exposure"`
-	Gamma         float64  `json:"gamma"`
-	SwitchedOff   []string `json:"switched_off"`
+	Description
+	Deps []string `json:"deps"`
 }
 
 // Inspect asks Blender about the .blend at path: its cameras, settings and frame range, what
@@ -87,10 +73,9 @@ func Inspect(ctx context.Context, pool *Pool, path string) (*Inspection, error) 
 	}
 	slices.Sort(names)
 	blendName, _ := filepath.Rel(root, blend)
-	in.Desc = &Description{Format: Format, Blend: filepath.ToSlash(blendName), Files: names, Scene: r.Scene,
-		Cameras: r.Cameras, Camera: r.Camera, Width: r.Width, Height: r.Height, SPP: r.SPP, Seed: r.Seed,
-		MaxBounces: r.MaxBounces, FrameStart: r.FrameStart, FrameEnd: r.FrameEnd, ViewTransform: r.ViewTransform,
-		Look: r.Look, Exposure: r.Exposure, Gamma: r.Gamma, SwitchedOff: r.SwitchedOff, Build: build}
+	d := r.Description
+	d.Format, d.Blend, d.Files, d.Build = Format, filepath.ToSlash(blendName), names, build
+	in.Desc = &d
 	if in.Desc.SwitchedOff == nil {
 		in.Desc.SwitchedOff = []string{}
 	}

@@ -3,9 +3,7 @@ package blender
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"math"
 	"os"
 	"slices"
 	"time"
@@ -145,19 +143,11 @@ func (t *Tile) Export() render.State {
 // Import restores progress saved by Export, after checking that it fits this tile: the right
 // number of finite sums, and a next sample at the end of a pass.
 func (t *Tile) Import(st render.State) error {
-	if len(st.Sum) != len(t.sum) {
-		return fmt.Errorf("blender: state has %d sums, tile needs %d", len(st.Sum), len(t.sum))
+	if err := st.Check(len(t.sum), t.st.SPP); err != nil {
+		return fmt.Errorf("blender: %w", err)
 	}
 	if st.Next != 0 && !slices.Contains(t.ends, st.Next) {
 		return fmt.Errorf("blender: state's next sample %d is not the end of a pass of %v", st.Next, t.ends)
-	}
-	for _, v := range st.Sum {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return errors.New("blender: state holds a non-finite sum")
-		}
-		if st.Next == 0 && v != 0 {
-			return errors.New("blender: state has sums but no samples")
-		}
 	}
 	copy(t.sum, st.Sum)
 	t.next = st.Next

@@ -24,6 +24,27 @@ type State struct {
 	Sum  []float64
 }
 
+// Check reports whether st can be the progress of a tile of sums values and spp samples: the
+// right number of finite sums, a next sample in [0, spp], and no sums before the first sample.
+// Every renderer's Import checks a checkpoint with it before trusting it.
+func (st State) Check(sums, spp int) error {
+	if len(st.Sum) != sums {
+		return fmt.Errorf("state has %d sums, tile needs %d", len(st.Sum), sums)
+	}
+	if st.Next < 0 || st.Next > spp {
+		return fmt.Errorf("state next sample %d outside [0,%d]", st.Next, spp)
+	}
+	for _, v := range st.Sum {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return errors.New("state holds a non-finite sum")
+		}
+		if st.Next == 0 && v != 0 {
+			return errors.New("state has sums but no samples")
+		}
+	}
+	return nil
+}
+
 // Tile renders one pixel rectangle of one frame progressively. A Tile is not
 // safe for concurrent use; callers parallelise over tiles.
 type Tile struct {
@@ -126,19 +147,8 @@ func (t *Tile) Export() State {
 // Import restores progress saved by Export, after checking that it fits
 // this tile and holds only finite sums.
 func (t *Tile) Import(st State) error {
-	if len(st.Sum) != len(t.sum) {
-		return fmt.Errorf("render: state has %d sums, tile needs %d", len(st.Sum), len(t.sum))
-	}
-	if st.Next < 0 || st.Next > t.st.SPP {
-		return fmt.Errorf("render: state next sample %d outside [0,%d]", st.Next, t.st.SPP)
-	}
-	for _, v := range st.Sum {
-		if math.IsNaN(v) || math.IsInf(v, 0) {
-			return errors.New("render: state holds a non-finite sum")
-		}
-		if st.Next == 0 && v != 0 {
-			return errors.New("render: state has sums but no samples")
-		}
+	if err := st.Check(len(t.sum), t.st.SPP); err != nil {
+		return fmt.Errorf("render: %w", err)
 	}
 	copy(t.sum, st.Sum)
 	t.next = st.Next

@@ -4,16 +4,20 @@
 package blendertest
 
 import (
+	"bytes"
 	"fmt"
 	"image"
+	"image/png"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -88,6 +92,52 @@ c.use_animated_seed = False
 r.use_compositing = False
 r.use_sequencer = False
 `, st.Camera, st.Width, st.Height, st.SPP, st.Seed) + format
+}
+
+// OwnRender renders frame of the .blend with Blender's own command line (-f N, one thread),
+// with the settings of a farm job (OwnRenderSettings), as a float EXR or (png) an 8-bit PNG,
+// and returns the file.
+func OwnRender(t testing.TB, blend string, st render.Settings, frame int, png bool) string {
+	t.Helper()
+	dir := t.TempDir()
+	script := filepath.Join(dir, "settings.py")
+	if err := os.WriteFile(script, []byte(OwnRenderSettings(st, png)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	Run(t, blend, "--disable-autoexec", "-t", "1", "--python", script, "-o", filepath.Join(dir, "own_####"), "-f", strconv.Itoa(frame))
+	ext := ".exr"
+	if png {
+		ext = ".png"
+	}
+	return filepath.Join(dir, fmt.Sprintf("own_%04d%s", frame, ext))
+}
+
+// ReadEXR decodes an EXR file.
+func ReadEXR(t testing.TB, path string) *finalize.Frame {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := finalize.DecodeEXR(data)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return f
+}
+
+// ReadPNG decodes a PNG file.
+func ReadPNG(t testing.TB, path string) image.Image {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	img, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return img
 }
 
 // MaxRelDiff is the largest |a-b| / max(|b|, 1e-3) over two float buffers of one size (the

@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
@@ -24,24 +23,10 @@ func blenderExample(t *testing.T) string { return blendertest.Example(t) }
 // exampleSettings are the example scene's own settings, as the farm resolves them.
 var exampleSettings = render.Settings{Camera: "Camera", Width: 160, Height: 120, SPP: 32, Seed: 7}
 
-// readEXR decodes an EXR file.
-func readEXR(t *testing.T, path string) *finalize.Frame {
-	t.Helper()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	f, err := finalize.DecodeEXR(data)
-	if err != nil {
-		t.Fatalf("%s: %v", path, err)
-	}
-	return f
-}
-
 // sameFloats asserts two EXR files hold the same float pixels, bit for bit.
 func sameFloats(t *testing.T, got, want string) {
 	t.Helper()
-	a, b := readEXR(t, got), readEXR(t, want)
+	a, b := blendertest.ReadEXR(t, got), blendertest.ReadEXR(t, want)
 	if a.Width != b.Width || a.Height != b.Height {
 		t.Fatalf("%s is %dx%d, %s is %dx%d", got, a.Width, a.Height, want, b.Width, b.Height)
 	}
@@ -54,24 +39,6 @@ func sameFloats(t *testing.T, got, want string) {
 	if diff > 0 {
 		t.Fatalf("%s differs from %s in %d of %d floats", got, want, diff, len(a.Pix))
 	}
-}
-
-// blendersOwn renders frame of the example with Blender's own command line (-f N, one thread)
-// with the farm's settings, as an EXR or (png) an 8-bit PNG, and returns the file.
-func blendersOwn(t *testing.T, st render.Settings, frame int, png bool) string {
-	t.Helper()
-	dir := t.TempDir()
-	script := filepath.Join(dir, "settings.py")
-	if err := os.WriteFile(script, []byte(blendertest.OwnRenderSettings(st, png)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	blendertest.Run(t, blenderExample(t), "--disable-autoexec", "-t", "1", "--python", script,
-		"-o", filepath.Join(dir, "own_####"), "-f", strconv.Itoa(frame))
-	ext := ".exr"
-	if png {
-		ext = ".png"
-	}
-	return filepath.Join(dir, fmt.Sprintf("own_%04d%s", frame, ext))
 }
 
 // Property: a Blender shot rendered by the farm equals `tileworker render` of each frame bit for
@@ -90,8 +57,8 @@ func TestBlenderFarmEqualsReferenceAndBlender(t *testing.T) {
 			t.Fatalf("reference: %s", r)
 		}
 		sameFloats(t, got, ref)
-		own := readEXR(t, blendersOwn(t, exampleSettings, frame, false))
-		if d := blendertest.MaxRelDiff(readEXR(t, got).Pix, own.Pix); d > 1e-5 {
+		own := blendertest.ReadEXR(t, blendertest.OwnRender(t, blenderExample(t), exampleSettings, frame, false))
+		if d := blendertest.MaxRelDiff(blendertest.ReadEXR(t, got).Pix, own.Pix); d > 1e-5 {
 			t.Fatalf("frame %d differs from Blender's own render by %g relative, want rounding only (< 1e-5)", frame, d)
 		} else {
 			t.Logf("frame %d: bit-identical to the reference, within %.2g relative of Blender's own render", frame, d)
@@ -123,7 +90,7 @@ func TestBlenderTileSizesAndPNG(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, `"tiles_rendered": 0`) {
 		t.Fatalf("PNG of a finished frame rendered tiles again or failed: %s", r)
 	}
-	ours, theirs := decodePNG(t, frameFile(png, 2)), decodePNG(t, blendersOwn(t, exampleSettings, 2, true))
+	ours, theirs := decodePNG(t, frameFile(png, 2)), decodePNG(t, blendertest.OwnRender(t, blenderExample(t), exampleSettings, 2, true))
 	d := blendertest.MaxLevelDiff(ours, theirs)
 	if d > 1 {
 		t.Fatalf("the farm's PNG differs from Blender's own by %d levels, want at most 1", d)
