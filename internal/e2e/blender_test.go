@@ -153,6 +153,17 @@ func TestBlenderWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 		t.Fatalf("tiles of the frame: %v %v", ft, err)
 	}
 	waitRemoteCheckpoint(t, f, ft[0].Key, 2*pass)
+	// The tile's progress shows in the job's status while it renders, pass by pass.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		now, _ := f.status(st.JobID)
+		if now.SamplesDone >= 2*pass && now.TilesCompleted == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status shows %d/%d samples done while the tile renders, want at least %d", now.SamplesDone, now.SamplesTotal, 2*pass)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	children := blenderChildren(t, a.cmd.Process.Pid)
 	if len(children) == 0 {
 		t.Fatal("the victim runs no Blender process")
