@@ -322,35 +322,38 @@ def render(req):
 def encode(req):
     """Writes the float frame through Blender's own render pipeline: a compositor-only render
     (an Image node into the Composite output, no Render Layers, so no 3D render) applies the
-    scene's colour management and dither exactly as a render of the scene would."""
+    scene's colour management and dither exactly as a render of the scene would. It renders a
+    copy of the scene, so the scene itself stays as the passes it renders need it."""
     open_file(req["file"])
-    current["file"] = None  # the scene is changed below: the next request opens it afresh
-    sc = bpy.context.scene
     img = bpy.data.images.load(req["in"], check_existing=False)
-    img.colorspace_settings.name = "Linear"
-    w, h = img.size
-    sc.use_nodes = True
-    tree = sc.node_tree
-    for n in list(tree.nodes):
-        tree.nodes.remove(n)
-    src = tree.nodes.new("CompositorNodeImage")
-    src.image = img
-    dst = tree.nodes.new("CompositorNodeComposite")
-    tree.links.new(src.outputs["Image"], dst.inputs["Image"])
-    r = sc.render
-    r.use_compositing, r.use_sequencer, r.use_border = True, False, False
-    r.resolution_x, r.resolution_y, r.resolution_percentage = w, h, 100
-    s = r.image_settings
-    s.file_format = "PNG"
-    s.color_mode = "RGB"
-    s.color_depth = req["depth"]
-    s.compression = 15
-    out = req["out"]
-    if os.path.exists(out):
-        os.remove(out)
-    r.filepath = out
-    r.use_file_extension = False
-    bpy.ops.render.render(write_still=True)
+    enc = bpy.context.scene.copy()
+    try:
+        img.colorspace_settings.name = "Linear"
+        w, h = img.size
+        enc.use_nodes = True
+        tree = enc.node_tree
+        for n in list(tree.nodes):
+            tree.nodes.remove(n)
+        src = tree.nodes.new("CompositorNodeImage")
+        src.image = img
+        dst = tree.nodes.new("CompositorNodeComposite")
+        tree.links.new(src.outputs["Image"], dst.inputs["Image"])
+        r = enc.render
+        r.use_compositing, r.use_sequencer, r.use_border = True, False, False
+        r.resolution_x, r.resolution_y, r.resolution_percentage = w, h, 100
+        s = r.image_settings
+        s.file_format = "PNG"
+        s.color_mode = "RGB"
+        s.color_depth = req["depth"]
+        s.compression = 15
+        out = req["out"]
+        if os.path.exists(out):
+            os.remove(out)
+        r.filepath = out
+        bpy.ops.render.render(write_still=True, scene=enc.name)
+    finally:
+        bpy.data.scenes.remove(enc)
+        bpy.data.images.remove(img)
     if not os.path.isfile(out):
         raise RuntimeError("Blender wrote no image to %s" % out)
     return {}

@@ -42,6 +42,8 @@ type Pool struct {
 
 	mu     sync.Mutex
 	idle   []*process
+	procs  int           // processes running or starting, idle or not
+	wake   chan struct{} // closed when a process becomes idle or one is gone
 	closed bool
 	build  string
 	seq    int
@@ -64,7 +66,7 @@ func NewPool(o Options) *Pool {
 	if abs, err := filepath.Abs(o.Dir); err == nil {
 		o.Dir = abs // Blender runs in its own working directory
 	}
-	return &Pool{o: o, slots: make(chan struct{}, o.Size)}
+	return &Pool{o: o, slots: make(chan struct{}, o.Size), wake: make(chan struct{})}
 }
 
 // Build is the fingerprint of the pool's Blender: its version and build, the Cycles kernel and
@@ -106,16 +108,13 @@ func (p *Pool) with(ctx context.Context, file string, fn func(*process) error) e
 	err = fn(proc)
 	if err != nil && (errors.Is(err, ErrProcess) || ctx.Err() != nil || !proc.alive()) {
 		proc.kill()
-		return err
-	}
-	p.mu.Lock()
-	if p.closed {
+		p.mu.Lock()
+		p.procs--
+		p.notifyLocked()
 		p.mu.Unlock()
-		proc.stop()
 		return err
 	}
-	p.idle = append(p.idle, proc)
-	p.mu.Unlock()
+	p.put(proc)
 	return err
 }
 
@@ -132,58 +131,141 @@ func (p *Pool) call(ctx context.Context, file string, req any) ([]byte, error) {
 	return line, err
 }
 
-// take returns an idle process (with file open if possible) or starts one.
+// take returns an idle process (with file open if possible), or starts one while the pool has
+// fewer than Size, or waits for one that is starting (Warm) to be ready. The caller holds a
+// slot, so at most Size-1 processes are busy elsewhere: one is always idle or on its way.
 func (p *Pool) take(ctx context.Context, file string) (*process, error) {
-	p.mu.Lock()
-	if p.closed {
+	for {
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("%w: pool closed", ErrProcess)
+		}
+		if proc := p.pickLocked(file); proc != nil {
+			p.mu.Unlock()
+			return proc, nil
+		}
+		if p.procs < p.o.Size {
+			p.procs++
+			p.mu.Unlock()
+			proc, err := p.start(ctx)
+			if err != nil {
+				return nil, err
+			}
+			return proc, nil
+		}
+		wake := p.wake
 		p.mu.Unlock()
-		return nil, fmt.Errorf("%w: pool closed", ErrProcess)
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		}
 	}
+}
+
+// pickLocked removes and returns the idle process to use for file (one with it open if any),
+// forgetting idle processes that died; nil if none is idle.
+func (p *Pool) pickLocked(file string) *process {
 	pick := -1
-	for i, proc := range p.idle {
+	alive := p.idle[:0]
+	for _, proc := range p.idle {
 		if !proc.alive() {
+			p.procs--
 			continue
 		}
 		if pick < 0 || proc.file == file {
-			pick = i
+			pick = len(alive)
 		}
-	}
-	var alive []*process
-	var proc *process
-	for i, q := range p.idle {
-		switch {
-		case i == pick:
-			proc = q
-		case q.alive():
-			alive = append(alive, q)
-		}
+		alive = append(alive, proc)
 	}
 	p.idle = alive
+	if pick < 0 {
+		return nil
+	}
+	proc := p.idle[pick]
+	p.idle = append(p.idle[:pick], p.idle[pick+1:]...)
+	return proc
+}
+
+// start starts a process the caller has counted in procs (uncounting it if it fails) and
+// checks that it reports the pool's build.
+func (p *Pool) start(ctx context.Context) (*process, error) {
+	p.mu.Lock()
 	p.seq++
 	n := p.seq
 	p.mu.Unlock()
-	if proc != nil {
-		return proc, nil
+	fail := func(err error) (*process, error) {
+		p.mu.Lock()
+		p.procs--
+		p.notifyLocked()
+		p.mu.Unlock()
+		return nil, err
 	}
 	dir := filepath.Join(p.o.Dir, "blender")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("%w: creating %s: %v", ErrProcess, dir, err)
+		return fail(fmt.Errorf("%w: creating %s: %v", ErrProcess, dir, err))
 	}
 	proc, err := startProcess(ctx, p.o.Binary, dir, p.o.HangTimeout, p.o.Log.With("blender_process", n))
 	if err != nil {
-		return nil, err
+		return fail(err)
 	}
 	p.o.Log.Debug("blender process started", "pid", proc.cmd.Process.Pid, "version", proc.build.Version, "kernel", proc.build.Kernel)
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	fp := fingerprint(proc.build)
 	if p.build == "" {
 		p.build = fp
-	} else if p.build != fp {
+	}
+	mismatch := p.build != fp
+	p.mu.Unlock()
+	if mismatch {
 		proc.kill()
-		return nil, fmt.Errorf("%w: a restarted Blender reports %q, the pool started as %q", ErrProcess, fp, p.build)
+		return fail(fmt.Errorf("%w: a restarted Blender reports %q, the pool started as %q", ErrProcess, fp, p.build))
 	}
 	return proc, nil
+}
+
+// put returns a process to the idle ones (or stops it if the pool is closed).
+func (p *Pool) put(proc *process) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		p.procs--
+		go proc.stop()
+		return
+	}
+	p.idle = append(p.idle, proc)
+	p.notifyLocked()
+}
+
+// notifyLocked wakes every take waiting for a process.
+func (p *Pool) notifyLocked() {
+	close(p.wake)
+	p.wake = make(chan struct{})
+}
+
+// Warm starts, in the background, as many processes as the pool is short of its size: once
+// one Blender tile has arrived, more are likely, and a slot should not wait a Blender start-up
+// (a second or two) when its turn comes. A process that fails to start is only logged: the
+// request that needs it will try again and report why.
+func (p *Pool) Warm(ctx context.Context) {
+	p.mu.Lock()
+	n := 0
+	if !p.closed {
+		n = p.o.Size - p.procs
+		p.procs += n
+	}
+	p.mu.Unlock()
+	for range n {
+		go func() {
+			proc, err := p.start(ctx)
+			if err != nil {
+				p.o.Log.Warn("starting a Blender process", "err", err)
+				return
+			}
+			p.put(proc)
+		}()
+	}
 }
 
 // Close stops every idle process; busy ones stop when their request ends.
@@ -192,6 +274,8 @@ func (p *Pool) Close() error {
 	p.closed = true
 	idle := p.idle
 	p.idle = nil
+	p.procs -= len(idle)
+	p.notifyLocked()
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, proc := range idle {

@@ -3,6 +3,7 @@ package blender_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -114,5 +115,42 @@ func TestCancelKillsTheRender(t *testing.T) {
 	}
 	if !gone(pid) {
 		t.Fatal("the cancelled render's Blender still runs")
+	}
+}
+
+// Property: Warm brings the pool to its size in the background, and later requests use those
+// processes instead of starting more.
+func TestWarmStartsTheWholePool(t *testing.T) {
+	pool := blendertest.Pool(t, 2)
+	sc := loadExample(t, pool) // inspecting starts one process
+	pool.Warm(context.Background())
+	deadline := time.Now().Add(time.Minute)
+	for len(pool.IdlePIDs()) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle processes a minute after Warm, want 2", len(pool.IdlePIDs()))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	before := pool.IdlePIDs()
+	pool.Warm(context.Background()) // nothing to add
+	st := settings(t, sc, 64, 48, 2, 1)
+	errs := make(chan error, 2)
+	for _, r := range []render.Rect{{X1: 32, Y1: 48}, {X0: 32, X1: 64, Y1: 48}} {
+		go func() {
+			tile, err := blender.NewTile(context.Background(), pool, sc, st, 1, r)
+			if err == nil {
+				err = tile.Render(context.Background(), 0, 2)
+			}
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := pool.IdlePIDs()
+	if len(after) != 2 || !slices.Contains(before, after[0]) || !slices.Contains(before, after[1]) {
+		t.Fatalf("processes %v after two renders, want the warmed %v", after, before)
 	}
 }

@@ -176,16 +176,20 @@ func addRenderFlags(fs *flag.FlagSet) *renderFlags {
 	fs.IntVar(&rf.width, "width", 0, "image width override")
 	fs.IntVar(&rf.height, "height", 0, "image height override")
 	fs.StringVar(&rf.camera, "camera", "", "camera name (default: the scene's)")
-	fs.IntVar(&rf.tile, "tile", 64, "tile size in pixels (never changes a pixel)")
+	fs.Func("tile", "tile size in pixels, 1-4096 (default 64, 256 for Blender scenes; never changes a pixel)", func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 4096 {
+			return fmt.Errorf("--tile wants 1-4096, got %q", v)
+		}
+		rf.tile = n
+		return nil
+	})
 	fs.IntVar(&rf.passes, "passes", 0, "Blender scenes: passes each tile's samples are split into, each a checkpoint (default 4; part of the frame's identity)")
 	return rf
 }
 
 // check rejects values no scene could accept; the scene validates the rest and names the field.
 func (rf *renderFlags) check() error {
-	if rf.tile < 1 || rf.tile > 4096 {
-		return usagef("--tile %d: want 1-4096", rf.tile)
-	}
 	if rf.passes < 0 {
 		return usagef("--passes %d: want at least 1", rf.passes)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/worker"
 )
 
 const coordinatorUsage = `Usage: coordinator COMMAND [flags]
@@ -141,8 +142,10 @@ frames. '####' in --out is the zero-padded frame number.`, stderr)
 	if err != nil {
 		return 0, err
 	}
+	// Short pulls: a pull cancelled at exit waits out its expiry (see queue.fetchOne), and a
+	// finished local render should not linger seconds for it.
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers,
-		Blender: pool, Log: log})
+		Worker: worker.Config{FetchWait: 250 * time.Millisecond}, Blender: pool, Log: log})
 	if err != nil {
 		return 0, err
 	}

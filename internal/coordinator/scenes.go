@@ -15,8 +15,9 @@ var ErrSceneMissing = errors.New("scene not uploaded")
 // sceneInfo is what a submission needs of a stored scene: its name and what its file says
 // about settings, cameras and frames. It is small: assets are never kept.
 type sceneInfo struct {
-	name string
-	info farm.SceneSettings
+	name     string
+	info     farm.SceneSettings
+	tileSize int // the default for the scene's kind
 }
 
 // HasScene reports whether a scene bundle is stored under version.
@@ -60,13 +61,13 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 		return badInput("%v", err)
 	}
 	if ok, err := c.HasScene(ctx, version); err != nil || ok {
-		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info})
+		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize()})
 		return err
 	}
 	if err := c.objects.Put(ctx, farm.SceneKey(version), raw); err != nil {
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
-	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info})
+	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize()})
 	return nil
 }
 
@@ -91,7 +92,7 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}
-		return &sceneInfo{name: b.Name, info: info}, nil
+		return &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize()}, nil
 	})
 }
 

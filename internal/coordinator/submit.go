@@ -40,7 +40,7 @@ type SubmitRequest struct {
 	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
 	Width          int      `json:"width,omitempty"`
 	Height         int      `json:"height,omitempty"`
-	TileSize       int      `json:"tile_size,omitempty"`
+	TileSize       int      `json:"tile_size,omitempty"` // default 64, 256 for Blender scenes
 	Priority       int      `json:"priority,omitempty"`
 	Formats        []string `json:"formats,omitempty"`
 	IdempotencyKey string   `json:"idempotency_key,omitempty"`
@@ -112,7 +112,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*s
 	}
 	size := req.TileSize
 	if size == 0 {
-		size = 64
+		size = sc.tileSize
 	}
 	rects, err := tiles.Split(st.Width, st.Height, size)
 	if err != nil {

@@ -87,6 +87,22 @@ func BlendBundle(in *blender.Inspection) (*Bundle, error) {
 // Version is the bundle's scene_version.
 func (b *Bundle) Version() string { return tiles.SceneVersion(b.Scene, b.Assets) }
 
+// Default tile sizes, in pixels, when a submission gives none. Tile size never changes a
+// pixel; it trades parallelism against per-tile cost, and a Blender tile pays a scene sync and
+// a render call per pass, so Blender tiles are larger (a 1920x1080 frame is still 40 of them).
+const (
+	DefaultTileSize = 64
+	BlenderTileSize = 256
+)
+
+// TileSize is the default tile size of the bundle's kind of scene.
+func (b *Bundle) TileSize() int {
+	if b.IsBlender() {
+		return BlenderTileSize
+	}
+	return DefaultTileSize
+}
+
 // IsBlender reports whether the bundle is a Blender scene (its scene document is a
 // blender.Description) rather than a tilefarm JSON scene.
 func (b *Bundle) IsBlender() bool { return blender.IsDescription(b.Scene) }

@@ -14,7 +14,10 @@ import (
 
 // Reference renders frames of a scene on this machine with no farm, through the renderer seam,
 // tiles, passes and encoders the farm's workers use: the pixels every farm frame must equal.
-type Reference struct{ sc scene }
+type Reference struct {
+	sc       scene
+	tileSize int // the default for the scene's kind
+}
 
 // NewReference loads a scene bundle for local rendering. A Blender scene is unpacked under dir
 // and renders on pool's processes.
@@ -23,7 +26,7 @@ func NewReference(b *farm.Bundle, dir string, pool *blender.Pool) (*Reference, e
 	if err != nil {
 		return nil, err
 	}
-	return &Reference{sc: sc}, nil
+	return &Reference{sc: sc, tileSize: b.TileSize()}, nil
 }
 
 // ErrBadTiling is returned for a tile size that cannot split the frame.
@@ -31,8 +34,12 @@ var ErrBadTiling = fmt.Errorf("bad tile size")
 
 // RenderFrame renders a whole frame on parallel goroutines, one tile each at a time, each tile
 // pass by pass as a worker renders it (one pass where the partition is the worker's choice:
-// the bits are the same). onTile, if set, is called after every tile.
+// the bits are the same). A tileSize of 0 is the scene kind's default. onTile, if set, is
+// called after every tile.
 func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame, tileSize, parallel int, onTile func(done, total int)) (*finalize.Frame, error) {
+	if tileSize == 0 {
+		tileSize = ref.tileSize
+	}
 	rects, err := tiles.Split(st.Width, st.Height, tileSize)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTiling, err)

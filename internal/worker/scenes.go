@@ -96,6 +96,8 @@ func loadBundle(b *farm.Bundle, version, dir string, pool *blender.Pool) (scene,
 	if err != nil {
 		return nil, fmt.Errorf("scene %s: %w", version, err)
 	}
+	// Tiles of this scene are coming: every slot will want its Blender process.
+	pool.Warm(context.Background())
 	return cycles{s: bs, pool: pool}, nil
 }
 
