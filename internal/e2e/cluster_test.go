@@ -56,8 +56,10 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 	c.Server(leader).Kill()
 	t.Logf("killed the TILES leader %s", leader)
 	waitProgress(16)
-	if now, err := c.StreamLeader(ctx, js, queue.StreamTiles); err != nil || now == leader {
-		t.Fatalf("TILES leader after the kill: %q, %v", now, err)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := c.NewStreamLeader(wctx, js, queue.StreamTiles, leader); err != nil {
+		t.Fatalf("TILES leader after the kill: %v", err)
 	}
 	c.Server(leader).Restart(t)
 	var second *natstest.Server

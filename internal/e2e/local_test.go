@@ -110,7 +110,7 @@ func TestRenderInterruptedThenResumed(t *testing.T) {
 	heavy := []string{"--width", "64", "--height", "36", "--spp", "2048", "--tile", "16"}
 	args := append([]string{"render", scene, "--frames", "1-2", "--out", out, "--data", data, "--workers", "1"}, heavy...)
 	p := start(t, "coordinator", args...)
-	if !p.waitLog(`(^|\n)[1-9]\d*/24 tiles`, 60*time.Second) {
+	if !p.waitLog(`\b[1-9]\d*/24 tiles`, 60*time.Second) {
 		t.Fatalf("no progress before the interrupt:\n%s", p.log())
 	}
 	p.signal(syscall.SIGINT)

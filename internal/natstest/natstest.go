@@ -324,6 +324,27 @@ func (c *Cluster) StreamLeader(ctx context.Context, js jetstream.JetStream, stre
 	return info.Cluster.Leader, nil
 }
 
+// NewStreamLeader waits until stream has a leader other than old and returns its name. Each
+// try has a timeout of its own: a request that reaches the node just killed, or a stream
+// mid-election, gets no answer, and the client may still be reconnecting.
+func (c *Cluster) NewStreamLeader(ctx context.Context, js jetstream.JetStream, stream, old string) (string, error) {
+	for {
+		tctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		leader, err := c.StreamLeader(tctx, js, stream)
+		cancel()
+		if err == nil && leader != old {
+			return leader, nil
+		}
+		if ctx.Err() != nil {
+			return leader, fmt.Errorf("stream %s: no leader other than %s: %w (last: %v)", stream, old, ctx.Err(), err)
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 func findBinary() (string, error) {
 	if p := os.Getenv(EnvBinary); p != "" {
 		if fi, err := os.Stat(p); err != nil || fi.IsDir() {

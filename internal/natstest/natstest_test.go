@@ -55,8 +55,8 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 	}
 	c.Server(leader).Kill()
 	publish(10)
-	newLeader, err := c.StreamLeader(ctx, js, "S")
-	if err != nil || newLeader == leader {
+	newLeader, err := c.NewStreamLeader(ctx, js, "S", leader)
+	if err != nil {
 		t.Fatalf("leader after killing %s: %q, %v", leader, newLeader, err)
 	}
 	c.Server(leader).Restart(t)
