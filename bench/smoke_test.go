@@ -5,6 +5,10 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 // TestBenchSmoke runs every benchmark body once at tiny sizes so CI exercises the code: the
@@ -101,6 +105,46 @@ func TestBenchSmoke(t *testing.T) {
 		reportShot(m, d, "")
 		checkMetrics(t, m, "submit-s", "submit1-s", "submitN/submit1", "durable-tiles/s", "peak-rss-MB", "db-bytes/tile",
 			"done-db-bytes/tile", "events/s")
+	})
+
+	t.Run("BlenderFarm", func(t *testing.T) {
+		w := blenderWorkload{binary: blendertest.Binary(t), first: 1, last: 2, warmup: 3, width: 48, height: 36, spp: 4, passes: 2,
+			tileSize: 32, workers: 2}
+		r, err := measureBlenderFarm(ctx, t.TempDir(), loadBlender(t, ctx), w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.frames != 2 {
+			t.Errorf("frames = %d, want 2", r.frames)
+		}
+		m := metricSet{}
+		reportBlenderFarm(m, r)
+		checkMetrics(t, m, "farm/blender", "farm/blender-render", "cold-frame-s", "frames/s", "blender-frames/s")
+		checkFinite(t, m, "max-rel-diff")
+	})
+
+	t.Run("BlenderPass", func(t *testing.T) {
+		bundle := loadBlender(t, ctx)
+		sc, err := bundle.Unpack(t.TempDir(), bundle.Version())
+		if err != nil {
+			t.Fatal(err)
+		}
+		st, err := blenderWorkload{spp: 2, passes: 2}.settings(bundle)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(t), Dir: t.TempDir()})
+		defer pool.Close()
+		s, err := passStats(ctx, pool, sc, st, render.Rect{X0: 48, Y0: 28, X1: 64, Y1: 44}, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Passes != 4 {
+			t.Errorf("passes = %d, want 4 (2 tiles of 2 passes)", s.Passes)
+		}
+		m := metricSet{}
+		reportPass(m, s)
+		checkMetrics(t, m, "overhead-ms/pass", "blender-ms/pass", "overhead/blender")
 	})
 }
 
