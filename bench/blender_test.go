@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"testing"
 	"time"
@@ -56,15 +57,15 @@ func (w blenderWorkload) settings(b *farm.Bundle) (render.Settings, error) {
 
 // blenderRun is the farm measured against Blender's own command-line render of the same frames.
 type blenderRun struct {
-	farm, own  time.Duration
-	cold       time.Duration // the warm-up frame, Blender processes started
-	ownStartup time.Duration // Blender's own start-up, scene load and exit, rendering nothing
-	frames     int
-	worst      float64 // largest relative difference of a farm float from Blender's own
+	farm, own time.Duration
+	cold      time.Duration // the warm-up frame, Blender processes started
+	ownFrames time.Duration // the frame times Blender's own render printed, summed: its rendering alone
+	frames    int
+	worst     float64 // largest relative difference of a farm float from Blender's own
 }
 
 func (r blenderRun) add(o blenderRun) blenderRun {
-	return blenderRun{farm: r.farm + o.farm, own: r.own + o.own, cold: r.cold + o.cold, ownStartup: r.ownStartup + o.ownStartup,
+	return blenderRun{farm: r.farm + o.farm, own: r.own + o.own, cold: r.cold + o.cold, ownFrames: r.ownFrames + o.ownFrames,
 		frames: r.frames + o.frames, worst: max(r.worst, o.worst)}
 }
 
@@ -85,7 +86,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w
 	if err != nil {
 		return blenderRun{}, err
 	}
-	own, ownStartup, ownDir, err := blendersOwn(ctx, dir, bundle, st, w)
+	own, ownFrames, ownDir, err := blendersOwn(ctx, dir, bundle, st, w)
 	if err != nil {
 		return blenderRun{}, err
 	}
@@ -120,7 +121,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w
 	if err != nil {
 		return blenderRun{}, err
 	}
-	r := blenderRun{farm: elapsed, cold: cold, own: own, ownStartup: ownStartup, frames: w.last - w.first + 1}
+	r := blenderRun{farm: elapsed, cold: cold, own: own, ownFrames: ownFrames, frames: w.last - w.first + 1}
 	for f := w.first; f <= w.last; f++ {
 		data, err := n.Coord.FrameOutput(ctx, job, f, "exr")
 		if err != nil {
@@ -144,9 +145,10 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w
 }
 
 // blendersOwn renders the workload's frames with `blender -b -t WORKERS -a`, as an artist would
-// on the machine, and returns how long the process took, how long the same process takes to
-// start, load the scene and exit without rendering, and where the frames are.
-func blendersOwn(ctx context.Context, dir string, bundle *farm.Bundle, st render.Settings, w blenderWorkload) (total, startup time.Duration, out string, err error) {
+// on the machine, and returns how long the process took, the sum of the frame times Blender
+// printed (scene sync, render and save of each frame, without start-up and scene load), and
+// where the frames are.
+func blendersOwn(ctx context.Context, dir string, bundle *farm.Bundle, st render.Settings, w blenderWorkload) (total, frames time.Duration, out string, err error) {
 	sc, err := bundle.Unpack(filepath.Join(dir, "own-scene"), bundle.Version())
 	if err != nil {
 		return 0, 0, "", err
@@ -156,20 +158,36 @@ func blendersOwn(ctx context.Context, dir string, bundle *farm.Bundle, st render
 	if err := os.WriteFile(script, []byte(blendertest.OwnRenderSettings(st, false)), 0o644); err != nil {
 		return 0, 0, "", err
 	}
-	run := func(render ...string) (time.Duration, error) {
-		args := append([]string{"-b", sc.Blend(), "--factory-startup", "--disable-autoexec", "-t", strconv.Itoa(w.workers),
-			"--python-exit-code", "1", "--python", script}, render...)
-		start := time.Now()
-		if b, err := exec.CommandContext(ctx, w.binary, args...).CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("blender's own render: %v\n%s", err, b)
-		}
-		return time.Since(start), nil
+	args := []string{"-b", sc.Blend(), "--factory-startup", "--disable-autoexec", "-t", strconv.Itoa(w.workers),
+		"--python-exit-code", "1", "--python", script,
+		"-o", filepath.Join(out, "own_####"), "-s", strconv.Itoa(w.first), "-e", strconv.Itoa(w.last), "-a"}
+	start := time.Now()
+	log, err := exec.CommandContext(ctx, w.binary, args...).CombinedOutput()
+	total = time.Since(start)
+	if err != nil {
+		return 0, 0, "", fmt.Errorf("blender's own render: %v\n%s", err, log)
 	}
-	if startup, err = run(); err != nil {
-		return 0, 0, "", err
+	frames, n := blenderFrameTimes(string(log))
+	if want := w.last - w.first + 1; n != want {
+		return 0, 0, "", fmt.Errorf("blender's own render printed %d frame times, want %d:\n%s", n, want, log)
 	}
-	total, err = run("-o", filepath.Join(out, "own_####"), "-s", strconv.Itoa(w.first), "-e", strconv.Itoa(w.last), "-a")
-	return total, startup, out, err
+	return total, frames, out, nil
+}
+
+// frameTime is the line Blender prints after each frame it renders from the command line:
+// " Time: 00:00.52 (Saving: 00:00.00)".
+var frameTime = regexp.MustCompile(`(?m)^ Time: (\d+):(\d+\.\d+) \(Saving`)
+
+// blenderFrameTimes sums the frame times in a Blender log and counts them.
+func blenderFrameTimes(log string) (time.Duration, int) {
+	var sum time.Duration
+	ms := frameTime.FindAllStringSubmatch(log, -1)
+	for _, m := range ms {
+		min, _ := strconv.Atoi(m[1])
+		sec, _ := strconv.ParseFloat(m[2], 64)
+		sum += time.Duration((float64(min)*60 + sec) * float64(time.Second))
+	}
+	return sum, len(ms)
 }
 
 func readFrame(path string) (*finalize.Frame, error) {
@@ -182,11 +200,29 @@ func readFrame(path string) (*finalize.Frame, error) {
 
 func reportBlenderFarm(r reporter, run blenderRun) {
 	r.ReportMetric(ratio(run.farm, run.own), "farm/blender")
-	r.ReportMetric(ratio(run.farm, run.own-run.ownStartup), "farm/blender-render")
+	r.ReportMetric(ratio(run.farm, run.ownFrames), "farm/blender-render")
 	r.ReportMetric(run.cold.Seconds(), "cold-frame-s")
 	r.ReportMetric(rate(run.frames, run.farm), "frames/s")
 	r.ReportMetric(rate(run.frames, run.own), "blender-frames/s")
 	r.ReportMetric(run.worst, "max-rel-diff")
+}
+
+// passSetup unpacks the example Blender scene and starts a one-process pool (closed when tb
+// ends) for tiles of spp samples in as many 1-sample passes.
+func passSetup(tb testing.TB, ctx context.Context, spp int) (*blender.Pool, *blender.Scene, render.Settings) {
+	tb.Helper()
+	bundle := loadBlender(tb, ctx)
+	sc, err := bundle.Unpack(tb.TempDir(), bundle.Version())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	st, err := blenderWorkload{spp: spp, passes: spp}.settings(bundle)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(tb), Dir: tb.TempDir()})
+	tb.Cleanup(func() { pool.Close() })
+	return pool, sc, st
 }
 
 // passStats renders passes of one tile on one Blender process and returns where their time
@@ -244,17 +280,7 @@ func BenchmarkBlenderFarm(b *testing.B) {
 // process, and reports the adapter's cost per pass beyond Blender's own render call.
 func BenchmarkBlenderPass(b *testing.B) {
 	ctx := benchContext(b)
-	bundle := loadBlender(b, ctx)
-	sc, err := bundle.Unpack(b.TempDir(), bundle.Version())
-	if err != nil {
-		b.Fatal(err)
-	}
-	st, err := blenderWorkload{spp: 1, passes: 1}.settings(bundle)
-	if err != nil {
-		b.Fatal(err)
-	}
-	pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(b), Dir: b.TempDir()})
-	defer pool.Close()
+	pool, sc, st := passSetup(b, ctx, 1)
 	tile := render.Rect{X0: 48, Y0: 28, X1: 112, Y1: 92}
 	if _, err := passStats(ctx, pool, sc, st, tile, 2); err != nil { // start Blender, open the scene
 		b.Fatal(err)

@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/internal/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -108,7 +107,7 @@ func TestBenchSmoke(t *testing.T) {
 	})
 
 	t.Run("BlenderFarm", func(t *testing.T) {
-		w := blenderWorkload{binary: blendertest.Binary(t), first: 1, last: 2, warmup: 3, width: 48, height: 36, spp: 4, passes: 2,
+		w := blenderWorkload{binary: blendertest.Binary(t), first: 1, last: 2, warmup: 3, width: 96, height: 72, spp: 8, passes: 2,
 			tileSize: 32, workers: 2}
 		r, err := measureBlenderFarm(ctx, t.TempDir(), loadBlender(t, ctx), w)
 		if err != nil {
@@ -124,17 +123,7 @@ func TestBenchSmoke(t *testing.T) {
 	})
 
 	t.Run("BlenderPass", func(t *testing.T) {
-		bundle := loadBlender(t, ctx)
-		sc, err := bundle.Unpack(t.TempDir(), bundle.Version())
-		if err != nil {
-			t.Fatal(err)
-		}
-		st, err := blenderWorkload{spp: 2, passes: 2}.settings(bundle)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(t), Dir: t.TempDir()})
-		defer pool.Close()
+		pool, sc, st := passSetup(t, ctx, 2)
 		s, err := passStats(ctx, pool, sc, st, render.Rect{X0: 48, Y0: 28, X1: 64, Y1: 44}, 2)
 		if err != nil {
 			t.Fatal(err)
