@@ -17,15 +17,24 @@ const Account = "TILEFARM"
 func WorkerPublish() []string {
 	var p []string
 	p = append(p, "$JS.API.INFO")
-	for _, s := range []string{StreamTiles, StreamEvents, StreamDLQ, "KV_" + BucketLeases, "KV_" + BucketFailures} {
+	for _, s := range []string{StreamTiles, StreamEvents, StreamDLQ, "KV_" + BucketLeases, "KV_" + BucketFailures,
+		"KV_" + BucketDropped, "KV_" + BucketWorkers} {
 		p = append(p, "$JS.API.STREAM.INFO."+s)
 	}
-	for _, c := range []string{ConsumerWorkers, ConsumerAssemblers} {
+	consumers := []string{ConsumerAssemblers}
+	for b := range NumBands {
+		consumers = append(consumers, b.Consumer())
+	}
+	for _, c := range consumers {
 		p = append(p, "$JS.API.CONSUMER.INFO."+StreamTiles+"."+c, "$JS.API.CONSUMER.MSG.NEXT."+StreamTiles+"."+c)
 	}
 	p = append(p, "$JS.ACK."+StreamTiles+".>")
-	for _, b := range []string{BucketLeases, BucketFailures} {
-		p = append(p, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b, "$KV."+b+".>")
+	for _, b := range []string{BucketLeases, BucketFailures, BucketWorkers, BucketDropped} {
+		p = append(p, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b)
+	}
+	// Workers write their leases, failure counts and heartbeats; the dropped frames they only read.
+	for _, b := range []string{BucketLeases, BucketFailures, BucketWorkers} {
+		p = append(p, "$KV."+b+".>")
 	}
 	p = append(p, EventsTilePrefix+">", EventFrameAssembledSubject, EventFrameFailedSubject, dlqSubjects, ProgressSubject)
 	return p

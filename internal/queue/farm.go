@@ -51,15 +51,17 @@ const maxNotedErrors = 8192
 
 // Farm is the set of JetStream objects one coordinator or worker uses. Create it with Setup.
 type Farm struct {
-	JS       jetstream.JetStream
-	Tiles    jetstream.Stream
-	Events   jetstream.Stream
-	DLQ      jetstream.Stream
-	Consumer jetstream.Consumer // tile render jobs
+	JS     jetstream.JetStream
+	Tiles  jetstream.Stream
+	Events jetstream.Stream
+	DLQ    jetstream.Stream
+	Bands  [NumBands]jetstream.Consumer // tile render jobs, one consumer per priority band
 	// Assemblers is the consumer of assemble jobs.
 	Assemblers jetstream.Consumer
 	Leases     *Leases
 	Failures   *Failures
+	Dropped    *Dropped // frames whose every job was cancelled
+	Workers    *Workers // live workers' heartbeats
 	Cfg        Config
 	// Log receives dead-letter watcher diagnostics; Setup sets slog.Default().
 	Log *slog.Logger
@@ -113,11 +115,13 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 	}
 	// Two consumers on disjoint subjects, so workers can take assembly before more tiles: frames
 	// then complete as their tiles do instead of all at the end of a shot.
-	var consumers [2]jetstream.Consumer
-	for i, c := range []struct{ name, subject, what string }{
-		{ConsumerWorkers, SubjectRender, "tile render jobs"},
-		{ConsumerAssemblers, SubjectAssemble, "frame assembly jobs"},
-	} {
+	type consumerDef struct{ name, subject, what string }
+	defs := []consumerDef{{ConsumerAssemblers, SubjectAssemble, "frame assembly jobs"}}
+	for b := range NumBands {
+		defs = append(defs, consumerDef{b.Consumer(), b.Subject(), "tile render jobs of the " + b.String() + " priority band"})
+	}
+	consumers := make([]jetstream.Consumer, len(defs))
+	for i, c := range defs {
 		consumers[i], err = js.CreateOrUpdateConsumer(ctx, StreamTiles, jetstream.ConsumerConfig{
 			Durable:       c.name,
 			Description:   "shared pull consumer of all tileworkers: " + c.what,
@@ -134,7 +138,6 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.name, err)
 		}
 	}
-	cons := consumers[0]
 	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        StreamAdvisories,
 		Description: "max-deliveries advisories of the TILES consumers awaiting dead-lettering",
@@ -178,13 +181,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 	if err != nil {
 		return nil, fmt.Errorf("setting up bucket %s: %w", BucketFailures, err)
 	}
+	dropped, workers, err := setupDirectory(ctx, js, cfg)
+	if err != nil {
+		return nil, err
+	}
 	return &Farm{
+		Dropped:    dropped,
+		Workers:    workers,
 		JS:         js,
 		Tiles:      tiles,
 		Events:     events,
 		DLQ:        dlq,
-		Consumer:   cons,
-		Assemblers: consumers[1],
+		Bands:      [NumBands]jetstream.Consumer(consumers[1:]),
+		Assemblers: consumers[0],
 		Leases:     &Leases{kv: kv, ttl: cfg.LeaseTTL},
 		Failures:   &Failures{kv: fkv},
 		Cfg:        cfg,
@@ -209,12 +218,6 @@ func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, 
 		return false, fmt.Errorf("publishing %q to %q: %w", msgID, subject, err)
 	}
 	return ack.Duplicate, nil
-}
-
-// FetchTile pulls one tile render job, waiting at most wait; (nil, nil) when none arrived.
-// One at a time, because a buffered message already burns its ack-wait.
-func (f *Farm) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
-	return fetchOne(ctx, f.Consumer, wait)
 }
 
 // FetchAssembly pulls one frame assembly job, waiting at most wait; (nil, nil) when none arrived.

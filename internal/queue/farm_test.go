@@ -59,7 +59,7 @@ func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
 	if dlq.Config.Retention != jetstream.LimitsPolicy || dlq.Config.MaxAge != 0 {
 		t.Errorf("DLQ config = retention %v max age %v, want limits and no expiry", dlq.Config.Retention, dlq.Config.MaxAge)
 	}
-	ci, err := f2.Consumer.Info(ctx)
+	ci, err := f2.Bands[BandNormal].Info(ctx)
 	if err != nil {
 		t.Fatalf("Consumer.Info: %v", err)
 	}
@@ -82,7 +82,7 @@ func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Setup with new config: %v", err)
 	}
-	ci, err = f3.Consumer.Info(ctx)
+	ci, err = f3.Bands[BandNormal].Info(ctx)
 	if err != nil {
 		t.Fatalf("Consumer.Info: %v", err)
 	}
@@ -249,8 +249,9 @@ func TestCancelledFetchHandsBackLateDelivery(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	if m, err := tf.f.FetchTile(ctx, 2*time.Second); m != nil || !errors.Is(err, context.Canceled) {
-		t.Fatalf("FetchTile = %v, %v; want context.Canceled", m, err)
+	// One pull that outlives its caller (FetchTile's pulls are shorter than this test's timing).
+	if m, err := fetchOne(ctx, tf.f.Bands[BandNormal], 2*time.Second); m != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("fetchOne = %v, %v; want context.Canceled", m, err)
 	}
 	m := mustFetch(t, tf.f, 3*time.Second)
 	if d := deliveries(t, m); d != 2 {

@@ -25,10 +25,13 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("binding to stream %s: %w", StreamDLQ, err)
 	}
-	cons, err := tiles.Consumer(ctx, ConsumerWorkers)
-	if err != nil {
-		return nil, fmt.Errorf("binding to consumer %s/%s: %w", StreamTiles, ConsumerWorkers, err)
+	var bands [NumBands]jetstream.Consumer
+	for b := range NumBands {
+		if bands[b], err = tiles.Consumer(ctx, b.Consumer()); err != nil {
+			return nil, fmt.Errorf("binding to consumer %s/%s: %w", StreamTiles, b.Consumer(), err)
+		}
 	}
+	cons := bands[BandNormal]
 	assemblers, err := tiles.Consumer(ctx, ConsumerAssemblers)
 	if err != nil {
 		return nil, fmt.Errorf("binding to consumer %s/%s: %w", StreamTiles, ConsumerAssemblers, err)
@@ -57,8 +60,13 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 		// A bucket without a TTL would make a crashed worker's leases immortal.
 		return nil, fmt.Errorf("the farm on this server is misconfigured: %w", err)
 	}
+	dropped, workers, err := openDirectory(ctx, js)
+	if err != nil {
+		return nil, err
+	}
 	return &Farm{
-		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Consumer: cons, Assemblers: assemblers,
+		Dropped: dropped, Workers: workers,
+		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Bands: bands, Assemblers: assemblers,
 		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Failures: &Failures{kv: fkv}, Cfg: cfg, Log: slog.Default(),
 		lastError: make(map[string]string),
 	}, nil

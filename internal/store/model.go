@@ -32,6 +32,26 @@ type Job struct {
 	Priority       int             `json:"priority"`
 	Formats        []string        `json:"formats"`
 	Created        time.Time       `json:"created"`
+	// Cancelled is when the job was cancelled; zero while it is not.
+	Cancelled time.Time `json:"cancelled,omitzero"`
+	// Failed says why the farm gave up on the job as a whole (every live worker blocklisted
+	// it); empty while it has not. Its frames' own failures are in the frames.
+	Failed string `json:"failed,omitempty"`
+}
+
+// State is the job's state given its frames' states as it sees them (Frame.StateFor with its
+// formats). A cancelled job stays cancelled whatever its frames do for other jobs (only an
+// unfinished job can be cancelled), and a job the farm gave up on stays failed unless its
+// frames completed after all.
+func (j *Job) State(frames []FrameState) JobState {
+	s := DeriveJobState(frames)
+	switch {
+	case !j.Cancelled.IsZero():
+		return JobCancelled
+	case j.Failed != "" && s != JobCompleted:
+		return JobFailed
+	}
+	return s
 }
 
 // FrameKey returns the frame_key of frame n of the job.
@@ -80,6 +100,10 @@ type Frame struct {
 	AssemblyError     string   `json:"assembly_error,omitempty"`
 	Assemblies        int      `json:"assemblies,omitempty"`
 	Retries           int      `json:"retries,omitempty"`
+
+	// Dropped is set while every job asking for the frame is cancelled: its tiles are not
+	// rendered (queue.Dropped tells the workers), until a new job asks for it again.
+	Dropped bool `json:"dropped,omitempty"`
 
 	State   FrameState        `json:"state"`
 	Updated time.Time         `json:"updated"`
@@ -235,4 +259,6 @@ type OutboxRecord struct {
 	Retry int `json:"retry,omitempty"`
 	// Assembly is the frame's assembly request number; it is part of the message id.
 	Assembly int `json:"assembly,omitempty"`
+	// Priority is the priority of the job the tiles are dispatched for: it picks their band.
+	Priority int `json:"priority,omitempty"`
 }

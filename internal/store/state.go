@@ -150,10 +150,11 @@ const (
 	JobQueued    JobState = iota // nothing started
 	JobRendering                 // some frame in progress
 	JobCompleted                 // every frame completed in every format the job asked for
-	JobFailed                    // every frame finished and one of them failed
+	JobFailed                    // every frame finished and one of them failed, or the farm gave up on it
+	JobCancelled                 // cancelled before it completed
 )
 
-var jobStateNames = [...]string{"queued", "rendering", "completed", "failed"}
+var jobStateNames = [...]string{"queued", "rendering", "completed", "failed", "cancelled"}
 
 func (s JobState) String() string { return enumName(jobStateNames[:], s, "job_state") }
 

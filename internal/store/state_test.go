@@ -217,6 +217,31 @@ func TestDeriveJobState(t *testing.T) {
 	}
 }
 
+// Property: a cancelled job stays cancelled whatever its frames do afterwards for other jobs,
+// and a job the farm gave up on stays failed unless its frames completed after all.
+func TestJobStateCancelledAndGivenUp(t *testing.T) {
+	c, r, q := store.FrameCompleted, store.FrameRendering, store.FrameQueued
+	at := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	for _, row := range []struct {
+		name   string
+		job    store.Job
+		frames []store.FrameState
+		want   store.JobState
+	}{
+		{"live", store.Job{}, []store.FrameState{q, r}, store.JobRendering},
+		{"cancelled while queued", store.Job{Cancelled: at}, []store.FrameState{q, q}, store.JobCancelled},
+		{"cancelled while rendering", store.Job{Cancelled: at}, []store.FrameState{c, r}, store.JobCancelled},
+		{"cancelled, frames completed for another job", store.Job{Cancelled: at}, []store.FrameState{c, c}, store.JobCancelled},
+		{"given up, frames completed after all", store.Job{Failed: "x"}, []store.FrameState{c, c}, store.JobCompleted},
+		{"given up", store.Job{Failed: "every worker blocklisted it"}, []store.FrameState{r, q}, store.JobFailed},
+		{"given up and cancelled", store.Job{Failed: "x", Cancelled: at}, []store.FrameState{r}, store.JobCancelled},
+	} {
+		if got := row.job.State(row.frames); got != row.want {
+			t.Errorf("%s: State(%v) = %s, want %s", row.name, row.frames, got, row.want)
+		}
+	}
+}
+
 func TestStatesMarshalAsNames(t *testing.T) {
 	raw, err := json.Marshal(struct {
 		T store.TileState

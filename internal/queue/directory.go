@@ -1,0 +1,165 @@
+package queue
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Buckets through which the coordinator and the workers tell each other what is live.
+const (
+	// BucketDropped holds the frames no live job wants any more (their jobs were cancelled);
+	// workers drop such a frame's tiles before leasing one and between passes.
+	BucketDropped = "dropped"
+	// BucketWorkers holds each live worker's heartbeat; an entry expires WorkerTTL after the
+	// worker's last beat, so a killed worker leaves the list by itself.
+	BucketWorkers = "workers"
+	// WorkerTTL is how long a worker's heartbeat entry outlives its last beat.
+	WorkerTTL = 15 * time.Second
+	// WorkerBeat is how often a worker refreshes its entry: three beats per TTL, so one lost
+	// beat does not drop a live worker.
+	WorkerBeat = WorkerTTL / 3
+)
+
+// setupDirectory creates the two buckets; the coordinator calls it through Setup.
+func setupDirectory(ctx context.Context, js jetstream.JetStream, cfg Config) (*Dropped, *Workers, error) {
+	dkv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: BucketDropped, Description: "tilefarm frames whose jobs were all cancelled", History: 1,
+		Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("setting up bucket %s: %w", BucketDropped, err)
+	}
+	wkv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket: BucketWorkers, Description: "tilefarm worker heartbeats", History: 1, TTL: WorkerTTL,
+		Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("setting up bucket %s: %w", BucketWorkers, err)
+	}
+	return &Dropped{kv: dkv}, &Workers{kv: wkv}, nil
+}
+
+// openDirectory binds to the two buckets; workers call it through Open.
+func openDirectory(ctx context.Context, js jetstream.JetStream) (*Dropped, *Workers, error) {
+	dkv, err := js.KeyValue(ctx, BucketDropped)
+	if err != nil {
+		return nil, nil, fmt.Errorf("binding to bucket %s: %w", BucketDropped, err)
+	}
+	wkv, err := js.KeyValue(ctx, BucketWorkers)
+	if err != nil {
+		return nil, nil, fmt.Errorf("binding to bucket %s: %w", BucketWorkers, err)
+	}
+	return &Dropped{kv: dkv}, &Workers{kv: wkv}, nil
+}
+
+// Dropped is the set of frames whose every job was cancelled.
+type Dropped struct{ kv jetstream.KeyValue }
+
+// Add marks frameKey dropped.
+func (d *Dropped) Add(ctx context.Context, frameKey string) error {
+	if _, err := d.kv.Put(ctx, frameKey, []byte("1")); err != nil {
+		return fmt.Errorf("marking frame %.12s dropped: %w", frameKey, err)
+	}
+	return nil
+}
+
+// Remove makes frameKey wanted again, before its tiles are dispatched anew.
+func (d *Dropped) Remove(ctx context.Context, frameKey string) error {
+	if err := d.kv.Purge(ctx, frameKey); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("marking frame %.12s wanted: %w", frameKey, err)
+	}
+	return nil
+}
+
+// Has reports whether frameKey is dropped.
+func (d *Dropped) Has(ctx context.Context, frameKey string) (bool, error) {
+	_, err := d.kv.Get(ctx, frameKey)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, nil
+	}
+	return false, fmt.Errorf("reading whether frame %.12s is dropped: %w", frameKey, err)
+}
+
+// WorkerInfo is a worker's heartbeat: who it is, what it renders now and how fast.
+type WorkerInfo struct {
+	Name             string       `json:"name"`
+	Host             string       `json:"host"`
+	Slots            int          `json:"slots"`
+	Tiles            []WorkerTile `json:"tiles"`
+	SamplesPerSecond float64      `json:"samples_per_second"`
+	LastSeen         time.Time    `json:"last_seen"`
+	// Blocklisted are the jobs whose tiles this worker no longer takes, after failing them
+	// repeatedly.
+	Blocklisted []string `json:"blocklisted_jobs"`
+}
+
+// WorkerTile is a tile a worker is rendering.
+type WorkerTile struct {
+	JobID        string `json:"job_id"`
+	Frame        int    `json:"frame"`
+	TileKey      string `json:"tile_key"`
+	SamplesDone  int    `json:"samples_done"`
+	SamplesTotal int    `json:"samples_total"`
+}
+
+// Workers is the heartbeat directory.
+type Workers struct{ kv jetstream.KeyValue }
+
+// workerKey is a key for any worker name: names may hold characters keys may not.
+func workerKey(name string) string { return hex.EncodeToString([]byte(name)) }
+
+// Beat records info as the worker's current heartbeat.
+func (w *Workers) Beat(ctx context.Context, info WorkerInfo) error {
+	data, err := json.Marshal(info)
+	if err != nil {
+		return err
+	}
+	if _, err := w.kv.Put(ctx, workerKey(info.Name), data); err != nil {
+		return fmt.Errorf("heartbeat of worker %s: %w", info.Name, err)
+	}
+	return nil
+}
+
+// Leave removes a worker that stops cleanly, at once rather than after its TTL.
+func (w *Workers) Leave(ctx context.Context, name string) error {
+	if err := w.kv.Purge(ctx, workerKey(name)); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
+		return fmt.Errorf("removing worker %s: %w", name, err)
+	}
+	return nil
+}
+
+// List returns the live workers, by name. An entry that does not decode is skipped: it cannot
+// be a worker of this farm's version.
+func (w *Workers) List(ctx context.Context) ([]WorkerInfo, error) {
+	lister, err := w.kv.ListKeys(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing workers: %w", err)
+	}
+	var out []WorkerInfo
+	for k := range lister.Keys() {
+		e, err := w.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue // expired meanwhile
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading worker %s: %w", k, err)
+		}
+		var info WorkerInfo
+		if json.Unmarshal(e.Value(), &info) == nil && info.Name != "" {
+			out = append(out, info)
+		}
+	}
+	slices.SortFunc(out, func(a, b WorkerInfo) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
