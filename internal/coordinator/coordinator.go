@@ -9,6 +9,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -25,8 +26,9 @@ var ErrBusy = errors.New("farm busy: too much work queued, retry later")
 
 // Config tunes a coordinator. Zero values take the defaults.
 type Config struct {
-	// MaxQueued is the TILES depth above which submissions are refused with ErrBusy; 0 means no limit.
-	MaxQueued uint64
+	// MaxPendingTiles is how many tiles may wait to be rendered: a submission that would take
+	// the farm over it is refused with a BusyError saying when to retry; 0 means no limit.
+	MaxPendingTiles int
 	// ReconcileEvery is how often unfinished frames are compared with their manifests; default 30 s.
 	ReconcileEvery time.Duration
 	// StaleAssembly is how long a frame may wait for its assembly before the reconciler asks
@@ -95,7 +97,13 @@ type Coordinator struct {
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
 	uploads chan struct{}             // one token per scene upload in progress
 
-	progress *progressTracker // tiles in progress, in memory only (progress.go)
+	progress  *progressTracker // tiles in progress, in memory only (progress.go)
+	directory workerDirectory  // live workers, refreshed by watchWorkers (operate.go)
+	eta       *etaTracker      // samples per second of unfinished jobs (operate.go)
+
+	completions atomic.Int64 // tile completions seen in events, for the drain rate
+	drainMu     sync.Mutex
+	drain       rateMeter // completions per second, sampled by sampleMetrics
 
 	relayKick chan struct{}
 	changedMu sync.Mutex
@@ -116,6 +124,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		uploads:   make(chan struct{}, cfg.MaxUploads),
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
+		eta:       newETATracker(),
 	}
 	// The tracker asks c.now at each use, so a test that sets the clock sets it for progress too.
 	c.progress = newProgressTracker(func() time.Time { return c.now() }, log)
@@ -134,6 +143,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"reconciler":          c.reconcileLoop,
 		"progress watcher":    c.watchProgress,
 		"metrics sampler":     c.sampleMetrics,
+		"worker directory":    c.watchWorkers,
 	}
 	for name, loop := range loops {
 		wg.Add(1)
@@ -173,14 +183,6 @@ func (c *Coordinator) Changed() <-chan struct{} {
 	return c.changed
 }
 
-func (c *Coordinator) backpressure(ctx context.Context) bool {
-	if c.cfg.MaxQueued == 0 {
-		return false
-	}
-	depth, _, err := c.farm.Depth(ctx)
-	return err == nil && depth > c.cfg.MaxQueued
-}
-
 func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
@@ -193,6 +195,10 @@ func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 		if n, err := c.store.OutboxLen(ctx); err == nil {
 			c.m.OutboxPending.Set(float64(n))
 		}
+		c.drainMu.Lock()
+		c.drain.observe(c.now(), float64(c.completions.Load()))
+		c.drainMu.Unlock()
+		c.sampleETAs(ctx)
 		select {
 		case <-ctx.Done():
 			return nil

@@ -22,8 +22,8 @@ func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
 type deadLetters struct{ c *Coordinator }
 
 func (d deadLetters) Promoted(ctx context.Context, dl queue.DeadLetter) (bool, error) {
-	switch dl.Subject {
-	case queue.SubjectRender:
+	switch {
+	case queue.IsRenderSubject(dl.Subject):
 		var job farm.TileJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return false, nil
@@ -35,7 +35,7 @@ func (d deadLetters) Promoted(ctx context.Context, dl queue.DeadLetter) (bool, e
 		return true, d.c.update(ctx, func(p *projection) error {
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: store.TileDone}))
 		})
-	case queue.SubjectAssemble:
+	case dl.Subject == queue.SubjectAssemble:
 		var job farm.AssembleJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return false, nil
@@ -55,8 +55,8 @@ func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
 	d.c.m.DeadLetters.Inc()
 	failure := store.Failure{Code: farm.CodeMaxDeliveries, Delivery: dl.Deliveries, Time: d.c.now(),
 		Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
-	switch dl.Subject {
-	case queue.SubjectRender:
+	switch {
+	case queue.IsRenderSubject(dl.Subject):
 		var job farm.TileJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return nil // nothing to record for an undecodable message
@@ -65,7 +65,7 @@ func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index,
 				Change: store.TileDeadLetter, Order: store.DeadLetterOrder(dl.StreamSeq), Failure: &failure}))
 		})
-	case queue.SubjectAssemble:
+	case dl.Subject == queue.SubjectAssemble:
 		var job farm.AssembleJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return nil
@@ -113,14 +113,14 @@ func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) erro
 		return err
 	}
 	return c.update(ctx, func(p *projection) error {
-		switch dl.Subject {
-		case queue.SubjectRender:
+		switch {
+		case queue.IsRenderSubject(dl.Subject):
 			var job farm.TileJob
 			if json.Unmarshal(dl.Data, &job) != nil {
 				return nil
 			}
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: store.TileRequeued}))
-		case queue.SubjectAssemble:
+		case dl.Subject == queue.SubjectAssemble:
 			var job farm.AssembleJob
 			if json.Unmarshal(dl.Data, &job) != nil {
 				return nil

@@ -171,7 +171,8 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []farm.Event) error {
 	})
 	if err == nil {
 		c.progress.finished(evs) // a completed or failed tile is no longer in progress
-		c.kickRelay()            // an event may have asked for an assembly
+		c.countCompletions(evs)
+		c.kickRelay() // an event may have asked for an assembly
 		if changed || len(evs) > 0 {
 			c.notify()
 		}

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -94,6 +96,42 @@ func (c *Coordinator) Handler() http.Handler {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 		_, _ = w.Write(data)
+	})
+	mux.HandleFunc("POST /v1/jobs/{id}/cancel", func(w http.ResponseWriter, r *http.Request) {
+		st, err := c.Cancel(r.Context(), r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("PUT /v1/jobs/{id}/priority", func(w http.ResponseWriter, r *http.Request) {
+		var req PriorityRequest
+		if err := decodeBody(w, r, &req); err != nil {
+			writeError(w, err)
+			return
+		}
+		if req.Priority == nil {
+			writeError(w, badInput("missing \"priority\""))
+			return
+		}
+		st, err := c.Reprioritize(r.Context(), r.PathValue("id"), *req.Priority)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, st)
+	})
+	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) {
+		ws, err := c.Workers(r.Context())
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if ws == nil {
+			ws = []queue.WorkerInfo{}
+		}
+		writeJSON(w, http.StatusOK, WorkersResponse{Workers: ws})
 	})
 	mux.HandleFunc("GET /v1/dlq", func(w http.ResponseWriter, r *http.Request) {
 		dls, err := c.farm.ListDeadLetters(r.Context())
@@ -186,7 +224,12 @@ func writeError(w http.ResponseWriter, err error) {
 		code, kind = http.StatusConflict, "conflict"
 	case errors.Is(err, ErrBusy):
 		code, kind = http.StatusTooManyRequests, "busy"
-		w.Header().Set("Retry-After", "5")
+		retry := 5 * time.Second
+		var busy *BusyError
+		if errors.As(err, &busy) {
+			retry = busy.RetryAfter
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound), errors.Is(err, finalize.ErrNotFound):
 		code, kind = http.StatusNotFound, "not_found"
 	case errors.Is(err, finalize.ErrCorrupt):
@@ -195,6 +238,30 @@ func writeError(w http.ResponseWriter, err error) {
 		code, kind = http.StatusConflict, "not_ready"
 	}
 	writeJSON(w, code, APIError{Error: err.Error(), Kind: kind})
+}
+
+// PriorityRequest is the body of PUT /v1/jobs/{id}/priority.
+type PriorityRequest struct {
+	Priority *int `json:"priority"`
+}
+
+// WorkersResponse is the body of GET /v1/workers.
+type WorkersResponse struct {
+	Workers []queue.WorkerInfo `json:"workers"`
+}
+
+// decodeBody decodes a small JSON request body into v: one value, within maxRequestBytes.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any) error {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBytes))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("more than one JSON value in the body")
+	}
+	if err != nil {
+		return badInput("decoding request: %v", err)
+	}
+	return nil
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

@@ -250,7 +250,7 @@ func (p *projection) assemblyRequeued(fk string, formats []string) error {
 // retry gives a failed frame another go: every dead-lettered tile goes back to queued and is
 // dispatched again under a new dedup id (completed tiles are reused), and a failed assembly is
 // asked for again. It reports whether anything was retried.
-func (p *projection) retry(fk, jobID string) (bool, error) {
+func (p *projection) retry(fk string, j *store.Job) (bool, error) {
 	e, err := p.edit(fk)
 	if err != nil {
 		return false, err
@@ -258,26 +258,11 @@ func (p *projection) retry(fk, jobID string) (bool, error) {
 	f := e.f
 	retried := false
 	if f.TilesFailed > 0 {
-		t, err := p.table(e)
+		n, err := p.redispatch(fk, j, func(s store.TileState) bool { return s == store.TileDeadLettered })
 		if err != nil {
 			return false, err
 		}
-		var idx []int
-		for i := 0; i < t.Len(); i++ {
-			if s, _ := t.Get(i); s == store.TileDeadLettered {
-				idx = append(idx, i)
-			}
-		}
-		for _, i := range idx {
-			if _, err := p.tile(fk, tileUpdate{Index: i, Change: store.TileRequeued}); err != nil {
-				return false, err
-			}
-		}
-		f.Retries++
-		if err := p.tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: jobID, Tiles: idx, Retry: f.Retries}); err != nil {
-			return false, err
-		}
-		retried = true
+		retried = n > 0
 	}
 	if f.AssemblyError != "" {
 		f.AssemblyError = ""
@@ -285,6 +270,41 @@ func (p *projection) retry(fk, jobID string) (bool, error) {
 		retried = true
 	}
 	return retried, nil
+}
+
+// redispatch dispatches again, for job j and in its priority band, the tiles of frame fk whose
+// state pick selects, under a new dedup id (the frame's next retry number); dead-lettered ones
+// go back to queued. A copy of a tile still in the queue is harmless: whichever attempt
+// promotes first wins, and the other finds the manifest. It returns how many it dispatched.
+func (p *projection) redispatch(fk string, j *store.Job, pick func(store.TileState) bool) (int, error) {
+	e, err := p.edit(fk)
+	if err != nil {
+		return 0, err
+	}
+	t, err := p.table(e)
+	if err != nil {
+		return 0, err
+	}
+	var idx []int
+	for i := 0; i < t.Len(); i++ {
+		if s, _ := t.Get(i); pick(s) {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return 0, nil
+	}
+	for _, i := range idx {
+		if _, err := p.tile(fk, tileUpdate{Index: i, Change: store.TileRequeued}); err != nil {
+			return 0, err
+		}
+	}
+	e.f.Retries++
+	rec := store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: j.ID, Tiles: idx, Retry: e.f.Retries, Priority: j.Priority}
+	if err := p.tx.AddOutbox(rec); err != nil {
+		return 0, err
+	}
+	return len(idx), nil
 }
 
 // staleAssembly forgets the pending assembly request of frame fk, so flush asks again.

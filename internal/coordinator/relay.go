@@ -176,7 +176,7 @@ func tileMessages(f *store.Frame, r store.OutboxRecord) ([]*nats.Msg, error) {
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, newMsg(queue.SubjectRender, TileMsgID(t.Key, r.Retry), data))
+		msgs = append(msgs, newMsg(queue.BandOf(r.Priority).Subject(), TileMsgID(t.Key, r.Retry), data))
 	}
 	return msgs, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/store"
 )
@@ -14,6 +15,7 @@ var (
 	StateRendering = store.JobRendering.String()
 	StateCompleted = store.JobCompleted.String()
 	StateFailed    = store.JobFailed.String()
+	StateCancelled = store.JobCancelled.String()
 )
 
 // FrameStatus is one frame of a job.
@@ -31,26 +33,32 @@ type FrameStatus struct {
 
 // Status is where a job stands. It is what `status --json` prints.
 type Status struct {
-	JobID            string        `json:"job_id"`
-	State            string        `json:"state"`
-	Scene            string        `json:"scene"`
-	SceneVersion     string        `json:"scene_version"`
-	Camera           string        `json:"camera"`
-	Formats          []string      `json:"formats"`
-	FirstFrame       int           `json:"first_frame"`
-	LastFrame        int           `json:"last_frame"`
-	FramesTotal      int           `json:"frames_total"`
-	FramesCompleted  int           `json:"frames_completed"`
-	FramesFailed     int           `json:"frames_failed"`
-	TilesTotal       int           `json:"tiles_total"`
-	TilesCompleted   int           `json:"tiles_completed"`
-	TilesFailed      int           `json:"tiles_failed"`
-	TileAttempts     int           `json:"tile_attempts"`
-	SamplesRecovered int           `json:"samples_recovered"`
-	SamplesTotal     int64         `json:"samples_total"` // the frames' sums: they move while a long tile renders
-	SamplesDone      int64         `json:"samples_done"`
-	Frames           []FrameStatus `json:"frames"`
-	Failures         []string      `json:"failures,omitempty"`
+	JobID            string   `json:"job_id"`
+	State            string   `json:"state"`
+	Scene            string   `json:"scene"`
+	SceneVersion     string   `json:"scene_version"`
+	Camera           string   `json:"camera"`
+	Formats          []string `json:"formats"`
+	FirstFrame       int      `json:"first_frame"`
+	LastFrame        int      `json:"last_frame"`
+	FramesTotal      int      `json:"frames_total"`
+	FramesCompleted  int      `json:"frames_completed"`
+	FramesFailed     int      `json:"frames_failed"`
+	TilesTotal       int      `json:"tiles_total"`
+	TilesCompleted   int      `json:"tiles_completed"`
+	TilesFailed      int      `json:"tiles_failed"`
+	TileAttempts     int      `json:"tile_attempts"`
+	SamplesRecovered int      `json:"samples_recovered"`
+	SamplesTotal     int64    `json:"samples_total"` // the frames' sums: they move while a long tile renders
+	SamplesDone      int64    `json:"samples_done"`
+	Priority         int      `json:"priority"`
+	// ETASeconds is the estimated time left, from the samples per second measured over the
+	// last minute; absent while unknown (too early, nothing moving) and once the job ended.
+	ETASeconds *float64 `json:"eta_seconds,omitempty"`
+	// BlocklistedWorkers are the live workers that no longer take this job's tiles.
+	BlocklistedWorkers []string      `json:"blocklisted_workers,omitempty"`
+	Frames             []FrameStatus `json:"frames"`
+	Failures           []string      `json:"failures,omitempty"`
 	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
 	TilesRendered int      `json:"tiles_rendered"`
 	TilesReused   int      `json:"tiles_reused"`
@@ -72,7 +80,16 @@ func (c *Coordinator) Status(ctx context.Context, jobID string) (Status, error) 
 		}
 		return err
 	})
+	if err == nil {
+		c.observe(&st)
+	}
 	return st, err
+}
+
+// observe adds what lives outside the store to a status: its ETA and its blocklisting workers.
+func (c *Coordinator) observe(st *Status) {
+	c.eta.observe(c.now(), st)
+	st.BlocklistedWorkers = c.directory.blocklisting(st.JobID)
 }
 
 // Jobs lists the status of every job, oldest first.
@@ -95,6 +112,9 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 		}
 		return nil
 	})
+	for i := range out {
+		c.observe(&out[i])
+	}
 	return out, err
 }
 
@@ -105,7 +125,7 @@ const maxFailuresShown = 50
 // projection's that has them in memory already).
 func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, error)) (Status, error) {
 	st := Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
-		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Outputs: []string{}}
+		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Priority: j.Priority, Outputs: []string{}}
 	states := make([]store.FrameState, 0, j.Frames())
 	for n := j.First; n <= j.Last; n++ {
 		f, err := frame(j.FrameKey(n))
@@ -137,7 +157,13 @@ func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, 
 		}
 		st.Frames = append(st.Frames, fs)
 	}
-	st.State = store.DeriveJobState(states).String()
+	st.State = j.State(states).String()
+	switch {
+	case st.State == StateCancelled:
+		st.Failures = append([]string{"cancelled at " + j.Cancelled.Format(time.RFC3339)}, st.Failures...)
+	case j.Failed != "" && st.State == StateFailed:
+		st.Failures = append([]string{j.Failed}, st.Failures...)
+	}
 	return st, nil
 }
 

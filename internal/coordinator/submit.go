@@ -91,6 +91,8 @@ func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*s
 		return nil, 0, badInput("idempotency key is %d bytes, at most %d", len(req.IdempotencyKey), MaxIdempotencyKey)
 	case len(req.Project) > MaxProjectName:
 		return nil, 0, badInput("project name is %d bytes, at most %d", len(req.Project), MaxProjectName)
+	case req.Priority < MinPriority || req.Priority > MaxPriority:
+		return nil, 0, badInput("priority %d: want %d to %d", req.Priority, MinPriority, MaxPriority)
 	}
 	sc, err := c.scene(ctx, req.SceneVersion)
 	if err != nil {
@@ -154,8 +156,8 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	if res, ok, err := c.existing(ctx, j); ok || err != nil {
 		return res, err
 	}
-	if c.backpressure(ctx) {
-		return SubmitResult{}, ErrBusy
+	if err := c.admit(ctx, ntiles*j.Frames()); err != nil {
+		return SubmitResult{}, err
 	}
 	created := false
 	var st Status
@@ -171,7 +173,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 		for n := j.First; n <= j.Last; n++ {
 			fk := j.FrameKey(n)
 			if _, err := p.frame(fk); err == nil {
-				if err := c.shareFrame(p, fk, j); err != nil {
+				if err := c.shareFrame(ctx, p, fk, j); err != nil {
 					return err
 				}
 				continue
@@ -180,7 +182,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 			}
 			p.add(&store.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
 				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles})
-			if err := tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: j.ID}); err != nil {
+			if err := tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: j.ID, Priority: j.Priority}); err != nil {
 				return err
 			}
 		}
@@ -201,14 +203,15 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	if created {
 		c.kickRelay()
 		c.notify()
+		c.eta.observe(c.now(), &st)
 	}
 	return SubmitResult{Status: st, Created: created}, nil
 }
 
 // shareFrame attaches a job to a frame another job already asked for. Formats the frame does
 // not have yet are added (a frame whose tiles are done is assembled again for them, by flush);
-// a frame that failed is tried again.
-func (c *Coordinator) shareFrame(p *projection, fk string, j *store.Job) error {
+// a frame that failed is tried again, and one dropped by cancelled jobs is revived.
+func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, j *store.Job) error {
 	e, err := p.edit(fk)
 	if err != nil {
 		return err
@@ -222,8 +225,11 @@ func (c *Coordinator) shareFrame(p *projection, fk string, j *store.Job) error {
 		return err
 	}
 	f.Formats = union
+	if f.Dropped {
+		return c.revive(ctx, p, e, j)
+	}
 	if f.Derive() == store.FrameFailed {
-		_, err := p.retry(fk, j.ID)
+		_, err := p.retry(fk, j)
 		return err
 	}
 	return nil
@@ -277,7 +283,7 @@ func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 			if e.f.StateFor(j.Formats) != store.FrameFailed {
 				continue
 			}
-			ok, err := p.retry(e.f.Key, j.ID)
+			ok, err := p.retry(e.f.Key, j)
 			if err != nil {
 				return err
 			}

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/store"
@@ -191,14 +192,22 @@ func TestPutSceneRejectsBadBundles(t *testing.T) {
 	}
 }
 
-// The busy limit refuses new work, never a resubmission of a known job.
+// The pending-tiles limit refuses new work with when to retry, never a resubmission of a known
+// job; a job that could never fit is bad input, not "busy" forever.
 func TestSubmitBusyRefusesNewWorkButAnswersResubmission(t *testing.T) {
-	h := newHarness(t, Config{MaxQueued: 1})
-	a := h.submit(t, h.request(1, 2, 32, 32, 16))
+	h := newHarness(t, Config{MaxPendingTiles: 10})
+	a := h.submit(t, h.request(1, 2, 32, 32, 16)) // 2 frames of 4 tiles
 	h.relay(t)
 	_, err := h.c.Submit(h.ctx, h.request(3, 4, 32, 32, 16))
-	if !errors.Is(err, ErrBusy) {
-		t.Fatalf("Submit while busy = %v, want ErrBusy", err)
+	var busy *BusyError
+	if !errors.As(err, &busy) || !errors.Is(err, ErrBusy) {
+		t.Fatalf("Submit while busy = %v, want a BusyError", err)
+	}
+	if busy.Pending != 8 || busy.Adding != 8 || busy.Limit != 10 || busy.RetryAfter < time.Second {
+		t.Errorf("busy = %+v, want 8 pending, 8 adding, limit 10 and a retry time", busy)
+	}
+	if _, err := h.c.Submit(h.ctx, h.request(5, 7, 32, 32, 16)); !errors.Is(err, ErrBadInput) {
+		t.Errorf("a 12-tile job under a 10-tile limit = %v, want bad input", err)
 	}
 	again, err := h.c.Submit(h.ctx, h.request(1, 2, 32, 32, 16))
 	if err != nil || again.Status.JobID != a.Status.JobID {

@@ -30,6 +30,7 @@ func (r *tileRun) manifestKey() string { return farm.TileManifestKey(r.job.Frame
 // describeTile fills in how a tile delivery is announced when it fails or turns out done.
 func (w *Worker) describeTile(d *delivery, job farm.TileJob) {
 	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
+	d.jobID = job.JobID
 	d.describe = func(ev farm.Event) farm.Event {
 		ev.Type, ev.JobID, ev.TileKey, ev.TileIndex, ev.FrameKey = farm.EventTileFailed, job.JobID, job.TileKey, job.Index, job.FrameKey
 		return ev
@@ -54,6 +55,9 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 		f(r.job)
 	}
 	w.crashAt(r.log, "before-lease")
+	if w.frameDropped(ctx, r) {
+		return w.drop(ctx, r)
+	}
 
 	// 2. Lease with fencing token; from here on the heartbeat keeps lease and message alive
 	// until the tile is settled.
@@ -83,7 +87,12 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 		w.release(ctx, lease, r)
 	}
 	defer r.finish()
+	w.act.start(r.attempt, queue.WorkerTile{JobID: r.job.JobID, Frame: r.job.Frame, TileKey: r.job.TileKey, SamplesTotal: r.job.Settings.SPP})
+	defer w.act.end(r.attempt)
 	err = w.renderAndPromote(r.hb.ctx, r)
+	if errors.Is(err, errDropped) {
+		return w.drop(ctx, r)
+	}
 	if errors.Is(context.Cause(r.hb.ctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
 		// No finalize, no ack: the new lease holder owns the tile now.
 		if err != nil && errors.Is(err, queue.ErrLeaseLost) {
@@ -353,9 +362,11 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 			}
 			w.crashAt(r.log, "mid-pass")
 		}
-		if err := tile.Render(ctx, tile.Next(), to); err != nil {
+		from := tile.Next()
+		if err := tile.Render(ctx, from, to); err != nil {
 			return err
 		}
+		w.act.pass(r.attempt, to, to-from)
 		if w.cfg.Faults.PassDelay > 0 {
 			queue.Sleep(ctx, w.cfg.Faults.PassDelay)
 		}
@@ -375,6 +386,10 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
+		}
+		if w.frameDropped(ctx, r) {
+			w.saveCheckpoint(ctx, tile, r, true) // a job asking for the frame again resumes here
+			return errDropped
 		}
 	}
 	return nil

@@ -35,7 +35,10 @@ type Config struct {
 	RetryBase       time.Duration // first retry backoff; default 1 s
 	RetryMax        time.Duration // backoff cap; default 30 s
 	FetchWait       time.Duration // server-side expiry of one idle pull; default 2 s
-	Faults          Faults
+	// BlocklistAfter is how many failed tiles of one job make this worker stop taking the
+	// job's tiles; default DefaultBlocklistAfter.
+	BlocklistAfter int
+	Faults         Faults
 }
 
 // Faults are test hooks that make the worker misbehave at named seams, so fault tests can
@@ -94,6 +97,9 @@ func (c *Config) normalize(f *queue.Farm) {
 	if c.Name == "" {
 		c.Name = "worker-" + tiles.NewAttemptID()[:8]
 	}
+	if c.BlocklistAfter <= 0 {
+		c.BlocklistAfter = DefaultBlocklistAfter
+	}
 }
 
 // Deps are what a worker works with. Scenes and Checkpoints may be shared by the workers of
@@ -118,6 +124,7 @@ type Worker struct {
 	log     *slog.Logger
 	m       *metrics.Metrics
 	store   *storeHealth
+	act     *activity // what it renders and what it blocklisted (directory.go)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -150,7 +157,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	}
 	w := &Worker{
 		cfg: cfg, farm: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
-		log: log,
+		log: log, act: newActivity(),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x7f4a7c15)),
 	}
 	w.store = &storeHealth{w: w, available: true}
@@ -167,6 +174,11 @@ func (w *Worker) Name() string { return w.cfg.Name }
 // and Nak, so another worker resumes them at once.
 func (w *Worker) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		w.beat(ctx)
+	}()
 	for i := 0; i <= w.cfg.Concurrency; i++ {
 		fetch := w.farm.FetchTile
 		if i == w.cfg.Concurrency {
@@ -209,6 +221,7 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 type delivery struct {
 	msg      jetstream.Msg
 	msgID    string
+	jobID    string // the job of a tile delivery, for blocklisting
 	seq      uint64 // TILES stream sequence
 	num      uint64 // delivery count, 1-based
 	attempt  string
@@ -240,6 +253,11 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 				return farm.Terminalf("decoding tile job: %w", err)
 			}
 			w.describeTile(d, job)
+			if w.act.isBlocked(job.JobID) {
+				d.log.Debug("handing back a tile of a blocklisted job")
+				_ = msg.NakWithDelay(blocklistNakDelay)
+				return errSettled
+			}
 			return w.renderTile(ctx, &tileRun{delivery: d, job: job})
 		case queue.SubjectAssemble:
 			var job farm.AssembleJob
@@ -320,6 +338,9 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 		if perr := w.publishEvent(cctx, d, ev); perr != nil {
 			d.log.Warn("publishing failure event", "err", perr)
 		}
+	}
+	if d.jobID != "" && w.act.failed(d.jobID, w.cfg.BlocklistAfter) {
+		d.log.Warn("blocklisting job: this worker takes none of its tiles any more", "failed_tiles", w.cfg.BlocklistAfter)
 	}
 	if terminal {
 		return

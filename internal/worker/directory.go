@@ -1,0 +1,161 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// What a worker tells the farm about itself and decides for itself (docs/design.md,
+// "Operating"): its heartbeat in the worker directory, the jobs it blocklisted, and the tiles
+// of cancelled jobs it drops.
+
+// DefaultBlocklistAfter is how many failed tiles of one job make a worker stop taking that
+// job's tiles.
+const DefaultBlocklistAfter = 3
+
+// blocklistNakDelay is how long a tile of a blocklisted job is handed back for: long enough
+// that another worker takes it first.
+const blocklistNakDelay = 2 * time.Second
+
+// errDropped means the tile's frame was dropped while it rendered: its every job was cancelled.
+var errDropped = errors.New("frame dropped: every job asking for it was cancelled")
+
+// activity is what a worker is doing, for its heartbeat, and the jobs it blocklisted.
+type activity struct {
+	mu       sync.Mutex
+	tiles    map[string]queue.WorkerTile // by attempt id
+	failures map[string]int              // failed tiles by job id
+	blocked  []string                    // jobs whose tiles this worker no longer takes
+	samples  int64                       // samples rendered, ever
+}
+
+func newActivity() *activity {
+	return &activity{tiles: map[string]queue.WorkerTile{}, failures: map[string]int{}}
+}
+
+// start records a tile the worker renders.
+func (a *activity) start(attempt string, t queue.WorkerTile) {
+	a.mu.Lock()
+	a.tiles[attempt] = t
+	a.mu.Unlock()
+}
+
+// pass records a pass of the tile of attempt, which now has done samples, n of them just
+// rendered.
+func (a *activity) pass(attempt string, done, n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.samples += int64(n)
+	if t, ok := a.tiles[attempt]; ok {
+		t.SamplesDone = done
+		a.tiles[attempt] = t
+	}
+}
+
+func (a *activity) end(attempt string) {
+	a.mu.Lock()
+	delete(a.tiles, attempt)
+	a.mu.Unlock()
+}
+
+// failed counts a failed tile of job and reports whether that blocklists the job now.
+func (a *activity) failed(job string, after int) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.failures[job]++
+	if a.failures[job] < after || slices.Contains(a.blocked, job) {
+		return false
+	}
+	a.blocked = append(a.blocked, job)
+	return true
+}
+
+func (a *activity) isBlocked(job string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Contains(a.blocked, job)
+}
+
+// snapshot is the heartbeat's view: the tiles rendering, the blocklist and the samples so far.
+func (a *activity) snapshot() ([]queue.WorkerTile, []string, int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	tiles := make([]queue.WorkerTile, 0, len(a.tiles))
+	for _, t := range a.tiles {
+		tiles = append(tiles, t)
+	}
+	slices.SortFunc(tiles, func(x, y queue.WorkerTile) int {
+		if x.TileKey < y.TileKey {
+			return -1
+		}
+		if x.TileKey > y.TileKey {
+			return 1
+		}
+		return 0
+	})
+	return tiles, slices.Clone(a.blocked), a.samples
+}
+
+// beat keeps the worker's entry in the directory until ctx ends, then removes it: every
+// queue.WorkerBeat it writes what the worker renders, how fast and what it blocklisted. A beat
+// that fails is logged and tried again at the next; the entry outlives a few lost beats.
+func (w *Worker) beat(ctx context.Context) {
+	host, _ := os.Hostname()
+	t := time.NewTicker(queue.WorkerBeat)
+	defer t.Stop()
+	lastTime, lastSamples := time.Now(), int64(0)
+	rate := 0.0
+	for {
+		tiles, blocked, samples := w.act.snapshot()
+		now := time.Now()
+		if dt := now.Sub(lastTime).Seconds(); dt > 0.5 {
+			rate = float64(samples-lastSamples) / dt
+			lastTime, lastSamples = now, samples
+		}
+		info := queue.WorkerInfo{Name: w.cfg.Name, Host: host, Slots: w.cfg.Concurrency, Tiles: tiles,
+			SamplesPerSecond: rate, LastSeen: now.UTC(), Blocklisted: blocked}
+		if err := w.farm.Workers.Beat(ctx, info); err != nil && ctx.Err() == nil {
+			w.log.Warn("worker heartbeat", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+			if err := w.farm.Workers.Leave(lctx, w.cfg.Name); err != nil {
+				w.log.Warn("leaving the worker directory", "err", err)
+			}
+			cancel()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// frameDropped reports whether the tile's frame was dropped. A directory that cannot be read
+// counts as not dropped: rendering a tile nobody wants wastes time, dropping one somebody
+// wants would strand its job.
+func (w *Worker) frameDropped(ctx context.Context, r *tileRun) bool {
+	dropped, err := w.farm.Dropped.Has(ctx, r.job.FrameKey)
+	if err != nil {
+		r.log.Debug("reading dropped frames", "err", err)
+		return false
+	}
+	return dropped
+}
+
+// drop settles the delivery of a tile of a dropped frame: acked, so it leaves the queue. Its
+// checkpoints stay, so a job asking for the frame again resumes it.
+func (w *Worker) drop(ctx context.Context, r *tileRun) error {
+	r.log.Info("dropping tile: every job asking for its frame was cancelled")
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	if err := r.msg.DoubleAck(actx); err != nil {
+		r.log.Warn("acking a dropped tile", "err", err)
+	}
+	return errSettled
+}
