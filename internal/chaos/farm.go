@@ -285,7 +285,8 @@ func (f *theFarm) start(name, bin string, args ...string) (*proc, error) {
 	f.procs++
 	logPath := filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.procs, name))
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), f.minio.Env()...)
+	// The scenarios read the processes' logs as key=value lines.
+	cmd.Env = append(append(os.Environ(), "TILEFARM_LOG_FORMAT=text"), f.minio.Env()...)
 	done, err := proctest.Launch(cmd, logPath, name+" "+strings.Join(args, " "))
 	if err != nil {
 		return nil, err

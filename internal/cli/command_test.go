@@ -188,18 +188,28 @@ func TestStatusUnreachableIsRetryable(t *testing.T) {
 
 func TestCoordinatorUsage(t *testing.T) {
 	code, stdout, stderr := run(t)
-	if code != ExitUsage || !strings.Contains(stderr, "Usage: coordinator COMMAND") || stdout != "" {
+	if code != ExitUsage || !strings.Contains(stderr, "Usage:\n  coordinator") || stdout != "" {
 		t.Errorf("no args: exit %d, stderr %q", code, stderr)
 	}
-	for _, cmd := range []string{"render", "serve", "submit", "status", "jobs", "outputs", "dlq", "gc"} {
-		if !strings.Contains(stderr, "\n  "+cmd+" ") {
-			t.Errorf("top-level usage does not list %q", cmd)
+	for _, h := range []string{"-h", "--help", "help"} {
+		code, stdout, _ := run(t, h)
+		if code != ExitOK || !strings.Contains(stdout, "Usage:\n  coordinator") {
+			t.Errorf("coordinator %s: exit %d, stdout %q; want 0 and the usage", h, code, stdout)
+		}
+		for _, cmd := range []string{"render", "serve", "submit", "status", "watch", "jobs", "outputs", "cancel", "reprioritize",
+			"workers", "dlq", "gc", "credentials", "completion"} {
+			if !strings.Contains(stdout, "\n  "+cmd+" ") {
+				t.Errorf("coordinator %s does not list %q:\n%s", h, cmd, stdout)
+			}
 		}
 	}
-	for _, h := range []string{"-h", "--help", "help"} {
-		if code, _, stderr := run(t, h); code != ExitOK || !strings.Contains(stderr, "Usage: coordinator COMMAND") {
-			t.Errorf("coordinator %s: exit %d, stderr %q; want 0 and the usage", h, code, stderr)
-		}
+	code, stdout, _ = run(t, "--version")
+	if code != ExitOK || !strings.HasPrefix(stdout, "coordinator ") || !strings.Contains(stdout, "go1.") {
+		t.Errorf("--version: exit %d, %q", code, stdout)
+	}
+	code, stdout, _ = run(t, "completion", "bash")
+	if code != ExitOK || !strings.Contains(stdout, "bash completion") {
+		t.Errorf("completion bash: exit %d, %.200q", code, stdout)
 	}
 }
 
@@ -218,35 +228,38 @@ func TestSubcommandHelp(t *testing.T) {
 		return func(stdout, stderr *bytes.Buffer) int { return Tileworker(cmdCtx(t), args, stdout, stderr) }
 	}
 	cases := []helpCase{
-		{"coordinator render", coord("render", "-h"), "coordinator render SCENE", "Render frames of SCENE on this machine", "-frames"},
-		{"coordinator serve", coord("serve", "-h"), "coordinator serve", "Run the coordinator daemon", "-listen"},
-		{"coordinator submit", coord("submit", "-h"), "coordinator submit SCENE", "Submit SCENE to a running coordinator", "-idempotency-key"},
-		{"coordinator status", coord("status", "-h"), "coordinator status JOB", "Show where JOB stands", "-json"},
-		{"coordinator jobs", coord("jobs", "-h"), "coordinator jobs", "List every job", "-server"},
-		{"coordinator outputs", coord("outputs", "-h"), "coordinator outputs JOB", "Download the finished frames", "-out"},
-		{"coordinator dlq", coord("dlq", "-h"), "coordinator dlq list", "List dead-lettered tiles", "-server"},
-		{"coordinator gc", coord("gc", "-h"), "coordinator gc", "Delete attempt objects", "-grace"},
-		{"coordinator render (flag after positional)", coord("render", shotScene, "-h"), "coordinator render SCENE", "Render frames of SCENE", "-out"},
-		{"tileworker", tw("-h"), "tileworker [--nats URL]", "Run a worker daemon", "-concurrency"},
-		{"tileworker render", tw("render", "-h"), "tileworker render SCENE", "Render one frame of SCENE", "-frame"},
+		{"coordinator render", coord("render", "-h"), "coordinator render SCENE", "Render frames of SCENE on this machine", "--frames"},
+		{"coordinator serve", coord("serve", "-h"), "coordinator serve", "Run the coordinator daemon", "--max-pending-tiles"},
+		{"coordinator submit", coord("submit", "-h"), "coordinator submit SCENE", "Submit SCENE to a running coordinator", "--idempotency-key"},
+		{"coordinator status", coord("status", "-h"), "coordinator status JOB", "Show where JOB stands", "--json"},
+		{"coordinator cancel", coord("cancel", "--help"), "coordinator cancel JOB", "Cancel JOB", "--server"},
+		{"coordinator reprioritize", coord("reprioritize", "-h"), "coordinator reprioritize JOB PRIORITY", "new priority", "--server"},
+		{"coordinator workers", coord("workers", "-h"), "coordinator workers", "List the live workers", "--json"},
+		{"coordinator jobs", coord("jobs", "-h"), "coordinator jobs", "List every job", "--server"},
+		{"coordinator outputs", coord("outputs", "-h"), "coordinator outputs JOB", "Download the finished frames", "--out"},
+		{"coordinator dlq list", coord("dlq", "list", "-h"), "coordinator dlq list", "List dead-lettered tiles", "--server"},
+		{"coordinator gc", coord("gc", "-h"), "coordinator gc", "Delete attempt objects", "--grace"},
+		{"coordinator render (flag after positional)", coord("render", shotScene, "-h"), "coordinator render SCENE", "Render frames of SCENE", "--out"},
+		{"tileworker", tw("-h"), "tileworker [--nats URL]", "Run a worker daemon", "--concurrency"},
+		{"tileworker render", tw("render", "-h"), "tileworker render SCENE", "Render one frame of SCENE", "--frame"},
 	}
 	codes := map[int][]string{}
 	for _, c := range cases {
 		var stdout, stderr bytes.Buffer
 		code := c.run(&stdout, &stderr)
 		codes[code] = append(codes[code], c.name)
-		text := stderr.String()
-		if !strings.HasPrefix(text, "Usage: "+c.synopsis) {
-			t.Errorf("%s -h: usage does not start with the synopsis %q:\n%s", c.name, c.synopsis, text)
+		text := stdout.String()
+		if !strings.Contains(text, "Usage:\n  "+c.synopsis) {
+			t.Errorf("%s -h: usage lacks the synopsis %q:\n%s", c.name, c.synopsis, text)
 		}
 		if !strings.Contains(text, c.description) || !strings.Contains(text, "Flags:") || !strings.Contains(text, c.flag) {
 			t.Errorf("%s -h: help lacks the description %q or the flag %q:\n%s", c.name, c.description, c.flag, text)
 		}
-		if stdout.Len() != 0 {
-			t.Errorf("%s -h wrote to stdout: %q", c.name, stdout.String())
+		if strings.Contains(text, "--fault-") {
+			t.Errorf("%s -h shows a test-only fault flag:\n%s", c.name, text)
 		}
-		if strings.Contains(text, "Run '") {
-			t.Errorf("%s -h printed an error hint as if -h were a mistake:\n%s", c.name, text)
+		if stderr.Len() != 0 {
+			t.Errorf("%s -h wrote to stderr: %q", c.name, stderr.String())
 		}
 	}
 	if len(codes) != 1 {

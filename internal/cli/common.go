@@ -5,7 +5,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,6 +15,11 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/term"
+
+	"github.com/tilefarm/tilefarm/internal/buildinfo"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -34,6 +38,25 @@ const (
 	ExitInterrupt  = 130
 )
 
+// The environment variables flags read their defaults from (besides NATS_URL and
+// TILEFARM_BLENDER, next to their flags).
+const (
+	envServer    = "TILEFARM_SERVER"
+	envLogFormat = "TILEFARM_LOG_FORMAT"
+)
+
+// Version is what --version prints: the build, and the Go release it was built with.
+func Version() string { return buildinfo.Version() + " (" + buildinfo.GoVersion() + ")" }
+
+// hideFaultFlags keeps the fault-injection flags, which exist for the crash tests, out of help.
+func hideFaultFlags(fs *pflag.FlagSet) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		if strings.HasPrefix(f.Name, "fault-") {
+			f.Hidden = true
+		}
+	})
+}
+
 // usageError is a command-line mistake (exit 2).
 type usageError struct{ msg string }
 
@@ -47,15 +70,17 @@ func exitCode(stderr io.Writer, cmd string, err error) int {
 		return ExitOK
 	}
 	var ue *usageError
+	var busy *client.BusyError
 	switch {
-	case errors.Is(err, flag.ErrHelp):
-		return ExitOK // the usage was asked for and printed
 	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "%s: %v\nRun '%s -h' for usage.\n", cmd, err, cmd)
+		fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd, err, cmd)
 		return ExitUsage
 	case errors.Is(err, context.Canceled):
 		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)
 		return ExitInterrupt
+	case errors.As(err, &busy):
+		fmt.Fprintf(stderr, "%s: %v (retry in %s)\n", cmd, err, busy.RetryAfter)
+		return ExitBusy
 	case errors.Is(err, coordinator.ErrBusy), errors.Is(err, client.ErrUnavailable):
 		fmt.Fprintf(stderr, "%s: %v (retry later)\n", cmd, err)
 		return ExitBusy
@@ -64,34 +89,106 @@ func exitCode(stderr io.Writer, cmd string, err error) int {
 	return ExitFailed
 }
 
-// newFlags makes a FlagSet whose usage text starts with synopsis and description.
-func newFlags(name, synopsis, description string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s\n\n%s\n\nFlags:\n", synopsis, strings.TrimSpace(description))
-		fs.PrintDefaults()
-	}
-	return fs
+// runFunc is a command's body, called once cobra has parsed its flags, with its positional
+// arguments; it returns the command's exit code, or an error that exitCode maps onto one.
+type runFunc func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error)
+
+// program runs one of the two command trees: it carries the streams and the global flags, and
+// keeps what the command that ran returned, so that every path out of cobra (help, a flag
+// mistake, an unknown command, a command's error) ends in the contract's exit code.
+type program struct {
+	ctx            context.Context
+	stdout, stderr io.Writer
+	ran            *cobra.Command // the command whose body ran, nil until one did
+	code           int
+	err            error
+
+	jsonOut   bool   // --json: read commands print one JSON value on stdout
+	logFormat string // --log-format
+	server    string // --server
 }
 
-// parseArgs parses flags that may come before or after the positional arguments.
-func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, usagef("%v", err)
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
+// newCommand makes a command: use is its synopsis (its first word its name), short the line in
+// its parent's list of commands, long its help text.
+func newCommand(use, short, long string) *cobra.Command {
+	return &cobra.Command{Use: use, Short: short, Long: strings.TrimSpace(long), SilenceErrors: true, SilenceUsage: true,
+		DisableFlagsInUseLine: true}
+}
+
+// run makes body c's action, with args checking its positional arguments.
+func (p *program) run(c *cobra.Command, args cobra.PositionalArgs, body runFunc) {
+	c.Args = args
+	c.RunE = func(c *cobra.Command, pos []string) error {
+		p.ran = c
+		p.code, p.err = body(c.Context(), pos, p.stdout, p.stderr)
+		return nil
 	}
+}
+
+// runErr is run for a command whose only outcomes are success (exit 0) and an error.
+func (p *program) runErr(c *cobra.Command, args cobra.PositionalArgs, body func(ctx context.Context, pos []string, stdout, stderr io.Writer) error) {
+	p.run(c, args, func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		return ExitOK, body(ctx, pos, stdout, stderr)
+	})
+}
+
+// execute runs root on args and returns the exit code: 0 for help, 2 for a usage mistake, and
+// otherwise what the command that ran says.
+func (p *program) execute(root *cobra.Command, args []string) int {
+	root.SetArgs(args)
+	root.SetOut(p.stdout)
+	root.SetErr(p.stderr)
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usagef("%v", err) })
+	root.PersistentPreRunE = func(c *cobra.Command, _ []string) error {
+		_, err := newLogger(io.Discard, "info", p.logFormat)
+		return err
+	}
+	root.Version = Version()
+	root.SetVersionTemplate("{{.Name}} {{.Version}}\n")
+	root.CompletionOptions.HiddenDefaultCmd = false
+	cmd, err := root.ExecuteContextC(p.ctx)
+	if err != nil {
+		// Cobra's own refusals (an unknown command or flag, wrong arguments) are usage mistakes.
+		var ue *usageError
+		if !errors.As(err, &ue) {
+			err = usagef("%v", err)
+		}
+		return exitCode(p.stderr, cmd.CommandPath(), err)
+	}
+	if p.ran == nil {
+		return ExitOK // help, --version or completion was asked for and printed
+	}
+	if p.err != nil || p.code < 0 {
+		return exitCode(p.stderr, p.ran.CommandPath(), p.err)
+	}
+	return p.code
+}
+
+// noArgs refuses positional arguments.
+func noArgs(c *cobra.Command, pos []string) error {
+	if len(pos) > 0 {
+		return usagef("unexpected argument %q", pos[0])
+	}
+	return nil
+}
+
+// exactArgs wants n positional arguments, named by what in the error.
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(c *cobra.Command, pos []string) error {
+		if len(pos) != n {
+			return usagef("want exactly %s, got %d arguments", what, len(pos))
+		}
+		return nil
+	}
+}
+
+// envDefault is the value of the environment variable env, or def when it is unset: the
+// default of a flag that may also be set from the environment.
+func envDefault(env, def string) string {
+	if v := os.Getenv(env); v != "" {
+		return v
+	}
+	return def
 }
 
 // parseFrames parses "A-B" or "N".
@@ -138,12 +235,33 @@ func formatList(flagValue string) ([]string, error) {
 	return out, nil
 }
 
-func newLogger(stderr io.Writer, level string) (*slog.Logger, error) {
+// newLogger makes the process's structured logger: format is "text" or "json" ("" picks JSON
+// unless stderr is a terminal, where people read it).
+func newLogger(stderr io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, usagef("--log-level %q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	if format == "" {
+		format = "json"
+		if isTerminal(stderr) {
+			format = "text"
+		}
+	}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(stderr, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(stderr, opts)), nil
+	}
+	return nil, usagef("--log-format %q: want text or json", format)
+}
+
+// isTerminal reports whether w is a terminal.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
@@ -170,7 +288,7 @@ type renderFlags struct {
 	camera                           string
 }
 
-func addRenderFlags(fs *flag.FlagSet) *renderFlags {
+func addRenderFlags(fs *pflag.FlagSet) *renderFlags {
 	rf := &renderFlags{}
 	fs.IntVar(&rf.spp, "spp", 0, "samples per pixel (default: the scene's)")
 	fs.IntVar(&rf.width, "width", 0, "image width override")

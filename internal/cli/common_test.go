@@ -4,11 +4,10 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
@@ -117,9 +116,9 @@ func TestExitCode(t *testing.T) {
 		stderrHas string
 	}{
 		{"nil", nil, ExitOK, ""},
-		{"usage", usagef("want exactly one SCENE"), ExitUsage, "Run 'coordinator render -h'"},
-		{"help", flag.ErrHelp, ExitOK, ""},
+		{"usage", usagef("want exactly one SCENE"), ExitUsage, "Run 'coordinator render --help'"},
 		{"busy", fmt.Errorf("submitting: %w", coordinator.ErrBusy), ExitBusy, "retry later"},
+		{"busy with a time", fmt.Errorf("submitting: %w", &client.BusyError{Message: "farm busy", RetryAfter: 42 * time.Second}), ExitBusy, "retry in 42s"},
 		{"unavailable", fmt.Errorf("%w at http://x: refused", client.ErrUnavailable), ExitBusy, "retry later"},
 		{"canceled", fmt.Errorf("waiting: %w", context.Canceled), ExitInterrupt, "interrupted"},
 		{"bad input", fmt.Errorf("%w: frame range 5-2 is reversed", coordinator.ErrBadInput), ExitFailed, "reversed"},
@@ -132,9 +131,9 @@ func TestExitCode(t *testing.T) {
 			t.Errorf("%s: exitCode = %d, want %d", c.name, got, c.code)
 		}
 		switch {
-		case c.err == nil || errors.Is(c.err, flag.ErrHelp):
+		case c.err == nil:
 			if stderr.Len() != 0 {
-				t.Errorf("%s: printed %q, want nothing (the flag package already printed usage)", c.name, stderr.String())
+				t.Errorf("%s: printed %q, want nothing", c.name, stderr.String())
 			}
 		case !strings.HasPrefix(stderr.String(), "coordinator render: ") || !strings.Contains(stderr.String(), c.stderrHas):
 			t.Errorf("%s: stderr %q, want it prefixed by the command and to contain %q", c.name, stderr.String(), c.stderrHas)
@@ -146,43 +145,34 @@ func TestExitCode(t *testing.T) {
 	}
 }
 
-func TestParseArgsFlagsAfterPositionals(t *testing.T) {
-	newFS := func() (*flag.FlagSet, *int, *bool, *string) {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		return fs, fs.Int("n", 0, ""), fs.Bool("v", false, ""), fs.String("out", "", "")
-	}
-	fs, n, v, out := newFS()
-	pos, err := parseArgs(fs, []string{"scene.json", "--n", "3", "second", "-v", "--out=o_####.png"})
-	if err != nil {
-		t.Fatalf("parseArgs: %v", err)
-	}
-	if strings.Join(pos, " ") != "scene.json second" || *n != 3 || !*v || *out != "o_####.png" {
-		t.Errorf("parseArgs = %q n=%d v=%v out=%q", pos, *n, *v, *out)
-	}
-
-	fs, n, _, _ = newFS()
-	pos, err = parseArgs(fs, []string{"-n", "4", "a"})
-	if err != nil || len(pos) != 1 || pos[0] != "a" || *n != 4 {
-		t.Errorf("flags first: %q n=%d err=%v", pos, *n, err)
-	}
-
-	fs, _, _, _ = newFS()
-	if pos, err := parseArgs(fs, nil); err != nil || len(pos) != 0 {
-		t.Errorf("no args: %q, %v", pos, err)
-	}
-
-	for _, args := range [][]string{{"a", "--nope"}, {"a", "-n"}, {"-n", "x", "a"}} {
-		fs, _, _, _ = newFS()
-		_, err := parseArgs(fs, args)
-		var ue *usageError
-		if !errors.As(err, &ue) {
-			t.Errorf("parseArgs(%q) = %v, want a usage error", args, err)
+// Flags may come before or after positional arguments, and every kind of command-line mistake
+// is a usage error (exit 2) naming the command, never a failure of the job.
+func TestCommandLineParsing(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		code int
+		has  string
+	}{
+		{"flag after positional", []string{"status", "job-1", "--server", "http://127.0.0.1:1"}, ExitBusy, "retry later"},
+		{"flag before positional", []string{"status", "--server", "http://127.0.0.1:1", "job-1"}, ExitBusy, "retry later"},
+		{"flag=value", []string{"status", "--server=http://127.0.0.1:1", "job-1"}, ExitBusy, "retry later"},
+		{"unknown flag", []string{"status", "job-1", "--nope"}, ExitUsage, "unknown flag: --nope"},
+		{"flag without value", []string{"submit", "s.json", "--frames"}, ExitUsage, "flag needs an argument"},
+		{"bad flag value", []string{"render", "s.json", "--workers", "x"}, ExitUsage, "invalid argument"},
+		{"missing positional", []string{"status"}, ExitUsage, "want exactly one JOB"},
+		{"extra positional", []string{"jobs", "extra"}, ExitUsage, "unexpected argument"},
+		{"unknown command", []string{"frobnicate"}, ExitUsage, "unknown command"},
+		{"unknown subcommand", []string{"dlq", "purge"}, ExitUsage, "dlq"},
+		{"bad log format", []string{"jobs", "--log-format", "xml", "--server", "http://127.0.0.1:1"}, ExitUsage, "--log-format \"xml\""},
+	} {
+		code, _, stderr := run(t, c.args...)
+		if code != c.code || !strings.Contains(stderr, c.has) {
+			t.Errorf("%s: coordinator %q: exit %d, stderr %q; want %d and %q", c.name, c.args, code, stderr, c.code, c.has)
 		}
-	}
-	fs, _, _, _ = newFS()
-	if _, err := parseArgs(fs, []string{"a", "-h"}); !errors.Is(err, flag.ErrHelp) {
-		t.Errorf("parseArgs(-h) = %v, want flag.ErrHelp", err)
+		if c.code == ExitUsage && !strings.Contains(stderr, "--help' for usage") {
+			t.Errorf("%s: a usage error without the hint: %q", c.name, stderr)
+		}
 	}
 }
 

@@ -2,12 +2,12 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"path/filepath"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 )
@@ -18,46 +18,44 @@ var gcPrefixes = []string{"attempts/", farm.CheckpointKey("")}
 
 const minGrace = time.Hour
 
-func cmdGC(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("coordinator gc", "coordinator gc [--store URL | --data DIR] [--grace D] [--json]", `
+func (p *program) gcCommand() *cobra.Command {
+	c := newCommand("gc [--store URL | --data DIR] [--grace D]", "delete unreferenced attempt objects and old checkpoints", `
 Delete attempt objects and remote checkpoints that no manifest references and that are older
 than --grace. Nothing a manifest names is ever deleted, and a tile still rendering keeps its
-checkpoint fresh, so the grace period protects it. Run it from cron on the coordinator host.`, stderr)
+checkpoint fresh, so the grace period protects it. Run it from cron on the coordinator host.`)
+	fs := c.Flags()
 	storeURL := fs.String("store", "", "object store URL (default: the filesystem store under --data)")
 	data := fs.String("data", ".tilefarm", "coordinator data directory, for the default filesystem store")
 	grace := fs.Duration("grace", 24*time.Hour, "only delete objects older than this")
-	jsonOut := fs.Bool("json", false, "print the report as JSON")
 	force := fs.Bool("force", false, "allow a grace period under the 1h minimum (only when no worker is running)")
-	if pos, err := parseArgs(fs, args); err != nil {
-		return err
-	} else if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
-	}
-	if *grace < 0 {
-		return usagef("--grace %v: must not be negative", *grace)
-	}
-	// An attempt object is unreferenced from its upload until its manifest exists; a grace period
-	// shorter than a stalled promotion (storage retries, ack-wait x MaxDeliver) could delete it
-	// under a manifest about to name it.
-	if *grace < minGrace && !*force {
-		return usagef("--grace %v is under the %v minimum that protects in-flight promotions; add --force if no worker is running", *grace, minGrace)
-	}
-	url := *storeURL
-	if url == "" {
-		url = "file://" + mustAbs(filepath.Join(*data, "store"))
-	}
-	objects, err := finalize.OpenStore(ctx, url)
-	if err != nil {
-		return err
-	}
-	rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), nil)
-	if err != nil {
-		return err
-	}
-	if *jsonOut {
-		return json.NewEncoder(stdout).Encode(rep)
-	}
-	fmt.Fprintf(stdout, "deleted %d objects; kept %d referenced, %d younger than %v; %d manifests checked\n",
-		len(rep.Deleted), len(rep.Referenced), len(rep.Young), *grace, rep.Manifests)
-	return nil
+	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+		if *grace < 0 {
+			return usagef("--grace %v: must not be negative", *grace)
+		}
+		// An attempt object is unreferenced from its upload until its manifest exists; a grace period
+		// shorter than a stalled promotion (storage retries, ack-wait x MaxDeliver) could delete it
+		// under a manifest about to name it.
+		if *grace < minGrace && !*force {
+			return usagef("--grace %v is under the %v minimum that protects in-flight promotions; add --force if no worker is running", *grace, minGrace)
+		}
+		url := *storeURL
+		if url == "" {
+			url = "file://" + mustAbs(filepath.Join(*data, "store"))
+		}
+		objects, err := finalize.OpenStore(ctx, url)
+		if err != nil {
+			return err
+		}
+		rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), nil)
+		if err != nil {
+			return err
+		}
+		if p.jsonOut {
+			return writeJSON(stdout, rep)
+		}
+		fmt.Fprintf(stdout, "deleted %d objects; kept %d referenced, %d younger than %v; %d manifests checked\n",
+			len(rep.Deleted), len(rep.Referenced), len(rep.Young), *grace, rep.Manifests)
+		return nil
+	})
+	return c
 }

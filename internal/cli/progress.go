@@ -3,11 +3,8 @@ package cli
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
-
-	"golang.org/x/term"
 
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 )
@@ -23,11 +20,7 @@ type progress struct {
 }
 
 func newProgress(w io.Writer, quiet bool) *progress {
-	tty := false
-	if f, ok := w.(*os.File); ok {
-		tty = term.IsTerminal(int(f.Fd()))
-	}
-	return &progress{w: w, tty: tty, quiet: quiet}
+	return &progress{w: w, tty: isTerminal(w), quiet: quiet}
 }
 
 // update shows done of total units with a label, as "12/48 tiles".

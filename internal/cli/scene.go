@@ -3,7 +3,6 @@ package cli
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/pflag"
 	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -27,13 +27,9 @@ type blenderFlags struct {
 }
 
 // addBlenderFlags adds --blender and, for the commands that render for a farm, the hang timeout.
-func addBlenderFlags(fs *flag.FlagSet, renders bool) *blenderFlags {
+func addBlenderFlags(fs *pflag.FlagSet, renders bool) *blenderFlags {
 	bf := &blenderFlags{hang: blender.DefaultHangTimeout}
-	def := os.Getenv(envBlender)
-	if def == "" {
-		def = "blender"
-	}
-	fs.StringVar(&bf.binary, "blender", def, "Blender 3.4 executable for .blend scenes (env "+envBlender+"); every machine of a farm must run the same build")
+	fs.StringVar(&bf.binary, "blender", envDefault(envBlender, "blender"), "Blender 3.4 executable for .blend scenes (env "+envBlender+"); every machine of a farm must run the same build")
 	if renders {
 		fs.DurationVar(&bf.hang, "blender-hang-timeout", bf.hang, "kill and restart a Blender process that shows no sign of life for this long")
 	}

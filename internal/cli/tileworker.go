@@ -13,38 +13,29 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/render"
 )
 
-const tileworkerUsage = `Usage: tileworker [flags]            run a worker daemon that renders tiles for a farm
-       tileworker render SCENE --frame N --out FILE [flags]
-                                    render one frame locally with no farm (the reference)
-
-Run 'tileworker -h' or 'tileworker render -h' for the flags.
-`
-
 // Tileworker runs the tileworker command with args (without the program name).
 func Tileworker(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && args[0] == "render" {
-		return exitCode(stderr, "tileworker render", cmdLocalRender(ctx, args[1:], stdout, stderr))
-	}
-	if len(args) > 0 && args[0] == "help" {
-		fmt.Fprint(stderr, tileworkerUsage)
-		return ExitOK
-	}
-	return exitCode(stderr, "tileworker", cmdWorker(ctx, args, stderr))
+	p := &program{ctx: ctx, stdout: stdout, stderr: stderr}
+	return p.execute(p.tileworkerRoot(), args)
 }
 
-func cmdWorker(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := newFlags("tileworker", "tileworker [--nats URL] [--store URL] [--checkpoints DIR] [--concurrency N]", `
+// tileworkerRoot is the worker daemon, with the local reference render as a subcommand.
+func (p *program) tileworkerRoot() *cobra.Command {
+	c := newCommand("tileworker [--nats URL] [--store URL] [--checkpoints DIR] [--concurrency N]", "tilefarm's render worker", `
 Run a worker daemon: take tile and assemble jobs from the farm's JetStream consumer, render them
 with checkpoints, and publish results through the object store. The farm's ack-wait, lease TTL
 and MaxDeliver are read from the server the coordinator set up. On SIGTERM in-flight tiles are
 checkpointed and handed back at once. S3 credentials come from AWS_ACCESS_KEY_ID and
-AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 'tileworker render -h').`, stderr)
+AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 'tileworker render -h').`)
+	c.PersistentFlags().StringVar(&p.logFormat, "log-format", os.Getenv(envLogFormat), "log format: text or json (default json unless stderr is a terminal; env "+envLogFormat+")")
+	fs := c.Flags()
 	nf := natsFlags(fs, "nats://127.0.0.1:4222")
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (required)")
 	ckptDir := fs.String("checkpoints", ".tilefarm-worker", "directory for the local checkpoint database")
@@ -55,6 +46,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
 	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile (0: with every checkpoint)")
+	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	passes := fs.Int("passes", 16, "passes a JSON scene's tile samples are split into (checkpoint granularity); Blender scenes fix theirs at submit")
 	bf := addBlenderFlags(fs, true)
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
@@ -62,61 +54,61 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	faultCrash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: "+strings.Join(worker.Seams, ", "))
 	faultPublish := fs.String("fault-fail-publish", "", "testing only: TYPE:N fails the first N publishes of events of TYPE (e.g. tile.completed:3)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	if pos, err := parseArgs(fs, args); err != nil {
-		return err
-	} else if len(pos) > 0 {
-		return usagef("unexpected argument %q", pos[0])
-	}
-	if *storeURL == "" {
-		return usagef("--store is required: the object store the coordinator uses (file:///DIR or s3://HOST:PORT/BUCKET)")
-	}
-	if *concurrency < 1 || *concurrency > 1024 {
-		return usagef("--concurrency %d: want 1-1024", *concurrency)
-	}
-	log, err := newLogger(stderr, *logLevel)
-	if err != nil {
-		return err
-	}
-	// The flags' 0 means "every time"; the worker's zero value means "default".
-	for _, d := range []*time.Duration{ckptEvery, remoteEvery} {
-		if *d == 0 {
-			*d = -1
+	hideFaultFlags(fs)
+	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+		if *storeURL == "" {
+			return usagef("--store is required: the object store the coordinator uses (file:///DIR or s3://HOST:PORT/BUCKET)")
 		}
-	}
-	wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
-		RemoteEvery: *remoteEvery, PassesPerTile: *passes}
-	wc.Faults.PassDelay = *faultDelay
-	if *faultCrash != "" {
-		if !slices.Contains(worker.Seams, *faultCrash) {
-			return usagef("--fault-crash %q: want one of %s", *faultCrash, strings.Join(worker.Seams, ", "))
+		if *concurrency < 1 || *concurrency > 1024 {
+			return usagef("--concurrency %d: want 1-1024", *concurrency)
 		}
-		wc.Faults.CrashAt = *faultCrash
-		wc.Faults.Crash = func(seam string) { killSelf(log, "tileworker", seam) }
-	}
-	if *faultPublish != "" {
-		typ, n, ok := strings.Cut(*faultPublish, ":")
-		count, err := strconv.Atoi(n)
-		if !ok || err != nil || count < 1 {
-			return usagef("--fault-fail-publish %q: want TYPE:N, e.g. tile.completed:3", *faultPublish)
-		}
-		wc.Faults.FailPublish, wc.Faults.FailPublishN = typ, count
-	}
-	if *faultTile != "" {
-		fr, rect, _ := strings.Cut(*faultTile, ":")
-		n, err := strconv.Atoi(fr)
-		if err != nil {
-			return usagef("--fault-panic-tile %q: want FRAME:X0,Y0,X1,Y1", *faultTile)
-		}
-		r, err := parseRect(rect)
+		log, err := newLogger(stderr, *logLevel, p.logFormat)
 		if err != nil {
 			return err
 		}
-		wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
-	}
-	pool := bf.workerPool(*ckptDir, *concurrency, log)
-	defer pool.Close()
-	return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
-		MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Blender: pool, Log: log})
+		// The flags' 0 means "every time"; the worker's zero value means "default".
+		for _, d := range []*time.Duration{ckptEvery, remoteEvery} {
+			if *d == 0 {
+				*d = -1
+			}
+		}
+		wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
+			RemoteEvery: *remoteEvery, PassesPerTile: *passes, BlocklistAfter: *blocklist}
+		wc.Faults.PassDelay = *faultDelay
+		if *faultCrash != "" {
+			if !slices.Contains(worker.Seams, *faultCrash) {
+				return usagef("--fault-crash %q: want one of %s", *faultCrash, strings.Join(worker.Seams, ", "))
+			}
+			wc.Faults.CrashAt = *faultCrash
+			wc.Faults.Crash = func(seam string) { killSelf(log, "tileworker", seam) }
+		}
+		if *faultPublish != "" {
+			typ, n, ok := strings.Cut(*faultPublish, ":")
+			count, err := strconv.Atoi(n)
+			if !ok || err != nil || count < 1 {
+				return usagef("--fault-fail-publish %q: want TYPE:N, e.g. tile.completed:3", *faultPublish)
+			}
+			wc.Faults.FailPublish, wc.Faults.FailPublishN = typ, count
+		}
+		if *faultTile != "" {
+			fr, rect, _ := strings.Cut(*faultTile, ":")
+			n, err := strconv.Atoi(fr)
+			if err != nil {
+				return usagef("--fault-panic-tile %q: want FRAME:X0,Y0,X1,Y1", *faultTile)
+			}
+			r, err := parseRect(rect)
+			if err != nil {
+				return err
+			}
+			wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
+		}
+		pool := bf.workerPool(*ckptDir, *concurrency, log)
+		defer pool.Close()
+		return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
+			MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Blender: pool, Log: log})
+	})
+	c.AddCommand(p.localRenderCommand())
+	return c
 }
 
 func parseRect(s string) (render.Rect, error) {
@@ -135,79 +127,76 @@ func parseRect(s string) (render.Rect, error) {
 	return render.Rect{X0: v[0], Y0: v[1], X1: v[2], Y1: v[3]}, nil
 }
 
-func cmdLocalRender(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlags("tileworker render", "tileworker render SCENE --frame N --out FILE [flags]", `
+func (p *program) localRenderCommand() *cobra.Command {
+	c := newCommand("render SCENE --frame N --out FILE", "render one frame locally with no farm (the reference)", `
 Render one frame of SCENE (a tilefarm JSON scene or a .blend) on all cores of this machine, tile
 by tile and pass by pass as the farm's workers do, with no farm, and write it to FILE (PNG, or
 OpenEXR for .exr). This is the reference a farm render must equal pixel for pixel: tile size and
-worker count never change a pixel. A .blend renders with one Blender process per -j.`, stderr)
+worker count never change a pixel. A .blend renders with one Blender process per -j.`)
+	fs := c.Flags()
 	frame := fs.Int("frame", 0, "frame number (default: the scene's first frame)")
 	out := fs.String("out", "", "output file (.png, or .exr for 32-bit float OpenEXR)")
 	format := fs.String("format", "", "png, png16 or exr (default from --out's extension)")
 	rf := addRenderFlags(fs)
 	bf := addBlenderFlags(fs, false)
-	jobs := fs.Int("j", runtime.NumCPU(), "tiles rendered in parallel")
-	quiet := fs.Bool("q", false, "no progress bar")
-	pos, err := parseArgs(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 {
-		return usagef("want exactly one SCENE, got %d arguments", len(pos))
-	}
-	if *out == "" {
-		return usagef("--out is required")
-	}
-	if err := rf.check(); err != nil {
-		return err
-	}
-	if *jobs < 1 || *jobs > 1024 {
-		return usagef("-j %d: want 1-1024", *jobs)
-	}
-	f, err := formatFor(*format, *out)
-	if err != nil {
-		return err
-	}
-	tmp, err := os.MkdirTemp("", "tilefarm-render-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(tmp)
-	pool := bf.pool(tmp, *jobs, slog.New(slog.DiscardHandler))
-	defer pool.Close()
-	bundle, err := readScene(ctx, pos[0], pool, stderr)
-	if err != nil {
-		return err
-	}
-	info, err := bundle.Settings()
-	if err != nil {
-		return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
-	}
-	st, err := info.Resolve(rf.overrides())
-	if err != nil {
-		return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
-	}
-	fr := *frame
-	if fr == 0 {
-		fr, _ = info.Frames()
-	}
-	ref, err := worker.NewReference(bundle, tmp, pool)
-	if err != nil {
-		return err
-	}
-	p := newProgress(stderr, *quiet)
-	img, err := ref.RenderFrame(ctx, st, fr, rf.tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
-	p.done()
-	if err != nil {
-		return err
-	}
-	data, err := ref.Encode(ctx, img, st, f)
-	if err != nil {
-		return err
-	}
-	if err := writeFile(*out, data); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "wrote %s (%dx%d, %d spp, frame %d)\n", filepath.Clean(*out), st.Width, st.Height, st.SPP, fr)
-	return nil
+	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "tiles rendered in parallel")
+	quiet := fs.BoolP("quiet", "q", false, "no progress bar")
+	p.runErr(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
+		if *out == "" {
+			return usagef("--out is required")
+		}
+		if err := rf.check(); err != nil {
+			return err
+		}
+		if *jobs < 1 || *jobs > 1024 {
+			return usagef("--jobs %d: want 1-1024", *jobs)
+		}
+		f, err := formatFor(*format, *out)
+		if err != nil {
+			return err
+		}
+		tmp, err := os.MkdirTemp("", "tilefarm-render-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(tmp)
+		pool := bf.pool(tmp, *jobs, slog.New(slog.DiscardHandler))
+		defer pool.Close()
+		bundle, err := readScene(ctx, pos[0], pool, stderr)
+		if err != nil {
+			return err
+		}
+		info, err := bundle.Settings()
+		if err != nil {
+			return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		}
+		st, err := info.Resolve(rf.overrides())
+		if err != nil {
+			return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		}
+		fr := *frame
+		if fr == 0 {
+			fr, _ = info.Frames()
+		}
+		ref, err := worker.NewReference(bundle, tmp, pool)
+		if err != nil {
+			return err
+		}
+		p := newProgress(stderr, *quiet)
+		img, err := ref.RenderFrame(ctx, st, fr, rf.tile, *jobs, func(done, total int) { p.update(done, total, "tiles") })
+		p.done()
+		if err != nil {
+			return err
+		}
+		data, err := ref.Encode(ctx, img, st, f)
+		if err != nil {
+			return err
+		}
+		if err := writeFile(*out, data); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "wrote %s (%dx%d, %d spp, frame %d)\n", filepath.Clean(*out), st.Width, st.Height, st.SPP, fr)
+		return nil
+	})
+	return c
 }

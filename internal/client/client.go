@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,6 +21,26 @@ import (
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
 )
+
+// BusyError is the farm refusing new work for now (HTTP 429): it has as many tiles pending as it
+// takes. RetryAfter is when it expects to have room, from the rate it drains its backlog.
+type BusyError struct {
+	Message    string
+	RetryAfter time.Duration
+}
+
+func (e *BusyError) Error() string { return e.Message }
+
+// Unwrap makes a BusyError a coordinator.ErrBusy.
+func (e *BusyError) Unwrap() error { return coordinator.ErrBusy }
+
+// retryAfter reads a Retry-After header in seconds; anything else is a minute.
+func retryAfter(h string) time.Duration {
+	if n, err := strconv.Atoi(strings.TrimSpace(h)); err == nil && n >= 0 {
+		return time.Duration(n) * time.Second
+	}
+	return time.Minute
+}
 
 // ErrUnavailable means the coordinator could not be reached; retrying later may work.
 var ErrUnavailable = errors.New("coordinator unavailable")
@@ -106,6 +128,28 @@ func (c *Client) Requeue(ctx context.Context, seq uint64) error {
 	return c.do(ctx, http.MethodPost, fmt.Sprintf("/v1/dlq/%d/requeue", seq), nil, nil)
 }
 
+// Cancel cancels a job and returns its status.
+func (c *Client) Cancel(ctx context.Context, jobID string) (coordinator.Status, error) {
+	var st coordinator.Status
+	err := c.do(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(jobID)+"/cancel", nil, &st)
+	return st, err
+}
+
+// Reprioritize gives a job a new priority and returns its status.
+func (c *Client) Reprioritize(ctx context.Context, jobID string, priority int) (coordinator.Status, error) {
+	body, _ := json.Marshal(coordinator.PriorityRequest{Priority: &priority})
+	var st coordinator.Status
+	err := c.do(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(jobID)+"/priority", body, &st)
+	return st, err
+}
+
+// Workers lists the live workers.
+func (c *Client) Workers(ctx context.Context) ([]queue.WorkerInfo, error) {
+	var res coordinator.WorkersResponse
+	err := c.do(ctx, http.MethodGet, "/v1/workers", nil, &res)
+	return res.Workers, err
+}
+
 // do performs a request with a JSON body; out may be *[]byte for a raw body, a pointer to
 // decode JSON into, or nil.
 func (c *Client) do(ctx context.Context, method, path string, body []byte, out any) error {
@@ -138,6 +182,10 @@ func (c *Client) doRaw(ctx context.Context, method, path, contentType string, bo
 	}
 	if resp.StatusCode >= 300 {
 		var apiErr coordinator.APIError
+		if resp.StatusCode == http.StatusTooManyRequests {
+			_ = json.Unmarshal(data, &apiErr)
+			return &BusyError{Message: apiErr.Error, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+		}
 		if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
 			apiErr.Error = strings.TrimSpace(string(data))
 		}

@@ -32,6 +32,9 @@ import (
 var bin string
 
 func TestMain(m *testing.M) {
+	// The tests read the processes' logs as key=value lines; TestJSONLogsByDefault checks the
+	// JSON a process writes without this.
+	os.Setenv("TILEFARM_LOG_FORMAT", "text")
 	dir, err := os.MkdirTemp("", "tilefarm-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
