@@ -536,6 +536,9 @@ func (p *program) jobsCommand() *cobra.Command {
 			return err
 		}
 		if p.jsonOut {
+			if jobs == nil {
+				jobs = []coordinator.Status{}
+			}
 			return writeJSON(stdout, jobs)
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
@@ -601,6 +604,9 @@ func (p *program) dlqCommand() *cobra.Command {
 			return err
 		}
 		if p.jsonOut {
+			if dls == nil {
+				dls = []queue.DeadLetter{}
+			}
 			return writeJSON(stdout, dls)
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)

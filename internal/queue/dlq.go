@@ -36,20 +36,20 @@ var ErrDeadLetterNotFound = errors.New("dead letter not found")
 type DeadLetter struct {
 	// DLQSeq is the dead letter's own sequence in the DLQ stream, the handle for RequeueDeadLetter; it is
 	// 0 in a DeadLetter that has not been stored yet.
-	DLQSeq uint64
+	DLQSeq uint64 `json:"dlq_seq"`
 	// StreamSeq is the original sequence in TILES.
-	StreamSeq uint64
-	// Subject is the original subject (tiles.render or tiles.assemble).
-	Subject string
+	StreamSeq uint64 `json:"stream_seq"`
+	// Subject is the original subject (a band's tiles.render subject, or tiles.assemble).
+	Subject string `json:"subject"`
 	// MsgID is the original Nats-Msg-Id.
-	MsgID string
-	Data  []byte
+	MsgID string `json:"msg_id"`
+	Data  []byte `json:"data"`
 	// Header holds the original application headers (Nats-* and DLQ bookkeeping headers removed).
-	Header     nats.Header
-	Deliveries uint64
-	Reason     string
+	Header     nats.Header `json:"header,omitempty"`
+	Deliveries uint64      `json:"deliveries"`
+	Reason     string      `json:"reason"`
 	// Time is when the dead letter was stored.
-	Time time.Time
+	Time time.Time `json:"time"`
 }
 
 // deadLetterMsgID is the DLQ publish id: a second copy of the same TILES message (a repeated advisory, two

@@ -246,8 +246,8 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 				err = &farm.PanicError{Value: r}
 			}
 		}()
-		switch msg.Subject() {
-		case queue.SubjectRender:
+		switch subject := msg.Subject(); {
+		case queue.IsRenderSubject(subject):
 			var job farm.TileJob
 			if err := json.Unmarshal(msg.Data(), &job); err != nil {
 				return farm.Terminalf("decoding tile job: %w", err)
@@ -259,7 +259,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
 				return errSettled
 			}
 			return w.renderTile(ctx, &tileRun{delivery: d, job: job})
-		case queue.SubjectAssemble:
+		case subject == queue.SubjectAssemble:
 			var job farm.AssembleJob
 			if err := json.Unmarshal(msg.Data(), &job); err != nil {
 				return farm.Terminalf("decoding assemble job: %w", err)
@@ -339,7 +339,9 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 			d.log.Warn("publishing failure event", "err", perr)
 		}
 	}
-	if d.jobID != "" && w.act.failed(d.jobID, w.cfg.BlocklistAfter) {
+	// Only failures a retry might cure count against the job here: a dead-lettered tile is the
+	// farm's verdict on the tile, not on this worker.
+	if !terminal && d.jobID != "" && w.act.failed(d.jobID, w.cfg.BlocklistAfter) {
 		d.log.Warn("blocklisting job: this worker takes none of its tiles any more", "failed_tiles", w.cfg.BlocklistAfter)
 	}
 	if terminal {
