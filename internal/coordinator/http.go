@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"crypto/subtle"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -40,6 +41,7 @@ func (c *Coordinator) routes() []route {
 	return []route{
 		{http.MethodGet, "/metrics", c.m.Handler()},
 		{http.MethodGet, "/healthz", http.HandlerFunc(handleHealthz)},
+		{http.MethodGet, "/v1/openapi.json", http.HandlerFunc(handleOpenAPI)},
 		{http.MethodHead, "/v1/scenes/{version}", http.HandlerFunc(c.handleHasScene)},
 		{http.MethodPut, "/v1/scenes/{version}", http.HandlerFunc(c.handlePutScene)},
 		{http.MethodPost, "/v1/jobs", http.HandlerFunc(c.handleSubmit)},
@@ -53,6 +55,22 @@ func (c *Coordinator) routes() []route {
 
 func handleHealthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// openAPIDocument is the API described in OpenAPI 3.0, served as written so a client can
+// generate from, or check against, the coordinator it talks to. openapi_test.go holds it
+// against the route table and against real responses.
+//
+//go:embed openapi.json
+var openAPIDocument []byte
+
+// handleOpenAPI serves openAPIDocument. It is behind the token like every endpoint but
+// /healthz: RequireToken exempts only the liveness probe, and the document is of use only to a
+// client that may call the API.
+func handleOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(openAPIDocument)))
+	_, _ = w.Write(openAPIDocument)
 }
 
 // handleHasScene answers whether a scene is stored, with a status and no body, so a client
