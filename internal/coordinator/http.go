@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"crypto/subtle"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -17,143 +18,213 @@ import (
 	"github.com/tilefarm/tilefarm/internal/store"
 )
 
-// Handler is the HTTP API the CLI talks to, plus /metrics and /healthz.
+// Handler is the HTTP API the CLI talks to, plus /metrics and /healthz. Its routes are the
+// table routes returns, so the test that holds the OpenAPI document against the code reads the
+// same table the mux is built from.
 func (c *Coordinator) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", c.m.Handler())
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	mux.HandleFunc("HEAD /v1/scenes/{version}", func(w http.ResponseWriter, r *http.Request) {
-		ok, err := c.HasScene(r.Context(), r.PathValue("version"))
-		switch {
-		case err != nil:
-			writeError(w, err)
-		case ok:
-			w.WriteHeader(http.StatusOK)
-		default:
-			w.WriteHeader(http.StatusNotFound)
-		}
-	})
-	mux.HandleFunc("PUT /v1/scenes/{version}", c.handlePutScene)
-	mux.HandleFunc("POST /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
-		var req SubmitRequest
-		body := http.MaxBytesReader(w, r.Body, maxRequestBytes)
-		dec := json.NewDecoder(body)
-		err := dec.Decode(&req)
-		if err == nil && dec.More() {
-			err = errors.New("more than one JSON value in the body")
-		}
-		if err != nil {
-			var tooBig *http.MaxBytesError
-			if errors.As(err, &tooBig) {
-				writeJSON(w, http.StatusRequestEntityTooLarge, APIError{
-					Error: fmt.Sprintf("submission exceeds the %d KiB limit of a request body (scenes are uploaded with PUT /v1/scenes)", maxRequestBytes>>10),
-					Kind:  "bad_input"})
-				return
-			}
-			writeError(w, badInput("decoding submission: %v", err))
-			return
-		}
-		res, err := c.Submit(r.Context(), req)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		code := http.StatusOK
-		if res.Created {
-			code = http.StatusCreated
-		}
-		writeJSON(w, code, res)
-	})
-	mux.HandleFunc("GET /v1/jobs", func(w http.ResponseWriter, r *http.Request) {
-		jobs, err := c.Jobs(r.Context())
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, jobs)
-	})
-	mux.HandleFunc("GET /v1/jobs/{id}", func(w http.ResponseWriter, r *http.Request) {
-		st, err := c.Status(r.Context(), r.PathValue("id"))
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, st)
-	})
-	mux.HandleFunc("GET /v1/jobs/{id}/frames/{frame}/{format}", func(w http.ResponseWriter, r *http.Request) {
-		frame, err := strconv.Atoi(r.PathValue("frame"))
-		if err != nil {
-			writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
-			return
-		}
-		data, err := c.FrameOutput(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		w.Header().Set("Content-Type", "application/octet-stream")
-		w.Header().Set("Content-Length", strconv.Itoa(len(data)))
-		_, _ = w.Write(data)
-	})
-	mux.HandleFunc("POST /v1/jobs/{id}/cancel", func(w http.ResponseWriter, r *http.Request) {
-		st, err := c.Cancel(r.Context(), r.PathValue("id"))
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, st)
-	})
-	mux.HandleFunc("PUT /v1/jobs/{id}/priority", func(w http.ResponseWriter, r *http.Request) {
-		var req PriorityRequest
-		if err := decodeBody(w, r, &req); err != nil {
-			writeError(w, err)
-			return
-		}
-		if req.Priority == nil {
-			writeError(w, badInput("missing \"priority\""))
-			return
-		}
-		st, err := c.Reprioritize(r.Context(), r.PathValue("id"), *req.Priority)
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, st)
-	})
-	mux.HandleFunc("GET /v1/workers", func(w http.ResponseWriter, r *http.Request) {
-		ws, err := c.Workers(r.Context())
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		if ws == nil {
-			ws = []queue.WorkerInfo{}
-		}
-		writeJSON(w, http.StatusOK, WorkersResponse{Workers: ws})
-	})
-	mux.HandleFunc("GET /v1/dlq", func(w http.ResponseWriter, r *http.Request) {
-		dls, err := c.farm.ListDeadLetters(r.Context())
-		if err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, dls)
-	})
-	mux.HandleFunc("POST /v1/dlq/{seq}/requeue", func(w http.ResponseWriter, r *http.Request) {
-		seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
-		if err != nil {
-			writeError(w, badInput("dead letter %q is not a sequence number", r.PathValue("seq")))
-			return
-		}
-		if err := c.RequeueDeadLetter(r.Context(), seq); err != nil {
-			writeError(w, err)
-			return
-		}
-		writeJSON(w, http.StatusOK, map[string]any{"requeued": seq})
-	})
+	for _, rt := range c.routes() {
+		mux.Handle(rt.method+" "+rt.pattern, rt.handler)
+	}
 	return mux
+}
+
+// route is one endpoint of the API: its method, its ServeMux pattern (whose {name} wildcards
+// are written as OpenAPI writes path parameters) and what serves it.
+type route struct {
+	method  string
+	pattern string
+	handler http.Handler
+}
+
+// routes is every endpoint Handler serves, in one table, so nothing can be served without
+// being in the table the OpenAPI test checks.
+func (c *Coordinator) routes() []route {
+	return []route{
+		{http.MethodGet, "/metrics", c.m.Handler()},
+		{http.MethodGet, "/healthz", http.HandlerFunc(handleHealthz)},
+		{http.MethodGet, "/v1/openapi.json", http.HandlerFunc(handleOpenAPI)},
+		{http.MethodHead, "/v1/scenes/{version}", http.HandlerFunc(c.handleHasScene)},
+		{http.MethodPut, "/v1/scenes/{version}", http.HandlerFunc(c.handlePutScene)},
+		{http.MethodPost, "/v1/jobs", http.HandlerFunc(c.handleSubmit)},
+		{http.MethodGet, "/v1/jobs", http.HandlerFunc(c.handleJobs)},
+		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}", http.HandlerFunc(c.handleFrameOutput)},
+		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
+		{http.MethodPut, "/v1/jobs/{id}/priority", http.HandlerFunc(c.handleReprioritize)},
+		{http.MethodGet, "/v1/workers", http.HandlerFunc(c.handleWorkers)},
+		{http.MethodGet, "/v1/dlq", http.HandlerFunc(c.handleDeadLetters)},
+		{http.MethodPost, "/v1/dlq/{seq}/requeue", http.HandlerFunc(c.handleRequeue)},
+	}
+}
+
+func handleHealthz(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// openAPIDocument is the API described in OpenAPI 3.0, served as written so a client can
+// generate from, or check against, the coordinator it talks to. openapi_test.go holds it
+// against the route table and against real responses.
+//
+//go:embed openapi.json
+var openAPIDocument []byte
+
+// handleOpenAPI serves openAPIDocument. It is behind the token like every endpoint but
+// /healthz: RequireToken exempts only the liveness probe, and the document is of use only to a
+// client that may call the API.
+func handleOpenAPI(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(openAPIDocument)))
+	_, _ = w.Write(openAPIDocument)
+}
+
+// handleHasScene answers whether a scene is stored, with a status and no body, so a client
+// uploads each scene once.
+func (c *Coordinator) handleHasScene(w http.ResponseWriter, r *http.Request) {
+	ok, err := c.HasScene(r.Context(), r.PathValue("version"))
+	switch {
+	case err != nil:
+		writeError(w, err)
+	case ok:
+		w.WriteHeader(http.StatusOK)
+	default:
+		w.WriteHeader(http.StatusNotFound)
+	}
+}
+
+// handleSubmit decodes one submission of at most maxRequestBytes and answers 201 for a new
+// job, 200 for the job an earlier identical submission created.
+func (c *Coordinator) handleSubmit(w http.ResponseWriter, r *http.Request) {
+	var req SubmitRequest
+	body := http.MaxBytesReader(w, r.Body, maxRequestBytes)
+	dec := json.NewDecoder(body)
+	err := dec.Decode(&req)
+	if err == nil && dec.More() {
+		err = errors.New("more than one JSON value in the body")
+	}
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeJSON(w, http.StatusRequestEntityTooLarge, APIError{
+				Error: fmt.Sprintf("submission exceeds the %d KiB limit of a request body (scenes are uploaded with PUT /v1/scenes)", maxRequestBytes>>10),
+				Kind:  "bad_input"})
+			return
+		}
+		writeError(w, badInput("decoding submission: %v", err))
+		return
+	}
+	res, err := c.Submit(r.Context(), req)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	code := http.StatusOK
+	if res.Created {
+		code = http.StatusCreated
+	}
+	writeJSON(w, code, res)
+}
+
+func (c *Coordinator) handleJobs(w http.ResponseWriter, r *http.Request) {
+	jobs, err := c.Jobs(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if jobs == nil {
+		jobs = []Status{}
+	}
+	writeJSON(w, http.StatusOK, jobs)
+}
+
+func (c *Coordinator) handleStatus(w http.ResponseWriter, r *http.Request) {
+	st, err := c.Status(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+// handleFrameOutput serves one encoded output of a frame, verified through its manifest.
+func (c *Coordinator) handleFrameOutput(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	data, err := c.FrameOutput(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	_, _ = w.Write(data)
+}
+
+func (c *Coordinator) handleCancel(w http.ResponseWriter, r *http.Request) {
+	st, err := c.Cancel(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (c *Coordinator) handleReprioritize(w http.ResponseWriter, r *http.Request) {
+	var req PriorityRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	if req.Priority == nil {
+		writeError(w, badInput("missing \"priority\""))
+		return
+	}
+	st, err := c.Reprioritize(r.Context(), r.PathValue("id"), *req.Priority)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (c *Coordinator) handleWorkers(w http.ResponseWriter, r *http.Request) {
+	ws, err := c.Workers(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if ws == nil {
+		ws = []queue.WorkerInfo{}
+	}
+	writeJSON(w, http.StatusOK, WorkersResponse{Workers: ws})
+}
+
+func (c *Coordinator) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
+	dls, err := c.farm.ListDeadLetters(r.Context())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	if dls == nil {
+		dls = []queue.DeadLetter{}
+	}
+	writeJSON(w, http.StatusOK, dls)
+}
+
+func (c *Coordinator) handleRequeue(w http.ResponseWriter, r *http.Request) {
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil {
+		writeError(w, badInput("dead letter %q is not a sequence number", r.PathValue("seq")))
+		return
+	}
+	if err := c.RequeueDeadLetter(r.Context(), seq); err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"requeued": seq})
 }
 
 // RequireToken makes every request but /healthz present token as a bearer token

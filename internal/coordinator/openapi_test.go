@@ -1,0 +1,623 @@
+package coordinator
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// pendingRoutes are operations the document describes that another branch is adding to
+// Handler right now. The merge that brings them in empties this list (and adds their rows to
+// TestOpenAPIResponses); a route of the list that is registered fails TestOpenAPIRoutes.
+var pendingRoutes = map[string]bool{}
+
+// pendingRequired are fields the document requires of a schema that this branch's coordinator
+// does not send yet, added by the same branch as pendingRoutes. Responses are validated with
+// them not required; once Status has the field, TestOpenAPIResponses fails until it is
+// removed from this list.
+var pendingRequired = map[string][]string{}
+
+// unreachedResponses are documented responses no test can produce without breaking the
+// coordinator's database, JetStream or a Prometheus collector, with why. Every other
+// documented response of a registered route must be produced by TestOpenAPIResponses.
+var unreachedResponses = map[string]string{
+	"GET /metrics 500":               "only a failing metrics collector",
+	"POST /v1/jobs 500":              "only a failing coordinator database",
+	"GET /v1/jobs 500":               "only a failing coordinator database",
+	"GET /v1/jobs/{id} 500":          "only a failing coordinator database",
+	"GET /v1/dlq 500":                "only a failing JetStream",
+	"POST /v1/dlq/{seq}/requeue 500": "only a failing JetStream",
+	"GET /v1/workers 500":            "only a failing JetStream",
+	"POST /v1/jobs/{id}/cancel 500":  "only a failing coordinator database or JetStream",
+	"PUT /v1/jobs/{id}/priority 500": "only a failing coordinator database",
+}
+
+// testToken is the bearer token the API under test requires.
+const testToken = "openapi-test-token"
+
+// loadOpenAPI parses the embedded document and validates it as OpenAPI 3.0.
+func loadOpenAPI(t *testing.T) *openapi3.T {
+	t.Helper()
+	doc, err := openapi3.NewLoader().LoadFromData(openAPIDocument)
+	if err != nil {
+		t.Fatalf("loading openapi.json: %v", err)
+	}
+	if err := doc.Validate(context.Background()); err != nil {
+		t.Fatalf("openapi.json is not a valid OpenAPI document: %v", err)
+	}
+	if doc.OpenAPI != "3.0.3" {
+		t.Fatalf("openapi.json declares OpenAPI %q, want 3.0.3", doc.OpenAPI)
+	}
+	return doc
+}
+
+// operations lists the document's operations as "METHOD /path".
+func operations(doc *openapi3.T) map[string]*openapi3.Operation {
+	out := map[string]*openapi3.Operation{}
+	for path, item := range doc.Paths.Map() {
+		for method, op := range item.Operations() {
+			out[method+" "+path] = op
+		}
+	}
+	return out
+}
+
+// Every route Handler serves is an operation of the document, and every operation of the
+// document is served, but for pendingRoutes.
+func TestOpenAPIRoutes(t *testing.T) {
+	doc := loadOpenAPI(t)
+	ops := operations(doc)
+	c := New(Config{}, Deps{Metrics: metrics.New()})
+	served := map[string]bool{}
+	for _, rt := range c.routes() {
+		key := rt.method + " " + rt.pattern
+		if served[key] {
+			t.Errorf("route %s is in the table twice", key)
+		}
+		served[key] = true
+		if ops[key] == nil {
+			t.Errorf("route %s is served but not in openapi.json", key)
+		}
+		if pendingRoutes[key] {
+			t.Errorf("route %s is served now: remove it from pendingRoutes and give it rows in TestOpenAPIResponses", key)
+		}
+	}
+	for key := range ops {
+		if !served[key] && !pendingRoutes[key] {
+			t.Errorf("openapi.json documents %s, which Handler does not serve", key)
+		}
+	}
+	for key := range pendingRoutes {
+		if ops[key] == nil {
+			t.Errorf("pending route %s is not in openapi.json", key)
+		}
+	}
+}
+
+// apiCase is one request to the API and the status it must get. Cases run in order, each
+// seeing the state the ones before it left.
+type apiCase struct {
+	name    string
+	method  string
+	path    string
+	body    []byte
+	ctype   string // Content-Type of body
+	token   string // bearer token sent; testToken unless noToken
+	noToken bool
+	// length, when > 0, is a Content-Length declared on a raw connection with no body sent;
+	// -1 sends the body chunked, with no length.
+	length int64
+	want   int
+	// setup prepares state for the request and returns what undoes it, or nil.
+	setup func(t *testing.T) func()
+	// check asserts on the response body beyond the document.
+	check func(t *testing.T, body []byte)
+}
+
+// faultyStore breaks an object store in the ways only a failing or tampered store answers:
+// fail gives the error for a Get or Stat of a key (nil serves it), and reads of keys starting
+// with corrupt come back with a byte appended.
+type faultyStore struct {
+	finalize.Store
+	fail    func(key string) error
+	corrupt string
+}
+
+func (s faultyStore) Get(ctx context.Context, key string) ([]byte, error) {
+	if s.fail != nil {
+		if err := s.fail(key); err != nil {
+			return nil, err
+		}
+	}
+	b, err := s.Store.Get(ctx, key)
+	if err == nil && s.corrupt != "" && strings.HasPrefix(key, s.corrupt) {
+		b = append(slices.Clone(b), '!')
+	}
+	return b, err
+}
+
+func (s faultyStore) Stat(ctx context.Context, key string) (finalize.ObjectInfo, error) {
+	if s.fail != nil {
+		if err := s.fail(key); err != nil {
+			return finalize.ObjectInfo{}, err
+		}
+	}
+	return s.Store.Stat(ctx, key)
+}
+
+// withObjects makes the coordinator use s for one case.
+func withObjects(h *harness, s finalize.Store) func(t *testing.T) func() {
+	return func(t *testing.T) func() {
+		h.c.objects = s
+		return func() { h.c.objects = h.objects }
+	}
+}
+
+// validator holds the document and checks requests and responses against it.
+type validator struct {
+	doc    *openapi3.T
+	router routers.Router
+	// seen records each "METHOD /path STATUS" a case produced.
+	seen map[string]bool
+}
+
+func newValidator(t *testing.T) *validator {
+	t.Helper()
+	doc := loadOpenAPI(t)
+	for name, fields := range pendingRequired {
+		s := doc.Components.Schemas[name]
+		if s == nil || s.Value == nil {
+			t.Fatalf("pendingRequired names schema %s, which openapi.json does not have", name)
+		}
+		for _, f := range fields {
+			i := slices.Index(s.Value.Required, f)
+			if i < 0 {
+				t.Fatalf("pendingRequired names %s.%s, which openapi.json does not require", name, f)
+			}
+			s.Value.Required = slices.Delete(s.Value.Required, i, i+1)
+		}
+	}
+	router, err := gorillamux.NewRouter(doc)
+	if err != nil {
+		t.Fatalf("routing openapi.json: %v", err)
+	}
+	// The client sends scene bundles under their own type; the document describes them as
+	// binary, which is how the library reads octet streams.
+	openapi3filter.RegisterBodyDecoder("application/vnd.tilefarm.bundle", openapi3filter.FileBodyDecoder)
+	return &validator{doc: doc, router: router, seen: map[string]bool{}}
+}
+
+// authenticate accepts a request that carries testToken, as RequireToken does.
+func authenticate(ctx context.Context, in *openapi3filter.AuthenticationInput) error {
+	if in.SecuritySchemeName != "bearerAuth" {
+		return fmt.Errorf("unknown security scheme %q", in.SecuritySchemeName)
+	}
+	if in.RequestValidationInput.Request.Header.Get("Authorization") != "Bearer "+testToken {
+		return errors.New("no bearer token")
+	}
+	return nil
+}
+
+// newRequest builds the request of case tc against base.
+func (tc apiCase) newRequest(t *testing.T, base string) *http.Request {
+	t.Helper()
+	var body io.Reader = http.NoBody
+	if tc.body != nil {
+		body = bytes.NewReader(tc.body)
+	}
+	req, err := http.NewRequest(tc.method, base+tc.path, body)
+	if err != nil {
+		t.Fatalf("%s: %v", tc.name, err)
+	}
+	if tc.ctype != "" {
+		req.Header.Set("Content-Type", tc.ctype)
+	}
+	token := tc.token
+	if token == "" {
+		token = testToken
+	}
+	if !tc.noToken {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return req
+}
+
+// send makes the request of tc to srv and returns its response with the body read.
+func (tc apiCase) send(t *testing.T, srv *httptest.Server) (*http.Response, []byte) {
+	t.Helper()
+	req := tc.newRequest(t, srv.URL)
+	var resp *http.Response
+	var err error
+	switch {
+	case tc.length > 0:
+		resp, err = sendDeclared(srv, req, tc.length)
+	case tc.length < 0:
+		req.Body = io.NopCloser(bytes.NewReader(tc.body))
+		req.ContentLength = -1
+		resp, err = srv.Client().Do(req)
+	default:
+		resp, err = srv.Client().Do(req)
+	}
+	if err != nil {
+		t.Fatalf("%s: %s %s: %v", tc.name, tc.method, tc.path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s: reading the response: %v", tc.name, err)
+	}
+	return resp, raw
+}
+
+// sendDeclared sends req's line and headers with a Content-Length of n and no body, on a
+// connection of its own, and reads the answer: a request the server must refuse by its
+// declared length, which no http.Client sends.
+func sendDeclared(srv *httptest.Server, req *http.Request, n int64) (*http.Response, error) {
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		return nil, fmt.Errorf("dialing the test server: %w", err)
+	}
+	var head strings.Builder
+	fmt.Fprintf(&head, "%s %s HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n", req.Method, req.URL.RequestURI(), req.URL.Host, n)
+	for k, vs := range req.Header {
+		for _, v := range vs {
+			fmt.Fprintf(&head, "%s: %s\r\n", k, v)
+		}
+	}
+	head.WriteString("\r\n")
+	if _, err := io.WriteString(conn, head.String()); err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("writing the request head: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("reading the response: %w", err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	conn.Close()
+	if err != nil {
+		return nil, fmt.Errorf("reading the response body: %w", err)
+	}
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	return resp, nil
+}
+
+// run sends every case in order and validates each response against the document: its
+// status is documented for its operation, and its headers and body match what is documented
+// for that status. A request that succeeds must match the document too, so the document
+// never refuses what the server serves.
+func (v *validator) run(t *testing.T, srv *httptest.Server, cases []apiCase) {
+	t.Helper()
+	for _, tc := range cases {
+		var undo func()
+		if tc.setup != nil {
+			undo = tc.setup(t)
+		}
+		resp, raw := tc.send(t, srv)
+		if undo != nil {
+			undo()
+		}
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s: %s %s = %d %s, want %d", tc.name, tc.method, tc.path, resp.StatusCode, raw, tc.want)
+			continue
+		}
+		req := tc.newRequest(t, srv.URL)
+		route, params, err := v.router.FindRoute(req)
+		if err != nil {
+			t.Errorf("%s: %s %s is not an operation of openapi.json: %v", tc.name, tc.method, tc.path, err)
+			continue
+		}
+		key := fmt.Sprintf("%s %s %d", tc.method, route.Path, resp.StatusCode)
+		v.seen[key] = true
+		if route.Operation.Responses.Status(resp.StatusCode) == nil {
+			// ValidateResponse skips HEAD altogether; this holds for every method.
+			t.Errorf("%s: openapi.json documents no %d for %s %s", tc.name, resp.StatusCode, tc.method, route.Path)
+			continue
+		}
+		opts := &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true, AuthenticationFunc: authenticate}
+		in := &openapi3filter.RequestValidationInput{Request: req, PathParams: params, Route: route, Options: opts}
+		if resp.StatusCode < 300 {
+			if err := openapi3filter.ValidateRequest(context.Background(), in); err != nil {
+				t.Errorf("%s: the request succeeded but does not match openapi.json: %v", tc.name, err)
+			}
+		}
+		out := &openapi3filter.ResponseValidationInput{RequestValidationInput: in, Status: resp.StatusCode,
+			Header: resp.Header, Body: io.NopCloser(bytes.NewReader(raw)), Options: opts}
+		if err := openapi3filter.ValidateResponse(context.Background(), out); err != nil {
+			t.Errorf("%s: %s %s = %d %s does not match openapi.json: %v", tc.name, tc.method, tc.path, resp.StatusCode, raw, err)
+		}
+		if tc.check != nil {
+			tc.check(t, raw)
+		}
+	}
+}
+
+// expectKind asserts that an error body has the kind.
+func expectKind(kind string) func(t *testing.T, body []byte) {
+	return func(t *testing.T, body []byte) {
+		t.Helper()
+		var e APIError
+		if err := json.Unmarshal(body, &e); err != nil || e.Kind != kind {
+			t.Errorf("error body %s: want kind %q", body, kind)
+		}
+	}
+}
+
+// Every endpoint of this branch, driven through the real handler behind the token to each
+// status a test can reach, answers as openapi.json says; and every documented response of a
+// served route is produced here or named in unreachedResponses.
+func TestOpenAPIResponses(t *testing.T) {
+	if b, err := json.Marshal(Status{}); err != nil {
+		t.Fatal(err)
+	} else {
+		for name, fields := range pendingRequired {
+			for _, f := range fields {
+				if bytes.Contains(b, []byte(`"`+f+`":`)) {
+					t.Errorf("Status has %s now: remove it from pendingRequired[%s]", f, name)
+				}
+			}
+		}
+	}
+	v := newValidator(t)
+	h := newHarness(t, Config{MaxPendingTiles: 8})
+	srv := httptest.NewServer(RequireToken(testToken, h.c.Handler()))
+	t.Cleanup(srv.Close)
+
+	other := shotBundle(t)
+	other.Scene = bytes.Replace(other.Scene, []byte(`"spp"`), []byte(` "spp"`), 1) // same scene, other version
+	ov := other.Version()
+	bundle := other.Encode()
+	const bundleType = "application/vnd.tilefarm.bundle"
+
+	req := h.request(1, 2, 64, 64, 32)
+	req.IdempotencyKey = "openapi-job"
+	job := tiles.JobID(req.IdempotencyKey)
+	conflicting := req
+	conflicting.Last = 3
+	reversed := h.request(9, 3, 64, 64, 32)
+	another := h.request(3, 4, 64, 64, 32) // a new job of 8 tiles, with frame 2 still to render
+	frame := func(n int, format string) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/%s", job, n, format) }
+	storeDown := errors.New("object store unavailable")
+
+	cases := []apiCase{
+		{name: "health without a token", method: "GET", path: "/healthz", noToken: true, want: 200},
+		{name: "metrics", method: "GET", path: "/metrics", want: 200,
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Contains(body, []byte("tilefarm_")) {
+					t.Errorf("metrics %q have no tilefarm_ metric", body[:min(len(body), 200)])
+				}
+			}},
+		{name: "document", method: "GET", path: "/v1/openapi.json", want: 200,
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Equal(body, openAPIDocument) {
+					t.Error("GET /v1/openapi.json does not serve the embedded document")
+				}
+			}},
+		{name: "wrong token", method: "GET", path: "/v1/jobs", token: "wrong", want: 401, check: expectKind("unauthorized")},
+
+		{name: "scene not stored", method: "HEAD", path: "/v1/scenes/" + ov, want: 404},
+		{name: "scene version not hex", method: "HEAD", path: "/v1/scenes/nothex", want: 400},
+		{name: "scene check with the store down", method: "HEAD", path: "/v1/scenes/" + ov, want: 500,
+			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }})},
+		{name: "upload", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 200},
+		{name: "upload again", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 200},
+		{name: "scene stored", method: "HEAD", path: "/v1/scenes/" + ov, want: 200},
+		{name: "upload under another version", method: "PUT", path: "/v1/scenes/" + strings.Repeat("0", 64), body: bundle, ctype: bundleType, want: 400, check: expectKind("bad_input")},
+		{name: "upload of garbage", method: "PUT", path: "/v1/scenes/" + ov, body: []byte("garbage"), ctype: bundleType, want: 400},
+		{name: "upload without a length", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, length: -1, want: 411},
+		{name: "upload too large", method: "PUT", path: "/v1/scenes/" + ov, ctype: bundleType, length: farm.MaxBundleBytes + 1<<20, want: 413},
+		{name: "upload while others are in progress", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 429,
+			setup: func(t *testing.T) func() {
+				for range cap(h.c.uploads) {
+					h.c.uploads <- struct{}{}
+				}
+				return func() {
+					for range cap(h.c.uploads) {
+						<-h.c.uploads
+					}
+				}
+			}, check: expectKind("busy")},
+		{name: "upload with the store down", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 500,
+			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }}), check: expectKind("internal")},
+
+		{name: "no job yet", method: "GET", path: "/v1/jobs", want: 200,
+			check: func(t *testing.T, body []byte) {
+				if strings.TrimSpace(string(body)) != "[]" {
+					t.Errorf("jobs before any submission = %s, want []", body)
+				}
+			}},
+		{name: "submit", method: "POST", path: "/v1/jobs", body: marshal(t, req), ctype: "application/json", want: 201},
+		{name: "submit again", method: "POST", path: "/v1/jobs", body: marshal(t, req), ctype: "application/json", want: 200},
+		{name: "same key, other payload", method: "POST", path: "/v1/jobs", body: marshal(t, conflicting), ctype: "application/json", want: 409, check: expectKind("conflict")},
+		{name: "reversed range", method: "POST", path: "/v1/jobs", body: marshal(t, reversed), ctype: "application/json", want: 400},
+		{name: "not JSON", method: "POST", path: "/v1/jobs", body: []byte(`{"scene_version": `), ctype: "application/json", want: 400},
+		{name: "submission too large", method: "POST", path: "/v1/jobs", ctype: "application/json", want: 413,
+			body: append(append([]byte(`{"project": "`), bytes.Repeat([]byte("x"), maxRequestBytes)...), `"}`...)},
+		{name: "jobs", method: "GET", path: "/v1/jobs", want: 200},
+		{name: "job", method: "GET", path: "/v1/jobs/" + job, want: 200},
+		{name: "unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000", want: 404, check: expectKind("not_found")},
+
+		{name: "frame not completed", method: "GET", path: frame(2, "png"), want: 409, check: expectKind("not_ready")},
+		{name: "frame not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/png", job), want: 400},
+		{name: "frame not asked for as exr", method: "GET", path: frame(1, "exr"), want: 400},
+		{name: "frame of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/png", want: 404},
+		{name: "frame output", method: "GET", path: frame(1, "png"), want: 200,
+			setup: func(t *testing.T) func() {
+				fk := h.job(t, job).FrameKey(1)
+				h.completeTiles(t, fk)
+				h.promoteFormat(t, fk, "png")
+				h.apply(t, farm.Event{ID: "openapi-assembled", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				if string(body) != "frame png" {
+					t.Errorf("frame output = %q, want the promoted bytes", body)
+				}
+			}},
+		{name: "frame output lost", method: "GET", path: frame(1, "png"), want: 404,
+			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(key string) error {
+				if strings.HasPrefix(key, "manifests/frames/") {
+					return fmt.Errorf("reading %s: %w", key, finalize.ErrNotFound)
+				}
+				return nil
+			}})},
+		{name: "frame output corrupt", method: "GET", path: frame(1, "png"), want: 500, check: expectKind("corrupt"),
+			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
+
+		{name: "empty DLQ", method: "GET", path: "/v1/dlq", want: 200,
+			check: func(t *testing.T, body []byte) {
+				if strings.TrimSpace(string(body)) != "[]" {
+					t.Errorf("empty DLQ = %s, want []", body)
+				}
+			}},
+		{name: "dead letter", method: "GET", path: "/v1/dlq", want: 200,
+			setup: func(t *testing.T) func() {
+				h.relay(t)
+				m, err := h.farm.FetchTile(h.ctx, 5*time.Second)
+				if err != nil || m == nil {
+					t.Fatalf("fetching a tile to dead-letter: %v (message %v)", err, m)
+				}
+				if err := h.farm.DeadLetterNow(h.ctx, m, "openapi test"); err != nil {
+					t.Fatalf("DeadLetterNow: %v", err)
+				}
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				var dls []struct {
+					DLQSeq uint64 `json:"dlq_seq"`
+					Reason string `json:"reason"`
+				}
+				if err := json.Unmarshal(body, &dls); err != nil || len(dls) != 1 || dls[0].DLQSeq != 1 || dls[0].Reason != "openapi test" {
+					t.Errorf("DLQ = %s, want the one dead letter at sequence 1", body)
+				}
+			}},
+		{name: "requeue", method: "POST", path: "/v1/dlq/1/requeue", want: 200,
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Contains(body, []byte(`"requeued": 1`)) {
+					t.Errorf("requeue = %s, want sequence 1 requeued", body)
+				}
+			}},
+		{name: "requeue again", method: "POST", path: "/v1/dlq/1/requeue", want: 404, check: expectKind("not_found")},
+		{name: "requeue not a number", method: "POST", path: "/v1/dlq/seven/requeue", want: 400},
+		{name: "submit to a full queue", method: "POST", path: "/v1/jobs", body: marshal(t, another), ctype: "application/json", want: 429,
+			check: expectKind("busy")},
+		{name: "submit again to a full queue", method: "POST", path: "/v1/jobs", body: marshal(t, req), ctype: "application/json", want: 200},
+		{name: "workers", method: "GET", path: "/v1/workers", want: 200,
+			setup: func(t *testing.T) func() {
+				if err := h.farm.Workers.Beat(h.ctx, queue.WorkerInfo{Name: "w1", Host: "h", Slots: 2, LastSeen: time.Now().UTC(),
+					Tiles: []queue.WorkerTile{{JobID: job, Frame: 2, TileKey: strings.Repeat("a", 64), SamplesDone: 1, SamplesTotal: 8}}, Blocklisted: []string{}}); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Contains(body, []byte(`"name": "w1"`)) {
+					t.Errorf("workers = %s, want the worker that beat", body)
+				}
+			}},
+		{name: "reprioritize", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{"priority": 7}`), ctype: "application/json", want: 200,
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Contains(body, []byte(`"priority": 7`)) {
+					t.Errorf("reprioritized job = %s, want priority 7", body)
+				}
+			}},
+		{name: "reprioritize out of range", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{"priority": 700}`), ctype: "application/json", want: 400},
+		{name: "reprioritize without a priority", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{}`), ctype: "application/json", want: 400},
+		{name: "reprioritize an unknown job", method: "PUT", path: "/v1/jobs/job-000000000000000000000000/priority", body: []byte(`{"priority": 1}`), ctype: "application/json", want: 404},
+		{name: "cancel", method: "POST", path: "/v1/jobs/" + tiles.JobID("openapi-cancel") + "/cancel", want: 200,
+			setup: func(t *testing.T) func() {
+				c := h.request(5, 5, 64, 64, 32)
+				c.IdempotencyKey = "openapi-cancel"
+				if _, err := h.c.Submit(h.ctx, c); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Contains(body, []byte(`"state": "cancelled"`)) {
+					t.Errorf("cancelled job = %s", body)
+				}
+			}},
+		{name: "cancel an unknown job", method: "POST", path: "/v1/jobs/job-000000000000000000000000/cancel", want: 404},
+		{name: "cancel a finished job", method: "POST", path: "/v1/jobs/" + tiles.JobID("openapi-done") + "/cancel", want: 409, check: expectKind("conflict"),
+			setup: func(t *testing.T) func() {
+				done := h.request(1, 1, 64, 64, 32) // frame 1 is completed already
+				done.IdempotencyKey = "openapi-done"
+				if _, err := h.c.Submit(h.ctx, done); err != nil {
+					t.Fatal(err)
+				}
+				return nil
+			}},
+	}
+	// Every route but the public ones refuses a request without the token.
+	ops := operations(v.doc)
+	for _, rt := range h.c.routes() {
+		path := strings.NewReplacer("{version}", h.version, "{id}", job, "{frame}", "1", "{format}", "png", "{seq}", "1").Replace(rt.pattern)
+		want := http.StatusUnauthorized
+		if op := ops[rt.method+" "+rt.pattern]; op != nil && op.Security != nil && len(*op.Security) == 0 {
+			want = http.StatusOK
+		}
+		cases = append(cases, apiCase{name: "without a token", method: rt.method, path: path, noToken: true, want: want})
+	}
+	v.run(t, srv, cases)
+
+	// A busy answer says when to retry, in seconds.
+	resp, _ := apiCase{method: "POST", path: "/v1/jobs", body: marshal(t, another), ctype: "application/json"}.send(t, srv)
+	if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); resp.StatusCode != 429 || err != nil || s <= 0 {
+		t.Errorf("busy submission = %d with Retry-After %q, want 429 with seconds", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+
+	var missing, stale []string
+	for key, op := range ops {
+		if pendingRoutes[key] {
+			continue
+		}
+		for code := range op.Responses.Map() {
+			k := key + " " + code
+			if !v.seen[k] && unreachedResponses[k] == "" {
+				missing = append(missing, k)
+			}
+		}
+	}
+	for k := range unreachedResponses {
+		method, rest, _ := strings.Cut(k, " ")
+		path, code, _ := strings.Cut(rest, " ")
+		op := ops[method+" "+path]
+		if v.seen[k] || op == nil || op.Responses.Value(code) == nil {
+			stale = append(stale, k)
+		}
+	}
+	sort.Strings(missing)
+	sort.Strings(stale)
+	if len(missing) > 0 {
+		t.Errorf("documented responses no case produced (add a case, or name them in unreachedResponses with why): %v", missing)
+	}
+	if len(stale) > 0 {
+		t.Errorf("unreachedResponses entries that a case produces or that openapi.json does not document: %v", stale)
+	}
+}
