@@ -30,17 +30,6 @@ import (
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// pendingRoutes are operations the document describes that another branch is adding to
-// Handler right now. The merge that brings them in empties this list (and adds their rows to
-// TestOpenAPIResponses); a route of the list that is registered fails TestOpenAPIRoutes.
-var pendingRoutes = map[string]bool{}
-
-// pendingRequired are fields the document requires of a schema that this branch's coordinator
-// does not send yet, added by the same branch as pendingRoutes. Responses are validated with
-// them not required; once Status has the field, TestOpenAPIResponses fails until it is
-// removed from this list.
-var pendingRequired = map[string][]string{}
-
 // unreachedResponses are documented responses no test can produce without breaking the
 // coordinator's database, JetStream or a Prometheus collector, with why. Every other
 // documented response of a registered route must be produced by TestOpenAPIResponses.
@@ -87,7 +76,7 @@ func operations(doc *openapi3.T) map[string]*openapi3.Operation {
 }
 
 // Every route Handler serves is an operation of the document, and every operation of the
-// document is served, but for pendingRoutes.
+// document is served.
 func TestOpenAPIRoutes(t *testing.T) {
 	doc := loadOpenAPI(t)
 	ops := operations(doc)
@@ -102,18 +91,10 @@ func TestOpenAPIRoutes(t *testing.T) {
 		if ops[key] == nil {
 			t.Errorf("route %s is served but not in openapi.json", key)
 		}
-		if pendingRoutes[key] {
-			t.Errorf("route %s is served now: remove it from pendingRoutes and give it rows in TestOpenAPIResponses", key)
-		}
 	}
 	for key := range ops {
-		if !served[key] && !pendingRoutes[key] {
+		if !served[key] {
 			t.Errorf("openapi.json documents %s, which Handler does not serve", key)
-		}
-	}
-	for key := range pendingRoutes {
-		if ops[key] == nil {
-			t.Errorf("pending route %s is not in openapi.json", key)
 		}
 	}
 }
@@ -188,19 +169,6 @@ type validator struct {
 func newValidator(t *testing.T) *validator {
 	t.Helper()
 	doc := loadOpenAPI(t)
-	for name, fields := range pendingRequired {
-		s := doc.Components.Schemas[name]
-		if s == nil || s.Value == nil {
-			t.Fatalf("pendingRequired names schema %s, which openapi.json does not have", name)
-		}
-		for _, f := range fields {
-			i := slices.Index(s.Value.Required, f)
-			if i < 0 {
-				t.Fatalf("pendingRequired names %s.%s, which openapi.json does not require", name, f)
-			}
-			s.Value.Required = slices.Delete(s.Value.Required, i, i+1)
-		}
-	}
 	router, err := gorillamux.NewRouter(doc)
 	if err != nil {
 		t.Fatalf("routing openapi.json: %v", err)
@@ -372,17 +340,6 @@ func expectKind(kind string) func(t *testing.T, body []byte) {
 // status a test can reach, answers as openapi.json says; and every documented response of a
 // served route is produced here or named in unreachedResponses.
 func TestOpenAPIResponses(t *testing.T) {
-	if b, err := json.Marshal(Status{}); err != nil {
-		t.Fatal(err)
-	} else {
-		for name, fields := range pendingRequired {
-			for _, f := range fields {
-				if bytes.Contains(b, []byte(`"`+f+`":`)) {
-					t.Errorf("Status has %s now: remove it from pendingRequired[%s]", f, name)
-				}
-			}
-		}
-	}
 	v := newValidator(t)
 	h := newHarness(t, Config{MaxPendingTiles: 8})
 	srv := httptest.NewServer(RequireToken(testToken, h.c.Handler()))
@@ -594,9 +551,6 @@ func TestOpenAPIResponses(t *testing.T) {
 
 	var missing, stale []string
 	for key, op := range ops {
-		if pendingRoutes[key] {
-			continue
-		}
 		for code := range op.Responses.Map() {
 			k := key + " " + code
 			if !v.seen[k] && unreachedResponses[k] == "" {
