@@ -202,7 +202,6 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		return err
 	}
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
-	w.m.SamplesRendered.Add(float64(r.job.Settings.SPP - recovered))
 	// The finished state is checkpointed too, so a storage outage during finalize costs no rendering.
 	w.saveCheckpoint(ctx, tile, r, false)
 
@@ -348,12 +347,12 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		}
 		if passes >= 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 && r.job.Settings.Passes == 0 {
 			// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves.
-			if err := tile.Render(ctx, tile.Next(), tile.Next()+(to-tile.Next())/2); err != nil {
+			if err := w.renderSamples(ctx, tile, tile.Next()+(to-tile.Next())/2); err != nil {
 				return err
 			}
 			w.crashAt(r.log, "mid-pass")
 		}
-		if err := tile.Render(ctx, tile.Next(), to); err != nil {
+		if err := w.renderSamples(ctx, tile, to); err != nil {
 			return err
 		}
 		if w.cfg.Faults.PassDelay > 0 {
@@ -378,6 +377,19 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		}
 	}
 	return nil
+}
+
+// renderSamples renders the tile's samples from its next one up to to, and counts in
+// tilefarm_samples_rendered_total the samples the tile really gained, even when the render
+// stops early (cancelled, lease lost): samples recovered from a checkpoint are never counted,
+// and samples rendered by an attempt that fails later always are.
+func (w *Worker) renderSamples(ctx context.Context, tile tileRenderer, to int) error {
+	from := tile.Next()
+	err := tile.Render(ctx, from, to)
+	if n := tile.Next() - from; n > 0 {
+		w.m.SamplesRendered.Add(float64(n))
+	}
+	return err
 }
 
 // reportProgress tells the coordinator how far a tile is, best effort: a lost report loses
