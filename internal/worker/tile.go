@@ -187,10 +187,13 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	}
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
-	w.m.TilesInFlight.Inc()
 	start := time.Now()
-	err = w.renderPasses(ctx, tile, r)
-	w.m.TilesInFlight.Dec()
+	err = func() error {
+		// Deferred: a panic in a pass (recovered by handle) must not leave the tile in flight.
+		w.m.TilesInFlight.Inc()
+		defer w.m.TilesInFlight.Dec()
+		return w.renderPasses(ctx, tile, r)
+	}()
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
 			// Shutting down: keep what was rendered for whoever resumes the tile, but never hang

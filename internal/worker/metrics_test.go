@@ -132,3 +132,20 @@ func histogramCount(t *testing.T, m *metrics.Worker) uint64 {
 	}
 	return pb.GetHistogram().GetSampleCount()
 }
+
+// An attempt that panics mid-render is retried and leaves no tile in flight.
+func TestPanickingTileLeavesNothingInFlight(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	w, m := h.worker(t, Config{Faults: Faults{PanicTileSet: true, PanicFrame: job.Frame, PanicTile: job.Rect}})
+	h.deliver(t, w, job)
+	if got := testutil.ToFloat64(m.TilesInFlight); got != 0 {
+		t.Fatalf("tiles in flight after a panicking attempt = %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.Retries.WithLabelValues(metrics.RetryAttempt)); got != 1 {
+		t.Fatalf("attempt retries = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.SamplesRendered); got != 0 {
+		t.Fatalf("samples rendered by an attempt that panicked before its first pass = %v, want 0", got)
+	}
+}
