@@ -80,7 +80,7 @@ type Deps struct {
 	Farm    *queue.Farm
 	NATS    *nats.Conn // carries the dead-letter watcher and the relay's asynchronous publishes
 	Objects finalize.Store
-	Metrics *metrics.Metrics
+	Metrics *metrics.Coordinator // nil: a registry of its own
 	Log     *slog.Logger
 }
 
@@ -91,7 +91,7 @@ type Coordinator struct {
 	farm    *queue.Farm
 	nc      *nats.Conn
 	objects finalize.Store
-	m       *metrics.Metrics
+	m       *metrics.Coordinator
 	log     *slog.Logger
 	now     func() time.Time
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
@@ -116,6 +116,9 @@ func New(cfg Config, d Deps) *Coordinator {
 	log := d.Log
 	if log == nil {
 		log = slog.Default()
+	}
+	if d.Metrics == nil {
+		d.Metrics = metrics.NewCoordinator(metrics.NewRegistry())
 	}
 	c := &Coordinator{
 		cfg: cfg, store: d.Store, farm: d.Farm, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
@@ -183,6 +186,17 @@ func (c *Coordinator) Changed() <-chan struct{} {
 	return c.changed
 }
 
+// counted adds to the metrics what a committed projection changed.
+func (c *Coordinator) counted(p *projection) {
+	if p == nil {
+		return
+	}
+	c.m.DeadLetters.WithLabelValues(metrics.DeadLetterTile).Add(float64(p.tileDeadLetters))
+	c.m.DeadLetters.WithLabelValues(metrics.DeadLetterAssembly).Add(float64(p.assemblyDeadLetters))
+	c.m.FramesCompleted.Add(float64(p.framesCompleted))
+}
+
+// sampleMetrics keeps the gauges of the queue and the outbox current, every 2 s.
 func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()

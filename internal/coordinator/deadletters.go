@@ -7,6 +7,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
 )
@@ -51,15 +52,21 @@ func (d deadLetters) Promoted(ctx context.Context, dl queue.DeadLetter) (bool, e
 	return false, nil
 }
 
+// Record records a dead letter through the projection, which counts it in
+// tilefarm_dead_letters_total when it changes a tile or frame; one that names neither is
+// counted here, as nothing else would.
 func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
-	d.c.m.DeadLetters.Inc()
+	undecodable := func() error {
+		d.c.m.DeadLetters.WithLabelValues(metrics.DeadLetterUndecodable).Inc()
+		return nil // nothing to record
+	}
 	failure := store.Failure{Code: farm.CodeMaxDeliveries, Delivery: dl.Deliveries, Time: d.c.now(),
 		Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
 	switch {
 	case queue.IsRenderSubject(dl.Subject):
 		var job farm.TileJob
 		if json.Unmarshal(dl.Data, &job) != nil {
-			return nil // nothing to record for an undecodable message
+			return undecodable()
 		}
 		return d.c.update(ctx, func(p *projection) error {
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index,
@@ -68,13 +75,13 @@ func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
 	case dl.Subject == queue.SubjectAssemble:
 		var job farm.AssembleJob
 		if json.Unmarshal(dl.Data, &job) != nil {
-			return nil
+			return undecodable()
 		}
 		return d.c.update(ctx, func(p *projection) error {
 			return ignoreUnknown(p.assemblyFailed(job.FrameKey, job.Formats, failure.Error))
 		})
 	}
-	return nil
+	return undecodable()
 }
 
 // formatsPromoted reports whether every format of a frame has its manifest.
@@ -90,8 +97,9 @@ func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, form
 
 // update runs fn on a projection in one transaction and flushes it.
 func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) error {
+	var p *projection
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		p := newProjection(tx, c.now())
+		p = newProjection(tx, c.now())
 		if err := fn(p); err != nil {
 			return err
 		}
@@ -99,6 +107,7 @@ func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) 
 		return err
 	})
 	if err == nil {
+		c.counted(p)
 		c.kickRelay()
 		c.notify()
 	}

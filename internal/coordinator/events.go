@@ -152,8 +152,9 @@ func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
 // applyEvents folds events into the projection in one transaction.
 func (c *Coordinator) applyEvents(ctx context.Context, evs []farm.Event) error {
 	changed := false
+	var p *projection
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		p := newProjection(tx, c.now())
+		p = newProjection(tx, c.now())
 		for _, ev := range evs {
 			if err := c.applyEvent(p, ev); err != nil {
 				if errors.Is(err, store.ErrNotFound) || errors.Is(err, errUnknownTile) {
@@ -170,6 +171,7 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []farm.Event) error {
 		return err
 	})
 	if err == nil {
+		c.counted(p)
 		c.progress.finished(evs) // a completed or failed tile is no longer in progress
 		c.countCompletions(evs)
 		c.kickRelay() // an event may have asked for an assembly

@@ -32,7 +32,7 @@ type harness struct {
 	objects *countingStore
 	farm    *queue.Farm
 	js      jetstream.JetStream
-	m       *metrics.Metrics
+	m       *metrics.Coordinator
 	ctx     context.Context
 	version string // the shot scene, uploaded
 }
@@ -81,7 +81,7 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 		tb.Fatalf("store.Open: %v", err)
 	}
 	tb.Cleanup(func() { _ = st.Close() })
-	m := metrics.New()
+	m := metrics.NewCoordinator(metrics.NewRegistry())
 	h := &harness{c: New(cfg, Deps{Store: st, Farm: f, NATS: nc, Objects: objects, Metrics: m, Log: log}),
 		st: st, objects: objects, farm: f, js: js, m: m, ctx: ctx}
 	b, err := farm.ReadBundle(shotScene)

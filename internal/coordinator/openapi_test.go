@@ -80,7 +80,7 @@ func operations(doc *openapi3.T) map[string]*openapi3.Operation {
 func TestOpenAPIRoutes(t *testing.T) {
 	doc := loadOpenAPI(t)
 	ops := operations(doc)
-	c := New(Config{}, Deps{Metrics: metrics.New()})
+	c := New(Config{}, Deps{Metrics: metrics.NewCoordinator(metrics.NewRegistry())})
 	served := map[string]bool{}
 	for _, rt := range c.routes() {
 		key := rt.method + " " + rt.pattern

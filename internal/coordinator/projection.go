@@ -21,6 +21,10 @@ type projection struct {
 	now    time.Time
 	frames map[string]*frameEdit
 	order  []string // frames in the order they were first touched, for deterministic writes
+
+	// What the projection changed that the metrics count. Coordinator.counted adds them once
+	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
+	tileDeadLetters, assemblyDeadLetters, framesCompleted int
 }
 
 // frameEdit is one frame being changed in a projection.
@@ -149,6 +153,7 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	switch next {
 	case store.TileDeadLettered:
 		f.TilesFailed++
+		p.tileDeadLetters++
 	case store.TileCompleted:
 		f.TilesCompleted++
 		f.SamplesRendered += u.SamplesRendered
@@ -228,6 +233,9 @@ func (p *projection) assemblyFailed(fk string, formats []string, errText string)
 	}
 	if store.HasAll(e.f.Done, formats) {
 		return nil
+	}
+	if e.f.AssemblyError == "" {
+		p.assemblyDeadLetters++ // not a repeat of a dead letter already recorded
 	}
 	e.f.AssemblyError = errText
 	e.f.AssemblyRequested = nil
@@ -343,8 +351,12 @@ func (p *projection) flush() (bool, error) {
 		if f.Derive() == store.FrameFailed {
 			reason = e.reason
 		}
+		before := f.State
 		if f.Settle(reason, p.now) {
 			changed = true
+			if f.State == store.FrameCompleted && before != store.FrameCompleted {
+				p.framesCompleted++
+			}
 		}
 		f.Updated = p.now
 		if err := p.tx.PutFrame(f); err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 
 	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/store"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
@@ -146,7 +147,8 @@ func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*s
 // O(frames) records, whatever the tile count. The same idempotency key with the same payload
 // returns the existing job; with another payload it is a conflict. Frames already known
 // (completed by an earlier job, or in progress) are shared, not rendered again.
-func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResult, error) {
+func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (res SubmitResult, err error) {
+	defer func() { c.countSubmission(res, err) }()
 	j, ntiles, err := c.planSubmission(ctx, req)
 	if err != nil {
 		return SubmitResult{}, err
@@ -161,6 +163,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	}
 	created := false
 	var st Status
+	var p *projection
 	err = c.store.Update(ctx, func(tx *store.Tx) error {
 		if old, err := sameJob(tx, j); old != nil || err != nil {
 			if old != nil {
@@ -169,7 +172,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 			return err
 		}
 		created = true
-		p := newProjection(tx, c.now())
+		p = newProjection(tx, c.now())
 		for n := j.First; n <= j.Last; n++ {
 			fk := j.FrameKey(n)
 			if _, err := p.frame(fk); err == nil {
@@ -201,11 +204,31 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (SubmitResu
 	}
 	c.cfg.Faults.at("submit-after-commit", c.cfg.Faults.CrashAfterSubmit && created)
 	if created {
+		c.counted(p)
 		c.kickRelay()
 		c.notify()
 		c.eta.observe(c.now(), &st)
 	}
 	return SubmitResult{Status: st, Created: created}, nil
+}
+
+// countSubmission counts a submission's answer in tilefarm_submissions_total; a request
+// refused as bad input, or failing on the coordinator's side, is not counted.
+func (c *Coordinator) countSubmission(res SubmitResult, err error) {
+	result := ""
+	switch {
+	case err == nil && res.Created:
+		result = metrics.SubmissionCreated
+	case err == nil:
+		result = metrics.SubmissionExisting
+	case errors.Is(err, ErrConflict):
+		result = metrics.SubmissionConflict
+	case errors.Is(err, ErrBusy):
+		result = metrics.SubmissionBusy
+	default:
+		return
+	}
+	c.m.Submissions.WithLabelValues(result).Inc()
 }
 
 // shareFrame attaches a job to a frame another job already asked for. Formats the frame does
@@ -269,12 +292,13 @@ func (c *Coordinator) existing(ctx context.Context, j *store.Job) (SubmitResult,
 // many it retried. Re-running a one-shot render of a failed job calls it.
 func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 	n := 0
+	var p *projection
 	err := c.store.Update(ctx, func(tx *store.Tx) error {
 		j, err := tx.Job(jobID)
 		if err != nil {
 			return err
 		}
-		p := newProjection(tx, c.now())
+		p = newProjection(tx, c.now())
 		for f := j.First; f <= j.Last; f++ {
 			e, err := p.frame(j.FrameKey(f))
 			if err != nil {
@@ -294,6 +318,9 @@ func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 		_, err = p.flush()
 		return err
 	})
+	if err == nil {
+		c.counted(p)
+	}
 	if err == nil && n > 0 {
 		c.kickRelay()
 		c.notify()

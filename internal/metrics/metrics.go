@@ -1,16 +1,24 @@
-// Package metrics defines the farm's Prometheus metrics (prefix tilefarm_). Each process builds
-// its own registry, so tests can run many workers in one process without sharing counters.
+// Package metrics defines the farm's Prometheus metrics (prefix tilefarm_) in two sets: the
+// families a coordinator sets (Coordinator) and those a worker sets (Worker). Each process
+// registers only the sets it runs, so its /metrics never shows a family nothing in it moves;
+// a one-machine process that runs both registers both into one registry. Each process builds
+// its own registry, so tests can run many farms in one process without sharing counters.
 package metrics
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tilefarm/tilefarm/internal/buildinfo"
+	"github.com/tilefarm/tilefarm/render"
 )
 
-// Duplicate-suppression layers, the label values of DuplicatesSuppressed.
+// Duplicate-suppression layers, the label values of tilefarm_duplicates_suppressed_total. The
+// coordinator sets the first, workers the others.
 const (
 	LayerPublishDedup     = "publish_dedup"
 	LayerManifestCheck    = "worker_manifest_check"
@@ -18,76 +26,179 @@ const (
 	LayerManifestConflict = "manifest_conflict"
 )
 
-// Metrics holds every farm metric; a coordinator and a worker use the parts that concern them.
-type Metrics struct {
-	Registry *prometheus.Registry
+// Dead-letter kinds, the label values of tilefarm_dead_letters_total.
+const (
+	DeadLetterTile     = "tile"
+	DeadLetterAssembly = "assembly"
+	// DeadLetterUndecodable is a dead-lettered message the coordinator could not decode, so it
+	// names no tile or frame.
+	DeadLetterUndecodable = "undecodable"
+)
+
+// Submission results, the label values of tilefarm_submissions_total.
+const (
+	SubmissionCreated  = "created"  // a new job
+	SubmissionExisting = "existing" // the idempotency key named a job already: answered with it
+	SubmissionConflict = "conflict" // the idempotency key names a job with another payload
+	SubmissionBusy     = "busy"     // refused while the queue is over --max-queued
+)
+
+// Retry kinds, the label values of tilefarm_retries_total.
+const (
+	// RetryAttempt is a failed attempt handed back with a delay for another attempt.
+	RetryAttempt = "attempt"
+	// RetryInPlace is an object-store or NATS operation retried in place during an outage.
+	RetryInPlace = "in_place"
+)
+
+// NewRegistry returns a fresh registry holding the Go runtime and process collectors, for one
+// process's /metrics.
+func NewRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
+}
+
+// Handler serves reg for /metrics.
+func Handler(reg *prometheus.Registry) http.Handler {
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg})
+}
+
+// Coordinator holds the families a coordinator sets.
+type Coordinator struct {
+	reg *prometheus.Registry
 
 	QueueDepth           prometheus.Gauge
 	OldestMessageAge     prometheus.Gauge
-	TilesInFlight        prometheus.Gauge
-	TilesCompleted       prometheus.Counter
-	Retries              prometheus.Counter
-	DuplicatesSuppressed *prometheus.CounterVec
-	LeaseRenewalFailures prometheus.Counter
-	CheckpointResumes    prometheus.Counter
-	SamplesRecovered     prometheus.Counter
-	TileRenderSeconds    prometheus.Histogram
-	DeadLetters          prometheus.Counter
-	FinalizeFailures     prometheus.Counter
-	FramesCompleted      prometheus.Counter
-	SamplesRendered      prometheus.Counter
 	OutboxPending        prometheus.Gauge
-	StoreAvailable       prometheus.Gauge
+	FramesCompleted      prometheus.Counter
+	DeadLetters          *prometheus.CounterVec // by kind
+	DuplicatesSuppressed *prometheus.CounterVec // layer publish_dedup
+	Submissions          *prometheus.CounterVec // by result
 }
 
-// New creates the metrics in a fresh registry.
-func New() *Metrics {
-	r := prometheus.NewRegistry()
-	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	f := func(name, help string) prometheus.Counter {
-		c := prometheus.NewCounter(prometheus.CounterOpts{Name: "tilefarm_" + name, Help: help})
-		r.MustRegister(c)
-		return c
-	}
-	g := func(name, help string) prometheus.Gauge {
-		c := prometheus.NewGauge(prometheus.GaugeOpts{Name: "tilefarm_" + name, Help: help})
-		r.MustRegister(c)
-		return c
-	}
-	m := &Metrics{
-		Registry:             r,
-		QueueDepth:           g("queue_depth", "Tile and assemble messages waiting in the TILES stream."),
-		OldestMessageAge:     g("queue_oldest_message_age_seconds", "Age of the oldest message in the TILES stream."),
-		TilesInFlight:        g("tiles_in_flight", "Tiles this process is rendering right now."),
-		TilesCompleted:       f("tiles_completed_total", "Tiles promoted by this process."),
-		Retries:              f("retries_total", "Messages negatively acknowledged for a retry."),
-		LeaseRenewalFailures: f("lease_renewal_failures_total", "Lease renewals that failed, so the tile was abandoned."),
-		CheckpointResumes:    f("checkpoint_resumes_total", "Tiles resumed from a checkpoint."),
-		SamplesRecovered:     f("samples_recovered_total", "Samples per pixel recovered from checkpoints instead of rendered again."),
-		DeadLetters:          f("dead_letters_total", "Messages moved to the DLQ stream."),
-		FinalizeFailures:     f("finalization_failures_total", "Promotions that failed."),
-		FramesCompleted:      f("frames_completed_total", "Frames assembled and promoted."),
-		SamplesRendered:      f("samples_rendered_total", "Samples per pixel rendered, summed over tiles."),
-		OutboxPending:        g("outbox_pending", "Outbox records not yet published."),
-		StoreAvailable:       g("worker_store_available", "1 while this worker's object store answers; 0 while it takes no new work because the store is down."),
-	}
-	m.DuplicatesSuppressed = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tilefarm_duplicates_suppressed_total",
-		Help: "Work suppressed because it was already done, by layer.",
-	}, []string{"layer"})
-	m.TileRenderSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "tilefarm_tile_render_seconds",
-		Help:    "Wall time to render one tile attempt.",
-		Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
-	})
-	r.MustRegister(m.DuplicatesSuppressed, m.TileRenderSeconds)
-	for _, l := range []string{LayerPublishDedup, LayerManifestCheck, LayerManifestExisting, LayerManifestConflict} {
-		m.DuplicatesSuppressed.WithLabelValues(l)
+// NewCoordinator registers the coordinator's families (and tilefarm_build_info) into reg.
+func NewCoordinator(reg *prometheus.Registry) *Coordinator {
+	registerBuildInfo(reg)
+	m := &Coordinator{
+		reg:              reg,
+		QueueDepth:       gauge(reg, "queue_depth", "Tile and assembly messages in the TILES stream not yet acknowledged: waiting, or being worked on."),
+		OldestMessageAge: gauge(reg, "queue_oldest_message_age_seconds", "Age of the oldest unacknowledged message in the TILES stream; 0 when it is empty."),
+		OutboxPending:    gauge(reg, "outbox_pending", "Outbox records (frames to dispatch, assemblies to ask for) committed but not yet published."),
+		FramesCompleted:  counter(reg, "frames_completed_total", "Frames whose state became completed: every format asked for promoted."),
+		DeadLetters: counterVec(reg, "dead_letters_total",
+			"Dead letters the coordinator recorded, by kind: tiles and assemblies dead-lettered by a worker or by the dead-letter watcher.",
+			"kind", DeadLetterTile, DeadLetterAssembly, DeadLetterUndecodable),
+		DuplicatesSuppressed: duplicates(reg, LayerPublishDedup),
+		Submissions: counterVec(reg, "submissions_total",
+			"Job submissions answered, by result: a new job, an existing job for the same idempotency key and payload, a conflict, or refused as busy.",
+			"result", SubmissionCreated, SubmissionExisting, SubmissionConflict, SubmissionBusy),
 	}
 	return m
 }
 
-// Handler serves the registry for /metrics.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.Registry, promhttp.HandlerOpts{Registry: m.Registry})
+// Handler serves the registry the set is registered in.
+func (m *Coordinator) Handler() http.Handler { return Handler(m.reg) }
+
+// Worker holds the families a worker sets. The workers of one process share one.
+type Worker struct {
+	reg *prometheus.Registry
+
+	TilesInFlight        prometheus.Gauge
+	TilesCompleted       prometheus.Counter
+	Retries              *prometheus.CounterVec // by kind
+	DuplicatesSuppressed *prometheus.CounterVec // worker layers
+	LeaseRenewalFailures prometheus.Counter
+	CheckpointResumes    prometheus.Counter
+	SamplesRecovered     prometheus.Counter
+	SamplesRendered      prometheus.Counter
+	TileRenderSeconds    prometheus.Histogram
+	FinalizeFailures     prometheus.Counter
+	FramesAssembled      prometheus.Counter
+	StoreAvailable       prometheus.Gauge
+}
+
+// NewWorker registers the worker's families (and tilefarm_build_info) into reg. Called again
+// on the same registry it returns the same collectors, so the workers of one process share
+// one set instead of panicking on a double registration.
+func NewWorker(reg *prometheus.Registry) *Worker {
+	registerBuildInfo(reg)
+	m := &Worker{
+		reg:            reg,
+		TilesInFlight:  gauge(reg, "tiles_in_flight", "Tiles this process is rendering right now."),
+		TilesCompleted: counter(reg, "tiles_completed_total", "Tiles this process promoted (a manifest it created, not one it found existing)."),
+		Retries: counterVec(reg, "retries_total",
+			"Retries, by kind: attempt (a failed attempt handed back with a delay) or in_place (an object-store or NATS operation retried during an outage).",
+			"kind", RetryAttempt, RetryInPlace),
+		DuplicatesSuppressed: duplicates(reg, LayerManifestCheck, LayerManifestExisting, LayerManifestConflict),
+		LeaseRenewalFailures: counter(reg, "lease_renewal_failures_total", "Lease renewals that found the lease lost, so the tile was abandoned to its new holder."),
+		CheckpointResumes:    counter(reg, "checkpoint_resumes_total", "Tile attempts resumed from a checkpoint."),
+		SamplesRecovered:     counter(reg, "samples_recovered_total", "Samples per pixel recovered from checkpoints instead of rendered again, summed over tiles."),
+		SamplesRendered:      counter(reg, "samples_rendered_total", "Samples per pixel this process rendered, summed over tiles: recovered samples excluded, samples of attempts that failed later included."),
+		FinalizeFailures:     counter(reg, "finalization_failures_total", "Promotions of tiles and frames that failed with an error no in-place retry fixes."),
+		FramesAssembled:      counter(reg, "frames_assembled_total", "Frames this process assembled and promoted at least one missing format of."),
+		StoreAvailable:       gauge(reg, "worker_store_available", "1 while this worker's object store answers; 0 while it takes no new work because the store is down."),
+		TileRenderSeconds: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tilefarm_tile_render_seconds",
+			Help:    "Wall time a tile attempt spent rendering its remaining samples, for attempts that rendered them all.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+		})),
+	}
+	return m
+}
+
+// Handler serves the registry the set is registered in.
+func (m *Worker) Handler() http.Handler { return Handler(m.reg) }
+
+// register registers c, or returns the equal collector reg already holds: a set registered
+// twice into one registry shares its collectors. Any other registration error is a
+// programming error, as with MustRegister.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if existing, ok := are.ExistingCollector.(C); ok {
+			return existing
+		}
+	}
+	panic(err)
+}
+
+func counter(reg prometheus.Registerer, name, help string) prometheus.Counter {
+	return register(reg, prometheus.NewCounter(prometheus.CounterOpts{Name: "tilefarm_" + name, Help: help}))
+}
+
+func gauge(reg prometheus.Registerer, name, help string) prometheus.Gauge {
+	return register(reg, prometheus.NewGauge(prometheus.GaugeOpts{Name: "tilefarm_" + name, Help: help}))
+}
+
+// counterVec registers a counter with one label and creates the series of each value, so every
+// series is scraped (at 0) before it first moves and rate() sees its first increase.
+func counterVec(reg prometheus.Registerer, name, help, label string, values ...string) *prometheus.CounterVec {
+	v := register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tilefarm_" + name, Help: help}, []string{label}))
+	for _, l := range values {
+		v.WithLabelValues(l)
+	}
+	return v
+}
+
+// duplicates registers tilefarm_duplicates_suppressed_total, which the coordinator and the
+// workers both set, each for its own layers: one help text, so both sets can share it in one
+// registry.
+func duplicates(reg prometheus.Registerer, layers ...string) *prometheus.CounterVec {
+	return counterVec(reg, "duplicates_suppressed_total",
+		"Work suppressed because it was already done, by layer: publish_dedup (coordinator), worker_manifest_check, manifest_existing, manifest_conflict (workers).",
+		"layer", layers...)
+}
+
+// registerBuildInfo registers tilefarm_build_info once per registry.
+func registerBuildInfo(reg prometheus.Registerer) {
+	g := register(reg, prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "tilefarm_build_info",
+		Help: "Always 1; its labels name the build: tilefarm's version, the Go version and the path tracer's render version.",
+	}, []string{"version", "goversion", "renderer"}))
+	g.WithLabelValues(buildinfo.Version(), buildinfo.GoVersion(), render.Version).Set(1)
 }

@@ -58,8 +58,10 @@ type CoordinatorOptions struct {
 
 // Coordinator is a running coordinator process.
 type Coordinator struct {
-	Coord    *coordinator.Coordinator
-	Metrics  *metrics.Metrics
+	Coord *coordinator.Coordinator
+	// Metrics is the coordinator's metric set; with in-process workers their set is registered
+	// in the same registry, so the one /metrics shows both.
+	Metrics  *metrics.Coordinator
 	Embedded *queue.Embedded // nil with an external NATS
 	HTTPAddr string          // where the API listens, if it does
 
@@ -78,7 +80,8 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	if err := os.MkdirAll(o.DataDir, 0o755); err != nil {
 		return nil, fmt.Errorf("creating data dir %q: %w", o.DataDir, err)
 	}
-	n := &Coordinator{Metrics: metrics.New()}
+	reg := metrics.NewRegistry()
+	n := &Coordinator{Metrics: metrics.NewCoordinator(reg)}
 	defer func() {
 		if err != nil {
 			n.Close()
@@ -127,7 +130,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		wc.Name = hostname() + "-local"
 		wc.Concurrency = o.Workers
 		w, err := worker.New(wc, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
-			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Blender, log), Metrics: n.Metrics, Log: log})
+			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Blender, log), Metrics: metrics.NewWorker(reg), Log: log})
 		if err != nil {
 			return nil, err
 		}
@@ -327,7 +330,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		}
 	}
 	f.Log = log
-	m := metrics.New()
+	m := metrics.NewWorker(metrics.NewRegistry())
 	stopDebug, err := serveDebug(o.DebugListen)
 	if err != nil {
 		return err

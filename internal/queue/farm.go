@@ -260,7 +260,7 @@ func fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) 
 	return nil, ctx.Err()
 }
 
-// Depth reports how many messages TILES holds and how old the oldest is, for metrics and backpressure.
+// Depth reports how many messages TILES holds and how old the oldest is, for the metrics.
 func (f *Farm) Depth(ctx context.Context) (msgs uint64, oldest time.Duration, err error) {
 	info, err := f.Tiles.Info(ctx)
 	if err != nil {

@@ -89,7 +89,7 @@ func (w *Worker) assemble(ctx context.Context, d *delivery, job farm.AssembleJob
 			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 		}
 	}
-	w.m.FramesCompleted.Inc()
+	w.m.FramesAssembled.Inc()
 	d.log.Info("frame assembled", "frame", job.Frame, "formats", job.Formats, "promoted", missing)
 	return w.frameCompleted(ctx, d, job, false)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
@@ -64,7 +65,7 @@ func (w *Worker) retryInPlace(ctx context.Context, d *delivery, what string, op 
 		if try == 1 || try%10 == 0 {
 			d.log.Warn("infrastructure unavailable; retrying in place", "op", what, "try", try, "delay", delay, "err", err)
 		}
-		w.m.Retries.Inc()
+		w.m.Retries.WithLabelValues(metrics.RetryInPlace).Inc()
 		_ = d.msg.InProgress()
 		queue.Sleep(ctx, delay)
 	}

@@ -101,9 +101,9 @@ func (h *runHarness) job() farm.TileJob {
 		Settings: h.st, Frame: 1, Rect: r, InputHash: tiles.InputHash(sv, h.st, 1, r)}
 }
 
-func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Metrics) {
+func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Worker) {
 	t.Helper()
-	m := metrics.New()
+	m := metrics.NewWorker(metrics.NewRegistry())
 	cfg.Name = "w1"
 	w, err := New(cfg, Deps{Farm: h.farm, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})

@@ -196,10 +196,13 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	}
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
-	w.m.TilesInFlight.Inc()
 	start := time.Now()
-	err = w.renderPasses(ctx, tile, r)
-	w.m.TilesInFlight.Dec()
+	err = func() error {
+		// Deferred: a panic in a pass (recovered by handle) must not leave the tile in flight.
+		w.m.TilesInFlight.Inc()
+		defer w.m.TilesInFlight.Dec()
+		return w.renderPasses(ctx, tile, r)
+	}()
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
 			// Shutting down: keep what was rendered for whoever resumes the tile, but never hang
@@ -211,7 +214,6 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		return err
 	}
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
-	w.m.SamplesRendered.Add(float64(r.job.Settings.SPP - recovered))
 	// The finished state is checkpointed too, so a storage outage during finalize costs no rendering.
 	w.saveCheckpoint(ctx, tile, r, false)
 
@@ -357,16 +359,14 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		}
 		if passes >= 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 && r.job.Settings.Passes == 0 {
 			// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves.
-			if err := tile.Render(ctx, tile.Next(), tile.Next()+(to-tile.Next())/2); err != nil {
+			if err := w.renderSamples(ctx, r, tile, tile.Next()+(to-tile.Next())/2); err != nil {
 				return err
 			}
 			w.crashAt(r.log, "mid-pass")
 		}
-		from := tile.Next()
-		if err := tile.Render(ctx, from, to); err != nil {
+		if err := w.renderSamples(ctx, r, tile, to); err != nil {
 			return err
 		}
-		w.act.pass(r.attempt, to, to-from)
 		if w.cfg.Faults.PassDelay > 0 {
 			queue.Sleep(ctx, w.cfg.Faults.PassDelay)
 		}
@@ -393,6 +393,20 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		}
 	}
 	return nil
+}
+
+// renderSamples renders the tile's samples from its next one up to to, and counts in
+// tilefarm_samples_rendered_total the samples the tile really gained, even when the render
+// stops early (cancelled, lease lost): samples recovered from a checkpoint are never counted,
+// and samples rendered by an attempt that fails later always are.
+func (w *Worker) renderSamples(ctx context.Context, r *tileRun, tile tileRenderer, to int) error {
+	from := tile.Next()
+	err := tile.Render(ctx, from, to)
+	if n := tile.Next() - from; n > 0 {
+		w.m.SamplesRendered.Add(float64(n))
+		w.act.pass(r.attempt, tile.Next(), n)
+	}
+	return err
 }
 
 // reportProgress tells the coordinator how far a tile is, best effort: a lost report loses

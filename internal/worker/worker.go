@@ -109,7 +109,7 @@ type Deps struct {
 	Objects     finalize.Store
 	Checkpoints *tiles.CheckpointStore
 	Scenes      *Scenes
-	Metrics     *metrics.Metrics
+	Metrics     *metrics.Worker // shared by the workers of a process; nil: a registry of its own
 	Log         *slog.Logger
 }
 
@@ -122,7 +122,7 @@ type Worker struct {
 	scenes  *Scenes
 	codec   *tiles.Codec
 	log     *slog.Logger
-	m       *metrics.Metrics
+	m       *metrics.Worker
 	store   *storeHealth
 	act     *activity // what it renders and what it blocklisted (directory.go)
 
@@ -151,6 +151,9 @@ func New(cfg Config, d Deps) (*Worker, error) {
 		log = slog.Default()
 	}
 	log = log.With("worker", cfg.Name)
+	if d.Metrics == nil {
+		d.Metrics = metrics.NewWorker(metrics.NewRegistry())
+	}
 	scenes := d.Scenes
 	if scenes == nil {
 		scenes = NewScenes(d.Objects, "", nil, log)
@@ -304,6 +307,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 		} else if perr != nil {
 			// Unknown whether it is done: retry without spending the failure budget.
 			d.log.Warn("cannot tell whether the work is promoted; retrying later", "err", err, "check_err", perr)
+			w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
 			_ = d.msg.NakWithDelay(queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
 			return
 		}
@@ -314,6 +318,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 		n, cerr := w.farm.Failures.Add(cctx, d.msgID)
 		if cerr != nil {
 			d.log.Warn("counting failure; retrying without counting it", "err", err, "count_err", cerr)
+			w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
 			_ = d.msg.NakWithDelay(queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
 			return
 		}
@@ -329,7 +334,6 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 			d.log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
 			return
 		}
-		w.m.DeadLetters.Inc()
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
 	// or about to be retried). A message that did not even decode names nothing to report.
@@ -349,7 +353,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 	}
 	delay := queue.Backoff(failures, w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
 	d.log.Warn("retrying later", "err", err, "failures", failures, "delay", delay)
-	w.m.Retries.Inc()
+	w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
 	_ = d.msg.NakWithDelay(delay)
 }
 

@@ -1,0 +1,96 @@
+package coordinator
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// Submissions are counted by their answer: a new job, the same submission again, and the same
+// idempotency key with another payload.
+func TestSubmissionsCounted(t *testing.T) {
+	h := newHarness(t, Config{})
+	req := h.request(1, 1, 64, 64, 32)
+	req.IdempotencyKey = "shot-1"
+	first := h.submit(t, req)
+	again := h.submit(t, req)
+	if !first.Created || again.Created || again.Status.JobID != first.Status.JobID {
+		t.Fatalf("submit twice: created %v then %v, jobs %s and %s", first.Created, again.Created, first.Status.JobID, again.Status.JobID)
+	}
+	other := req
+	other.Last = 2
+	if _, err := h.c.Submit(h.ctx, other); !errors.Is(err, ErrConflict) {
+		t.Fatalf("same key, other payload: %v, want ErrConflict", err)
+	}
+	for result, want := range map[string]float64{metrics.SubmissionCreated: 1, metrics.SubmissionExisting: 1,
+		metrics.SubmissionConflict: 1, metrics.SubmissionBusy: 0} {
+		if got := testutil.ToFloat64(h.m.Submissions.WithLabelValues(result)); got != want {
+			t.Errorf("submissions{result=%q} = %v, want %v", result, got, want)
+		}
+	}
+}
+
+// A dead letter is counted once however often it reaches the coordinator (the worker's
+// terminal failure event, its redelivery, the dead-letter watcher), and a frame once when it
+// completes, not again on a repeated frame.assembled.
+func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 3, 64, 64, 32))
+	h.relay(t)
+	j := h.job(t, res.Status.JobID)
+	f1, f2, f3 := h.frame(t, j.FrameKey(1)), h.frame(t, j.FrameKey(2)), h.frame(t, j.FrameKey(3))
+
+	dead := tileEvent(t, f1, 0, farm.EventTileFailed, 7, 3)
+	dead.Terminal, dead.Error = true, "panic: injected"
+	h.apply(t, dead)
+	h.apply(t, dead) // redelivered
+	job := farm.TileJob{JobID: j.ID, FrameKey: f1.Key, TileKey: dead.TileKey, Index: 0}
+	data, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (deadLetters{h.c}).Record(h.ctx, queue.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 7, Deliveries: 3, Data: data}); err != nil {
+		t.Fatalf("Record: %v", err)
+	}
+	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterTile)); got != 1 {
+		t.Fatalf("tile dead letters = %v, want 1", got)
+	}
+
+	h.completeTiles(t, f2.Key)
+	done := farm.Event{ID: "assembled", Type: farm.EventFrameAssembled, FrameKey: f2.Key, Formats: []string{"png"}}
+	h.apply(t, done)
+	h.apply(t, done)
+	if got := testutil.ToFloat64(h.m.FramesCompleted); got != 1 {
+		t.Fatalf("frames completed = %v, want 1", got)
+	}
+
+	// Frame 3's tiles complete and its assembly is dead-lettered: counted once. A dead
+	// assembly of frame 2, whose outputs are promoted, changes nothing and is not counted.
+	h.completeTiles(t, f3.Key)
+	failed := farm.Event{ID: "assembly-failed", Type: farm.EventFrameFailed, FrameKey: f3.Key, Formats: []string{"png"}, Terminal: true, Error: "encoding png: boom"}
+	h.apply(t, failed)
+	h.apply(t, failed)
+	late := failed
+	late.FrameKey = f2.Key
+	h.apply(t, late)
+	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterAssembly)); got != 1 {
+		t.Fatalf("assembly dead letters = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(h.m.FramesCompleted); got != 1 {
+		t.Fatalf("frames completed after a failed frame = %v, want still 1", got)
+	}
+
+	// A dead letter that names no tile is counted by the watcher's handler itself.
+	if err := (deadLetters{h.c}).Record(h.ctx, queue.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 99, Data: []byte("{not json")}); err != nil {
+		t.Fatalf("Record: %v", err)
+	}
+	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterUndecodable)); got != 1 {
+		t.Fatalf("undecodable dead letters = %v, want 1", got)
+	}
+}

@@ -1,0 +1,151 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/tiles"
+)
+
+// A tile resumed half-way from a checkpoint counts only the samples it rendered itself in
+// tilefarm_samples_rendered_total, not the tile's whole spp; the others are recovered.
+func TestSamplesRenderedOfAResumedTile(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	half := h.reference(t, job, job.Settings.SPP/2).Export()
+	codec, err := tiles.NewCodec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := codec.Encode(tiles.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
+		Next: half.Next, Sum: half.Sum, Build: farm.BuildFor(job.Settings), SavedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.objects.Put(h.ctx, farm.CheckpointKey(job.TileKey), data); err != nil {
+		t.Fatal(err)
+	}
+	w, m := h.worker(t, Config{PassesPerTile: 4})
+	h.deliver(t, w, job)
+	if ok, err := finalize.ManifestExists(h.ctx, h.objects, farm.TileManifestKey(job.FrameKey, job.TileKey)); err != nil || !ok {
+		t.Fatalf("tile not promoted (%v):\n%s", err, h.logs.String())
+	}
+	spp := job.Settings.SPP
+	if got := testutil.ToFloat64(m.SamplesRendered); got != float64(spp-half.Next) {
+		t.Fatalf("samples rendered %v, want %d (spp %d minus %d recovered)", got, spp-half.Next, spp, half.Next)
+	}
+	if got := testutil.ToFloat64(m.SamplesRecovered); got != float64(half.Next) {
+		t.Fatalf("samples recovered %v, want %d", got, half.Next)
+	}
+	if got := testutil.ToFloat64(m.CheckpointResumes); got != 1 {
+		t.Fatalf("checkpoint resumes %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.TilesCompleted); got != 1 {
+		t.Fatalf("tiles completed %v, want 1", got)
+	}
+	samePixels(t, h.promoted(t, job), h.reference(t, job, spp).Pixels())
+}
+
+// A tile whose first attempt is interrupted by a shutdown after some passes, then resumed by
+// another worker from the checkpoint the first left: each sample is counted once, by the
+// worker that rendered it, so the two counts add up to exactly the tile's spp.
+func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	spp := job.Settings.SPP
+	w1, m1 := h.worker(t, Config{PassesPerTile: 4, CheckpointEvery: -1, Faults: Faults{PassDelay: 300 * time.Millisecond}})
+	data, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := h.farm.FetchTile(h.ctx, 2*time.Second)
+	if err != nil || msg == nil {
+		t.Fatalf("FetchTile = %v, %v", msg, err)
+	}
+	ctx1, stop := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w1.handle(ctx1, msg)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for !strings.Contains(h.logs.String(), "checkpoint saved") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint after a pass:\n%s", h.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop() // the worker shuts down mid-tile: it checkpoints and hands the tile back
+	<-done
+
+	first := int(testutil.ToFloat64(m1.SamplesRendered))
+	if first <= 0 || first >= spp {
+		t.Fatalf("the interrupted attempt counted %d samples rendered, want some but not all %d", first, spp)
+	}
+	c, ok, err := h.ckpts.Load(h.ctx, job.TileKey)
+	if err != nil || !ok || c.Next != first {
+		t.Fatalf("checkpoint after the shutdown: next %d (found %v, %v), want the %d samples counted", c.Next, ok, err, first)
+	}
+	if got := histogramCount(t, m1); got != 0 {
+		t.Fatalf("an attempt that did not finish rendering observed %d render times, want 0", got)
+	}
+
+	// The Nak put the tile straight back; a second worker resumes it from the local checkpoint.
+	w2, m2 := h.worker(t, Config{PassesPerTile: 4})
+	msg, err = h.farm.FetchTile(h.ctx, 5*time.Second)
+	if err != nil || msg == nil {
+		t.Fatalf("FetchTile after the shutdown = %v, %v", msg, err)
+	}
+	w2.handle(h.ctx, msg)
+	second := int(testutil.ToFloat64(m2.SamplesRendered))
+	if recovered := int(testutil.ToFloat64(m2.SamplesRecovered)); recovered != first {
+		t.Fatalf("the resumed attempt recovered %d samples, want %d", recovered, first)
+	}
+	if first+second != spp {
+		t.Fatalf("samples rendered %d + %d across the two attempts, want exactly spp %d", first, second, spp)
+	}
+	if got := histogramCount(t, m2); got != 1 {
+		t.Fatalf("the resumed attempt observed %d render times, want 1", got)
+	}
+	samePixels(t, h.promoted(t, job), h.reference(t, job, spp).Pixels())
+}
+
+// histogramCount is how many tile render times m observed.
+func histogramCount(t *testing.T, m *metrics.Worker) uint64 {
+	t.Helper()
+	var pb dto.Metric
+	if err := m.TileRenderSeconds.Write(&pb); err != nil {
+		t.Fatal(err)
+	}
+	return pb.GetHistogram().GetSampleCount()
+}
+
+// An attempt that panics mid-render is retried and leaves no tile in flight.
+func TestPanickingTileLeavesNothingInFlight(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	w, m := h.worker(t, Config{Faults: Faults{PanicTileSet: true, PanicFrame: job.Frame, PanicTile: job.Rect}})
+	h.deliver(t, w, job)
+	if got := testutil.ToFloat64(m.TilesInFlight); got != 0 {
+		t.Fatalf("tiles in flight after a panicking attempt = %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(m.Retries.WithLabelValues(metrics.RetryAttempt)); got != 1 {
+		t.Fatalf("attempt retries = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(m.SamplesRendered); got != 0 {
+		t.Fatalf("samples rendered by an attempt that panicked before its first pass = %v, want 0", got)
+	}
+}
