@@ -40,7 +40,7 @@ const (
 	SubmissionCreated  = "created"  // a new job
 	SubmissionExisting = "existing" // the idempotency key named a job already: answered with it
 	SubmissionConflict = "conflict" // the idempotency key names a job with another payload
-	SubmissionBusy     = "busy"     // refused while the queue is over --max-queued
+	SubmissionBusy     = "busy"     // refused while the pending tiles would exceed --max-pending-tiles
 )
 
 // Retry kinds, the label values of tilefarm_retries_total.
