@@ -63,6 +63,9 @@ func bar(done, total int64, width int) string {
 // samples were counted sends none).
 func jobProgress(st coordinator.Status) (done, total int64, line string) {
 	line = fmt.Sprintf("%d/%d tiles, %d/%d frames", st.TilesCompleted, st.TilesTotal, st.FramesCompleted, st.FramesTotal)
+	if st.ETASeconds != nil {
+		line += ", ETA " + eta(st)
+	}
 	if st.SamplesTotal <= 0 {
 		return int64(st.TilesCompleted), int64(st.TilesTotal), line
 	}
