@@ -16,36 +16,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	"github.com/tilefarm/tilefarm/internal/metrics"
 	"go.yaml.in/yaml/v3"
-)
-
-// The tilefarm families each process exports: exactly those it sets.
-var (
-	coordinatorFamilies = []string{
-		"tilefarm_build_info",
-		"tilefarm_dead_letters_total",
-		"tilefarm_duplicates_suppressed_total",
-		"tilefarm_frames_completed_total",
-		"tilefarm_outbox_pending",
-		"tilefarm_queue_depth",
-		"tilefarm_queue_oldest_message_age_seconds",
-		"tilefarm_submissions_total",
-	}
-	workerFamilies = []string{
-		"tilefarm_build_info",
-		"tilefarm_checkpoint_resumes_total",
-		"tilefarm_duplicates_suppressed_total",
-		"tilefarm_finalization_failures_total",
-		"tilefarm_frames_assembled_total",
-		"tilefarm_lease_renewal_failures_total",
-		"tilefarm_retries_total",
-		"tilefarm_samples_recovered_total",
-		"tilefarm_samples_rendered_total",
-		"tilefarm_tile_render_seconds",
-		"tilefarm_tiles_completed_total",
-		"tilefarm_tiles_in_flight",
-		"tilefarm_worker_store_available",
-	}
 )
 
 // families is one scrape of a /metrics, parsed.
@@ -154,8 +126,8 @@ func TestMetricsOfARun(t *testing.T) {
 	w := f.worker("w", t.TempDir(), "--metrics-listen", maddr, "--fault-panic-tile", "8:32,0,64,32",
 		"--fault-pass-delay", "100ms")
 	before := waitMetrics(t, maddr, w)
-	if got := before.tilefarm(); !slices.Equal(got, workerFamilies) {
-		t.Fatalf("worker families before any work:\n got %v\nwant %v", got, workerFamilies)
+	if got := before.tilefarm(); !slices.Equal(got, metrics.WorkerFamilies) {
+		t.Fatalf("worker families before any work:\n got %v\nwant %v", got, metrics.WorkerFamilies)
 	}
 	if v := before.value(t, "tilefarm_worker_store_available"); v != 1 {
 		t.Fatalf("store available %v on a healthy worker, want 1", v)
@@ -198,11 +170,11 @@ func TestMetricsOfARun(t *testing.T) {
 
 	// After the run.
 	cm, wm := scrape(t, f.http), scrape(t, maddr)
-	if got := cm.tilefarm(); !slices.Equal(got, coordinatorFamilies) {
-		t.Errorf("coordinator families:\n got %v\nwant %v", got, coordinatorFamilies)
+	if got := cm.tilefarm(); !slices.Equal(got, metrics.CoordinatorFamilies) {
+		t.Errorf("coordinator families:\n got %v\nwant %v", got, metrics.CoordinatorFamilies)
 	}
-	if got := wm.tilefarm(); !slices.Equal(got, workerFamilies) {
-		t.Errorf("worker families:\n got %v\nwant %v", got, workerFamilies)
+	if got := wm.tilefarm(); !slices.Equal(got, metrics.WorkerFamilies) {
+		t.Errorf("worker families:\n got %v\nwant %v", got, metrics.WorkerFamilies)
 	}
 	for _, c := range []struct {
 		fams   families
@@ -270,7 +242,7 @@ func TestMetricsOfOneProcess(t *testing.T) {
 		t.Fatalf("job: %+v", done)
 	}
 	fams := scrape(t, f.http)
-	want := slices.Concat(coordinatorFamilies, workerFamilies)
+	want := slices.Concat(metrics.CoordinatorFamilies, metrics.WorkerFamilies)
 	slices.Sort(want)
 	want = slices.Compact(want)
 	if got := fams.tilefarm(); !slices.Equal(got, want) {

@@ -202,3 +202,34 @@ func registerBuildInfo(reg prometheus.Registerer) {
 	}, []string{"version", "goversion", "renderer"}))
 	g.WithLabelValues(buildinfo.Version(), buildinfo.GoVersion(), render.Version).Set(1)
 }
+
+// CoordinatorFamilies and WorkerFamilies are the tilefarm families each process exports,
+// sorted: exactly those it sets (docs/operations.md, "Metrics"). The tests hold a registry
+// and the /metrics of real processes against them.
+var (
+	CoordinatorFamilies = []string{
+		"tilefarm_build_info",
+		"tilefarm_dead_letters_total",
+		"tilefarm_duplicates_suppressed_total",
+		"tilefarm_frames_completed_total",
+		"tilefarm_outbox_pending",
+		"tilefarm_queue_depth",
+		"tilefarm_queue_oldest_message_age_seconds",
+		"tilefarm_submissions_total",
+	}
+	WorkerFamilies = []string{
+		"tilefarm_build_info",
+		"tilefarm_checkpoint_resumes_total",
+		"tilefarm_duplicates_suppressed_total",
+		"tilefarm_finalization_failures_total",
+		"tilefarm_frames_assembled_total",
+		"tilefarm_lease_renewal_failures_total",
+		"tilefarm_retries_total",
+		"tilefarm_samples_recovered_total",
+		"tilefarm_samples_rendered_total",
+		"tilefarm_tile_render_seconds",
+		"tilefarm_tiles_completed_total",
+		"tilefarm_tiles_in_flight",
+		"tilefarm_worker_store_available",
+	}
+)

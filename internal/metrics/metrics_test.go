@@ -12,34 +12,6 @@ import (
 	"github.com/tilefarm/tilefarm/internal/buildinfo"
 )
 
-var (
-	coordinatorFamilies = []string{
-		"tilefarm_build_info",
-		"tilefarm_dead_letters_total",
-		"tilefarm_duplicates_suppressed_total",
-		"tilefarm_frames_completed_total",
-		"tilefarm_outbox_pending",
-		"tilefarm_queue_depth",
-		"tilefarm_queue_oldest_message_age_seconds",
-		"tilefarm_submissions_total",
-	}
-	workerFamilies = []string{
-		"tilefarm_build_info",
-		"tilefarm_checkpoint_resumes_total",
-		"tilefarm_duplicates_suppressed_total",
-		"tilefarm_finalization_failures_total",
-		"tilefarm_frames_assembled_total",
-		"tilefarm_lease_renewal_failures_total",
-		"tilefarm_retries_total",
-		"tilefarm_samples_recovered_total",
-		"tilefarm_samples_rendered_total",
-		"tilefarm_tile_render_seconds",
-		"tilefarm_tiles_completed_total",
-		"tilefarm_tiles_in_flight",
-		"tilefarm_worker_store_available",
-	}
-)
-
 // gather returns the tilefarm families of reg by name.
 func gather(t *testing.T, reg *prometheus.Registry) map[string]*dto.MetricFamily {
 	t.Helper()
@@ -70,13 +42,13 @@ func names(fams map[string]*dto.MetricFamily) []string {
 func TestEachSetRegistersOnlyItsFamilies(t *testing.T) {
 	creg := NewRegistry()
 	NewCoordinator(creg)
-	if got := names(gather(t, creg)); !slices.Equal(got, coordinatorFamilies) {
-		t.Fatalf("coordinator families:\n got %v\nwant %v", got, coordinatorFamilies)
+	if got := names(gather(t, creg)); !slices.Equal(got, CoordinatorFamilies) {
+		t.Fatalf("coordinator families:\n got %v\nwant %v", got, CoordinatorFamilies)
 	}
 	wreg := NewRegistry()
 	NewWorker(wreg)
-	if got := names(gather(t, wreg)); !slices.Equal(got, workerFamilies) {
-		t.Fatalf("worker families:\n got %v\nwant %v", got, workerFamilies)
+	if got := names(gather(t, wreg)); !slices.Equal(got, WorkerFamilies) {
+		t.Fatalf("worker families:\n got %v\nwant %v", got, WorkerFamilies)
 	}
 }
 
@@ -96,7 +68,7 @@ func TestBothSetsShareOneRegistry(t *testing.T) {
 	c.DuplicatesSuppressed.WithLabelValues(LayerPublishDedup).Inc()
 	w1.DuplicatesSuppressed.WithLabelValues(LayerManifestCheck).Add(3)
 	fams := gather(t, reg)
-	want := slices.Concat(coordinatorFamilies, workerFamilies)
+	want := slices.Concat(CoordinatorFamilies, WorkerFamilies)
 	slices.Sort(want)
 	want = slices.Compact(want)
 	if got := names(fams); !slices.Equal(got, want) {

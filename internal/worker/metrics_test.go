@@ -2,7 +2,6 @@ package worker
 
 import (
 	"context"
-	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/metrics"
-	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -64,17 +62,7 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 	job := h.job()
 	spp := job.Settings.SPP
 	w1, m1 := h.worker(t, Config{PassesPerTile: 4, CheckpointEvery: -1, Faults: Faults{PassDelay: 300 * time.Millisecond}})
-	data, err := json.Marshal(job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
-		t.Fatal(err)
-	}
-	msg, err := h.farm.FetchTile(h.ctx, 2*time.Second)
-	if err != nil || msg == nil {
-		t.Fatalf("FetchTile = %v, %v", msg, err)
-	}
+	msg := h.publishAndFetch(t, job)
 	ctx1, stop := context.WithCancel(h.ctx)
 	done := make(chan struct{})
 	go func() {

@@ -113,8 +113,8 @@ func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Worker)
 	return w, m
 }
 
-// deliver publishes job to TILES and has w handle its delivery.
-func (h *runHarness) deliver(t *testing.T, w *Worker, job farm.TileJob) {
+// publishAndFetch publishes job to TILES and takes its delivery.
+func (h *runHarness) publishAndFetch(t *testing.T, job farm.TileJob) jetstream.Msg {
 	t.Helper()
 	data, err := json.Marshal(job)
 	if err != nil {
@@ -127,7 +127,13 @@ func (h *runHarness) deliver(t *testing.T, w *Worker, job farm.TileJob) {
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile = %v, %v", msg, err)
 	}
-	w.handle(h.ctx, msg)
+	return msg
+}
+
+// deliver publishes job to TILES and has w handle its delivery.
+func (h *runHarness) deliver(t *testing.T, w *Worker, job farm.TileJob) {
+	t.Helper()
+	w.handle(h.ctx, h.publishAndFetch(t, job))
 }
 
 // events returns every event in EVENTS.
