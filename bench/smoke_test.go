@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/bench/farmbench"
 	"github.com/tilefarm/tilefarm/internal/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -92,13 +93,17 @@ func TestBenchSmoke(t *testing.T) {
 	})
 
 	t.Run("ShotDispatch", func(t *testing.T) {
-		w := dispatchShot{frames: 4, width: 96, height: 64, tileSize: 16, sync: "1s"}
-		d, err := measureShotDispatch(ctx, t.TempDir(), bundle, w)
+		bin, err := coordinatorBinary()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.tiles != 4*24 {
-			t.Errorf("tiles = %d, want 96", d.tiles)
+		w := farmbench.DispatchShot{Frames: 4, Width: 96, Height: 64, TileSize: 16, Sync: "1s"}
+		d, err := farmbench.MeasureShotDispatch(ctx, bin, t.TempDir(), bundle, w)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Tiles != 4*24 {
+			t.Errorf("tiles = %d, want 96", d.Tiles)
 		}
 		m := metricSet{}
 		reportShot(m, d, "")

@@ -55,7 +55,7 @@ func measureUpload(ctx context.Context, dir string, b *farm.Bundle) (uploadCost,
 		return res, err
 	}
 	start := time.Now()
-	if err := client.New(srv.http, "").PutScene(ctx, b.Version(), b); err != nil {
+	if err := client.New(srv.HTTP, "").PutScene(ctx, b.Version(), b); err != nil {
 		return res, fmt.Errorf("uploading a %d-byte bundle: %w", len(raw), err)
 	}
 	res.elapsed = time.Since(start)
