@@ -1,0 +1,69 @@
+// Command farmbench starts real farms of separate processes on this machine and reports how
+// they compare with local rendering: `go run ./bench/cmd/farmbench [--json]`. See
+// docs/benchmarks.md for what each figure means.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"time"
+
+	"github.com/tilefarm/tilefarm/bench/farmbench"
+)
+
+func main() {
+	c := farmbench.Default()
+	asJSON := flag.Bool("json", false, "print one JSON object with every figure")
+	flag.IntVar(&c.Workers, "workers", c.Workers, "tileworker processes")
+	flag.IntVar(&c.Slots, "slots", c.Slots, "--concurrency of each tileworker")
+	flag.BoolVar(&c.MinIO, "minio", false, "keep objects in a MinIO process ($TILEFARM_MINIO) instead of a file store")
+	flag.IntVar(&c.Shot.Last, "frames", c.Shot.Last, "frames 1-N of the realistic shot")
+	flag.IntVar(&c.Shot.Width, "width", c.Shot.Width, "width of the realistic shot")
+	flag.IntVar(&c.Shot.Height, "height", c.Shot.Height, "height of the realistic shot")
+	flag.IntVar(&c.Shot.SPP, "spp", c.Shot.SPP, "samples per pixel of the realistic shot")
+	flag.IntVar(&c.Shot.TileSize, "tile", c.Shot.TileSize, "tile size of the realistic shot")
+	flag.IntVar(&c.SmallFrames, "small-frames", c.SmallFrames, "frames 1-N of the example as it ships")
+	flag.IntVar(&c.Overhead.Last, "overhead-frames", c.Overhead.Last, "frames of the tiny-tile overhead job")
+	flag.IntVar(&c.Overhead.TileSize, "overhead-tile", c.Overhead.TileSize, "tile size of the overhead job")
+	flag.IntVar(&c.DispatchFrames, "dispatch-frames", c.DispatchFrames, "frames of the 1920x1080 dispatch shot (510 tiles each)")
+	flag.IntVar(&c.RecoveryReps, "recovery-reps", c.RecoveryReps, "worker kills measured for recovery")
+	serve := flag.String("recovery-serve-args", "", "extra coordinator serve flags of the recovery farm, space-separated (e.g. \"--ack-wait 3s --lease-ttl 3s\")")
+	flag.IntVar(&c.ResumeKills, "resume-kills", c.ResumeKills, "kills of the resume schedule")
+	flag.IntVar(&c.ResumeFrames, "resume-frames", c.ResumeFrames, "frames of the resume job (6 tiles each)")
+	flag.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the kill schedule")
+	flag.IntVar(&c.RSSTiles, "rss-tiles", 0, "also track a job of this many tiles on coordinator serve --workers 0 (e.g. 1000000)")
+	flag.BoolVar(&c.Growth, "growth", false, "also measure the key figures at three sizes of tiles per frame, frames per job and workers")
+	flag.StringVar(&c.ProfileDir, "profile", "", "write CPU profiles of the overhead farm's coordinator and first worker to this directory")
+	flag.DurationVar(&c.ProfileDuration, "profile-seconds", 5*time.Second, "length of the CPU profiles")
+	verbose := flag.Bool("v", false, "log progress on stderr")
+	flag.Parse()
+	c.Overhead.First = 1
+	if *serve != "" {
+		c.RecoveryServe = strings.Fields(*serve)
+	}
+	if *verbose {
+		c.Log = os.Stderr
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	res, err := farmbench.Run(ctx, c)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "farmbench:", err)
+		os.Exit(1)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			fmt.Fprintln(os.Stderr, "farmbench:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	res.Table(os.Stdout)
+}

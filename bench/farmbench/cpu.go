@@ -1,0 +1,5 @@
+package farmbench
+
+import "runtime"
+
+func numCPU() int { return runtime.NumCPU() }

@@ -1,0 +1,229 @@
+package farmbench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// FarmSpec is one farm of separate processes: a coordinator and its workers.
+type FarmSpec struct {
+	Workers     int      // tileworker processes
+	Slots       int      // --concurrency of each
+	MinIO       bool     // objects in a MinIO process instead of the coordinator's file store
+	ServeArgs   []string // extra flags of coordinator serve
+	WorkerArgs  []string // extra flags of every tileworker
+	DebugListen bool     // serve /debug/pprof on every process
+}
+
+// Farm is a running farm.
+type Farm struct {
+	dir     string
+	bins    Binaries
+	spec    FarmSpec
+	store   string
+	env     []string
+	minio   *miniotest.Server
+	Coord   *Coordinator
+	Workers []*Proc
+	metrics map[*Proc]string
+	debug   map[string]string // process name to its pprof address
+	API     *client.Client
+	started int
+}
+
+// StartFarm starts a coordinator and spec.Workers workers under dir, with checkpoints on.
+func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec) (*Farm, error) {
+	f := &Farm{dir: dir, bins: bins, spec: spec, metrics: map[*Proc]string{}, debug: map[string]string{}}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	args := append([]string{}, spec.ServeArgs...)
+	if spec.MinIO {
+		var err error
+		if f.minio, err = miniotest.Launch(filepath.Join(dir, "minio")); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("starting minio: %w", err)
+		}
+		f.store, f.env = f.minio.URL(), f.minio.Env()
+		args = append(args, "--store", f.store)
+	} else {
+		f.store = "file://" + filepath.Join(dir, "coordinator", "data", "store")
+	}
+	if spec.DebugListen {
+		addr, err := FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		f.debug["coordinator"] = addr
+		args = append(args, "--debug-listen", addr)
+	}
+	var err error
+	if f.Coord, err = StartCoordinator(ctx, bins.Coordinator, filepath.Join(dir, "coordinator"), f.env, append([]string{"--workers", "0"}, args...)...); err != nil {
+		f.Close()
+		return nil, err
+	}
+	f.API = client.New(f.Coord.HTTP, "")
+	for i := range spec.Workers {
+		if _, err := f.StartWorker(fmt.Sprintf("w%d", i+1)); err != nil {
+			f.Close()
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// StartWorker starts a tileworker named name (its checkpoints in a directory of that name, so a
+// restarted worker finds its local checkpoints) and adds it to the farm's workers.
+func (f *Farm) StartWorker(name string) (*Proc, error) {
+	maddr, err := FreeAddr()
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"--nats", "nats://" + f.Coord.NATS, "--store", f.store, "--checkpoints", filepath.Join(f.dir, "ckpt-"+name),
+		"--name", name, "--concurrency", strconv.Itoa(f.spec.Slots), "--metrics-listen", maddr, "--log-level", "debug"}
+	if f.spec.DebugListen {
+		addr, err := FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		f.debug[name] = addr
+		args = append(args, "--debug-listen", addr)
+	}
+	f.started++
+	p, err := StartProc(name, f.bins.Tileworker, filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.started, name)), f.env,
+		append(args, f.spec.WorkerArgs...)...)
+	if err != nil {
+		return nil, err
+	}
+	f.metrics[p] = maddr
+	f.Workers = append(f.Workers, p)
+	return p, nil
+}
+
+// Close kills every process of the farm.
+func (f *Farm) Close() {
+	for p := range f.metrics {
+		p.Kill()
+	}
+	if f.Coord != nil {
+		f.Coord.Kill()
+	}
+	if f.minio != nil {
+		f.minio.Kill()
+	}
+}
+
+// Live are the processes of the farm still running: the coordinator and the live workers.
+func (f *Farm) Live() []*Proc {
+	ps := []*Proc{f.Coord.Proc}
+	for _, w := range f.Workers {
+		if !w.Exited() {
+			ps = append(ps, w)
+		}
+	}
+	return ps
+}
+
+// CPU is the CPU time used so far by the live processes of the farm.
+func (f *Farm) CPU() (time.Duration, error) {
+	var sum time.Duration
+	for _, p := range f.Live() {
+		t, err := CPUTime(p.Pid())
+		if err != nil {
+			return 0, err
+		}
+		sum += t
+	}
+	return sum, nil
+}
+
+// Metric reads one counter from a worker's /metrics, summed over its label sets.
+func (f *Farm) Metric(ctx context.Context, w *Proc, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.metrics[w]+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s metrics: %w", w.Name, err)
+	}
+	defer resp.Body.Close()
+	sum := 0.0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, name) || (len(line) > len(name) && line[len(name)] != ' ' && line[len(name)] != '{') {
+			continue
+		}
+		fields := strings.Fields(line)
+		v, err := strconv.ParseFloat(fields[len(fields)-1], 64)
+		if err != nil {
+			return 0, fmt.Errorf("parsing %s: %w", name, err)
+		}
+		sum += v
+	}
+	return sum, sc.Err()
+}
+
+// Upload puts a scene bundle on the farm.
+func (f *Farm) Upload(ctx context.Context, b *farm.Bundle) error {
+	if err := f.API.PutScene(ctx, b.Version(), b); err != nil {
+		return fmt.Errorf("uploading scene: %w", err)
+	}
+	return nil
+}
+
+// Wait polls a job until it is completed and fails if it failed.
+func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (coordinator.Status, error) {
+	deadline := time.Now().Add(d)
+	for {
+		st, err := f.API.Status(ctx, job)
+		if err == nil && st.State == coordinator.StateCompleted {
+			return st, nil
+		}
+		if err == nil && st.State == coordinator.StateFailed {
+			return st, fmt.Errorf("job %s failed: %v", job, st.Failures)
+		}
+		if time.Now().After(deadline) {
+			return st, fmt.Errorf("job %s not completed after %v (%d/%d tiles, err %v)", job, d, st.TilesCompleted, st.TilesTotal, err)
+		}
+		if !queue.Sleep(ctx, 20*time.Millisecond) {
+			return st, ctx.Err()
+		}
+	}
+}
+
+// Profile takes a CPU profile of d seconds from the named process into path, in the
+// background; the returned channel yields its error.
+func (f *Farm) Profile(name, path string, d time.Duration) <-chan error {
+	ch := make(chan error, 1)
+	addr, ok := f.debug[name]
+	if !ok {
+		ch <- fmt.Errorf("no debug listener on %s", name)
+		return ch
+	}
+	go func() {
+		out, err := exec.Command("curl", "-sf", "-o", path, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))).CombinedOutput()
+		if err != nil {
+			err = fmt.Errorf("profiling %s: %w: %s", name, err, out)
+		}
+		ch <- err
+	}()
+	return ch
+}
+
+func clientFor(c *Coordinator) *client.Client { return client.New(c.HTTP, "") }

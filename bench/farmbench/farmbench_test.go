@@ -1,0 +1,59 @@
+package farmbench
+
+import (
+	"encoding/json"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunTiny runs every measurement at tiny sizes, with objects in MinIO, and checks the JSON
+// has every figure as a finite number. No time is asserted: the figures only have to exist. A
+// missing MinIO binary fails the run (miniotest names the way to install it); it never skips.
+func TestRunTiny(t *testing.T) {
+	c := Default()
+	c.Dir = t.TempDir()
+	c.MinIO = true
+	c.Shot = Shot{First: 1, Last: 1, Width: 96, Height: 54, SPP: 2, TileSize: 32}
+	c.SmallFrames = 1
+	c.Overhead = Shot{First: 1, Last: 1, Width: 48, Height: 27, SPP: 1, TileSize: 16}
+	c.DispatchFrames = 2
+	c.RecoveryReps = 1
+	c.RecoveryServe = []string{"--ack-wait", "2s", "--lease-ttl", "2s"}
+	c.ResumeKills, c.ResumeFrames = 1, 1
+	c.RSSTiles = 100
+	c.ProfileDir, c.ProfileDuration = t.TempDir(), time.Second
+	res, err := Run(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := json.Marshal(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(raw, &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range res.Figures() {
+		name := f[0].(string)
+		v, ok := got[name].(float64)
+		if !ok || math.IsNaN(v) || math.IsInf(v, 0) {
+			t.Errorf("%s = %v in the JSON, want a finite number", name, got[name])
+		}
+	}
+	for name := range Targets {
+		if _, ok := got[name]; !ok {
+			t.Errorf("no %s in the JSON", name)
+		}
+	}
+	if err := res.Finite(); err != nil {
+		t.Error(err)
+	}
+	var table strings.Builder
+	res.Table(&table)
+	if !strings.Contains(table.String(), "farm_efficiency") {
+		t.Errorf("table without farm_efficiency:\n%s", table.String())
+	}
+}

@@ -1,0 +1,360 @@
+package farmbench
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/farm"
+)
+
+// Shot is what a job renders: frames of examples/shot at a resolution, samples and tile size.
+// Zero fields keep the scene's own settings.
+type Shot struct {
+	First, Last        int
+	Width, Height, SPP int
+	TileSize           int
+}
+
+func (s Shot) request(b *farm.Bundle) coordinator.SubmitRequest {
+	return coordinator.SubmitRequest{SceneVersion: b.Version(), First: s.First, Last: s.Last, Width: s.Width, Height: s.Height,
+		SPP: s.SPP, TileSize: s.TileSize, Formats: []string{"png"}}
+}
+
+func (s Shot) renderArgs() []string {
+	var a []string
+	for _, f := range []struct {
+		flag string
+		v    int
+	}{{"--width", s.Width}, {"--height", s.Height}, {"--spp", s.SPP}, {"--tile", s.TileSize}} {
+		if f.v > 0 {
+			a = append(a, f.flag, strconv.Itoa(f.v))
+		}
+	}
+	return a
+}
+
+// FarmRun is one shot rendered locally by `tileworker render` and by a fresh farm.
+type FarmRun struct {
+	Tiles             int
+	Local, Farm       time.Duration // wall time: every local render summed; submit to completed
+	LocalCPU, FarmCPU time.Duration // the local renders' rusage; every farm process during the job
+	CoordRSS          int64         // peak resident set of the coordinator
+	WorkerRSSPerSlot  int64         // mean peak resident set of a worker / its slots
+	Attempts          int
+}
+
+// Efficiency is local time / farm time: 1.0 means the farm costs nothing over the reference.
+func (r FarmRun) Efficiency() float64 { return r.Local.Seconds() / r.Farm.Seconds() }
+
+// OverheadCPUms is the CPU milliseconds per tile the farm spent beyond rendering.
+func (r FarmRun) OverheadCPUms() float64 {
+	return float64((r.FarmCPU - r.LocalCPU).Microseconds()) / 1000 / float64(r.Tiles)
+}
+
+// renderLocal renders every frame of s with `tileworker render -j slots` and returns the
+// summed wall time and CPU time.
+func renderLocal(ctx context.Context, bins Binaries, scene, dir string, s Shot, slots int) (wall, cpu time.Duration, err error) {
+	for fr := s.First; fr <= s.Last; fr++ {
+		args := append([]string{"render", scene, "--frame", strconv.Itoa(fr), "--out", filepath.Join(dir, fmt.Sprintf("ref_%04d.png", fr)),
+			"-q", "-j", strconv.Itoa(slots)}, s.renderArgs()...)
+		cmd := exec.CommandContext(ctx, bins.Tileworker, args...)
+		start := time.Now()
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			return 0, 0, fmt.Errorf("rendering frame %d locally: %w\n%s", fr, err, out)
+		}
+		wall += time.Since(start)
+		cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	}
+	return wall, cpu, nil
+}
+
+// MeasureFarm renders s locally with as many tiles at once as the farm has slots, then on a
+// fresh farm, timing the job from submit to completed and taking the CPU of every farm process
+// over that time (start-up excluded: a farm runs for days).
+func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *farm.Bundle, dir string, s Shot, spec FarmSpec, prof *Profiles) (FarmRun, error) {
+	var r FarmRun
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return r, err
+	}
+	var err error
+	if r.Local, r.LocalCPU, err = renderLocal(ctx, bins, scene, dir, s, spec.Workers*spec.Slots); err != nil {
+		return r, err
+	}
+	spec.DebugListen = prof != nil
+	f, err := StartFarm(ctx, bins, filepath.Join(dir, "farm"), spec)
+	if err != nil {
+		return r, err
+	}
+	defer f.Close()
+	if err := f.Upload(ctx, b); err != nil {
+		return r, err
+	}
+	cpu0, err := f.CPU()
+	if err != nil {
+		return r, err
+	}
+	start := time.Now()
+	var profErrs []<-chan error
+	if prof != nil {
+		for _, name := range []string{"coordinator", "w1"} {
+			profErrs = append(profErrs, f.Profile(name, filepath.Join(prof.Dir, name+".pprof"), prof.Seconds))
+		}
+	}
+	res, err := f.API.Submit(ctx, b, s.request(b))
+	if err != nil {
+		return r, fmt.Errorf("submitting: %w", err)
+	}
+	st, err := f.Wait(ctx, res.Status.JobID, 30*time.Minute)
+	if err != nil {
+		return r, err
+	}
+	r.Farm = time.Since(start)
+	cpu1, err := f.CPU()
+	if err != nil {
+		return r, err
+	}
+	r.FarmCPU, r.Tiles, r.Attempts = cpu1-cpu0, st.TilesTotal, st.TileAttempts
+	for _, ch := range profErrs {
+		if err := <-ch; err != nil {
+			return r, err
+		}
+	}
+	if r.CoordRSS, err = PeakRSS(f.Coord.Pid()); err != nil {
+		return r, err
+	}
+	var sum int64
+	for _, w := range f.Workers {
+		v, err := PeakRSS(w.Pid())
+		if err != nil {
+			return r, err
+		}
+		sum += v
+	}
+	r.WorkerRSSPerSlot = sum / int64(len(f.Workers)*spec.Slots)
+	return r, nil
+}
+
+// Profiles asks MeasureFarm for CPU profiles of the coordinator and the first worker.
+type Profiles struct {
+	Dir     string
+	Seconds time.Duration
+}
+
+// slowWorker makes every pass take a while and checkpoints locally and remotely after each
+// pass, so a kill always finds a tile in progress with samples to recover.
+func slowWorker(delay time.Duration, passes int) []string {
+	return []string{"--fault-pass-delay", delay.String(), "--passes", strconv.Itoa(passes), "--checkpoint-every", "0", "--remote-checkpoint-every", "0"}
+}
+
+var (
+	checkpointSaved = regexp.MustCompile(`checkpoint saved`)
+	resuming        = regexp.MustCompile(`resuming from checkpoint`)
+)
+
+// MeasureRecovery kills a worker with SIGKILL in the middle of a long tile reps times and
+// measures, each time, how long until the other worker resumes the tile from its checkpoint.
+func MeasureRecovery(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, reps int, serveArgs []string, minio bool) ([]time.Duration, error) {
+	spec := FarmSpec{Workers: 2, Slots: 1, MinIO: minio, ServeArgs: serveArgs, WorkerArgs: slowWorker(250*time.Millisecond, 16)}
+	f, err := StartFarm(ctx, bins, dir, spec)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	if err := f.Upload(ctx, b); err != nil {
+		return nil, err
+	}
+	var out []time.Duration
+	for rep := range reps {
+		// One tile a frame; a new frame (or size) each time, so no tile is already done.
+		s := Shot{First: rep%24 + 1, Last: rep%24 + 1, Width: 64 + 8*(rep/24), Height: 36, SPP: 32, TileSize: 128}
+		offsets := map[*Proc]int{}
+		live := f.Live()[1:]
+		for _, w := range live {
+			offsets[w] = len(w.Log())
+		}
+		res, err := f.API.Submit(ctx, b, s.request(b))
+		if err != nil {
+			return nil, fmt.Errorf("submitting: %w", err)
+		}
+		var victim *Proc
+		for victim == nil {
+			for _, w := range live {
+				if checkpointSaved.MatchString(w.Log()[offsets[w]:]) {
+					victim = w
+					break
+				}
+			}
+			if victim == nil {
+				if err := sleep(ctx, 10*time.Millisecond); err != nil {
+					return nil, err
+				}
+			}
+		}
+		var survivor *Proc
+		for _, w := range live {
+			if w != victim {
+				survivor = w
+			}
+		}
+		from := len(survivor.Log())
+		victim.Kill()
+		killed := time.Now()
+		if _, err := survivor.WaitLog(ctx, resuming, from, 2*time.Minute); err != nil {
+			return nil, err
+		}
+		out = append(out, time.Since(killed))
+		if _, err := f.StartWorker(victim.Name); err != nil {
+			return nil, err
+		}
+		if _, err := f.Wait(ctx, res.Status.JobID, 5*time.Minute); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// ResumeRun is what a seeded schedule of kills cost a job.
+type ResumeRun struct {
+	Kills     int
+	Needed    int64   // tiles x spp: the samples the job needs
+	Rendered  float64 // samples rendered by every worker process, the killed ones included
+	Recovered int64   // samples resumed from checkpoints (the coordinator's count)
+}
+
+// Rate is the fraction of samples rendered before a kill that were not rendered again:
+// recovered / (recovered + rendered - needed). Every sample a killed attempt had rendered is
+// either recovered by a later attempt or rendered again, and rendered - needed counts the
+// samples rendered again.
+func (r ResumeRun) Rate() float64 {
+	again := max(r.Rendered-float64(r.Needed), 0)
+	if r.Recovered == 0 && again == 0 {
+		return 1
+	}
+	return float64(r.Recovered) / (float64(r.Recovered) + again)
+}
+
+// MeasureResume renders a job on workers while killing one with SIGKILL at seeded moments
+// (and restarting it on its own checkpoint directory), reading each worker's
+// tilefarm_samples_rendered_total just before it is killed and at the end.
+func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
+	var r ResumeRun
+	spec := FarmSpec{Workers: workers, Slots: 1, MinIO: minio, ServeArgs: []string{"--ack-wait", "3s", "--lease-ttl", "3s"},
+		WorkerArgs: slowWorker(120*time.Millisecond, 8)}
+	f, err := StartFarm(ctx, bins, dir, spec)
+	if err != nil {
+		return r, err
+	}
+	defer f.Close()
+	if err := f.Upload(ctx, b); err != nil {
+		return r, err
+	}
+	s := Shot{First: 1, Last: frames, Width: 96, Height: 54, SPP: 8, TileSize: 32}
+	res, err := f.API.Submit(ctx, b, s.request(b))
+	if err != nil {
+		return r, fmt.Errorf("submitting: %w", err)
+	}
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	for range kills {
+		if err := sleep(ctx, time.Duration(500+rng.IntN(1500))*time.Millisecond); err != nil {
+			return r, err
+		}
+		st, err := f.API.Status(ctx, res.Status.JobID)
+		if err != nil {
+			return r, err
+		}
+		if st.State == coordinator.StateCompleted {
+			break
+		}
+		live := f.Live()[1:]
+		victim := live[rng.IntN(len(live))]
+		n, err := f.Metric(ctx, victim, "tilefarm_samples_rendered_total")
+		if err != nil {
+			return r, err
+		}
+		victim.Kill()
+		r.Rendered += n
+		r.Kills++
+		if _, err := f.StartWorker(victim.Name); err != nil {
+			return r, err
+		}
+	}
+	st, err := f.Wait(ctx, res.Status.JobID, 10*time.Minute)
+	if err != nil {
+		return r, err
+	}
+	for _, w := range f.Live()[1:] {
+		n, err := f.Metric(ctx, w, "tilefarm_samples_rendered_total")
+		if err != nil {
+			return r, err
+		}
+		r.Rendered += n
+	}
+	r.Needed, r.Recovered = int64(st.TilesTotal)*int64(s.SPP), int64(st.SamplesRecovered)
+	return r, nil
+}
+
+// MeasureCoordinatorRSS submits a job of at least tiles tiles (1920x1080 in 16 px tiles, 8160
+// a frame) to `coordinator serve --workers 0`, waits until they are all durable and returns
+// the job's tiles and the coordinator's peak resident set.
+func MeasureCoordinatorRSS(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, tiles int) (int, int64, error) {
+	srv, err := StartCoordinator(ctx, bins.Coordinator, dir, nil, "--workers", "0")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer srv.Kill()
+	f := &Farm{Coord: srv}
+	f.API = clientFor(srv)
+	if err := f.Upload(ctx, b); err != nil {
+		return 0, 0, err
+	}
+	frames := (tiles + 8159) / 8160
+	res, err := f.API.Submit(ctx, b, Shot{First: 1, Last: frames, Width: 1920, Height: 1080, TileSize: 16}.request(b))
+	if err != nil {
+		return 0, 0, fmt.Errorf("submitting %d frames: %w", frames, err)
+	}
+	nc, err := nats.Connect("nats://" + srv.NATS)
+	if err != nil {
+		return 0, 0, fmt.Errorf("connecting to the coordinator's jetstream: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := waitDurable(ctx, js, uint64(res.Status.TilesTotal)); err != nil {
+		return 0, 0, err
+	}
+	rss, err := PeakRSS(srv.Pid())
+	return res.Status.TilesTotal, rss, err
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// percentile is the p-th percentile (0-100) of ds by the nearest-rank method.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}

@@ -1,0 +1,290 @@
+// Package farmbench measures a farm of real processes on this machine: `coordinator serve`
+// and `tileworker`s started from binaries built once, against `tileworker render`, the local
+// reference. It is what `go run ./bench/cmd/farmbench` runs; a test runs it at tiny sizes.
+package farmbench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/farm"
+)
+
+// Config sizes every measurement of a run.
+type Config struct {
+	Dir             string // work directory; its farms are removed afterwards
+	Workers, Slots  int    // worker processes and --concurrency of each
+	MinIO           bool   // objects in a MinIO process
+	Shot            Shot   // the realistic shot of farm_efficiency
+	SmallFrames     int    // frames of the bundled example as it ships (farm_efficiency_small)
+	Overhead        Shot   // tiny tiles, 1 spp (tile_overhead_cpu_ms)
+	DispatchFrames  int    // frames of the 1920x1080 64 px shot (510 tiles a frame)
+	RecoveryReps    int    // kills of recovery_seconds
+	RecoveryServe   []string
+	ResumeKills     int
+	ResumeFrames    int
+	Seed            uint64
+	RSSTiles        int // tiles of the --workers 0 job of coordinator_rss_job_mb (0: skip)
+	Growth          bool
+	ProfileDir      string // CPU profiles of the overhead farm's coordinator and first worker
+	ProfileDuration time.Duration
+	Log             io.Writer
+}
+
+// Default is the full run: a realistic shot of about a second a tile.
+func Default() Config {
+	return Config{Workers: 2, Slots: 1, Shot: Shot{First: 1, Last: 2, Width: 1280, Height: 720, SPP: 16, TileSize: 256},
+		SmallFrames: 24, Overhead: Shot{First: 1, Last: 4, Width: 192, Height: 108, SPP: 1, TileSize: 16},
+		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 6, ResumeFrames: 4, Seed: 1, Log: io.Discard}
+}
+
+// Targets are the figures' goals, printed next to them.
+var Targets = map[string]string{
+	"farm_efficiency":       ">= 0.97",
+	"farm_efficiency_small": ">= 0.85",
+	"tile_overhead_cpu_ms":  "<= 5",
+	"recovery_seconds_p99":  "<= 5",
+	"dispatch_tiles_per_s":  ">= 50000",
+	"coordinator_rss_mb":    "<= 200",
+}
+
+// GrowthRow is the key figures of one farm of a growth table.
+type GrowthRow struct {
+	Table          string  `json:"table"`
+	Value          int     `json:"value"`
+	Tiles          int     `json:"tiles"`
+	FarmEfficiency float64 `json:"farm_efficiency"`
+	OverheadCPUms  float64 `json:"tile_overhead_cpu_ms"`
+	CoordRSSMB     float64 `json:"coordinator_rss_mb"`
+	WorkerRSSMB    float64 `json:"worker_rss_mb_per_slot"`
+}
+
+// Result is every figure of a run; --json prints it.
+type Result struct {
+	FarmEfficiency      float64           `json:"farm_efficiency"`
+	FarmEfficiencySmall float64           `json:"farm_efficiency_small"`
+	TileOverheadCPUms   float64           `json:"tile_overhead_cpu_ms"`
+	DispatchTilesPerS   float64           `json:"dispatch_tiles_per_s"`
+	DispatchTiles       int               `json:"dispatch_tiles"`
+	RecoveryP50         float64           `json:"recovery_seconds_p50"`
+	RecoveryP99         float64           `json:"recovery_seconds_p99"`
+	ResumeRate          float64           `json:"resume_rate"`
+	ResumeKills         int               `json:"resume_kills"`
+	CoordinatorRSSMB    float64           `json:"coordinator_rss_mb"`
+	CoordinatorRSSTiles int               `json:"coordinator_rss_tiles"`
+	WorkerRSSMBPerSlot  float64           `json:"worker_rss_mb_per_slot"`
+	FarmSeconds         float64           `json:"farm_seconds"`
+	LocalSeconds        float64           `json:"local_seconds"`
+	ShotTiles           int               `json:"shot_tiles"`
+	ShotTileSeconds     float64           `json:"shot_tile_cpu_seconds"`
+	Targets             map[string]string `json:"targets"`
+	Growth              []GrowthRow       `json:"growth,omitempty"`
+	Profiles            []string          `json:"profiles,omitempty"`
+	Machine             string            `json:"machine"`
+}
+
+// Run builds the binaries and makes every measurement of c.
+func Run(ctx context.Context, c Config) (Result, error) {
+	res := Result{Targets: Targets, Machine: machine()}
+	root, err := ModuleRoot()
+	if err != nil {
+		return res, err
+	}
+	dir, err := os.MkdirTemp(c.Dir, "farmbench-")
+	if err != nil {
+		return res, err
+	}
+	defer os.RemoveAll(dir)
+	logf := func(format string, args ...any) { fmt.Fprintf(c.Log, "farmbench: "+format+"\n", args...) }
+	logf("building the farm")
+	bins, err := Build(root, filepath.Join(dir, "bin"))
+	if err != nil {
+		return res, err
+	}
+	scene := filepath.Join(root, "examples", "shot", "scene.json")
+	b, err := farm.ReadBundle(scene)
+	if err != nil {
+		return res, fmt.Errorf("reading the shot: %w", err)
+	}
+	spec := FarmSpec{Workers: c.Workers, Slots: c.Slots, MinIO: c.MinIO}
+
+	logf("farm_efficiency: %+v", c.Shot)
+	shot, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "shot"), c.Shot, spec, nil)
+	if err != nil {
+		return res, fmt.Errorf("farm efficiency: %w", err)
+	}
+	res.FarmEfficiency, res.FarmSeconds, res.LocalSeconds = shot.Efficiency(), shot.Farm.Seconds(), shot.Local.Seconds()
+	res.ShotTiles, res.ShotTileSeconds = shot.Tiles, shot.LocalCPU.Seconds()/float64(shot.Tiles)
+	res.CoordinatorRSSMB, res.WorkerRSSMBPerSlot = mb(shot.CoordRSS), mb(shot.WorkerRSSPerSlot)
+
+	logf("farm_efficiency_small: %d frames as the example ships", c.SmallFrames)
+	small, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "small"), Shot{First: 1, Last: c.SmallFrames}, spec, nil)
+	if err != nil {
+		return res, fmt.Errorf("farm efficiency of the example: %w", err)
+	}
+	res.FarmEfficiencySmall = small.Efficiency()
+
+	logf("tile_overhead_cpu_ms: %+v", c.Overhead)
+	var prof *Profiles
+	if c.ProfileDir != "" {
+		prof = &Profiles{Dir: c.ProfileDir, Seconds: c.ProfileDuration}
+	}
+	over, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "overhead"), c.Overhead, spec, prof)
+	if err != nil {
+		return res, fmt.Errorf("tile overhead: %w", err)
+	}
+	res.TileOverheadCPUms = over.OverheadCPUms()
+	if prof != nil {
+		for _, name := range []string{"coordinator", "w1"} {
+			res.Profiles = append(res.Profiles, filepath.Join(c.ProfileDir, name+".pprof"))
+		}
+	}
+
+	logf("dispatch: %d frames", c.DispatchFrames)
+	d, err := MeasureShotDispatch(ctx, bins.Coordinator, filepath.Join(dir, "dispatch"), b,
+		DispatchShot{Frames: c.DispatchFrames, Width: 1920, Height: 1080, TileSize: 64, Sync: "1s"})
+	if err != nil {
+		return res, fmt.Errorf("dispatch: %w", err)
+	}
+	res.DispatchTiles, res.DispatchTilesPerS = d.Tiles, float64(d.Tiles)/d.Durable.Seconds()
+	res.CoordinatorRSSMB, res.CoordinatorRSSTiles = max(res.CoordinatorRSSMB, mb(d.PeakRSS)), d.Tiles
+
+	logf("recovery: %d kills", c.RecoveryReps)
+	rec, err := MeasureRecovery(ctx, bins, b, filepath.Join(dir, "recovery"), c.RecoveryReps, c.RecoveryServe, c.MinIO)
+	if err != nil {
+		return res, fmt.Errorf("recovery: %w", err)
+	}
+	res.RecoveryP50, res.RecoveryP99 = percentile(rec, 50).Seconds(), percentile(rec, 99).Seconds()
+
+	logf("resume: %d kills, seed %d", c.ResumeKills, c.Seed)
+	rr, err := MeasureResume(ctx, bins, b, filepath.Join(dir, "resume"), c.Workers, c.ResumeKills, c.Seed, c.ResumeFrames, c.MinIO)
+	if err != nil {
+		return res, fmt.Errorf("resume: %w", err)
+	}
+	res.ResumeRate, res.ResumeKills = rr.Rate(), rr.Kills
+
+	if c.RSSTiles > 0 {
+		logf("coordinator rss: a job of %d tiles", c.RSSTiles)
+		n, rss, err := MeasureCoordinatorRSS(ctx, bins, b, filepath.Join(dir, "rss"), c.RSSTiles)
+		if err != nil {
+			return res, fmt.Errorf("coordinator rss: %w", err)
+		}
+		res.CoordinatorRSSMB, res.CoordinatorRSSTiles = mb(rss), n
+	}
+
+	if c.Growth {
+		if res.Growth, err = growth(ctx, c, bins, scene, b, filepath.Join(dir, "growth"), logf); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// growth measures the key figures at three sizes of tiles per frame, frames per job and
+// workers, each from the realistic shot scaled down to a fraction of a second per tile.
+func growth(ctx context.Context, c Config, bins Binaries, scene string, b *farm.Bundle, dir string, logf func(string, ...any)) ([]GrowthRow, error) {
+	base := Shot{First: 1, Last: 2, Width: 320, Height: 180, SPP: 8, TileSize: 64}
+	var rows []GrowthRow
+	run := func(table string, value int, s Shot, spec FarmSpec) error {
+		logf("growth %s=%d", table, value)
+		r, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, fmt.Sprintf("%s-%d", table, value)), s, spec, nil)
+		if err != nil {
+			return fmt.Errorf("growth %s=%d: %w", table, value, err)
+		}
+		rows = append(rows, GrowthRow{Table: table, Value: value, Tiles: r.Tiles, FarmEfficiency: r.Efficiency(),
+			OverheadCPUms: r.OverheadCPUms(), CoordRSSMB: mb(r.CoordRSS), WorkerRSSMB: mb(r.WorkerRSSPerSlot)})
+		return nil
+	}
+	spec := FarmSpec{Workers: c.Workers, Slots: c.Slots, MinIO: c.MinIO}
+	for _, ts := range []int{64, 32, 16} {
+		s := base
+		s.TileSize = ts
+		if err := run("tiles_per_frame", tilesPerFrame(s), s, spec); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range []int{1, 4, 16} {
+		s := base
+		s.Last = n
+		if err := run("frames_per_job", n, s, spec); err != nil {
+			return nil, err
+		}
+	}
+	for _, n := range []int{1, 2, 4} {
+		sp := spec
+		sp.Workers, sp.Slots = n, 1
+		if err := run("workers", n, base, sp); err != nil {
+			return nil, err
+		}
+	}
+	return rows, nil
+}
+
+func tilesPerFrame(s Shot) int {
+	return ((s.Width + s.TileSize - 1) / s.TileSize) * ((s.Height + s.TileSize - 1) / s.TileSize)
+}
+
+func mb(b int64) float64 { return float64(b) / (1 << 20) }
+
+// machine names the CPU, its cores and the Go version, so a figure is never read without them.
+func machine() string {
+	model := "unknown cpu"
+	if raw, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(raw), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				model = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	ver, _ := exec.Command("go", "env", "GOVERSION").Output()
+	return fmt.Sprintf("%s, %d cores, %s", model, numCPU(), strings.TrimSpace(string(ver)))
+}
+
+// Figures are the result's top-level numbers by name, for the table and the finite check.
+func (r Result) Figures() [][2]any {
+	return [][2]any{
+		{"farm_efficiency", r.FarmEfficiency}, {"farm_efficiency_small", r.FarmEfficiencySmall},
+		{"tile_overhead_cpu_ms", r.TileOverheadCPUms}, {"dispatch_tiles_per_s", r.DispatchTilesPerS},
+		{"recovery_seconds_p50", r.RecoveryP50}, {"recovery_seconds_p99", r.RecoveryP99},
+		{"resume_rate", r.ResumeRate}, {"coordinator_rss_mb", r.CoordinatorRSSMB},
+		{"worker_rss_mb_per_slot", r.WorkerRSSMBPerSlot},
+	}
+}
+
+// Table writes the figures, with their targets, as a readable table.
+func (r Result) Table(w io.Writer) {
+	fmt.Fprintf(w, "machine: %s\n\n%-26s %14s  %s\n", r.Machine, "figure", "value", "target")
+	for _, f := range r.Figures() {
+		fmt.Fprintf(w, "%-26s %14.4g  %s\n", f[0], f[1], Targets[f[0].(string)])
+	}
+	fmt.Fprintf(w, "\nshot: %d tiles, %.2f s of CPU a tile; local %.1f s, farm %.1f s; dispatch %d tiles; rss at %d tiles; %d resume kills\n",
+		r.ShotTiles, r.ShotTileSeconds, r.LocalSeconds, r.FarmSeconds, r.DispatchTiles, r.CoordinatorRSSTiles, r.ResumeKills)
+	if len(r.Growth) > 0 {
+		table := ""
+		for _, g := range r.Growth {
+			if g.Table != table {
+				table = g.Table
+				fmt.Fprintf(w, "\n%-16s %8s %10s %12s %10s %10s\n", table, "tiles", "efficiency", "overhead-ms", "coord-MB", "worker-MB")
+			}
+			fmt.Fprintf(w, "%-16d %8d %10.3f %12.2f %10.1f %10.1f\n", g.Value, g.Tiles, g.FarmEfficiency, g.OverheadCPUms, g.CoordRSSMB, g.WorkerRSSMB)
+		}
+	}
+}
+
+// Finite reports the first figure that is not a finite number, if any.
+func (r Result) Finite() error {
+	for _, f := range r.Figures() {
+		if v := f[1].(float64); math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("%s is %v", f[0], v)
+		}
+	}
+	return nil
+}
