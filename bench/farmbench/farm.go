@@ -217,7 +217,7 @@ func (f *Farm) Profile(name, path string, d time.Duration) <-chan error {
 		return ch
 	}
 	go func() {
-		out, err := exec.Command("curl", "-sf", "-o", path, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))).CombinedOutput()
+		out, err := exec.Command("curl", "-sf", "--retry", "20", "--retry-connrefused", "--retry-delay", "1", "-o", path, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds()))).CombinedOutput()
 		if err != nil {
 			err = fmt.Errorf("profiling %s: %w: %s", name, err, out)
 		}
