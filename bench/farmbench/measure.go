@@ -204,17 +204,25 @@ func MeasureRecovery(ctx context.Context, bins Binaries, b *farm.Bundle, dir str
 				}
 			}
 		}
-		var survivor *Proc
+		from := map[*Proc]int{}
 		for _, w := range live {
-			if w != victim {
-				survivor = w
-			}
+			from[w] = len(w.Log())
 		}
-		from := len(survivor.Log())
 		victim.Kill()
 		killed := time.Now()
-		if _, err := survivor.WaitLog(ctx, resuming, from, 2*time.Minute); err != nil {
-			return nil, err
+		// Any other worker may take the tile over: wait for the first to resume it.
+		for resumed := false; !resumed; {
+			for _, w := range live {
+				if w != victim && resuming.MatchString(w.Log()[from[w]:]) {
+					resumed = true
+				}
+			}
+			if time.Since(killed) > 2*time.Minute {
+				return out, fmt.Errorf("no worker resumed the tile within 2m after the kill")
+			}
+			if err := sleep(ctx, 10*time.Millisecond); err != nil {
+				return nil, err
+			}
 		}
 		out = append(out, time.Since(killed))
 		if _, err := f.StartWorker(victim.Name); err != nil {
