@@ -233,12 +233,17 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	b.route("#/jobs/" + st.JobID + "/frames/1")
 	b.waitTrue(`document.querySelector('#frame-canvas')`, 10*time.Second)
 	var seen []int
+	midShot := false
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		drawn := eval[int](b, `Number(document.querySelector('#frame-canvas')?.dataset.tilesDrawn || 0)`)
 		now := apiStatus(t, f, st.JobID)
 		if now.Frames[0].State != coordinator.StateCompleted && (len(seen) == 0 || drawn > seen[len(seen)-1]) {
 			seen = append(seen, drawn)
+			if drawn >= 6 && !midShot {
+				b.screenshot("frame-rendering")
+				midShot = true
+			}
 		}
 		if drawn == 15 {
 			break
@@ -293,7 +298,7 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	b.do(chromedp.EmulateViewport(400, 800))
 	b.route("#/")
 	b.waitTrue(fmt.Sprintf(`document.querySelector('#jobs tr[data-job=%q] [data-col=state]')?.textContent === 'completed'`, st.JobID), 10*time.Second)
-	b.waitTrue(`document.querySelector('#jobs button[data-action=cancel]')?.getBoundingClientRect().width > 0`, 5*time.Second)
+	b.waitTrue(`(r => r && r.width > 0 && r.right <= innerWidth)(document.querySelector('#jobs button[data-action=priority]')?.getBoundingClientRect())`, 5*time.Second)
 	b.screenshot("jobs-narrow")
 	b.clean(false)
 }

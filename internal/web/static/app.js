@@ -315,12 +315,12 @@
     const grid = el('ul', { class: 'frames', id: 'frames', 'aria-label': 'Frames' });
     view.replaceChildren(el('p', {}, el('a', { href: '#/' }, '← Jobs')), head, el('h3', {}, 'Frames'), grid);
     const draw = (st) => {
-      head.replaceChildren(
+      head.replaceChildren(...[
         el('h2', {}, 'Job ', st.job_id, ' ', badge(st.state)),
         el('p', {}, `Scene ${st.scene}, camera ${st.camera || 'default'}, frames ${st.first_frame}-${st.last_frame}, formats ${st.formats.join(', ')}`),
         el('p', {}, `Frames ${st.frames_completed}/${st.frames_total}, tiles ${st.tiles_completed}/${st.tiles_total}, samples ${pct(st.samples_done, st.samples_total)}, ETA ${st.eta_seconds != null ? duration(st.eta_seconds) : '–'}, priority ${st.priority}, age ${age(st.created)}`),
         jobActions(st),
-        st.failures && st.failures.length ? el('ul', { class: 'error' }, st.failures.map((f) => el('li', {}, f))) : null);
+        st.failures && st.failures.length ? el('ul', { class: 'error' }, st.failures.map((f) => el('li', {}, f))) : null].filter(Boolean));
       $('[data-action=cancel]', head).disabled = terminal(st.state);
       grid.replaceChildren(...st.frames.map((f) => el('li', { 'data-frame': f.frame, 'data-state': f.state },
         el('a', { href: `#/jobs/${encodeURIComponent(st.job_id)}/frames/${f.frame}`, class: 's-' + f.state },
@@ -412,13 +412,15 @@
       if (!fs.ctx) {
         canvas.width = ft.width;
         canvas.height = ft.height;
+        // Shown up to 4x, or as wide as 960 px: the pixels drawn stay the frame's own.
+        canvas.style.width = Math.round(ft.width * Math.max(1, Math.min(4, 960 / ft.width))) + 'px';
         fs.ctx = canvas.getContext('2d', { colorSpace: 'srgb' });
       }
       const fr = (st.frames || []).find((f) => f.frame === r.frame) || { state: ft.state, tiles_completed: 0, tiles_total: ft.tiles.length };
       const done = ft.tiles.filter((t) => t.state === 'completed').length;
-      head.replaceChildren(el('h2', {}, `Frame ${r.frame} `, badge(fr.state)),
+      head.replaceChildren(...[el('h2', {}, `Frame ${r.frame} `, badge(fr.state)),
         el('p', {}, `Tiles ${done}/${ft.tiles.length} completed, ${ft.width}x${ft.height} px, samples ${pct(fr.samples_done, fr.samples_total)}`),
-        fr.error ? el('p', { class: 'error' }, fr.error) : null);
+        fr.error ? el('p', { class: 'error' }, fr.error) : null].filter(Boolean));
       if (fr.state === 'completed' && !downloads.childElementCount) {
         downloads.append(el('span', {}, 'Download:'), ...st.formats.map((format) => {
           const href = `${base}/frames/${r.frame}/${format}`;
