@@ -9,7 +9,7 @@ import (
 )
 
 // The page and its files are served without the API; every other path is the API's.
-func TestHandlerRoutes(t *testing.T) {
+func TestWebHandlerRoutes(t *testing.T) {
 	api := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-From", "api")
 		w.WriteHeader(http.StatusUnauthorized)
@@ -57,7 +57,7 @@ func TestHandlerRoutes(t *testing.T) {
 
 // The page holds no inline script and loads nothing from another origin, as its policy
 // requires.
-func TestPageIsSelfContained(t *testing.T) {
+func TestWebPageIsSelfContained(t *testing.T) {
 	for _, name := range []string{"static/index.html", "static/app.js", "static/style.css"} {
 		b, err := static.ReadFile(name)
 		if err != nil {
