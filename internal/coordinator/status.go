@@ -52,6 +52,8 @@ type Status struct {
 	SamplesTotal     int64    `json:"samples_total"` // the frames' sums: they move while a long tile renders
 	SamplesDone      int64    `json:"samples_done"`
 	Priority         int      `json:"priority"`
+	// Created is when the job was submitted.
+	Created time.Time `json:"created"`
 	// ETASeconds is the estimated time left, from the samples per second measured over the
 	// last minute; absent while unknown (too early, nothing moving) and once the job ended.
 	ETASeconds *float64 `json:"eta_seconds,omitempty"`
@@ -125,7 +127,7 @@ const maxFailuresShown = 50
 // projection's that has them in memory already).
 func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, error)) (Status, error) {
 	st := Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
-		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Priority: j.Priority, Outputs: []string{}}
+		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{}}
 	states := make([]store.FrameState, 0, j.Frames())
 	for n := j.First; n <= j.Last; n++ {
 		f, err := frame(j.FrameKey(n))
