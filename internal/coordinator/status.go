@@ -94,28 +94,11 @@ func (c *Coordinator) observe(st *Status) {
 	st.BlocklistedWorkers = c.directory.blocklisting(st.JobID)
 }
 
-// Jobs lists the status of every job, oldest first.
+// Jobs lists the status of every job, oldest first, without their frames.
 func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
-	var out []Status
-	inProgress := c.progress.samples()
-	err := c.store.View(ctx, func(tx *store.Tx) error {
-		jobs, err := tx.Jobs()
-		if err != nil {
-			return err
-		}
-		for _, j := range jobs {
-			st, err := jobStatus(tx, j, tx.Frame)
-			if err != nil {
-				return err
-			}
-			addProgress(&st, inProgress)
-			st.Frames = nil
-			out = append(out, st)
-		}
-		return nil
-	})
+	out, err := c.jobsWithFrames(ctx)
 	for i := range out {
-		c.observe(&out[i])
+		out[i].Frames = nil
 	}
 	return out, err
 }
