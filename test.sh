@@ -2,7 +2,8 @@
 # Runs every test of tilefarm. On a fresh machine it first installs what the tests run
 # against, pinned and cached under ~/.cache/tilefarm: the MinIO server (a ~5 minute build)
 # and nats-server, built from the nats-server/v2 module pinned in go.mod; and Blender 3.4.1
-# from Debian (about 40 s), unless TILEFARM_BLENDER already names one.
+# from Debian (about 40 s), unless TILEFARM_BLENDER already names one; and Chromium from Debian,
+# for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one.
 # Extra arguments go to `go test` (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -46,6 +47,20 @@ if ! "$TILEFARM_BLENDER" --version 2>/dev/null | grep -q "^Blender $BLENDER_VERS
   exit 1
 fi
 export TILEFARM_BLENDER
+
+if [ -z "${TILEFARM_CHROMIUM:-}" ]; then
+  if ! command -v chromium >/dev/null; then
+    echo "installing Chromium from Debian for the web tests (first run only)..."
+    if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
+      echo "test.sh: Chromium is needed by the web tests: install it (apt-get install chromium) or set TILEFARM_CHROMIUM" >&2
+      exit 1
+    fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null ||
+      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+  fi
+  TILEFARM_CHROMIUM=$(command -v chromium)
+fi
+export TILEFARM_CHROMIUM
 
 if [ $# -eq 0 ]; then
   set -- ./...

@@ -198,9 +198,9 @@ func TestConcurrentTiles(t *testing.T) {
 func TestGolden(t *testing.T) {
 	golden := map[string][3]string{
 		"amd64": {
-			"4914f9125c4714e1818d0275197dd7ff655a74676b251bd8fa75a3c4264e95d2",
-			"f8a1e47647c451b9c609bcdd3b10e930ec743cd578fa5aa3e1e29432832e976d",
-			"0f9273c7079fe90bb20ade121b44c74b79022f4cd0aabb2e5d4d108fb4530715",
+			"7b38bd6560f3cee9aaecbe0c75b908920919bac6d923210ea70cafbfd9a3d02a",
+			"058efeb0a1731be2c0ac75d2644184d952871e89ed6bfec42f64b9981d04200a",
+			"23ea59fcd887bbe4993075f1a4c0a6124da1788b361c8019362abf9f7e79391f",
 		},
 	}
 	want, ok := golden[runtime.GOARCH]
@@ -218,7 +218,7 @@ func TestGolden(t *testing.T) {
 			t.Errorf("%s frame %d: sha256 %s, want %s (bump render.Version if pixels changed on purpose)", c.name, c.frame, got, want[i])
 		}
 	}
-	if Version != "pt-1" {
+	if Version != "pt-2" {
 		t.Errorf("Version is %q: update the golden hashes together with it", Version)
 	}
 }

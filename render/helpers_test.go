@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"math"
 	"path/filepath"
+	"runtime"
 	"testing"
 )
 
@@ -37,6 +38,13 @@ func small(s *Scene, w, h, spp int) Settings {
 // one tile) and assembles the tiles' Pixels into one frame buffer.
 func renderTiled(t testing.TB, s *Scene, st Settings, frame, size int) []float32 {
 	t.Helper()
+	return renderWith(t, s, st, frame, size, nil)
+}
+
+// renderWith is renderTiled with the sampler's numbers replaced by legacy
+// (nil: the production sampler).
+func renderWith(t testing.TB, s *Scene, st Settings, frame, size int, legacy func(uint64, uint32, uint64) float64) []float32 {
+	t.Helper()
 	if size <= 0 {
 		size = max(st.Width, st.Height)
 	}
@@ -48,6 +56,7 @@ func renderTiled(t testing.TB, s *Scene, st Settings, frame, size int) []float32
 			if err != nil {
 				t.Fatalf("NewTile %v: %v", r, err)
 			}
+			tl.legacy = legacy
 			if err := tl.Render(context.Background(), 0, st.SPP); err != nil {
 				t.Fatalf("Render %v: %v", r, err)
 			}
@@ -63,6 +72,9 @@ func renderTiled(t testing.TB, s *Scene, st Settings, frame, size int) []float32
 	}
 	return out
 }
+
+// goldenArch reports whether golden pixel hashes are pinned for this target.
+func goldenArch() bool { return runtime.GOARCH == "amd64" }
 
 // sameBits reports the first index where a and b differ bitwise, or -1.
 func sameBits(a, b []float32) int {

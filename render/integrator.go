@@ -6,11 +6,19 @@ package render
 // a few bounces. All randomness comes from the sampler with a fixed
 // dimension layout per bounce.
 
+// The dimension layout: the sampler stratifies aligned pairs of dimensions
+// (0-1, 2-3, ...), so each 2D decision takes one pair and 1D decisions share
+// the remaining pairs.
 const (
-	dimPixel   = 0 // 2 dims: sub-pixel position
-	dimLens    = 2 // 2 dims: lens position
+	dimPixel   = 0 // pair: sub-pixel position
+	dimLens    = 2 // pair: lens position
 	dimBounce0 = 4 // first bounce's block
-	dimPerHop  = 8 // dims per bounce: light pick, light uv (2), bsdf (3), roulette
+	dimPerHop  = 8 // dims per bounce: the offsets below; 6 and 7 are spare
+
+	hopLight    = 0 // pair: point on the light picked for next-event estimation
+	hopBSDF     = 2 // pair: BSDF direction
+	hopPick     = 4 // light pick
+	hopRoulette = 5 // Russian roulette
 
 	rouletteStart = 3 // bounces before Russian roulette may end a path
 )
@@ -50,17 +58,18 @@ func (w *world) radiance(r ray, s *sampler, maxDepth int, rays *uint64) Vec {
 		if bounce >= maxDepth {
 			break
 		}
-		s.setDim(dimBounce0 + uint64(bounce)*dimPerHop)
-		uPick, uL1, uL2 := s.next(), s.next(), s.next()
-		uB1, uB2, uB3 := s.next(), s.next(), s.next()
-		uRR := s.next()
+		// Numbers are drawn only where a decision needs them: each is a pure
+		// function of its dimension, so skipping one changes no other.
+		d := dimBounce0 + uint64(bounce)*dimPerHop
 		wo := r.D.Negate()
 
 		if !m.specular() && len(w.lights) > 0 {
-			l = l.Add(beta.Mul(w.directLight(m, &sp, wo, uPick, uL1, uL2, rays)))
+			uL1, uL2 := s.pair(d + hopLight)
+			l = l.Add(beta.Mul(w.directLight(m, &sp, wo, s.at(d+hopPick), uL1, uL2, rays)))
 		}
 
-		bs := m.sample(wo, sp.ns, sp.ng, sp.front, uB1, uB2, uB3)
+		uB1, uB2 := s.pair(d + hopBSDF)
+		bs := m.sample(wo, sp.ns, sp.ng, sp.front, uB1, uB2)
 		if !bs.ok {
 			break
 		}
@@ -72,7 +81,7 @@ func (w *world) radiance(r ray, s *sampler, maxDepth int, rays *uint64) Vec {
 
 		if bounce+1 >= rouletteStart {
 			q := max(0.05, 1-beta.MaxComponent())
-			if uRR < q {
+			if s.at(d+hopRoulette) < q {
 				break
 			}
 			beta = beta.MulScalar(1 / (1 - q))

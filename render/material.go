@@ -49,7 +49,7 @@ type bsdfSample struct {
 // geometric normal ng (both facing wo's side) for outgoing direction wo
 // (unit, pointing away from the surface). front is false when the ray hit the
 // back of the surface (inside a dielectric).
-func (m *material) sample(wo, n, ng Vec, front bool, u1, u2, u3 float64) bsdfSample {
+func (m *material) sample(wo, n, ng Vec, front bool, u1, u2 float64) bsdfSample {
 	switch m.typ {
 	case matDiffuse:
 		t, b := basis(n)

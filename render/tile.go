@@ -57,6 +57,10 @@ type Tile struct {
 	sum  []float64
 	pass []float64 // radiance of the pass in progress, committed to sum when complete
 	rays uint64    // rays cast, for benchmarks
+
+	// legacy replaces the sampler's numbers when set (see sampler.legacy):
+	// only tests and benchmarks set it. Production tiles leave it nil.
+	legacy func(key uint64, idx uint32, d uint64) float64
 }
 
 // NewTile prepares rendering rect r of frame with settings st, which are
@@ -114,8 +118,9 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 			}
 			for x := t.rect.X0; x < t.rect.X1; x++ {
 				s := newSampler(t.fk, x, y, si)
-				jx, jy := s.at(dimPixel), s.at(dimPixel+1)
-				l1, l2 := s.at(dimLens), s.at(dimLens+1)
+				s.legacy = t.legacy
+				jx, jy := s.pair(dimPixel)
+				l1, l2 := s.pair(dimLens)
 				r := t.cam.generate(float64(x)+jx, float64(y)+jy, fw, fh, l1, l2)
 				c := t.w.radiance(r, &s, t.st.MaxDepth, &t.rays)
 				if !c.Finite() {

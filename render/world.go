@@ -192,7 +192,7 @@ func (w *world) occluded(r *ray, tmax float64) bool {
 
 // traverse walks the planes and the BVH. With anyHit it returns at the first
 // hit closer than tmax; otherwise it records the closest hit in h. The box
-// test is written out inline: it is the hottest code of the renderer.
+// test (slabMinMax) is the hottest code of the renderer.
 func (w *world) traverse(r *ray, tmax float64, anyHit bool, h *hit) bool {
 	found := false
 	for i := range w.planes {
@@ -207,48 +207,29 @@ func (w *world) traverse(r *ray, tmax float64, anyHit bool, h *hit) bool {
 	if len(nodes) == 0 {
 		return found
 	}
-	ix, iy, iz := 1/r.D.X, 1/r.D.Y, 1/r.D.Z
-	ox, oy, oz := r.O.X, r.O.Y, r.O.Z
-	neg := [3]bool{ix < 0, iy < 0, iz < 0}
+	inv := Vec{1 / r.D.X, 1 / r.D.Y, 1 / r.D.Z}
+	o := r.O
+	neg := [3]bool{inv.X < 0, inv.Y < 0, inv.Z < 0}
+	// An infinite inverse (a zero or subnormal direction component) can
+	// make a slab distance 0·inf = NaN; only slabSwap defines what a NaN
+	// means, so such rays take it. The choice is per ray, so the branch
+	// is predictable.
+	finite := finiteInverse(inv)
 	var stack [bvhStack]int32
 	sp := 0
 	idx := int32(0)
 	for {
 		n := &nodes[idx]
-		// Slab test; NaN distances (origin on a slab of an axis-parallel
-		// ray) fail every comparison and so impose no constraint.
-		lo, hi := 0.0, tmax
-		t0, t1 := (n.lo.X-ox)*ix, (n.hi.X-ox)*ix
-		if t0 > t1 {
-			t0, t1 = t1, t0
+		var in bool
+		if finite { // slabMinMax, inlined
+			lo, hi := slabAxis(0, tmax, n.lo.X, n.hi.X, o.X, inv.X)
+			lo, hi = slabAxis(lo, hi, n.lo.Y, n.hi.Y, o.Y, inv.Y)
+			lo, hi = slabAxis(lo, hi, n.lo.Z, n.hi.Z, o.Z, inv.Z)
+			in = lo <= hi
+		} else {
+			in = slabSwap(n, o, inv, tmax)
 		}
-		if t0 > lo {
-			lo = t0
-		}
-		if t1 < hi {
-			hi = t1
-		}
-		t0, t1 = (n.lo.Y-oy)*iy, (n.hi.Y-oy)*iy
-		if t0 > t1 {
-			t0, t1 = t1, t0
-		}
-		if t0 > lo {
-			lo = t0
-		}
-		if t1 < hi {
-			hi = t1
-		}
-		t0, t1 = (n.lo.Z-oz)*iz, (n.hi.Z-oz)*iz
-		if t0 > t1 {
-			t0, t1 = t1, t0
-		}
-		if t0 > lo {
-			lo = t0
-		}
-		if t1 < hi {
-			hi = t1
-		}
-		if lo <= hi {
+		if in {
 			if n.count == 0 {
 				if neg[n.axis] {
 					stack[sp], idx = idx+1, n.index

@@ -95,7 +95,7 @@ func TestCheckpointRoundTripBitExact(t *testing.T) {
 		"tile 64x64": sampleCheckpoint(64*64*3, 2),
 		"empty sum":  {TileKey: "k", InputHash: "h", Next: 0},
 		"zero time":  {TileKey: "k", InputHash: "h", Next: 5, Sum: []float64{1, 2}},
-		"build":      {TileKey: "k", FrameKey: "f", InputHash: "h", Build: "go1.26.8 amd64/v1 render/pt-1", Next: 1, Sum: []float64{3}},
+		"build":      {TileKey: "k", FrameKey: "f", InputHash: "h", Build: "go1.26.8 amd64/v1 render/pt-2", Next: 1, Sum: []float64{3}},
 		"max fields": {
 			TileKey:   strings.Repeat("t", MaxCheckpointString),
 			InputHash: strings.Repeat("i", MaxCheckpointString),
@@ -147,7 +147,7 @@ func TestCheckpointHeaderLayout(t *testing.T) {
 	// Check the documented header against an encoding, so other tools (or a
 	// later format version) can rely on it.
 	sum := []float64{math.Float64frombits(0x0807060504030201), math.Float64frombits(0x1817161514131211)}
-	ck := Checkpoint{TileKey: "tk", InputHash: "ih", Attempt: "at", Build: "go1.26 amd64 pt-1", FrameKey: "fk", Next: 9, Sum: sum, SavedAt: time.Unix(100, 7)}
+	ck := Checkpoint{TileKey: "tk", InputHash: "ih", Attempt: "at", Build: "go1.26 amd64 pt-2", FrameKey: "fk", Next: 9, Sum: sum, SavedAt: time.Unix(100, 7)}
 	b, err := EncodeCheckpoint(ck)
 	if err != nil {
 		t.Fatal(err)
@@ -156,7 +156,7 @@ func TestCheckpointHeaderLayout(t *testing.T) {
 		t.Fatalf("magic/version = %q %d", b[:4], b[4])
 	}
 	p := b[5:]
-	for _, s := range []string{"tk", "ih", "at", "go1.26 amd64 pt-1", "fk"} {
+	for _, s := range []string{"tk", "ih", "at", "go1.26 amd64 pt-2", "fk"} {
 		if n := binary.LittleEndian.Uint16(p); n != uint16(len(s)) || string(p[2:2+n]) != s {
 			t.Fatalf("string field = %d %q, want %q", n, p[2:2+n], s)
 		}

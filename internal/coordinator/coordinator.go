@@ -108,6 +108,12 @@ type Coordinator struct {
 	relayKick chan struct{}
 	changedMu sync.Mutex
 	changed   chan struct{} // closed and replaced on every projection change, for waiters
+
+	// streamMax is how long one GET /v1/events stream lasts before the server ends it (the
+	// page reconnects); streamsDone is closed by StopStreams to end every stream at once.
+	streamMax   time.Duration
+	streamsDone chan struct{}
+	stopStreams sync.Once
 }
 
 // New wires a coordinator.
@@ -128,6 +134,9 @@ func New(cfg Config, d Deps) *Coordinator {
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
 		eta:       newETATracker(),
+
+		streamMax:   defaultStreamMax,
+		streamsDone: make(chan struct{}),
 	}
 	// The tracker asks c.now at each use, so a test that sets the clock sets it for progress too.
 	c.progress = newProgressTracker(func() time.Time { return c.now() }, log)

@@ -50,11 +50,14 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs", http.HandlerFunc(c.handleJobs)},
 		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}", http.HandlerFunc(c.handleFrameOutput)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles", http.HandlerFunc(c.handleFrameTiles)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
 		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
 		{http.MethodPut, "/v1/jobs/{id}/priority", http.HandlerFunc(c.handleReprioritize)},
 		{http.MethodGet, "/v1/workers", http.HandlerFunc(c.handleWorkers)},
 		{http.MethodGet, "/v1/dlq", http.HandlerFunc(c.handleDeadLetters)},
 		{http.MethodPost, "/v1/dlq/{seq}/requeue", http.HandlerFunc(c.handleRequeue)},
+		{http.MethodGet, "/v1/events", http.HandlerFunc(c.handleEvents)},
 	}
 }
 
@@ -160,6 +163,45 @@ func (c *Coordinator) handleFrameOutput(w http.ResponseWriter, r *http.Request) 
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	_, _ = w.Write(data)
+}
+
+// handleFrameTiles lists a frame's tiles: where each lies and where it stands.
+func (c *Coordinator) handleFrameTiles(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	ft, err := c.FrameTiles(r.Context(), r.PathValue("id"), frame)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ft)
+}
+
+// handleTilePNG serves one completed tile as the 8-bit PNG the frame's PNG holds of it.
+func (c *Coordinator) handleTilePNG(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	index, err := strconv.Atoi(r.PathValue("index"))
+	if err != nil {
+		writeError(w, badInput("tile %q is not a number", r.PathValue("index")))
+		return
+	}
+	data, err := c.TilePNG(r.Context(), r.PathValue("id"), frame, index)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	// A completed tile never changes: its manifest is final.
+	w.Header().Set("Cache-Control", "private, max-age=3600, immutable")
 	_, _ = w.Write(data)
 }
 
@@ -291,7 +333,7 @@ func writeError(w http.ResponseWriter, err error) {
 	switch {
 	case errors.Is(err, ErrBadInput):
 		code, kind = http.StatusBadRequest, "bad_input"
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, ErrConflict), errors.Is(err, ErrNoTilePNG):
 		code, kind = http.StatusConflict, "conflict"
 	case errors.Is(err, ErrBusy):
 		code, kind = http.StatusTooManyRequests, "busy"
@@ -305,7 +347,7 @@ func writeError(w http.ResponseWriter, err error) {
 		code, kind = http.StatusNotFound, "not_found"
 	case errors.Is(err, finalize.ErrCorrupt):
 		code, kind = http.StatusInternalServerError, "corrupt"
-	case errors.Is(err, ErrNotReady):
+	case errors.Is(err, ErrNotReady), errors.Is(err, ErrTileNotReady):
 		code, kind = http.StatusConflict, "not_ready"
 	}
 	writeJSON(w, code, APIError{Error: err.Error(), Kind: kind})

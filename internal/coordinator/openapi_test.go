@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image"
+	"image/png"
 	"io"
 	"net"
 	"net/http"
@@ -34,15 +36,16 @@ import (
 // coordinator's database, JetStream or a Prometheus collector, with why. Every other
 // documented response of a registered route must be produced by TestOpenAPIResponses.
 var unreachedResponses = map[string]string{
-	"GET /metrics 500":               "only a failing metrics collector",
-	"POST /v1/jobs 500":              "only a failing coordinator database",
-	"GET /v1/jobs 500":               "only a failing coordinator database",
-	"GET /v1/jobs/{id} 500":          "only a failing coordinator database",
-	"GET /v1/dlq 500":                "only a failing JetStream",
-	"POST /v1/dlq/{seq}/requeue 500": "only a failing JetStream",
-	"GET /v1/workers 500":            "only a failing JetStream",
-	"POST /v1/jobs/{id}/cancel 500":  "only a failing coordinator database or JetStream",
-	"PUT /v1/jobs/{id}/priority 500": "only a failing coordinator database",
+	"GET /metrics 500":                           "only a failing metrics collector",
+	"POST /v1/jobs 500":                          "only a failing coordinator database",
+	"GET /v1/jobs 500":                           "only a failing coordinator database",
+	"GET /v1/jobs/{id} 500":                      "only a failing coordinator database",
+	"GET /v1/dlq 500":                            "only a failing JetStream",
+	"POST /v1/dlq/{seq}/requeue 500":             "only a failing JetStream",
+	"GET /v1/workers 500":                        "only a failing JetStream",
+	"POST /v1/jobs/{id}/cancel 500":              "only a failing coordinator database or JetStream",
+	"PUT /v1/jobs/{id}/priority 500":             "only a failing coordinator database",
+	"GET /v1/jobs/{id}/frames/{frame}/tiles 500": "only a failing coordinator database, or an object store failing before the scene is cached",
 }
 
 // testToken is the bearer token the API under test requires.
@@ -176,6 +179,8 @@ func newValidator(t *testing.T) *validator {
 	// The client sends scene bundles under their own type; the document describes them as
 	// binary, which is how the library reads octet streams.
 	openapi3filter.RegisterBodyDecoder("application/vnd.tilefarm.bundle", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("image/png", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("text/event-stream", openapi3filter.PlainBodyDecoder)
 	return &validator{doc: doc, router: router, seen: map[string]bool{}}
 }
 
@@ -359,6 +364,7 @@ func TestOpenAPIResponses(t *testing.T) {
 	reversed := h.request(9, 3, 64, 64, 32)
 	another := h.request(3, 4, 64, 64, 32) // a new job of 8 tiles, with frame 2 still to render
 	frame := func(n int, format string) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/%s", job, n, format) }
+	tilesOf := func(n int) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/tiles", job, n) }
 	storeDown := errors.New("object store unavailable")
 
 	cases := []apiCase{
@@ -445,6 +451,69 @@ func TestOpenAPIResponses(t *testing.T) {
 			}})},
 		{name: "frame output corrupt", method: "GET", path: frame(1, "png"), want: 500, check: expectKind("corrupt"),
 			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
+
+		{name: "tiles", method: "GET", path: tilesOf(1), want: 200,
+			check: func(t *testing.T, body []byte) {
+				var ft FrameTiles
+				if err := json.Unmarshal(body, &ft); err != nil || len(ft.Tiles) != 4 || ft.Width != 64 || !ft.TilePNG ||
+					ft.Tiles[3].Rect != (TileRect{32, 32, 64, 64}) || ft.Tiles[3].State != "completed" {
+					t.Errorf("tiles of frame 1 = %s, want 4 completed tiles of 32 px", body)
+				}
+			}},
+		{name: "tiles of a frame not rendered", method: "GET", path: tilesOf(2), want: 200,
+			check: func(t *testing.T, body []byte) {
+				if bytes.Contains(body, []byte(`"completed"`)) {
+					t.Errorf("tiles of frame 2 = %s, want none completed", body)
+				}
+			}},
+		{name: "tiles of a frame not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/tiles", job), want: 400},
+		{name: "tiles of a frame not in the job", method: "GET", path: tilesOf(7), want: 400},
+		{name: "tiles of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/tiles", want: 404},
+		{name: "tile PNG", method: "GET", path: tilesOf(1) + "/0/png", want: 200,
+			setup: func(t *testing.T) func() {
+				f := h.frame(t, h.job(t, job).FrameKey(1))
+				h.promoteTile(t, f, 0)
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				img, err := png.Decode(bytes.NewReader(body))
+				if err != nil || img.Bounds() != image.Rect(0, 0, 32, 32) {
+					t.Errorf("tile PNG: %v, bounds %v, want a 32x32 PNG", err, img)
+					return
+				}
+				if r, g, b, a := img.At(5, 5).RGBA(); r != 0 || g != 0 || b != 0 || a != 0xffff {
+					t.Errorf("pixel of a black tile = %d,%d,%d,%d, want opaque black", r, g, b, a)
+				}
+			}},
+		{name: "tile PNG not completed", method: "GET", path: tilesOf(2) + "/0/png", want: 409, check: expectKind("not_ready")},
+		{name: "tile PNG of a Blender scene", method: "GET", path: tilesOf(1) + "/0/png", want: 409, check: expectKind("conflict"),
+			setup: func(t *testing.T) func() {
+				info, err := h.c.scene(h.ctx, h.version)
+				if err != nil {
+					t.Fatal(err)
+				}
+				blend := *info
+				blend.blender = true
+				h.c.scenes.Put(h.version, &blend)
+				return func() { h.c.scenes.Put(h.version, info) }
+			}},
+		{name: "tile PNG not a number", method: "GET", path: tilesOf(1) + "/x/png", want: 400},
+		{name: "tile PNG out of the frame", method: "GET", path: tilesOf(1) + "/4/png", want: 400},
+		{name: "tile PNG of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/tiles/0/png", want: 404},
+		{name: "tile PNG without its manifest", method: "GET", path: tilesOf(1) + "/1/png", want: 404, check: expectKind("not_found")},
+		{name: "tile PNG corrupt", method: "GET", path: tilesOf(1) + "/0/png", want: 500, check: expectKind("corrupt"),
+			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
+		{name: "events", method: "GET", path: "/v1/events", want: 200,
+			setup: func(t *testing.T) func() {
+				h.c.streamMax = 1500 * time.Millisecond
+				return func() { h.c.streamMax = defaultStreamMax }
+			},
+			check: func(t *testing.T, body []byte) {
+				if !bytes.Contains(body, []byte("event: jobs\ndata: [{")) || !bytes.Contains(body, []byte(`"job_id":"`+job+`"`)) ||
+					!bytes.Contains(body, []byte("event: frame\ndata: [{")) || bytes.Count(body, []byte("event: jobs")) != 1 {
+					t.Errorf("events = %s, want every job once, then nothing more", body)
+				}
+			}},
 
 		{name: "empty DLQ", method: "GET", path: "/v1/dlq", want: 200,
 			check: func(t *testing.T, body []byte) {
@@ -534,7 +603,7 @@ func TestOpenAPIResponses(t *testing.T) {
 	// Every route but the public ones refuses a request without the token.
 	ops := operations(v.doc)
 	for _, rt := range h.c.routes() {
-		path := strings.NewReplacer("{version}", h.version, "{id}", job, "{frame}", "1", "{format}", "png", "{seq}", "1").Replace(rt.pattern)
+		path := strings.NewReplacer("{version}", h.version, "{id}", job, "{frame}", "1", "{format}", "png", "{seq}", "1", "{index}", "0").Replace(rt.pattern)
 		want := http.StatusUnauthorized
 		if op := ops[rt.method+" "+rt.pattern]; op != nil && op.Security != nil && len(*op.Security) == 0 {
 			want = http.StatusOK

@@ -232,6 +232,7 @@ func (c *Coordinator) Workers(ctx context.Context) ([]queue.WorkerInfo, error) {
 		return nil, err
 	}
 	c.directory.set(ws)
+	c.m.WorkersLive.Set(float64(len(ws)))
 	return ws, nil
 }
 

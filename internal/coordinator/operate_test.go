@@ -49,7 +49,9 @@ func TestETAFromMeasuredRate(t *testing.T) {
 
 // Property: a job is given up only when every live worker has blocklisted it.
 func TestEveryoneBlocklisted(t *testing.T) {
-	w := func(name string, jobs ...string) queue.WorkerInfo { return queue.WorkerInfo{Name: name, Blocklisted: jobs} }
+	w := func(name string, jobs ...string) queue.WorkerInfo {
+		return queue.WorkerInfo{Name: name, Blocklisted: jobs}
+	}
 	for _, c := range []struct {
 		ws   []queue.WorkerInfo
 		want []string

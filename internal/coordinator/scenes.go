@@ -17,7 +17,8 @@ var ErrSceneMissing = errors.New("scene not uploaded")
 type sceneInfo struct {
 	name     string
 	info     farm.SceneSettings
-	tileSize int // the default for the scene's kind
+	tileSize int  // the default for the scene's kind
+	blender  bool // a Blender scene, whose PNGs Blender encodes
 }
 
 // HasScene reports whether a scene bundle is stored under version.
@@ -61,13 +62,13 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 		return badInput("%v", err)
 	}
 	if ok, err := c.HasScene(ctx, version); err != nil || ok {
-		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize()})
+		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()})
 		return err
 	}
 	if err := c.objects.Put(ctx, farm.SceneKey(version), raw); err != nil {
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
-	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize()})
+	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()})
 	return nil
 }
 
@@ -92,7 +93,7 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}
-		return &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize()}, nil
+		return &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()}, nil
 	})
 }
 

@@ -52,6 +52,8 @@ type Status struct {
 	SamplesTotal     int64    `json:"samples_total"` // the frames' sums: they move while a long tile renders
 	SamplesDone      int64    `json:"samples_done"`
 	Priority         int      `json:"priority"`
+	// Created is when the job was submitted.
+	Created time.Time `json:"created"`
 	// ETASeconds is the estimated time left, from the samples per second measured over the
 	// last minute; absent while unknown (too early, nothing moving) and once the job ended.
 	ETASeconds *float64 `json:"eta_seconds,omitempty"`
@@ -92,28 +94,11 @@ func (c *Coordinator) observe(st *Status) {
 	st.BlocklistedWorkers = c.directory.blocklisting(st.JobID)
 }
 
-// Jobs lists the status of every job, oldest first.
+// Jobs lists the status of every job, oldest first, without their frames.
 func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
-	var out []Status
-	inProgress := c.progress.samples()
-	err := c.store.View(ctx, func(tx *store.Tx) error {
-		jobs, err := tx.Jobs()
-		if err != nil {
-			return err
-		}
-		for _, j := range jobs {
-			st, err := jobStatus(tx, j, tx.Frame)
-			if err != nil {
-				return err
-			}
-			addProgress(&st, inProgress)
-			st.Frames = nil
-			out = append(out, st)
-		}
-		return nil
-	})
+	out, err := c.jobsWithFrames(ctx)
 	for i := range out {
-		c.observe(&out[i])
+		out[i].Frames = nil
 	}
 	return out, err
 }
@@ -125,7 +110,7 @@ const maxFailuresShown = 50
 // projection's that has them in memory already).
 func jobStatus(tx *store.Tx, j *store.Job, frame func(fk string) (*store.Frame, error)) (Status, error) {
 	st := Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
-		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Priority: j.Priority, Outputs: []string{}}
+		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{}}
 	states := make([]store.FrameState, 0, j.Frames())
 	for n := j.First; n <= j.Last; n++ {
 		f, err := frame(j.FrameKey(n))

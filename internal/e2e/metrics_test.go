@@ -144,18 +144,22 @@ func TestMetricsOfARun(t *testing.T) {
 	}
 
 	// During the run: the worker renders a tile at a time, the coordinator sees a backlog.
-	maxInFlight, maxDepth := 0.0, 0.0
+	maxInFlight, maxDepth, maxLive := 0.0, 0.0, 0.0
 	var done bool
 	for deadline := time.Now().Add(3 * time.Minute); !done; {
 		wm, cm := scrape(t, maddr), scrape(t, f.http)
 		maxInFlight = max(maxInFlight, wm.value(t, "tilefarm_tiles_in_flight"))
 		maxDepth = max(maxDepth, cm.value(t, "tilefarm_queue_depth"))
+		maxLive = max(maxLive, cm.value(t, "tilefarm_workers_live"))
 		_, r := f.status(st.JobID)
 		done = r.code == 0 || r.code == 1
 		if !done && time.Now().After(deadline) {
 			t.Fatalf("job %s not finished after 3 minutes: %s", st.JobID, r)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if maxLive != 1 {
+		t.Errorf("the coordinator counted at most %v live workers during the run, want the 1 running", maxLive)
 	}
 	if maxInFlight != 1 {
 		t.Errorf("tiles in flight peaked at %v during the run, want 1 (one slot)", maxInFlight)

@@ -75,6 +75,7 @@ type Coordinator struct {
 	DeadLetters          *prometheus.CounterVec // by kind
 	DuplicatesSuppressed *prometheus.CounterVec // layer publish_dedup
 	Submissions          *prometheus.CounterVec // by result
+	WorkersLive          prometheus.Gauge
 }
 
 // NewCoordinator registers the coordinator's families (and tilefarm_build_info) into reg.
@@ -86,6 +87,7 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		OldestMessageAge: gauge(reg, "queue_oldest_message_age_seconds", "Age of the oldest unacknowledged message in the TILES stream; 0 when it is empty."),
 		OutboxPending:    gauge(reg, "outbox_pending", "Outbox records (frames to dispatch, assemblies to ask for) committed but not yet published."),
 		FramesCompleted:  counter(reg, "frames_completed_total", "Frames whose state became completed: every format asked for promoted."),
+		WorkersLive:      gauge(reg, "workers_live", "Workers in the worker directory: each beats every 5 s and leaves it 15 s after its last beat."),
 		DeadLetters: counterVec(reg, "dead_letters_total",
 			"Dead letters the coordinator recorded, by kind: tiles and assemblies dead-lettered by a worker or by the dead-letter watcher.",
 			"kind", DeadLetterTile, DeadLetterAssembly, DeadLetterUndecodable),
@@ -216,6 +218,7 @@ var (
 		"tilefarm_queue_depth",
 		"tilefarm_queue_oldest_message_age_seconds",
 		"tilefarm_submissions_total",
+		"tilefarm_workers_live",
 	}
 	WorkerFamilies = []string{
 		"tilefarm_build_info",

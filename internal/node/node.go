@@ -24,6 +24,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/web"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -147,8 +148,10 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 			return nil, fmt.Errorf("listening on %s: %w", o.HTTPListen, err)
 		}
 		n.HTTPAddr = ln.Addr().String()
-		n.http = &http.Server{Handler: coordinator.RequireToken(o.APIToken, n.Coord.Handler()),
+		// The monitor's page and files are public; everything else is the API, behind the token.
+		n.http = &http.Server{Handler: web.Handler(coordinator.RequireToken(o.APIToken, n.Coord.Handler())),
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+		n.http.RegisterOnShutdown(n.Coord.StopStreams)
 		go func() { _ = n.http.Serve(ln) }()
 	}
 	return n, nil

@@ -34,15 +34,17 @@ type Config struct {
 // EventsRetention is how long EVENTS keeps history for a coordinator catching up after downtime.
 const EventsRetention = 7 * 24 * time.Hour
 
-// DefaultConfig returns the defaults (ack-wait 15 s, 5 failures, MaxDeliver 20, dedup 10 min,
-// lease TTL 15 s).
+// DefaultConfig returns the defaults (ack-wait 3 s, 5 failures, MaxDeliver 20, dedup 10 min,
+// lease TTL 3 s). A worker heartbeats every fifth of the shorter of ack-wait and lease TTL, so
+// a live tile is kept through four lost beats, while a killed worker's tile is delivered again
+// and its lease free within about 3 s: recovery takes seconds, not a quarter of a minute.
 func DefaultConfig() Config {
 	return Config{
-		AckWait:     15 * time.Second,
+		AckWait:     3 * time.Second,
 		MaxDeliver:  20,
 		MaxFailures: 5,
 		DedupWindow: 10 * time.Minute,
-		LeaseTTL:    15 * time.Second,
+		LeaseTTL:    3 * time.Second,
 		Replicas:    1,
 	}
 }

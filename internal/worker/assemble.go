@@ -124,24 +124,9 @@ func (w *Worker) assembleOutputs(ctx context.Context, job farm.AssembleJob, form
 		return nil, farm.Terminalf("tiling frame: %w", err)
 	}
 	for _, t := range frameTiles {
-		m, err := finalize.ReadManifest(ctx, w.objects, farm.TileManifestKey(job.FrameKey, t.Key))
+		pix, err := farm.ReadTile(ctx, w.objects, job.FrameKey, t, st)
 		if err != nil {
-			if errors.Is(err, finalize.ErrNotFound) {
-				return nil, farm.Terminalf("tile %s has no manifest", t.Key)
-			}
-			return nil, fmt.Errorf("reading tile manifest %s: %w", t.Key, err)
-		}
-		if build := farm.BuildFor(st); m.Build != build {
-			return nil, farm.Terminalf("build mismatch: tile %s was rendered by %q, this assembler is %q", t.Key, m.Build, build)
-		}
-		data, err := finalize.ReadObject(ctx, w.objects, m, farm.TileOutputName)
-		if err != nil {
-			return nil, fmt.Errorf("reading tile %s: %w", t.Key, err)
-		}
-		n := (t.Rect.X1 - t.Rect.X0) * (t.Rect.Y1 - t.Rect.Y0) * 3
-		pix, err := finalize.DecodeTile(data, n)
-		if err != nil {
-			return nil, farm.Terminalf("decoding tile %s: %w", t.Key, err)
+			return nil, err
 		}
 		if err := frame.Place(t.Rect.X0, t.Rect.Y0, t.Rect.X1, t.Rect.Y1, pix); err != nil {
 			return nil, farm.Terminalf("placing tile %s: %w", t.Key, err)

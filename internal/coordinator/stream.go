@@ -1,0 +1,185 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/tilefarm/tilefarm/internal/store"
+)
+
+// The event stream (GET /v1/events) tells a viewer what changed so it fetches only what it
+// shows. Its traffic is bounded: at most one message per streamEvery, holding the statuses
+// (without frames) of the jobs that changed since the last one and the frames whose tiles
+// changed, and nothing when nothing changed but a heartbeat comment every streamHeartbeat.
+const (
+	streamEvery     = 500 * time.Millisecond
+	streamHeartbeat = 15 * time.Second
+	// streamPoll looks again without a projection change, for what moves outside it: the
+	// samples of tiles in progress and the ETA.
+	streamPoll = 2 * time.Second
+	// defaultStreamMax ends a stream after this long; the viewer reconnects and gets every job
+	// again, so a stream never outlives a server that should have let it go.
+	defaultStreamMax = 10 * time.Minute
+)
+
+// FrameEvent is one frame whose tiles changed, in an `event: frame` message.
+type FrameEvent struct {
+	JobID          string `json:"job_id"`
+	Frame          int    `json:"frame"`
+	State          string `json:"state"`
+	TilesCompleted int    `json:"tiles_completed"`
+	TilesFailed    int    `json:"tiles_failed"`
+}
+
+// StopStreams ends every event stream, for a server shutting down: streams would otherwise
+// hold its graceful shutdown until they end by themselves.
+func (c *Coordinator) StopStreams() { c.stopStreams.Do(func() { close(c.streamsDone) }) }
+
+// streamState is what one stream sent last: each job's status as sent, and each frame's.
+type streamState struct {
+	jobs   map[string][]byte
+	frames map[string]FrameEvent // by job id and frame
+}
+
+// jobsWithFrames is Jobs with each job's frames.
+func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]Status, error) {
+	var out []Status
+	inProgress := c.progress.samples()
+	err := c.store.View(ctx, func(tx *store.Tx) error {
+		jobs, err := tx.Jobs()
+		if err != nil {
+			return err
+		}
+		for _, j := range jobs {
+			st, err := jobStatus(tx, j, tx.Frame)
+			if err != nil {
+				return err
+			}
+			addProgress(&st, inProgress)
+			out = append(out, st)
+		}
+		return nil
+	})
+	for i := range out {
+		c.observe(&out[i])
+	}
+	return out, err
+}
+
+// next computes the message that brings a viewer from s up to now, and records it sent; nil
+// when nothing changed.
+func (s *streamState) next(all []Status) ([]byte, error) {
+	var changed []Status
+	var frames []FrameEvent
+	for _, st := range all {
+		for _, f := range st.Frames {
+			ev := FrameEvent{JobID: st.JobID, Frame: f.Frame, State: f.State, TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
+			key := fmt.Sprintf("%s/%d", st.JobID, f.Frame)
+			if old, ok := s.frames[key]; !ok || old != ev {
+				s.frames[key] = ev
+				frames = append(frames, ev)
+			}
+		}
+		st.Frames = nil
+		b, err := json.Marshal(st)
+		if err != nil {
+			return nil, fmt.Errorf("encoding status: %w", err)
+		}
+		if !bytes.Equal(s.jobs[st.JobID], b) {
+			s.jobs[st.JobID] = b
+			changed = append(changed, st)
+		}
+	}
+	if len(changed) == 0 && len(frames) == 0 {
+		return nil, nil
+	}
+	var buf bytes.Buffer
+	if len(changed) > 0 {
+		b, err := json.Marshal(changed)
+		if err != nil {
+			return nil, fmt.Errorf("encoding statuses: %w", err)
+		}
+		fmt.Fprintf(&buf, "event: jobs\ndata: %s\n\n", b)
+	}
+	if len(frames) > 0 {
+		b, err := json.Marshal(frames)
+		if err != nil {
+			return nil, fmt.Errorf("encoding frames: %w", err)
+		}
+		fmt.Fprintf(&buf, "event: frame\ndata: %s\n\n", b)
+	}
+	return buf.Bytes(), nil
+}
+
+// handleEvents serves the event stream: first every job (and every frame), then what changed,
+// at most once per streamEvery, until the client goes, the stream's time is up or the server
+// stops.
+func (c *Coordinator) handleEvents(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	rc := http.NewResponseController(w)
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if _, err := fmt.Fprintf(w, "retry: 2000\n: tilefarm events, at most one message per %v\n\n", streamEvery); err != nil {
+		return
+	}
+	_ = rc.Flush()
+	end := time.NewTimer(c.streamMax)
+	defer end.Stop()
+	s := &streamState{jobs: map[string][]byte{}, frames: map[string]FrameEvent{}}
+	lastWrite := time.Now()
+	for {
+		changed := c.Changed()
+		all, err := c.jobsWithFrames(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				c.log.Warn("event stream: reading statuses", "err", err)
+			}
+			return
+		}
+		msg, err := s.next(all)
+		if err != nil {
+			c.log.Warn("event stream", "err", err)
+			return
+		}
+		if msg != nil {
+			if _, err := w.Write(msg); err != nil {
+				return
+			}
+			_ = rc.Flush()
+			lastWrite = time.Now()
+		}
+		// At most one message per streamEvery, whatever changes.
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.streamsDone:
+			return
+		case <-end.C:
+			return
+		case <-time.After(streamEvery):
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.streamsDone:
+			return
+		case <-end.C:
+			return
+		case <-changed:
+		case <-time.After(min(streamPoll, time.Until(lastWrite.Add(streamHeartbeat)))):
+			if time.Since(lastWrite) >= streamHeartbeat {
+				if _, err := fmt.Fprint(w, ": heartbeat\n\n"); err != nil {
+					return
+				}
+				_ = rc.Flush()
+				lastWrite = time.Now()
+			}
+		}
+	}
+}
