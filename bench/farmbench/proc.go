@@ -19,28 +19,8 @@ import (
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
-// Binaries are the farm's two commands, built once per run so every farm of the run starts
-// the same code and no `go run` compile lands inside a measurement.
-type Binaries struct{ Coordinator, Tileworker string }
-
-// Build builds cmd/coordinator and cmd/tileworker of the module at root into dir.
-func Build(root, dir string) (Binaries, error) {
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/coordinator", "./cmd/tileworker")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return Binaries{}, fmt.Errorf("building the farm: %w\n%s", err, out)
-	}
-	return Binaries{Coordinator: filepath.Join(dir, "coordinator"), Tileworker: filepath.Join(dir, "tileworker")}, nil
-}
-
-// ModuleRoot is the directory of the tilefarm module, where the examples are.
-func ModuleRoot() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("finding the module: %w", err)
-	}
-	return strings.TrimSpace(string(out)), nil
-}
+// Binaries are the farm's two commands (proctest.Build).
+type Binaries = proctest.Binaries
 
 // FreeAddr returns a loopback address whose port was free a moment ago.
 func FreeAddr() (string, error) {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
 // Config sizes every measurement of a run.
@@ -93,7 +94,7 @@ type Result struct {
 // Run builds the binaries and makes every measurement of c.
 func Run(ctx context.Context, c Config) (Result, error) {
 	res := Result{Targets: Targets, Machine: machine()}
-	root, err := ModuleRoot()
+	root, err := proctest.ModuleRoot()
 	if err != nil {
 		return res, err
 	}
@@ -104,7 +105,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	defer os.RemoveAll(dir)
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Log, "farmbench: "+format+"\n", args...) }
 	logf("building the farm")
-	bins, err := Build(root, filepath.Join(dir, "bin"))
+	bins, err := proctest.Build(root, filepath.Join(dir, "bin"))
 	if err != nil {
 		return res, err
 	}

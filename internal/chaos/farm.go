@@ -56,32 +56,12 @@ var jobSettings = []string{"--width", "96", "--height", "54", "--spp", "8", "--t
 // so a fault always finds tiles in progress with samples to recover.
 var workerSlow = []string{"--fault-pass-delay", "120ms", "--passes", "8", "--checkpoint-every", "0", "--remote-checkpoint-every", "0"}
 
-// binaries are the farm's own commands, built once.
-type binaries struct{ coordinator, tileworker string }
-
-func buildBinaries(dir string) (binaries, error) {
-	root, err := moduleRoot()
+func buildBinaries(dir string) (proctest.Binaries, error) {
+	root, err := proctest.ModuleRoot()
 	if err != nil {
-		return binaries{}, err
+		return proctest.Binaries{}, err
 	}
-	bin := filepath.Join(dir, "bin")
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		return binaries{}, err
-	}
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/coordinator", "./cmd/tileworker")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return binaries{}, fmt.Errorf("building the farm: %v\n%s", err, out)
-	}
-	return binaries{coordinator: filepath.Join(bin, "coordinator"), tileworker: filepath.Join(bin, "tileworker")}, nil
-}
-
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
-	if err != nil {
-		return "", fmt.Errorf("finding the module: %w", err)
-	}
-	return strings.TrimSpace(string(out)), nil
+	return proctest.Build(root, filepath.Join(dir, "bin"))
 }
 
 // proc is one farm process with its log.
@@ -148,7 +128,7 @@ func (p *proc) waitLog(re string, d time.Duration) (string, bool) {
 // local references its frames are compared with.
 type theFarm struct {
 	cfg      config
-	bins     binaries
+	bins     proctest.Binaries
 	name     string
 	dir      string
 	nats     *natstest.Cluster
@@ -175,7 +155,7 @@ func (f *theFarm) logf(format string, args ...any) {
 }
 
 // newFarm starts NATS (natsNodes), MinIO (minioNodes), a coordinator and workers workers.
-func newFarm(ctx context.Context, cfg config, bins binaries, name string, natsNodes, minioNodes, workers int) (*theFarm, error) {
+func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name string, natsNodes, minioNodes, workers int) (*theFarm, error) {
 	f := &theFarm{cfg: cfg, bins: bins, name: name, dir: filepath.Join(cfg.dir, name), metrics: map[*proc]string{}, refs: map[int]string{}}
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		return nil, err
@@ -205,7 +185,7 @@ func newFarm(ctx context.Context, cfg config, bins binaries, name string, natsNo
 		f.close()
 		return nil, err
 	}
-	root, err := moduleRoot()
+	root, err := proctest.ModuleRoot()
 	if err != nil {
 		f.close()
 		return nil, err
@@ -241,7 +221,7 @@ func (f *theFarm) startCoordinator(extra ...string) error {
 	args := append([]string{"serve", "--data", filepath.Join(f.dir, "coordinator"), "--listen", f.http, "--nats", f.nats.URLs(),
 		"--store", f.minio.URL(), "--replicas", f.replicas(), "--ack-wait", ackWait, "--lease-ttl", leaseTTL,
 		"--reconcile-every", "5s", "--log-level", "info"}, extra...)
-	p, err := f.start("coordinator", f.bins.coordinator, args...)
+	p, err := f.start("coordinator", f.bins.Coordinator, args...)
 	if err != nil {
 		return err
 	}
@@ -270,7 +250,7 @@ func (f *theFarm) startWorker(name string, extra ...string) (*proc, error) {
 	}
 	args := append(append([]string{"--nats", f.nats.URLs(), "--store", f.minio.URL(), "--checkpoints", filepath.Join(f.dir, "ckpt-"+name),
 		"--name", name, "--concurrency", "1", "--metrics-listen", maddr, "--log-level", "debug"}, workerSlow...), extra...)
-	p, err := f.start(name, f.bins.tileworker, args...)
+	p, err := f.start(name, f.bins.Tileworker, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -369,7 +349,7 @@ func (f *theFarm) reference(ctx context.Context, frame int) (string, error) {
 	f.mu.Unlock()
 	out := filepath.Join(f.cfg.dir, fmt.Sprintf("ref_%04d.png", frame))
 	args := append([]string{"render", f.scene, "--frame", strconv.Itoa(frame), "--out", out, "-q"}, jobSettings...)
-	if b, err := exec.CommandContext(ctx, f.bins.tileworker, args...).CombinedOutput(); err != nil {
+	if b, err := exec.CommandContext(ctx, f.bins.Tileworker, args...).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("reference of frame %d: %v\n%s", frame, err, b)
 	}
 	f.mu.Lock()

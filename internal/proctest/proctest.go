@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -32,4 +34,27 @@ func Launch(cmd *exec.Cmd, logPath, banner string) (done <-chan struct{}, err er
 		close(ch)
 	}()
 	return ch, nil
+}
+
+// Binaries are the farm's two commands, built once per run so every farm of the run starts
+// the same code and no `go run` compile lands inside a measurement or a fault test.
+type Binaries struct{ Coordinator, Tileworker string }
+
+// Build builds cmd/coordinator and cmd/tileworker of the module at root into dir.
+func Build(root, dir string) (Binaries, error) {
+	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/coordinator", "./cmd/tileworker")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return Binaries{}, fmt.Errorf("building the farm: %w\n%s", err, out)
+	}
+	return Binaries{Coordinator: filepath.Join(dir, "coordinator"), Tileworker: filepath.Join(dir, "tileworker")}, nil
+}
+
+// ModuleRoot is the directory of the tilefarm module, where the examples are.
+func ModuleRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		return "", fmt.Errorf("finding the module: %w", err)
+	}
+	return strings.TrimSpace(string(out)), nil
 }
