@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
@@ -64,7 +65,7 @@ func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec) (*
 		f.store = "file://" + filepath.Join(dir, "coordinator", "data", "store")
 	}
 	if spec.DebugListen {
-		addr, err := FreeAddr()
+		addr, err := proctest.FreeAddr()
 		if err != nil {
 			return nil, err
 		}
@@ -89,14 +90,14 @@ func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec) (*
 // StartWorker starts a tileworker named name (its checkpoints in a directory of that name, so a
 // restarted worker finds its local checkpoints) and adds it to the farm's workers.
 func (f *Farm) StartWorker(name string) (*Proc, error) {
-	maddr, err := FreeAddr()
+	maddr, err := proctest.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
 	args := []string{"--nats", "nats://" + f.Coord.NATS, "--store", f.store, "--checkpoints", filepath.Join(f.dir, "ckpt-"+name),
 		"--name", name, "--concurrency", strconv.Itoa(f.spec.Slots), "--metrics-listen", maddr, "--log-level", "debug"}
 	if f.spec.DebugListen {
-		addr, err := FreeAddr()
+		addr, err := proctest.FreeAddr()
 		if err != nil {
 			return nil, err
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -21,16 +20,6 @@ import (
 
 // Binaries are the farm's two commands (proctest.Build).
 type Binaries = proctest.Binaries
-
-// FreeAddr returns a loopback address whose port was free a moment ago.
-func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
 
 // Proc is one farm process with its output in a log file, so measurements can read what it
 // logged and its CPU and memory from /proc while it lives.
@@ -174,11 +163,11 @@ type Coordinator struct {
 // StartCoordinator starts `coordinator serve` (embedded JetStream on a free port) with its data
 // under dir and its log in dir/serve.log, and waits until it is healthy.
 func StartCoordinator(ctx context.Context, bin, dir string, env []string, extra ...string) (*Coordinator, error) {
-	httpAddr, err := FreeAddr()
+	httpAddr, err := proctest.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
-	natsAddr, err := FreeAddr()
+	natsAddr, err := proctest.FreeAddr()
 	if err != nil {
 		return nil, err
 	}

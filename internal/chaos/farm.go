@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"image/png"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -195,7 +194,7 @@ func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name strin
 		f.close()
 		return nil, err
 	}
-	if f.http, err = freeAddr(); err != nil {
+	if f.http, err = proctest.FreeAddr(); err != nil {
 		f.close()
 		return nil, err
 	}
@@ -244,7 +243,7 @@ func (f *theFarm) startCoordinator(extra ...string) error {
 
 // startWorker starts a tileworker (slowed, see workerSlow) with extra flags.
 func (f *theFarm) startWorker(name string, extra ...string) (*proc, error) {
-	maddr, err := freeAddr()
+	maddr, err := proctest.FreeAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -488,15 +487,6 @@ func short(s string) string {
 		return s[:12]
 	}
 	return s
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 var errInvalid = errors.New("the fault did not land on work in progress")

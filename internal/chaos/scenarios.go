@@ -133,10 +133,11 @@ func freeze(ctx context.Context, a *attempt) error {
 		return err
 	}
 	defer zombie.kill()
-	if _, ok := zombie.waitLog(`checkpoint saved`, time.Minute); !ok {
-		return fmt.Errorf("%w: the worker never checkpointed", errInvalid)
+	// Frozen only once a checkpoint is in the store, so another worker can resume the tile.
+	if _, ok := zombie.waitLog(`remote checkpoint uploaded`, time.Minute); !ok {
+		return fmt.Errorf("%w: the worker never uploaded a checkpoint", errInvalid)
 	}
-	tile, _ := zombie.waitLog(`checkpoint saved.*tile_key=([0-9a-f]+)`, time.Second)
+	tile, _ := zombie.waitLog(`remote checkpoint uploaded.*tile_key=([0-9a-f]+)`, time.Second)
 	zombie.signal(syscall.SIGSTOP)
 	frozenAt := time.Now()
 	a.faults++

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/minio/minio-go/v7"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
 // probeBucket holds the objects written to prove write quorum, so that they
@@ -296,7 +297,7 @@ func distinctFreeAddrs(n int) ([]string, error) {
 	seen := map[string]bool{}
 	var addrs []string
 	for len(addrs) < n {
-		a, err := freeAddr()
+		a, err := proctest.FreeAddr()
 		if err != nil {
 			return nil, err
 		}

@@ -11,7 +11,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -90,10 +89,10 @@ func Launch(dir string) (*Server, error) {
 		return nil, err
 	}
 	for try := 1; ; try++ {
-		if s.proc.addr, err = freeAddr(); err != nil {
+		if s.proc.addr, err = proctest.FreeAddr(); err != nil {
 			return s, err
 		}
-		if s.proc.console, err = freeAddr(); err != nil {
+		if s.proc.console, err = proctest.FreeAddr(); err != nil {
 			return s, err
 		}
 		s.Endpoint = s.proc.addr
@@ -381,16 +380,6 @@ func findBinary() (string, error) {
 func isExecutable(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0
-}
-
-// freeAddr returns a loopback address with a port that was free a moment ago.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }
 
 func randomHex(n int) string {

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -90,10 +89,10 @@ func launchOnce(bin, dir string, n int, o Options) (*Cluster, error) {
 	clientAddrs, routeAddrs := make([]string, n), make([]string, n)
 	for i := range n {
 		var err error
-		if clientAddrs[i], err = freeAddr(); err != nil {
+		if clientAddrs[i], err = proctest.FreeAddr(); err != nil {
 			return c, err
 		}
-		if routeAddrs[i], err = freeAddr(); err != nil {
+		if routeAddrs[i], err = proctest.FreeAddr(); err != nil {
 			return c, err
 		}
 	}
@@ -356,15 +355,6 @@ func findBinary() (string, error) {
 		return p, nil
 	}
 	return "", fmt.Errorf("no nats-server: set %s or put nats-server on PATH", EnvBinary)
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 // InProcess starts a real JetStream server inside the test process, with file storage in a

@@ -4,6 +4,7 @@ package proctest
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,4 +58,14 @@ func ModuleRoot() (string, error) {
 		return "", fmt.Errorf("finding the module: %w", err)
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// FreeAddr returns a loopback address whose port was free a moment ago.
+func FreeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a free port: %w", err)
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
 }

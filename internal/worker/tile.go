@@ -450,5 +450,7 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileR
 	}
 	if err != nil {
 		r.log.Warn("uploading remote checkpoint", "err", err)
+		return
 	}
+	r.log.Debug("remote checkpoint uploaded", "next_sample", st.Next)
 }
