@@ -161,7 +161,7 @@ func slowWorker(delay time.Duration, passes int) []string {
 }
 
 var (
-	checkpointSaved = regexp.MustCompile(`checkpoint saved`)
+	checkpointUploaded = regexp.MustCompile(`remote checkpoint uploaded`)
 	resuming        = regexp.MustCompile(`resuming from checkpoint`)
 )
 
@@ -190,10 +190,12 @@ func MeasureRecovery(ctx context.Context, bins Binaries, b *farm.Bundle, dir str
 		if err != nil {
 			return nil, fmt.Errorf("submitting: %w", err)
 		}
+		// The victim is killed once its checkpoint is in the store, where another worker can
+		// resume from it (a kill between the local save and the upload leaves nothing to resume).
 		var victim *Proc
 		for victim == nil {
 			for _, w := range live {
-				if checkpointSaved.MatchString(w.Log()[offsets[w]:]) {
+				if checkpointUploaded.MatchString(w.Log()[offsets[w]:]) {
 					victim = w
 					break
 				}
