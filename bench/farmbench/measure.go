@@ -162,7 +162,7 @@ func slowWorker(delay time.Duration, passes int) []string {
 
 var (
 	checkpointUploaded = regexp.MustCompile(`remote checkpoint uploaded`)
-	resuming        = regexp.MustCompile(`resuming from checkpoint`)
+	resuming           = regexp.MustCompile(`resuming from checkpoint`)
 )
 
 // MeasureRecovery kills a worker with SIGKILL in the middle of a long tile reps times and
