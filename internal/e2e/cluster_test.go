@@ -26,7 +26,9 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 		"--name", "w1", "--concurrency", "1", "--log-level", "debug"}, slow...)...)
 	w2 := startEnv(t, nil, "tileworker", append([]string{"--nats", c.URLs(), "--store", f.store, "--checkpoints", t.TempDir(),
 		"--name", "w2", "--concurrency", "1", "--log-level", "debug"}, slow...)...)
-	frames := []string{"--frames", "1-6"}
+	// Twelve frames of six tiles: long enough that the job is still rendering at the second
+	// fault, however long the killed node takes to come back.
+	frames := []string{"--frames", "1-12"}
 	st, _ := f.submit(append(append([]string{scene}, frames...), small...)...)
 
 	ctx := context.Background()
@@ -83,7 +85,7 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 			t.Fatalf("a worker dead-lettered during the leader changes:\n%s", w.log())
 		}
 	}
-	outputsEqualReference(t, f, st.JobID, scene, []int{1, 2, 3, 4, 5, 6}, small...)
+	outputsEqualReference(t, f, st.JobID, scene, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, small...)
 }
 
 // The documented external configuration: `coordinator credentials` makes the two identities
