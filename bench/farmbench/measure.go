@@ -250,20 +250,25 @@ type ResumeRun struct {
 // either recovered by a later attempt or rendered again, and rendered - needed counts the
 // samples rendered again.
 func (r ResumeRun) Rate() float64 {
-	again := max(r.Rendered-float64(r.Needed), 0)
+	again := r.Again()
 	if r.Recovered == 0 && again == 0 {
 		return 1
 	}
 	return float64(r.Recovered) / (float64(r.Recovered) + again)
 }
 
+// Again is the samples rendered again: rendered - needed.
+func (r ResumeRun) Again() float64 { return max(r.Rendered-float64(r.Needed), 0) }
+
 // MeasureResume renders a job on workers while killing one with SIGKILL at seeded moments
 // (and restarting it on its own checkpoint directory), reading each worker's
 // tilefarm_samples_rendered_total just before it is killed and at the end.
 func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
 	var r ResumeRun
-	spec := FarmSpec{Workers: workers, Slots: 1, MinIO: minio, ServeArgs: []string{"--ack-wait", "3s", "--lease-ttl", "3s"},
-		WorkerArgs: slowWorker(120*time.Millisecond, 8)}
+	// The workers keep their default checkpoint cadence. Each sample waits 12 ms, so a tile of
+	// 64 samples takes about a second, and is counted as it lands: a kill loses the samples since
+	// the last checkpoint, a part of a pass included, and the counters show them.
+	spec := FarmSpec{Workers: workers, Slots: 1, MinIO: minio, WorkerArgs: []string{"--fault-sample-delay", "12ms"}}
 	f, err := StartFarm(ctx, bins, dir, spec)
 	if err != nil {
 		return r, err
@@ -272,7 +277,7 @@ func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir strin
 	if err := f.Upload(ctx, b); err != nil {
 		return r, err
 	}
-	s := Shot{First: 1, Last: frames, Width: 96, Height: 54, SPP: 8, TileSize: 32}
+	s := Shot{First: 1, Last: frames, Width: 96, Height: 54, SPP: 64, TileSize: 32}
 	res, err := f.API.Submit(ctx, b, s.request(b))
 	if err != nil {
 		return r, fmt.Errorf("submitting: %w", err)

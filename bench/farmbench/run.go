@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -37,13 +38,19 @@ type Config struct {
 	ProfileDir      string // CPU profiles of the overhead farm's coordinator and first worker
 	ProfileDuration time.Duration
 	Log             io.Writer
+	// Only names the measurements to make (Steps); empty is all of them. The figures of the
+	// others stay 0, and Result.Steps says which were made.
+	Only []string
 }
+
+// Steps are the measurements of a run, in order, by the names Config.Only takes.
+var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", "resume", "rss", "growth"}
 
 // Default is the full run: a realistic shot of about a second a tile.
 func Default() Config {
 	return Config{Workers: 2, Slots: 1, Shot: Shot{First: 1, Last: 2, Width: 1280, Height: 720, SPP: 16, TileSize: 256},
 		SmallFrames: 24, Overhead: Shot{First: 1, Last: 4, Width: 192, Height: 108, SPP: 1, TileSize: 16},
-		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 6, ResumeFrames: 4, Seed: 1, Log: io.Discard}
+		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 20, ResumeFrames: 8, Seed: 1, Log: io.Discard}
 }
 
 // Targets are the figures' goals, printed next to them.
@@ -78,6 +85,8 @@ type Result struct {
 	RecoveryP99         float64           `json:"recovery_seconds_p99"`
 	ResumeRate          float64           `json:"resume_rate"`
 	ResumeKills         int               `json:"resume_kills"`
+	ResumeRecovered     int64             `json:"resume_samples_recovered"`
+	ResumeAgain         float64           `json:"resume_samples_rendered_again"`
 	CoordinatorRSSMB    float64           `json:"coordinator_rss_mb"`
 	CoordinatorRSSTiles int               `json:"coordinator_rss_tiles"`
 	WorkerRSSMBPerSlot  float64           `json:"worker_rss_mb_per_slot"`
@@ -89,6 +98,7 @@ type Result struct {
 	Growth              []GrowthRow       `json:"growth,omitempty"`
 	Profiles            []string          `json:"profiles,omitempty"`
 	Machine             string            `json:"machine"`
+	Steps               []string          `json:"steps"` // the measurements made
 }
 
 // Run builds the binaries and makes every measurement of c.
@@ -116,74 +126,98 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	}
 	spec := FarmSpec{Workers: c.Workers, Slots: c.Slots, MinIO: c.MinIO}
 
-	logf("farm_efficiency: %+v", c.Shot)
-	shot, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "shot"), c.Shot, spec, nil)
-	if err != nil {
-		return res, fmt.Errorf("farm efficiency: %w", err)
+	steps := map[string]func() error{
+		"efficiency": func() error {
+			logf("farm_efficiency: %+v", c.Shot)
+			shot, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "shot"), c.Shot, spec, nil)
+			if err != nil {
+				return fmt.Errorf("farm efficiency: %w", err)
+			}
+			res.FarmEfficiency, res.FarmSeconds, res.LocalSeconds = shot.Efficiency(), shot.Farm.Seconds(), shot.Local.Seconds()
+			res.ShotTiles, res.ShotTileSeconds = shot.Tiles, shot.LocalCPU.Seconds()/float64(shot.Tiles)
+			res.CoordinatorRSSMB, res.WorkerRSSMBPerSlot = mb(shot.CoordRSS), mb(shot.WorkerRSSPerSlot)
+			return nil
+		},
+		"small": func() error {
+			logf("farm_efficiency_small: %d frames as the example ships", c.SmallFrames)
+			small, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "small"), Shot{First: 1, Last: c.SmallFrames}, spec, nil)
+			if err != nil {
+				return fmt.Errorf("farm efficiency of the example: %w", err)
+			}
+			res.FarmEfficiencySmall = small.Efficiency()
+			return nil
+		},
+		"overhead": func() error {
+			logf("tile_overhead_cpu_ms: %+v", c.Overhead)
+			var prof *Profiles
+			if c.ProfileDir != "" {
+				prof = &Profiles{Dir: c.ProfileDir, Seconds: c.ProfileDuration}
+			}
+			over, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "overhead"), c.Overhead, spec, prof)
+			if err != nil {
+				return fmt.Errorf("tile overhead: %w", err)
+			}
+			res.TileOverheadCPUms = over.OverheadCPUms()
+			if prof != nil {
+				for _, name := range []string{"coordinator", "w1"} {
+					res.Profiles = append(res.Profiles, filepath.Join(c.ProfileDir, name+".pprof"))
+				}
+			}
+			return nil
+		},
+		"dispatch": func() error {
+			logf("dispatch: %d frames", c.DispatchFrames)
+			d, err := MeasureShotDispatch(ctx, bins.Coordinator, filepath.Join(dir, "dispatch"), b,
+				DispatchShot{Frames: c.DispatchFrames, Width: 1920, Height: 1080, TileSize: 64, Sync: "1s"})
+			if err != nil {
+				return fmt.Errorf("dispatch: %w", err)
+			}
+			res.DispatchTiles, res.DispatchTilesPerS = d.Tiles, float64(d.Tiles)/d.Durable.Seconds()
+			res.CoordinatorRSSMB, res.CoordinatorRSSTiles = max(res.CoordinatorRSSMB, mb(d.PeakRSS)), d.Tiles
+			return nil
+		},
+		"recovery": func() error {
+			logf("recovery: %d kills", c.RecoveryReps)
+			rec, err := MeasureRecovery(ctx, bins, b, filepath.Join(dir, "recovery"), c.RecoveryReps, c.RecoveryServe, c.MinIO)
+			if err != nil {
+				return fmt.Errorf("recovery: %w", err)
+			}
+			res.RecoveryP50, res.RecoveryP99 = percentile(rec, 50).Seconds(), percentile(rec, 99).Seconds()
+			return nil
+		},
+		"resume": func() error {
+			logf("resume: %d kills, seed %d", c.ResumeKills, c.Seed)
+			rr, err := MeasureResume(ctx, bins, b, filepath.Join(dir, "resume"), c.Workers, c.ResumeKills, c.Seed, c.ResumeFrames, c.MinIO)
+			if err != nil {
+				return fmt.Errorf("resume: %w", err)
+			}
+			res.ResumeRate, res.ResumeKills = rr.Rate(), rr.Kills
+			res.ResumeRecovered, res.ResumeAgain = rr.Recovered, rr.Again()
+			return nil
+		},
+		"rss": func() error {
+			logf("coordinator rss: a job of %d tiles", c.RSSTiles)
+			n, rss, err := MeasureCoordinatorRSS(ctx, bins, b, filepath.Join(dir, "rss"), c.RSSTiles)
+			if err != nil {
+				return fmt.Errorf("coordinator rss: %w", err)
+			}
+			res.CoordinatorRSSMB, res.CoordinatorRSSTiles = mb(rss), n
+			return nil
+		},
+		"growth": func() (err error) {
+			res.Growth, err = growth(ctx, c, bins, scene, b, filepath.Join(dir, "growth"), logf)
+			return err
+		},
 	}
-	res.FarmEfficiency, res.FarmSeconds, res.LocalSeconds = shot.Efficiency(), shot.Farm.Seconds(), shot.Local.Seconds()
-	res.ShotTiles, res.ShotTileSeconds = shot.Tiles, shot.LocalCPU.Seconds()/float64(shot.Tiles)
-	res.CoordinatorRSSMB, res.WorkerRSSMBPerSlot = mb(shot.CoordRSS), mb(shot.WorkerRSSPerSlot)
-
-	logf("farm_efficiency_small: %d frames as the example ships", c.SmallFrames)
-	small, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "small"), Shot{First: 1, Last: c.SmallFrames}, spec, nil)
-	if err != nil {
-		return res, fmt.Errorf("farm efficiency of the example: %w", err)
-	}
-	res.FarmEfficiencySmall = small.Efficiency()
-
-	logf("tile_overhead_cpu_ms: %+v", c.Overhead)
-	var prof *Profiles
-	if c.ProfileDir != "" {
-		prof = &Profiles{Dir: c.ProfileDir, Seconds: c.ProfileDuration}
-	}
-	over, err := MeasureFarm(ctx, bins, scene, b, filepath.Join(dir, "overhead"), c.Overhead, spec, prof)
-	if err != nil {
-		return res, fmt.Errorf("tile overhead: %w", err)
-	}
-	res.TileOverheadCPUms = over.OverheadCPUms()
-	if prof != nil {
-		for _, name := range []string{"coordinator", "w1"} {
-			res.Profiles = append(res.Profiles, filepath.Join(c.ProfileDir, name+".pprof"))
+	off := map[string]bool{"rss": c.RSSTiles == 0, "growth": !c.Growth}
+	for _, name := range Steps {
+		if off[name] || len(c.Only) > 0 && !slices.Contains(c.Only, name) {
+			continue
 		}
-	}
-
-	logf("dispatch: %d frames", c.DispatchFrames)
-	d, err := MeasureShotDispatch(ctx, bins.Coordinator, filepath.Join(dir, "dispatch"), b,
-		DispatchShot{Frames: c.DispatchFrames, Width: 1920, Height: 1080, TileSize: 64, Sync: "1s"})
-	if err != nil {
-		return res, fmt.Errorf("dispatch: %w", err)
-	}
-	res.DispatchTiles, res.DispatchTilesPerS = d.Tiles, float64(d.Tiles)/d.Durable.Seconds()
-	res.CoordinatorRSSMB, res.CoordinatorRSSTiles = max(res.CoordinatorRSSMB, mb(d.PeakRSS)), d.Tiles
-
-	logf("recovery: %d kills", c.RecoveryReps)
-	rec, err := MeasureRecovery(ctx, bins, b, filepath.Join(dir, "recovery"), c.RecoveryReps, c.RecoveryServe, c.MinIO)
-	if err != nil {
-		return res, fmt.Errorf("recovery: %w", err)
-	}
-	res.RecoveryP50, res.RecoveryP99 = percentile(rec, 50).Seconds(), percentile(rec, 99).Seconds()
-
-	logf("resume: %d kills, seed %d", c.ResumeKills, c.Seed)
-	rr, err := MeasureResume(ctx, bins, b, filepath.Join(dir, "resume"), c.Workers, c.ResumeKills, c.Seed, c.ResumeFrames, c.MinIO)
-	if err != nil {
-		return res, fmt.Errorf("resume: %w", err)
-	}
-	res.ResumeRate, res.ResumeKills = rr.Rate(), rr.Kills
-
-	if c.RSSTiles > 0 {
-		logf("coordinator rss: a job of %d tiles", c.RSSTiles)
-		n, rss, err := MeasureCoordinatorRSS(ctx, bins, b, filepath.Join(dir, "rss"), c.RSSTiles)
-		if err != nil {
-			return res, fmt.Errorf("coordinator rss: %w", err)
-		}
-		res.CoordinatorRSSMB, res.CoordinatorRSSTiles = mb(rss), n
-	}
-
-	if c.Growth {
-		if res.Growth, err = growth(ctx, c, bins, scene, b, filepath.Join(dir, "growth"), logf); err != nil {
+		if err := steps[name](); err != nil {
 			return res, err
 		}
+		res.Steps = append(res.Steps, name)
 	}
 	return res, nil
 }

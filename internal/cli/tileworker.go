@@ -44,13 +44,15 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address (off by default)")
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
-	ckptEvery := fs.Duration("checkpoint-every", 2*time.Second, "minimum time between local checkpoints (0: after every pass)")
-	remoteEvery := fs.Duration("remote-checkpoint-every", 5*time.Second, "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile (0: with every checkpoint)")
+	var ckptEvery, remoteEvery checkpointInterval
+	fs.Var(&ckptEvery, "checkpoint-every", "minimum time between local checkpoints: auto (after a pass, keeping saves under 5% of the time), 0 (after every pass) or a duration")
+	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto, 0 (with every checkpoint) or a duration")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	passes := fs.Int("passes", 16, "passes a JSON scene's tile samples are split into (checkpoint granularity); Blender scenes fix theirs at submit")
 	bf := addBlenderFlags(fs, true)
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
+	faultSampleDelay := fs.Duration("fault-sample-delay", 0, "testing only: sleep before each sample, rendering and counting samples one at a time")
 	faultCrash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: "+strings.Join(worker.Seams, ", "))
 	faultPublish := fs.String("fault-fail-publish", "", "testing only: TYPE:N fails the first N publishes of events of TYPE (e.g. tile.completed:3)")
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -66,15 +68,9 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		if err != nil {
 			return err
 		}
-		// The flags' 0 means "every time"; the worker's zero value means "default".
-		for _, d := range []*time.Duration{ckptEvery, remoteEvery} {
-			if *d == 0 {
-				*d = -1
-			}
-		}
-		wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: *ckptEvery,
-			RemoteEvery: *remoteEvery, PassesPerTile: *passes, BlocklistAfter: *blocklist}
-		wc.Faults.PassDelay = *faultDelay
+		wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: ckptEvery.config(),
+			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist}
+		wc.Faults.PassDelay, wc.Faults.SampleDelay = *faultDelay, *faultSampleDelay
 		if *faultCrash != "" {
 			if !slices.Contains(worker.Seams, *faultCrash) {
 				return usagef("--fault-crash %q: want one of %s", *faultCrash, strings.Join(worker.Seams, ", "))
@@ -199,4 +195,44 @@ worker count never change a pixel. A .blend renders with one Blender process per
 		return nil
 	})
 	return c
+}
+
+// checkpointInterval is the value of --checkpoint-every and --remote-checkpoint-every: "auto"
+// (the default), 0 for every time, or a minimum duration.
+type checkpointInterval struct {
+	set bool
+	d   time.Duration
+}
+
+func (c *checkpointInterval) String() string {
+	if c == nil || !c.set {
+		return "auto"
+	}
+	return c.d.String()
+}
+
+func (c *checkpointInterval) Set(v string) error {
+	if v == "auto" {
+		*c = checkpointInterval{}
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d < 0 {
+		return fmt.Errorf("want auto, 0 or a duration such as 2s")
+	}
+	*c = checkpointInterval{set: true, d: d}
+	return nil
+}
+
+func (c *checkpointInterval) Type() string { return "auto|duration" }
+
+// config is the interval as worker.Config takes it: 0 automatic, negative every time.
+func (c *checkpointInterval) config() time.Duration {
+	switch {
+	case !c.set:
+		return 0
+	case c.d == 0:
+		return -1
+	}
+	return c.d
 }

@@ -137,3 +137,39 @@ func TestPanickingTileLeavesNothingInFlight(t *testing.T) {
 		t.Fatalf("samples rendered by an attempt that panicked before its first pass = %v, want 0", got)
 	}
 }
+
+// With a sample delay the samples of one pass render and count one at a time (the model of a
+// slow render a kill can land in), and the pixels are those of a render in one call.
+func TestSampleDelayCountsSamplesInsideAPass(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	spp := job.Settings.SPP
+	if spp < 3 {
+		t.Fatalf("the harness job has %d spp, want at least 3 to see a pass part-way", spp)
+	}
+	w, m := h.worker(t, Config{PassesPerTile: 1, CheckpointEvery: time.Hour, Faults: Faults{SampleDelay: 40 * time.Millisecond}})
+	msg := h.publishAndFetch(t, job)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		w.handle(h.ctx, msg)
+	}()
+	partway := false
+	for running := true; running; {
+		select {
+		case <-done:
+			running = false
+		case <-time.After(5 * time.Millisecond):
+			if n := int(testutil.ToFloat64(m.SamplesRendered)); n > 0 && n < spp {
+				partway = true
+			}
+		}
+	}
+	if !partway {
+		t.Errorf("samples rendered never stood between 0 and %d inside the tile's one pass", spp)
+	}
+	if got := int(testutil.ToFloat64(m.SamplesRendered)); got != spp {
+		t.Fatalf("samples rendered %d, want %d", got, spp)
+	}
+	samePixels(t, h.promoted(t, job), h.reference(t, job, spp).Pixels())
+}

@@ -21,6 +21,7 @@ type tileRun struct {
 	job   farm.TileJob
 	lease *queue.Lease
 	hb    *heartbeat // nil until the lease is held
+	ckpt  *tileCheckpoints
 	// finish ends the heartbeat and releases the lease; after a lost lease it only stops.
 	finish func()
 }
@@ -197,6 +198,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
 	start := time.Now()
+	r.ckpt = w.newTileCheckpoints(start)
 	err = func() error {
 		// Deferred: a panic in a pass (recovered by handle) must not leave the tile in flight.
 		w.m.TilesInFlight.Inc()
@@ -214,8 +216,11 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		return err
 	}
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
-	// The finished state is checkpointed too, so a storage outage during finalize costs no rendering.
-	w.saveCheckpoint(ctx, tile, r, false)
+	// The finished state is checkpointed too when it is due, so a storage outage during finalize
+	// costs no more rendering than a kill would.
+	if r.ckpt.local.due(time.Now()) {
+		w.saveCheckpoint(ctx, tile, r, false)
+	}
 
 	// 5. Finalize, but only while still holding the lease (fencing).
 	if err := r.hb.check(ctx); err != nil {
@@ -349,7 +354,6 @@ func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int 
 // the worker's), checkpointing after passes and reporting progress while passes remain.
 func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun) error {
 	spp := r.job.Settings.SPP
-	var lastLocal, lastRemote time.Time
 	for passes, to := range r.job.Settings.PassEnds(w.cfg.PassesPerTile) {
 		if to <= tile.Next() {
 			continue
@@ -374,14 +378,8 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 			break
 		}
 		w.reportProgress(r, to)
-		now := time.Now()
-		if now.Sub(lastLocal) >= w.cfg.CheckpointEvery {
-			lastLocal = now
-			remote := now.Sub(lastRemote) >= w.cfg.RemoteEvery
-			if remote {
-				lastRemote = now
-			}
-			w.saveCheckpoint(ctx, tile, r, remote)
+		if now := time.Now(); r.ckpt.local.due(now) {
+			w.saveCheckpoint(ctx, tile, r, r.ckpt.remote.due(now))
 			w.crashAt(r.log, "after-checkpoint")
 		}
 		if ctx.Err() != nil {
@@ -399,7 +397,27 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 // tilefarm_samples_rendered_total the samples the tile really gained, even when the render
 // stops early (cancelled, lease lost): samples recovered from a checkpoint are never counted,
 // and samples rendered by an attempt that fails later always are.
+//
+// With Faults.SampleDelay the samples render one at a time, each after the delay and counted as
+// it lands, the way a slow real render gains them: a kill then loses the samples rendered since
+// the last checkpoint, and the counter shows them.
 func (w *Worker) renderSamples(ctx context.Context, r *tileRun, tile tileRenderer, to int) error {
+	if d := w.cfg.Faults.SampleDelay; d > 0 {
+		for tile.Next() < to {
+			if !queue.Sleep(ctx, d) {
+				return ctx.Err()
+			}
+			if err := w.renderRange(ctx, r, tile, tile.Next()+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return w.renderRange(ctx, r, tile, to)
+}
+
+// renderRange renders the tile up to sample to in one call and counts what it gained.
+func (w *Worker) renderRange(ctx context.Context, r *tileRun, tile tileRenderer, to int) error {
 	from := tile.Next()
 	err := tile.Render(ctx, from, to)
 	if n := tile.Next() - from; n > 0 {
@@ -432,11 +450,13 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileR
 	st := tile.Export()
 	c := tiles.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
 		Attempt: r.attempt, Build: farm.BuildFor(r.job.Settings), SavedAt: time.Now().UTC()}
+	start := time.Now()
 	if err := w.ckpts.Save(ctx, c); err != nil {
 		r.log.Warn("saving local checkpoint", "err", err)
 	} else {
 		r.log.Debug("checkpoint saved", "next_sample", st.Next)
 	}
+	r.ckpt.local.saved(start, time.Now())
 	if !remote {
 		return
 	}
@@ -444,10 +464,12 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileR
 		r.log.Warn("not uploading checkpoint: lease no longer ours", "err", err)
 		return
 	}
+	start = time.Now()
 	data, err := w.codec.Encode(c)
 	if err == nil {
 		err = w.objects.Put(ctx, farm.CheckpointKey(r.job.TileKey), data)
 	}
+	r.ckpt.remote.saved(start, time.Now())
 	if err != nil {
 		r.log.Warn("uploading remote checkpoint", "err", err)
 		return

@@ -29,9 +29,14 @@ type Config struct {
 	Name            string        // worker identity in logs, leases and events
 	Concurrency     int           // tiles rendered at once; default 1
 	Heartbeat       time.Duration // InProgress + lease renewal; default min(ack-wait, lease TTL)/5
-	CheckpointEvery time.Duration // minimum time between checkpoints; 0 means the default 2 s, negative means after every pass
+	// CheckpointEvery is the minimum time between local checkpoints. 0 is automatic: after a
+	// pass, once saving has cost at most 5% of the time (cadence.go); negative is after every
+	// pass.
+	CheckpointEvery time.Duration
 	PassesPerTile   int           // passes a tile's samples are split into; default 16
-	RemoteEvery     time.Duration // minimum time between remote checkpoint uploads; 0 means 5 s, negative means every checkpoint
+	// RemoteEvery is the minimum time between remote checkpoint uploads, with a local
+	// checkpoint; 0 is automatic like CheckpointEvery, negative is with every checkpoint.
+	RemoteEvery time.Duration
 	RetryBase       time.Duration // first retry backoff; default 1 s
 	RetryMax        time.Duration // backoff cap; default 30 s
 	FetchWait       time.Duration // server-side expiry of one idle pull; default 2 s
@@ -48,6 +53,7 @@ type Faults struct {
 	PanicTile    render.Rect   // the rectangle of that tile
 	PanicTileSet bool          // PanicFrame and PanicTile are set
 	PassDelay    time.Duration // sleep after each pass, so a test can kill a worker mid-tile
+	SampleDelay  time.Duration // sleep before each sample, rendering them one at a time (renderSamples)
 	// CrashAt names a seam (see Seams) at which Crash is called, once.
 	CrashAt string
 	Crash   func(seam string)
@@ -70,20 +76,8 @@ func (c *Config) normalize(f *queue.Farm) {
 		// Renew well inside both the ack-wait and the lease TTL the farm runs with.
 		c.Heartbeat = min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 5
 	}
-	switch {
-	case c.CheckpointEvery == 0:
-		c.CheckpointEvery = 2 * time.Second
-	case c.CheckpointEvery < 0:
-		c.CheckpointEvery = 0
-	}
 	if c.PassesPerTile <= 0 {
 		c.PassesPerTile = 16
-	}
-	switch {
-	case c.RemoteEvery == 0:
-		c.RemoteEvery = 5 * time.Second
-	case c.RemoteEvery < 0:
-		c.RemoteEvery = 0
 	}
 	if c.RetryBase <= 0 {
 		c.RetryBase = time.Second
@@ -125,6 +119,8 @@ type Worker struct {
 	m       *metrics.Worker
 	store   *storeHealth
 	act     *activity // what it renders and what it blocklisted (directory.go)
+
+	localCost, remoteCost saveCost // of the last checkpoint saves (cadence.go)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,7 +42,17 @@ func main() {
 	flag.StringVar(&c.ProfileDir, "profile", "", "write CPU profiles of the overhead farm's coordinator and first worker to this directory")
 	flag.DurationVar(&c.ProfileDuration, "profile-seconds", 5*time.Second, "length of the CPU profiles")
 	verbose := flag.Bool("v", false, "log progress on stderr")
+	only := flag.String("only", "", "comma-separated measurements to make, of "+strings.Join(farmbench.Steps, ",")+" (default: all; the others' figures stay 0)")
 	flag.Parse()
+	if *only != "" {
+		c.Only = strings.Split(*only, ",")
+		for _, s := range c.Only {
+			if !slices.Contains(farmbench.Steps, s) {
+				fmt.Fprintf(os.Stderr, "farmbench: --only %q: want some of %s\n", s, strings.Join(farmbench.Steps, ","))
+				os.Exit(2)
+			}
+		}
+	}
 	c.Overhead.First = 1
 	if *serve != "" {
 		c.RecoveryServe = strings.Fields(*serve)
