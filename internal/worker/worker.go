@@ -26,20 +26,20 @@ import (
 
 // Config tunes a worker. Zero values take the defaults.
 type Config struct {
-	Name            string        // worker identity in logs, leases and events
-	Concurrency     int           // tiles rendered at once; default 1
-	Heartbeat       time.Duration // InProgress + lease renewal; default min(ack-wait, lease TTL)/5
+	Name        string        // worker identity in logs, leases and events
+	Concurrency int           // tiles rendered at once; default 1
+	Heartbeat   time.Duration // InProgress + lease renewal; default min(ack-wait, lease TTL)/5
 	// CheckpointEvery is the minimum time between local checkpoints. 0 is automatic: after a
 	// pass, once saving has cost at most 5% of the time (cadence.go); negative is after every
 	// pass.
 	CheckpointEvery time.Duration
-	PassesPerTile   int           // passes a tile's samples are split into; default 16
+	PassesPerTile   int // passes a tile's samples are split into; default 16
 	// RemoteEvery is the minimum time between remote checkpoint uploads, with a local
 	// checkpoint; 0 is automatic like CheckpointEvery, negative is with every checkpoint.
 	RemoteEvery time.Duration
-	RetryBase       time.Duration // first retry backoff; default 1 s
-	RetryMax        time.Duration // backoff cap; default 30 s
-	FetchWait       time.Duration // server-side expiry of one idle pull; default 2 s
+	RetryBase   time.Duration // first retry backoff; default 1 s
+	RetryMax    time.Duration // backoff cap; default 30 s
+	FetchWait   time.Duration // server-side expiry of one idle pull; default 2 s
 	// BlocklistAfter is how many failed tiles of one job make this worker stop taking the
 	// job's tiles; default DefaultBlocklistAfter.
 	BlocklistAfter int
