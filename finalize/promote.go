@@ -114,10 +114,12 @@ func Promote(ctx context.Context, s Store, key, attempt, build string, outputs [
 		return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
 	}
 	// A retry of a tile that was promoted already needs no upload at all.
-	if stored, err := ReadManifest(ctx, s, key); err == nil {
-		return settle(ctx, s, stored, want)
-	} else if !errors.Is(err, ErrNotFound) {
-		return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
+	if !po.absent {
+		if stored, err := ReadManifest(ctx, s, key); err == nil {
+			return settle(ctx, s, stored, want)
+		} else if !errors.Is(err, ErrNotFound) {
+			return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
+		}
 	}
 	for i, o := range outputs {
 		if err := uploadVerified(ctx, s, want.Objects[i], o.Data); err != nil {
@@ -161,6 +163,15 @@ type PromoteOption func(*promoteOptions)
 
 type promoteOptions struct {
 	afterUpload func()
+	absent      bool
+}
+
+// Absent tells Promote the caller found no manifest for the key just before, so it skips
+// reading it first: a store request less per promotion. It changes no outcome, only its cost:
+// a manifest created in between still makes the create-if-absent fail, and Promote then
+// settles with it as it would have.
+func Absent() PromoteOption {
+	return func(o *promoteOptions) { o.absent = true }
 }
 
 // AfterUpload calls fn once the attempt objects are uploaded and verified, before the manifest

@@ -24,15 +24,20 @@ func (h *hookStore) PutIfAbsent(ctx context.Context, key string, data []byte) er
 	return h.Store.PutIfAbsent(ctx, key, data)
 }
 
+// TestPromoteLosesRace checks the loser of a promotion race, with and without Absent (which
+// skips the first read of the manifest, and must change no outcome).
 func TestPromoteLosesRace(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name         string
 		winner       []byte
 		wantConflict bool
+		opts         []PromoteOption
 	}{
-		{"same bytes", []byte("pixels"), false},
-		{"different bytes", []byte("other pixels"), true},
+		{"same bytes", []byte("pixels"), false, nil},
+		{"different bytes", []byte("other pixels"), true, nil},
+		{"same bytes, absent", []byte("pixels"), false, []PromoteOption{Absent()}},
+		{"different bytes, absent", []byte("other pixels"), true, []PromoteOption{Absent()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs, err := NewFSStore(t.TempDir())
@@ -47,7 +52,7 @@ func TestPromoteLosesRace(t *testing.T) {
 					t.Errorf("winner: %v", err)
 				}
 			}}
-			p, err := Promote(ctx, s, "tiles/t", "att-l", "b", []Output{{"rgb", []byte("pixels")}}, nil)
+			p, err := Promote(ctx, s, "tiles/t", "att-l", "b", []Output{{"rgb", []byte("pixels")}}, nil, tc.opts...)
 			if tc.wantConflict {
 				if !errors.Is(err, ErrConflict) {
 					t.Fatalf("loser = %+v, %v; want ErrConflict", p, err)
@@ -73,6 +78,47 @@ func TestPromoteLosesRace(t *testing.T) {
 				t.Fatalf("winner's object = %q, %v", got, err)
 			}
 		})
+	}
+}
+
+// countingStore counts the reads of manifests.
+type countingStore struct {
+	Store
+	manifestGets int
+}
+
+func (c *countingStore) Get(ctx context.Context, key string) ([]byte, error) {
+	if strings.HasPrefix(key, ManifestPrefix) {
+		c.manifestGets++
+	}
+	return c.Store.Get(ctx, key)
+}
+
+// TestPromoteAbsentSkipsTheFirstRead checks that Absent saves the manifest read of a first
+// promotion, and that a promotion made before the call still settles it: identical content
+// as an existing success, other content as a conflict.
+func TestPromoteAbsentSkipsTheFirstRead(t *testing.T) {
+	ctx := context.Background()
+	fs, err := NewFSStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, opts := range [][]PromoteOption{nil, {Absent()}} {
+		c := &countingStore{Store: fs}
+		key := "tiles/fresh" + string(rune('a'+len(opts)))
+		if _, err := Promote(ctx, c, key, "att-1", "b", []Output{{"rgb", []byte("pixels")}}, nil, opts...); err != nil {
+			t.Fatal(err)
+		}
+		if want := 1 - len(opts); c.manifestGets != want {
+			t.Errorf("%d options: %d manifest reads for a first promotion, want %d", len(opts), c.manifestGets, want)
+		}
+	}
+	p, err := Promote(ctx, fs, "tiles/fresha", "att-2", "b", []Output{{"rgb", []byte("pixels")}}, nil, Absent())
+	if err != nil || !p.Existing || p.Manifest.Attempt != "att-1" {
+		t.Errorf("Absent over an identical promotion = %+v, %v; want Existing with the first attempt's manifest", p, err)
+	}
+	if _, err := Promote(ctx, fs, "tiles/fresha", "att-3", "b", []Output{{"rgb", []byte("other")}}, nil, Absent()); !errors.Is(err, ErrConflict) {
+		t.Errorf("Absent over a different promotion = %v, want ErrConflict", err)
 	}
 }
 

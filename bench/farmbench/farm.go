@@ -139,17 +139,39 @@ func (f *Farm) Live() []*Proc {
 	return ps
 }
 
-// CPU is the CPU time used so far by the live processes of the farm.
-func (f *Farm) CPU() (time.Duration, error) {
-	var sum time.Duration
-	for _, p := range f.Live() {
-		t, err := CPUTime(p.Pid())
-		if err != nil {
-			return 0, err
-		}
-		sum += t
+// CPUTimes is the CPU time of a farm's processes by role.
+type CPUTimes struct{ Coordinator, Workers, MinIO time.Duration }
+
+// Total is the CPU time of every process.
+func (c CPUTimes) Total() time.Duration { return c.Coordinator + c.Workers + c.MinIO }
+
+// Sub is the CPU time used between b and c.
+func (c CPUTimes) Sub(b CPUTimes) CPUTimes {
+	return CPUTimes{c.Coordinator - b.Coordinator, c.Workers - b.Workers, c.MinIO - b.MinIO}
+}
+
+// CPU is the CPU time used so far by the live processes of the farm, MinIO included.
+func (f *Farm) CPU() (CPUTimes, error) {
+	var c CPUTimes
+	add := func(to *time.Duration, pid int) error {
+		t, err := CPUTime(pid)
+		*to += t
+		return err
 	}
-	return sum, nil
+	if err := add(&c.Coordinator, f.Coord.Pid()); err != nil {
+		return c, err
+	}
+	for _, w := range f.Live()[1:] {
+		if err := add(&c.Workers, w.Pid()); err != nil {
+			return c, err
+		}
+	}
+	if f.minio != nil {
+		if err := add(&c.MinIO, f.minio.Pid()); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
 }
 
 // Metric reads one counter from a worker's /metrics, summed over its label sets.

@@ -48,20 +48,30 @@ func (s Shot) renderArgs() []string {
 
 // FarmRun is one shot rendered locally by `tileworker render` and by a fresh farm.
 type FarmRun struct {
-	Tiles             int
-	Local, Farm       time.Duration // wall time: every local render summed; submit to completed
-	LocalCPU, FarmCPU time.Duration // the local renders' rusage; every farm process during the job
-	CoordRSS          int64         // peak resident set of the coordinator
-	WorkerRSSPerSlot  int64         // mean peak resident set of a worker / its slots
-	Attempts          int
+	Tiles            int
+	Local, Farm      time.Duration // wall time: every local render summed; submit to completed
+	LocalCPU         time.Duration // the local renders' rusage
+	FarmCPU          CPUTimes      // every farm process during the job
+	CoordRSS         int64         // peak resident set of the coordinator
+	WorkerRSSPerSlot int64         // mean peak resident set of a worker / its slots
+	Attempts         int
 }
 
 // Efficiency is local time / farm time: 1.0 means the farm costs nothing over the reference.
 func (r FarmRun) Efficiency() float64 { return r.Local.Seconds() / r.Farm.Seconds() }
 
 // OverheadCPUms is the CPU milliseconds per tile the farm spent beyond rendering.
-func (r FarmRun) OverheadCPUms() float64 {
-	return float64((r.FarmCPU - r.LocalCPU).Microseconds()) / 1000 / float64(r.Tiles)
+func (r FarmRun) OverheadCPUms() float64 { return r.perTile(r.FarmCPU.Total() - r.LocalCPU) }
+
+// OverheadByProcess splits OverheadCPUms by role: the coordinator, the workers beyond the
+// local renders' CPU, and MinIO (0 on a file store).
+func (r FarmRun) OverheadByProcess() map[string]float64 {
+	return map[string]float64{"coordinator": r.perTile(r.FarmCPU.Coordinator),
+		"workers": r.perTile(r.FarmCPU.Workers - r.LocalCPU), "minio": r.perTile(r.FarmCPU.MinIO)}
+}
+
+func (r FarmRun) perTile(d time.Duration) float64 {
+	return float64(d.Microseconds()) / 1000 / float64(r.Tiles)
 }
 
 // renderLocal renders every frame of s with `tileworker render -j slots` and returns the
@@ -127,7 +137,7 @@ func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *farm.Bundl
 	if err != nil {
 		return r, err
 	}
-	r.FarmCPU, r.Tiles, r.Attempts = cpu1-cpu0, st.TilesTotal, st.TileAttempts
+	r.FarmCPU, r.Tiles, r.Attempts = cpu1.Sub(cpu0), st.TilesTotal, st.TileAttempts
 	for _, ch := range profErrs {
 		if err := <-ch; err != nil {
 			return r, err

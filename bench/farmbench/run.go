@@ -76,29 +76,31 @@ type GrowthRow struct {
 
 // Result is every figure of a run; --json prints it.
 type Result struct {
-	FarmEfficiency      float64           `json:"farm_efficiency"`
-	FarmEfficiencySmall float64           `json:"farm_efficiency_small"`
-	TileOverheadCPUms   float64           `json:"tile_overhead_cpu_ms"`
-	DispatchTilesPerS   float64           `json:"dispatch_tiles_per_s"`
-	DispatchTiles       int               `json:"dispatch_tiles"`
-	RecoveryP50         float64           `json:"recovery_seconds_p50"`
-	RecoveryP99         float64           `json:"recovery_seconds_p99"`
-	ResumeRate          float64           `json:"resume_rate"`
-	ResumeKills         int               `json:"resume_kills"`
-	ResumeRecovered     int64             `json:"resume_samples_recovered"`
-	ResumeAgain         float64           `json:"resume_samples_rendered_again"`
-	CoordinatorRSSMB    float64           `json:"coordinator_rss_mb"`
-	CoordinatorRSSTiles int               `json:"coordinator_rss_tiles"`
-	WorkerRSSMBPerSlot  float64           `json:"worker_rss_mb_per_slot"`
-	FarmSeconds         float64           `json:"farm_seconds"`
-	LocalSeconds        float64           `json:"local_seconds"`
-	ShotTiles           int               `json:"shot_tiles"`
-	ShotTileSeconds     float64           `json:"shot_tile_cpu_seconds"`
-	Targets             map[string]string `json:"targets"`
-	Growth              []GrowthRow       `json:"growth,omitempty"`
-	Profiles            []string          `json:"profiles,omitempty"`
-	Machine             string            `json:"machine"`
-	Steps               []string          `json:"steps"` // the measurements made
+	FarmEfficiency      float64            `json:"farm_efficiency"`
+	FarmEfficiencySmall float64            `json:"farm_efficiency_small"`
+	TileOverheadCPUms   float64            `json:"tile_overhead_cpu_ms"`
+	TileOverheadBy      map[string]float64 `json:"tile_overhead_cpu_ms_by_process"`
+	OverheadStore       string             `json:"tile_overhead_store"`
+	DispatchTilesPerS   float64            `json:"dispatch_tiles_per_s"`
+	DispatchTiles       int                `json:"dispatch_tiles"`
+	RecoveryP50         float64            `json:"recovery_seconds_p50"`
+	RecoveryP99         float64            `json:"recovery_seconds_p99"`
+	ResumeRate          float64            `json:"resume_rate"`
+	ResumeKills         int                `json:"resume_kills"`
+	ResumeRecovered     int64              `json:"resume_samples_recovered"`
+	ResumeAgain         float64            `json:"resume_samples_rendered_again"`
+	CoordinatorRSSMB    float64            `json:"coordinator_rss_mb"`
+	CoordinatorRSSTiles int                `json:"coordinator_rss_tiles"`
+	WorkerRSSMBPerSlot  float64            `json:"worker_rss_mb_per_slot"`
+	FarmSeconds         float64            `json:"farm_seconds"`
+	LocalSeconds        float64            `json:"local_seconds"`
+	ShotTiles           int                `json:"shot_tiles"`
+	ShotTileSeconds     float64            `json:"shot_tile_cpu_seconds"`
+	Targets             map[string]string  `json:"targets"`
+	Growth              []GrowthRow        `json:"growth,omitempty"`
+	Profiles            []string           `json:"profiles,omitempty"`
+	Machine             string             `json:"machine"`
+	Steps               []string           `json:"steps"` // the measurements made
 }
 
 // Run builds the binaries and makes every measurement of c.
@@ -157,7 +159,8 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			if err != nil {
 				return fmt.Errorf("tile overhead: %w", err)
 			}
-			res.TileOverheadCPUms = over.OverheadCPUms()
+			res.TileOverheadCPUms, res.TileOverheadBy = over.OverheadCPUms(), over.OverheadByProcess()
+			res.OverheadStore = map[bool]string{true: "minio", false: "file"}[c.MinIO]
 			if prof != nil {
 				for _, name := range []string{"coordinator", "w1"} {
 					res.Profiles = append(res.Profiles, filepath.Join(c.ProfileDir, name+".pprof"))

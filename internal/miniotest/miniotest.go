@@ -119,6 +119,9 @@ func (s *Server) URL() string { return storeURL(s.Endpoint, s.Bucket) }
 // Env returns the credential variables OpenStore and child processes read.
 func (s *Server) Env() []string { return credentialEnv(s.AccessKey, s.SecretKey) }
 
+// Pid is the server process's id, 0 when it is not running: benchmarks read its CPU time.
+func (s *Server) Pid() int { return s.proc.pid() }
+
 // DataDir returns the server's data directory, which survives Stop.
 func (s *Server) DataDir() string { return s.dataDir }
 
@@ -213,6 +216,18 @@ func (p *process) exited() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.done
+}
+
+func (p *process) pid() int {
+	if !p.running() {
+		return 0
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
 }
 
 // running reports whether the process was launched and has not exited.

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -109,6 +110,13 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 		t.Fatalf("the resumed attempt observed %d render times, want 1", got)
 	}
 	samePixels(t, h.promoted(t, job), h.reference(t, job, spp).Pixels())
+	// The checkpoints the resume found and the shutdown uploaded are gone once it is promoted.
+	if _, ok, err := h.ckpts.Load(h.ctx, job.TileKey); ok || err != nil {
+		t.Errorf("local checkpoint after promotion: found %v, %v; want deleted", ok, err)
+	}
+	if _, err := h.objects.Stat(h.ctx, farm.CheckpointKey(job.TileKey)); !errors.Is(err, finalize.ErrNotFound) {
+		t.Errorf("remote checkpoint after promotion: %v, want deleted", err)
+	}
 }
 
 // histogramCount is how many tile render times m observed.

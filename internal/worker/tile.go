@@ -22,9 +22,16 @@ type tileRun struct {
 	lease *queue.Lease
 	hb    *heartbeat // nil until the lease is held
 	ckpt  *tileCheckpoints
+	left  *leftCheckpoints // nil: unknown, complete deletes both
 	// finish ends the heartbeat and releases the lease; after a lost lease it only stops.
 	finish func()
 }
+
+// leftCheckpoints says which checkpoints of a tile may exist once a run has rendered it: those
+// its resume found (or could not rule out) and those it saved. complete deletes only those, so a
+// tile rendered in one go costs no store request and no local commit for checkpoints it never
+// had. One a zombie saved in between is removed by PruneCheckpoints locally and by GC remotely.
+type leftCheckpoints struct{ local, remote bool }
 
 func (r *tileRun) manifestKey() string { return farm.TileManifestKey(r.job.FrameKey, r.job.TileKey) }
 
@@ -48,9 +55,13 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 	if err := checkIdentity(r.job); err != nil {
 		return err
 	}
-	// 1. Already promoted: tell the coordinator (it may have missed the event) and ack.
-	if done, err := w.promotedNow(ctx, r); err != nil || done {
-		return err
+	// 1. Already promoted: tell the coordinator (it may have missed the event) and ack. A first
+	// delivery skips this read, a store request per tile: the check under the lease below
+	// catches a duplicate all the same, at the cost of a lease taken and released.
+	if r.num > 1 {
+		if done, err := w.promotedNow(ctx, r); err != nil || done {
+			return err
+		}
 	}
 	if f := w.cfg.Faults.BeforeLease; f != nil {
 		f(r.job)
@@ -188,6 +199,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	}
 
 	// 3. Resume from a checkpoint made from the same inputs by the same build.
+	r.left = &leftCheckpoints{}
 	recovered := w.resume(ctx, tile, r)
 	if err := w.retryInPlace(ctx, r.delivery, "publishing start event", func(ctx context.Context) error {
 		return w.publishEvent(ctx, r.delivery, farm.Event{Type: farm.EventTileStarted, JobID: r.job.JobID, TileKey: r.job.TileKey,
@@ -227,11 +239,14 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		return fmt.Errorf("before finalize: %w", err)
 	}
 	var p finalize.Promotion
+	// The manifest was absent when the lease was taken: the first try skips reading it again.
+	opts := []finalize.PromoteOption{finalize.AfterUpload(func() { w.crashAt(r.log, "after-upload") }), finalize.Absent()}
 	err = w.retryStore(ctx, r.delivery, "promoting tile", func(ctx context.Context) (err error) {
 		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, farm.BuildFor(r.job.Settings),
 			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
 			map[string]string{"tile_key": r.job.TileKey, "frame_key": r.job.FrameKey, "input_hash": r.job.InputHash, "worker": w.cfg.Name},
-			finalize.AfterUpload(func() { w.crashAt(r.log, "after-upload") }))
+			opts...)
+		opts = opts[:1] // a retry reads the manifest first, and may find its own promotion
 		return err
 	})
 	if err != nil {
@@ -271,11 +286,15 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 		return fmt.Errorf("publishing completion event: %w", err)
 	}
 	w.crashAt(r.log, "after-event")
-	if err := w.ckpts.Delete(ctx, r.job.TileKey); err != nil {
-		r.log.Warn("deleting local checkpoint", "err", err)
+	if r.left == nil || r.left.local {
+		if err := w.ckpts.Delete(ctx, r.job.TileKey); err != nil {
+			r.log.Warn("deleting local checkpoint", "err", err)
+		}
 	}
-	if err := w.objects.Delete(ctx, farm.CheckpointKey(r.job.TileKey)); err != nil {
-		r.log.Warn("deleting remote checkpoint", "err", err)
+	if r.left == nil || r.left.remote {
+		if err := w.objects.Delete(ctx, farm.CheckpointKey(r.job.TileKey)); err != nil {
+			r.log.Warn("deleting remote checkpoint", "err", err)
+		}
 	}
 	if r.finish != nil {
 		r.finish()
@@ -300,10 +319,12 @@ func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int 
 			if err != nil {
 				r.log.Warn("loading local checkpoint", "err", err)
 			}
+			r.left.local = ok || err != nil
 			return c, ok && err == nil
 		},
 		func() (tiles.Checkpoint, bool) {
 			data, err := w.objects.Get(ctx, farm.CheckpointKey(r.job.TileKey))
+			r.left.remote = !errors.Is(err, finalize.ErrNotFound)
 			if err != nil {
 				if !errors.Is(err, finalize.ErrNotFound) {
 					r.log.Warn("loading remote checkpoint", "err", err)
@@ -451,6 +472,7 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileR
 	c := tiles.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
 		Attempt: r.attempt, Build: farm.BuildFor(r.job.Settings), SavedAt: time.Now().UTC()}
 	start := time.Now()
+	r.left.local = true
 	if err := w.ckpts.Save(ctx, c); err != nil {
 		r.log.Warn("saving local checkpoint", "err", err)
 	} else {
@@ -465,6 +487,7 @@ func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileR
 		return
 	}
 	start = time.Now()
+	r.left.remote = true
 	data, err := w.codec.Encode(c)
 	if err == nil {
 		err = w.objects.Put(ctx, farm.CheckpointKey(r.job.TileKey), data)
