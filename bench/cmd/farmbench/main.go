@@ -22,7 +22,7 @@ func main() {
 	asJSON := flag.Bool("json", false, "print one JSON object with every figure")
 	flag.IntVar(&c.Workers, "workers", c.Workers, "tileworker processes")
 	flag.IntVar(&c.Slots, "slots", c.Slots, "--concurrency of each tileworker")
-	flag.BoolVar(&c.MinIO, "minio", false, "keep objects in a MinIO process ($TILEFARM_MINIO) instead of a file store")
+	flag.BoolVar(&c.MinIO, "minio", c.MinIO, "keep objects in a MinIO process ($TILEFARM_MINIO), as a real farm does; --minio=false uses the coordinator's file store")
 	flag.IntVar(&c.Shot.Last, "frames", c.Shot.Last, "frames 1-N of the realistic shot")
 	flag.IntVar(&c.Shot.Width, "width", c.Shot.Width, "width of the realistic shot")
 	flag.IntVar(&c.Shot.Height, "height", c.Shot.Height, "height of the realistic shot")
