@@ -17,16 +17,13 @@ import (
 // it stopped, and applying an event again changes nothing (see store.NextTileState).
 const consumerEvents = "coordinator"
 
-// eventBatch bounds the events applied in one transaction; eventLinger is how long a batch
-// waits for more events once it has one.
-const (
-	eventBatch  = 512
-	eventLinger = 5 * time.Millisecond
-)
+// eventBatch bounds the events applied in one transaction.
+const eventBatch = 512
 
 // consumeEvents applies EVENTS in batches: the events that have arrived are applied in one
 // transaction and acked after it commits, so a burst of tile events costs one commit per
-// batch, not per event.
+// batch, not per event. A batch never waits for more events: the last tile.completed of a
+// frame asks for its assembly as soon as it arrives (docs/design.md, "Flows": Events).
 func (c *Coordinator) consumeEvents(ctx context.Context) error {
 	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Durable:   consumerEvents,
@@ -75,25 +72,28 @@ func (c *Coordinator) consumeEvents(ctx context.Context) error {
 				return nil
 			}
 		}
-		// Group commit: take what has arrived, lingering a moment for more, so a burst of
-		// events costs one transaction per batch instead of one per event.
-		batch := []jetstream.Msg{msg}
-		linger := time.NewTimer(eventLinger)
-	fill:
-		for len(batch) < eventBatch {
-			select {
-			case m, ok := <-msgs:
-				if !ok {
-					break fill
-				}
-				batch = append(batch, m)
-			case <-linger.C:
-				break fill
-			}
-		}
-		linger.Stop()
-		c.applyBatch(ctx, batch)
+		c.applyBatch(ctx, takeReady(msg, msgs, eventBatch))
 	}
+}
+
+// takeReady is group commit without a linger: first and whatever else has already arrived on
+// msgs, up to limit, never waiting for more. Events that arrive while a batch commits queue up
+// on msgs and make the next batch, so a burst still costs one transaction per batch, and a
+// lone event (a frame's last tile) is applied at once.
+func takeReady[T any](first T, msgs <-chan T, limit int) []T {
+	batch := []T{first}
+	for len(batch) < limit {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, m)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 // applyBatch applies a batch of event messages in one transaction, then acks them; if the
