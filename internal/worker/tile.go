@@ -228,6 +228,9 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		return err
 	}
 	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
+	if r.free != nil {
+		r.free() // the slot renders its next tile while this one finalizes
+	}
 	// The finished state is checkpointed too when it is due, so a storage outage during finalize
 	// costs no more rendering than a kill would.
 	if r.ckpt.local.due(time.Now()) {

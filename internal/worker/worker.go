@@ -194,8 +194,14 @@ func (w *Worker) Run(ctx context.Context) error {
 }
 
 // loop takes one message at a time while the object store is reachable: a worker whose
-// store is down takes no new work it could not finish.
+// store is down takes no new work it could not finish. A tile frees its slot once it is
+// rendered, so the slot fetches and renders the next while the tile finalizes: the store's
+// writes and fsyncs overlap rendering instead of idling the core. At most one tile finalizes
+// behind the one rendering (docs/design.md, "Flows": Render).
 func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Duration) (jetstream.Msg, error)) {
+	finalizing := make(chan struct{})
+	close(finalizing)
+	defer func() { <-finalizing }()
 	for ctx.Err() == nil {
 		if !w.store.wait(ctx) {
 			return
@@ -209,9 +215,21 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 			queue.Sleep(ctx, w.cfg.RetryBase)
 			continue
 		}
-		if msg != nil {
-			w.handle(ctx, msg)
+		if msg == nil {
+			continue
 		}
+		done, freed := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		go func() {
+			defer close(done)
+			w.serve(ctx, msg, func() { once.Do(func() { close(freed) }) })
+		}()
+		select {
+		case <-freed:
+		case <-done:
+		}
+		<-finalizing
+		finalizing = done
 	}
 }
 
@@ -228,12 +246,18 @@ type delivery struct {
 	describe func(farm.Event) farm.Event // fills in what a failure event says about the job
 	promoted func(context.Context) (bool, error)
 	complete func(context.Context, *delivery) error // announces and acks work found promoted
+	// free lets the slot take its next job while this one finishes: called once a tile is
+	// rendered (loop). Nil when nothing waits for it.
+	free func()
 }
 
 // handle dispatches one message and settles it: ack on success, NakWithDelay on a retryable
 // failure, dead-letter on a terminal one or when the failure budget is used up.
-func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) {
-	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: tiles.NewAttemptID(), num: 1}
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, msg, nil) }
+
+// serve is handle, calling free (if not nil) as soon as the slot may take its next job.
+func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
+	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: tiles.NewAttemptID(), num: 1, free: free}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
 	}
