@@ -105,8 +105,8 @@ func (f *Farm) StartWorker(name string) (*Proc, error) {
 		args = append(args, "--debug-listen", addr)
 	}
 	f.started++
-	p, err := StartProc(name, f.bins.Tileworker, filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.started, name)), f.env,
-		append(args, f.spec.WorkerArgs...)...)
+	p, err := proctest.Start(name, f.bins.Tileworker, filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.started, name)),
+		append([]string{textLogs}, f.env...), append(args, f.spec.WorkerArgs...)...)
 	if err != nil {
 		return nil, err
 	}

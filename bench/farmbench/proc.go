@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/proctest"
@@ -21,76 +18,12 @@ import (
 // Binaries are the farm's two commands (proctest.Build).
 type Binaries = proctest.Binaries
 
-// Proc is one farm process with its output in a log file, so measurements can read what it
-// logged and its CPU and memory from /proc while it lives.
-type Proc struct {
-	Name    string
-	cmd     *exec.Cmd
-	logPath string
-	done    <-chan struct{}
-}
+// Proc is one farm process (proctest.Proc), so measurements can read what it logged and its
+// CPU and memory from /proc while it lives.
+type Proc = proctest.Proc
 
-// StartProc starts bin with args and extra environment, its output in logPath.
-func StartProc(name, bin, logPath string, env []string, args ...string) (*Proc, error) {
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append(os.Environ(), "TILEFARM_LOG_FORMAT=text"), env...)
-	done, err := proctest.Launch(cmd, logPath, name+" "+strings.Join(args, " "))
-	if err != nil {
-		return nil, fmt.Errorf("starting %s: %w", name, err)
-	}
-	return &Proc{Name: name, cmd: cmd, logPath: logPath, done: done}, nil
-}
-
-// Pid is the process id.
-func (p *Proc) Pid() int { return p.cmd.Process.Pid }
-
-// Log is everything the process wrote so far.
-func (p *Proc) Log() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-// Exited reports whether the process has ended.
-func (p *Proc) Exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// Kill kills the process with SIGKILL and waits until it is gone.
-func (p *Proc) Kill() {
-	if p.Exited() {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// WaitLog waits until the log matches rx at or after byte offset from and returns the offset
-// just past the match.
-func (p *Proc) WaitLog(ctx context.Context, rx *regexp.Regexp, from int, d time.Duration) (int, error) {
-	deadline := time.Now().Add(d)
-	for {
-		l := p.Log()
-		if from < len(l) {
-			if loc := rx.FindStringIndex(l[from:]); loc != nil {
-				return from + loc[1], nil
-			}
-		}
-		if p.Exited() {
-			return 0, fmt.Errorf("%s exited before logging %q", p.Name, rx)
-		}
-		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%s did not log %q within %v", p.Name, rx, d)
-		}
-		if !queue.Sleep(ctx, 10*time.Millisecond) {
-			return 0, ctx.Err()
-		}
-	}
-}
+// textLogs makes a farm process log key=value lines, the form the measurements read.
+const textLogs = "TILEFARM_LOG_FORMAT=text"
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux this runs on.
 const clockTicks = 100
@@ -176,7 +109,7 @@ func StartCoordinator(ctx context.Context, bin, dir string, env []string, extra 
 	}
 	c := &Coordinator{Data: filepath.Join(dir, "data"), HTTP: httpAddr, NATS: natsAddr}
 	args := append([]string{"serve", "--data", c.Data, "--listen", httpAddr, "--nats-listen", natsAddr, "--log-level", "warn"}, extra...)
-	if c.Proc, err = StartProc("coordinator", bin, filepath.Join(dir, "serve.log"), env, args...); err != nil {
+	if c.Proc, err = proctest.Start("coordinator", bin, filepath.Join(dir, "serve.log"), append([]string{textLogs}, env...), args...); err != nil {
 		return nil, err
 	}
 	if err := WaitHealthy(ctx, httpAddr, c.Proc); err != nil {

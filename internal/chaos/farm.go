@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -63,66 +62,6 @@ func buildBinaries(dir string) (proctest.Binaries, error) {
 	return proctest.Build(root, filepath.Join(dir, "bin"))
 }
 
-// proc is one farm process with its log.
-type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	done    <-chan struct{}
-}
-
-func (p *proc) log() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-func (p *proc) signal(s syscall.Signal) { _ = p.cmd.Process.Signal(s) }
-
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill kills the process with SIGKILL (thawing it first) and waits for it.
-func (p *proc) kill() {
-	if p.exited() {
-		return
-	}
-	p.signal(syscall.SIGCONT)
-	p.signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// waitExit waits for the process to exit by itself.
-func (p *proc) waitExit(d time.Duration) bool {
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-// waitLog waits until the log matches re and returns the match's first group, if any.
-func (p *proc) waitLog(re string, d time.Duration) (string, bool) {
-	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if m := rx.FindStringSubmatch(p.log()); m != nil {
-			if len(m) > 1 {
-				return m[1], true
-			}
-			return "", true
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return "", false
-}
-
 // theFarm is one farm under test: its NATS and MinIO servers, coordinator, workers, and the
 // local references its frames are compared with.
 type theFarm struct {
@@ -136,9 +75,9 @@ type theFarm struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	http     string
-	coord    *proc
-	workers  []*proc
-	metrics  map[*proc]string // metrics address of each worker
+	coord    *proctest.Proc
+	workers  []*proctest.Proc
+	metrics  map[*proctest.Proc]string // metrics address of each worker
 	api      *client.Client
 	bundle   *farm.Bundle
 	scene    string
@@ -155,7 +94,7 @@ func (f *theFarm) logf(format string, args ...any) {
 
 // newFarm starts NATS (natsNodes), MinIO (minioNodes), a coordinator and workers workers.
 func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name string, natsNodes, minioNodes, workers int) (*theFarm, error) {
-	f := &theFarm{cfg: cfg, bins: bins, name: name, dir: filepath.Join(cfg.dir, name), metrics: map[*proc]string{}, refs: map[int]string{}}
+	f := &theFarm{cfg: cfg, bins: bins, name: name, dir: filepath.Join(cfg.dir, name), metrics: map[*proctest.Proc]string{}, refs: map[int]string{}}
 	if err := os.MkdirAll(f.dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -233,16 +172,16 @@ func (f *theFarm) startCoordinator(extra ...string) error {
 				return nil
 			}
 		}
-		if p.exited() && len(extra) == 0 {
-			return fmt.Errorf("coordinator exited:\n%s", p.log())
+		if p.Exited() && len(extra) == 0 {
+			return fmt.Errorf("coordinator exited:\n%s", p.Log())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return fmt.Errorf("coordinator did not become healthy:\n%s", p.log())
+	return fmt.Errorf("coordinator did not become healthy:\n%s", p.Log())
 }
 
 // startWorker starts a tileworker (slowed, see workerSlow) with extra flags.
-func (f *theFarm) startWorker(name string, extra ...string) (*proc, error) {
+func (f *theFarm) startWorker(name string, extra ...string) (*proctest.Proc, error) {
 	maddr, err := proctest.FreeAddr()
 	if err != nil {
 		return nil, err
@@ -260,25 +199,22 @@ func (f *theFarm) startWorker(name string, extra ...string) (*proc, error) {
 	return p, nil
 }
 
-func (f *theFarm) start(name, bin string, args ...string) (*proc, error) {
+// start starts a farm process with its log numbered in the order the farm started them, so
+// the work directory reads as the run went.
+func (f *theFarm) start(name, bin string, args ...string) (*proctest.Proc, error) {
 	f.procs++
 	logPath := filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.procs, name))
-	cmd := exec.Command(bin, args...)
 	// The scenarios read the processes' logs as key=value lines.
-	cmd.Env = append(append(os.Environ(), "TILEFARM_LOG_FORMAT=text"), f.minio.Env()...)
-	done, err := proctest.Launch(cmd, logPath, name+" "+strings.Join(args, " "))
-	if err != nil {
-		return nil, err
-	}
-	return &proc{name: name, cmd: cmd, logPath: logPath, done: done}, nil
+	env := append([]string{"TILEFARM_LOG_FORMAT=text"}, f.minio.Env()...)
+	return proctest.Start(name, bin, logPath, env, args...)
 }
 
 func (f *theFarm) close() {
 	if f.coord != nil {
-		f.coord.kill()
+		f.coord.Kill()
 	}
 	for p := range f.metrics {
-		p.kill()
+		p.Kill()
 	}
 	if f.nc != nil {
 		f.nc.Close()
@@ -415,7 +351,7 @@ func (f *theFarm) duplicates() map[string]float64 {
 	out := map[string]float64{}
 	addrs := []string{f.http}
 	for p, a := range f.metrics {
-		if !p.exited() {
+		if !p.Exited() {
 			addrs = append(addrs, a)
 		}
 	}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -87,6 +86,9 @@ func (a *attempt) waitTiles(ctx context.Context, n int) error {
 
 var crashLine = regexp.MustCompile(`fault injection: crashing at a seam.*tile_key=([0-9a-f]+)`)
 
+// checkpointUploaded is a worker's line for a checkpoint in the store, naming its tile.
+var checkpointUploaded = regexp.MustCompile(`remote checkpoint uploaded.*tile_key=([0-9a-f]+)`)
+
 // killAtSeam starts a worker that kills itself at seam on its first tile and measures how
 // long its tile takes to be taken up again.
 func killAtSeam(seam string) func(context.Context, *attempt) error {
@@ -100,12 +102,12 @@ func killAtSeam(seam string) func(context.Context, *attempt) error {
 			return err
 		}
 		a.faults++
-		if !victim.waitExit(90 * time.Second) {
-			victim.kill()
+		if !victim.WaitExit(90 * time.Second) {
+			victim.Kill()
 			return fmt.Errorf("%w: the worker never reached the %s seam", errInvalid, seam)
 		}
 		killedAt := time.Now()
-		m := crashLine.FindStringSubmatch(victim.log())
+		m := crashLine.FindStringSubmatch(victim.Log())
 		a.landed = m != nil && a.inProgress(ctx)
 		if m == nil {
 			return fmt.Errorf("%w: no crash at %s in the worker's log", errInvalid, seam)
@@ -114,7 +116,7 @@ func killAtSeam(seam string) func(context.Context, *attempt) error {
 		case "mid-pass", "after-checkpoint", "after-upload":
 			a.expectRecovered = true // checkpoints were uploaded after every pass before the kill
 		}
-		d, err := a.f.waitTileAgain(ctx, m[1], victim.name, killedAt, 2*time.Minute)
+		d, err := a.f.waitTileAgain(ctx, m[1], victim.Name, killedAt, 2*time.Minute)
 		if err != nil {
 			return err
 		}
@@ -132,24 +134,25 @@ func freeze(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	defer zombie.kill()
+	defer zombie.Kill()
 	// Frozen only once a checkpoint is in the store, so another worker can resume the tile.
-	if _, ok := zombie.waitLog(`remote checkpoint uploaded`, time.Minute); !ok {
-		return fmt.Errorf("%w: the worker never uploaded a checkpoint", errInvalid)
+	uploaded, err := zombie.WaitLog(ctx, checkpointUploaded, 0, time.Minute)
+	if err != nil {
+		return fmt.Errorf("%w: the worker never uploaded a checkpoint: %w", errInvalid, err)
 	}
-	tile, _ := zombie.waitLog(`remote checkpoint uploaded.*tile_key=([0-9a-f]+)`, time.Second)
-	zombie.signal(syscall.SIGSTOP)
+	tile := uploaded.Groups[1]
+	zombie.Signal(syscall.SIGSTOP)
 	frozenAt := time.Now()
 	a.faults++
 	a.landed = a.inProgress(ctx)
 	a.expectRecovered = true
-	if d, err := a.f.waitTileAgain(ctx, tile, zombie.name, frozenAt, 2*time.Minute); err == nil {
+	if d, err := a.f.waitTileAgain(ctx, tile, zombie.Name, frozenAt, 2*time.Minute); err == nil {
 		a.recovery = d
 	}
 	time.Sleep(4 * time.Second) // well past the 3 s lease
-	zombie.signal(syscall.SIGCONT)
-	if _, ok := zombie.waitLog(`lease lost`, 30*time.Second); !ok {
-		return errors.New("the thawed worker did not notice it lost its lease")
+	zombie.Signal(syscall.SIGCONT)
+	if _, err := zombie.WaitLog(ctx, regexp.MustCompile(`lease lost`), uploaded.End, 30*time.Second); err != nil {
+		return fmt.Errorf("the thawed worker did not notice it lost its lease: %w", err)
 	}
 	return nil
 }
@@ -158,7 +161,7 @@ func freeze(ctx context.Context, a *attempt) error {
 // it again normally.
 func killCoordinatorAt(seam string) func(context.Context, *attempt) error {
 	return func(ctx context.Context, a *attempt) error {
-		a.f.coord.kill()
+		a.f.coord.Kill()
 		if err := a.f.startCoordinator("--fault-crash", seam); err != nil {
 			return err
 		}
@@ -167,11 +170,11 @@ func killCoordinatorAt(seam string) func(context.Context, *attempt) error {
 			a.frames = append(a.frames, fr)
 		}
 		st, submitErr := a.f.submit(ctx, first, last)
-		if !a.f.coord.waitExit(30 * time.Second) {
+		if !a.f.coord.WaitExit(30 * time.Second) {
 			return fmt.Errorf("%w: the coordinator did not die at %s", errInvalid, seam)
 		}
 		a.faults++
-		a.landed = strings.Contains(a.f.coord.log(), "seam="+seam)
+		a.landed = strings.Contains(a.f.coord.Log(), "seam="+seam)
 		if seam == "submit-after-commit" && submitErr == nil {
 			a.landed = false // the crash came after the answer
 		}
@@ -200,7 +203,7 @@ func killCoordinatorApplying(ctx context.Context, a *attempt) error {
 	if err := a.waitTiles(ctx, 2); err != nil {
 		return err
 	}
-	a.f.coord.kill()
+	a.f.coord.Kill()
 	a.faults++
 	a.landed = true
 	time.Sleep(3 * time.Second) // workers keep rendering; their events wait in EVENTS
@@ -361,17 +364,17 @@ func randomSchedule(seed uint64, length time.Duration) func(context.Context, *at
 					return err
 				}
 				go func() {
-					if !v.waitExit(2 * time.Minute) {
-						v.kill()
+					if !v.WaitExit(2 * time.Minute) {
+						v.Kill()
 					}
 				}()
 			case k == 1 && len(a.f.workers) > 0:
 				w := a.f.workers[rng.IntN(len(a.f.workers))]
-				w.signal(syscall.SIGSTOP)
+				w.Signal(syscall.SIGSTOP)
 				time.Sleep(4 * time.Second)
-				w.signal(syscall.SIGCONT)
+				w.Signal(syscall.SIGCONT)
 			case k == 2:
-				a.f.coord.kill()
+				a.f.coord.Kill()
 				if err := a.f.startCoordinator(); err != nil {
 					return err
 				}

@@ -192,7 +192,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 	}
 
 	// Credentials are reused on restart, and the same worker goes on rendering.
-	f.serve.kill9()
+	f.serve.Kill()
 	f.restart("--nats-auth", "--api-token-file", tokenFile)
 	if credsAfter, _ := os.ReadFile(workerCreds); string(credsAfter) != string(credsBefore) {
 		t.Fatal("the worker credentials changed on restart")
@@ -205,7 +205,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 
 	// No secret in any log or output.
 	seeds := secretLines(t, workerCreds, filepath.Join(data, "coordinator.creds"))
-	logs := append(outputs, f.serve.log(), w.log())
+	logs := append(outputs, f.serve.Log(), w.Log())
 	for _, l := range logs {
 		for _, secret := range append(seeds, token) {
 			if strings.Contains(l, secret) {
@@ -256,8 +256,8 @@ func TestEmbeddedNATSBeyondLoopbackRequiresCredentials(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(data, "worker.creds")); err != nil {
 		t.Fatalf("no worker credentials written: %v", err)
 	}
-	if !strings.Contains(f.serve.log(), "auth=true") {
-		t.Fatalf("the embedded server does not say it requires credentials:\n%s", f.serve.log())
+	if !strings.Contains(f.serve.Log(), "auth=true") {
+		t.Fatalf("the embedded server does not say it requires credentials:\n%s", f.serve.Log())
 	}
 	if nc, err := nats.Connect("nats://127.0.0.1:"+port, nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()

@@ -164,11 +164,11 @@ func TestBlenderWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	children := blenderChildren(t, a.cmd.Process.Pid)
+	children := blenderChildren(t, a.Pid())
 	if len(children) == 0 {
 		t.Fatal("the victim runs no Blender process")
 	}
-	a.kill9()
+	a.Kill()
 	if now, _ := f.status(st.JobID); now.State == "completed" || now.TilesCompleted != 0 {
 		t.Fatalf("the kill landed after the tile was done: %+v", now)
 	}
@@ -188,11 +188,11 @@ func TestBlenderWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 	}
 	// Blender prints "Sample 32/32" as each 32-sample pass ends: the successor rendered only
 	// the passes the checkpoint lacked.
-	passes := len(regexp.MustCompile(fmt.Sprintf(`Sample %d/%d\b`, pass, pass)).FindAllString(b.log(), -1))
+	passes := len(regexp.MustCompile(fmt.Sprintf(`Sample %d/%d\b`, pass, pass)).FindAllString(b.Log(), -1))
 	if want := (spp - done.SamplesRecovered) / pass; passes != want {
 		t.Fatalf("the successor rendered %d passes, want the %d missing ones", passes, want)
 	}
-	if !strings.Contains(b.log(), "resuming from checkpoint") {
+	if !strings.Contains(b.Log(), "resuming from checkpoint") {
 		t.Fatal("the successor did not say it resumed from the checkpoint")
 	}
 	out := filepath.Join(t.TempDir(), "f_####.exr")

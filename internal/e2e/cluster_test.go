@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tilefarm/tilefarm/internal/natstest"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
@@ -80,9 +81,9 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 		t.Fatalf("job on the cluster: %+v", done)
 	}
 	f.assertNoDeadLetters()
-	for _, w := range []*proc{w1, w2} {
-		if strings.Contains(w.log(), "dead-lettering") {
-			t.Fatalf("a worker dead-lettered during the leader changes:\n%s", w.log())
+	for _, w := range []*proctest.Proc{w1, w2} {
+		if strings.Contains(w.Log(), "dead-lettering") {
+			t.Fatalf("a worker dead-lettered during the leader changes:\n%s", w.Log())
 		}
 	}
 	outputsEqualReference(t, f, st.JobID, scene, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, small...)

@@ -1084,8 +1084,9 @@ func (c *container) healthy() error {
 	return nil
 }
 
-// waitHealthy polls the healthcheck until it passes; exited reports a dead process.
-func (c *container) waitHealthy(exited <-chan struct{}, logs func() string) {
+// waitHealthy polls the healthcheck until it passes, and fails at once if p, the service's
+// process, dies first.
+func (c *container) waitHealthy(p *proctest.Proc) {
 	c.w.t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -1093,13 +1094,11 @@ func (c *container) waitHealthy(exited <-chan struct{}, logs func() string) {
 		if err == nil {
 			return
 		}
-		select {
-		case <-exited:
-			c.w.t.Fatalf("service %s exited before it was healthy:\n%s", c.service, logs())
-		default:
+		if p.Exited() {
+			c.w.t.Fatalf("service %s exited before it was healthy:\n%s", c.service, p.Log())
 		}
 		if time.Now().After(deadline) {
-			c.w.t.Fatalf("service %s never became healthy (%v):\n%s", c.service, err, logs())
+			c.w.t.Fatalf("service %s never became healthy (%v):\n%s", c.service, err, p.Log())
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -1119,24 +1118,14 @@ func serverBinary(t *testing.T, env, name string) string {
 }
 
 // launch starts a server program for the rest of the test.
-func (c *container) launch(binary string, args []string, env []string) (<-chan struct{}, func() string) {
+func (c *container) launch(binary string, args []string, env []string) *proctest.Proc {
 	c.w.t.Helper()
-	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), env...)
-	logPath := c.root + ".log"
-	done, err := proctest.Launch(cmd, logPath, c.service)
+	p, err := proctest.Start(c.service, binary, c.root+".log", env, args...)
 	if err != nil {
-		c.w.t.Fatalf("starting %s: %v", c.service, err)
+		c.w.t.Fatal(err)
 	}
-	logs := func() string { b, _ := os.ReadFile(logPath); return string(b) }
-	c.w.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-done
-		if c.w.t.Failed() {
-			c.w.t.Logf("---- log of %s ----\n%s", c.service, logs())
-		}
-	})
-	return done, logs
+	killAtEnd(c.w.t, p, c.service)
+	return p
 }
 
 func envList(m map[string]string) []string {
@@ -1245,8 +1234,7 @@ func TestComposeStackRunsWithoutDocker(t *testing.T) {
 		t.Fatalf("the nats healthcheck passed before nats-server started")
 	}
 	natsArgsRun := append(slices.Clone(natsCmd), "-a", "127.0.0.1", "-p", port(nc.listen(client)), "-m", port(nc.listen(monitor)))
-	done, logs := nc.launch(natsBin, natsArgsRun, nil)
-	nc.waitHealthy(done, logs)
+	nc.waitHealthy(nc.launch(natsBin, natsArgsRun, nil))
 	if conn, err := nats.Connect("nats://"+nc.listens[client], nats.MaxReconnects(0)); err == nil {
 		conn.Close()
 		t.Errorf("NATS accepted a client without credentials")
@@ -1261,8 +1249,7 @@ func TestComposeStackRunsWithoutDocker(t *testing.T) {
 	if err := mc.healthy(); err == nil {
 		t.Fatalf("the minio healthcheck passed before MinIO started")
 	}
-	done, logs = mc.launch(serverBinary(t, "TILEFARM_MINIO", "minio"), minioCmd, envList(mc.s.Environment))
-	mc.waitHealthy(done, logs)
+	mc.waitHealthy(mc.launch(serverBinary(t, "TILEFARM_MINIO", "minio"), minioCmd, envList(mc.s.Environment)))
 
 	coord := readers["coordinator"]
 	exe, args := executable(t, "coordinator", coord.s)
@@ -1270,8 +1257,7 @@ func TestComposeStackRunsWithoutDocker(t *testing.T) {
 	if err := coord.healthy(); err == nil {
 		t.Fatalf("the coordinator healthcheck passed before the coordinator started")
 	}
-	p := startEnv(t, envList(coord.s.Environment), exe, coordCmd...)
-	coord.waitHealthy(p.done, p.log)
+	coord.waitHealthy(startEnv(t, envList(coord.s.Environment), exe, coordCmd...))
 
 	replicas := *cf.Services["tileworker"].Deploy.Replicas
 	for i := range replicas {
@@ -1284,8 +1270,7 @@ func TestComposeStackRunsWithoutDocker(t *testing.T) {
 		if err := wc.healthy(); err == nil {
 			t.Fatalf("the tileworker healthcheck passed before the worker started")
 		}
-		p := startEnv(t, envList(wc.s.Environment), exe, wcmd...)
-		wc.waitHealthy(p.done, p.log)
+		wc.waitHealthy(startEnv(t, envList(wc.s.Environment), exe, wcmd...))
 	}
 
 	// A job through the API, with the token the credentials step made.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -21,19 +22,19 @@ var oneTile = []string{"--width", "64", "--height", "36", "--spp", "32", "--tile
 var slowWorker = []string{"--fault-pass-delay", "250ms", "--checkpoint-every", "0", "--passes", "16"}
 
 // waitCheckpoint waits until the worker has checkpointed at least minSample samples.
-func waitCheckpoint(t *testing.T, p *proc, minSample int) {
+func waitCheckpoint(t *testing.T, p *proctest.Proc, minSample int) {
 	t.Helper()
 	rx := regexp.MustCompile(`checkpoint saved.*next_sample=(\d+)`)
 	deadline := time.Now().Add(60 * time.Second)
 	for time.Now().Before(deadline) {
-		for _, m := range rx.FindAllStringSubmatch(p.log(), -1) {
+		for _, m := range rx.FindAllStringSubmatch(p.Log(), -1) {
 			if n, _ := strconv.Atoi(m[1]); n >= minSample {
 				return
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("worker never checkpointed %d samples:\n%s", minSample, p.log())
+	t.Fatalf("worker never checkpointed %d samples:\n%s", minSample, p.Log())
 }
 
 // A worker process killed with SIGKILL mid-tile; the restarted worker resumes the
@@ -48,7 +49,7 @@ func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
 		t.Fatalf("submit: %s", r)
 	}
 	waitCheckpoint(t, a, 8)
-	a.kill9()
+	a.Kill()
 
 	b := f.worker("successor", ckpts)
 	done := f.waitDone(st.JobID, 2*time.Minute)
@@ -58,8 +59,8 @@ func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
 	if done.SamplesRecovered < 8 {
 		t.Fatalf("samples recovered %d, want at least the 8 checkpointed before the kill", done.SamplesRecovered)
 	}
-	if !strings.Contains(b.log(), "resuming from checkpoint") {
-		t.Fatalf("successor did not resume from the checkpoint:\n%s", b.log())
+	if !strings.Contains(b.Log(), "resuming from checkpoint") {
+		t.Fatalf("successor did not resume from the checkpoint:\n%s", b.Log())
 	}
 	out := filepath.Join(t.TempDir(), "k_####.png")
 	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
@@ -77,16 +78,16 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	a := f.worker("zombie", t.TempDir(), slowWorker...)
 	st, _ := f.submit(append([]string{scene, "--frames", "5"}, oneTile...)...)
 	waitCheckpoint(t, a, 4)
-	a.signal(syscall.SIGSTOP)
+	a.Signal(syscall.SIGSTOP)
 
 	f.worker("rescuer", t.TempDir())
 	done := f.waitDone(st.JobID, 2*time.Minute)
 	if done.State != "completed" {
 		t.Fatalf("job while the zombie sleeps: %+v", done)
 	}
-	a.signal(syscall.SIGCONT)
-	if !a.waitLog(`lease lost`, 30*time.Second) {
-		t.Fatalf("zombie did not notice it lost the lease:\n%s", a.log())
+	a.Signal(syscall.SIGCONT)
+	if _, err := a.WaitLog(t.Context(), regexp.MustCompile(`lease lost`), 0, 30*time.Second); err != nil {
+		t.Fatalf("zombie did not notice it lost the lease: %v\n%s", err, a.Log())
 	}
 	time.Sleep(2 * time.Second) // anything the zombie would still do, it does now
 
@@ -111,8 +112,8 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	if len(attempts) != 1 {
 		t.Fatalf("zombie uploaded tile results after losing its lease: %v", attempts)
 	}
-	if strings.Contains(a.log(), "tile already promoted") || regexp.MustCompile(`level=INFO msg="frame assembled"`).MatchString(a.log()) {
-		t.Fatalf("zombie acted on the tile after waking:\n%s", a.log())
+	if strings.Contains(a.Log(), "tile already promoted") || regexp.MustCompile(`level=INFO msg="frame assembled"`).MatchString(a.Log()) {
+		t.Fatalf("zombie acted on the tile after waking:\n%s", a.Log())
 	}
 	after, r := f.status(st.JobID)
 	if r.code != 0 || after.TilesCompleted != after.TilesTotal {
@@ -161,11 +162,11 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 			if r.code != 42 && r.code != 75 {
 				t.Fatalf("submit to a coordinator about to crash: %s", r)
 			}
-			if !f.serve.waitExit(30 * time.Second) {
-				t.Fatalf("coordinator did not crash at %s:\n%s", seam, f.serve.log())
+			if !f.serve.WaitExit(30 * time.Second) {
+				t.Fatalf("coordinator did not crash at %s:\n%s", seam, f.serve.Log())
 			}
-			if !strings.Contains(f.serve.log(), "fault injection: killing coordinator") {
-				t.Fatalf("coordinator exited without reaching the seam:\n%s", f.serve.log())
+			if !strings.Contains(f.serve.Log(), "fault injection: killing coordinator") {
+				t.Fatalf("coordinator exited without reaching the seam:\n%s", f.serve.Log())
 			}
 
 			f.restart("--workers", "2")
@@ -234,7 +235,7 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 
 	// The operator fixes the cause (a healthy worker) and requeues the dead letter: the frame
 	// recovers and the job completes.
-	poisoned.kill9()
+	poisoned.Kill()
 	f.worker("healthy", t.TempDir())
 	seq := strings.Fields(strings.Split(dlq.stdout, "\n")[1])[0]
 	if r := f.cli("dlq", "requeue", seq); r.code != 0 {
@@ -272,15 +273,15 @@ func TestCoordinatorKilledMidRender(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	f.serve.kill9()
+	f.serve.Kill()
 	time.Sleep(2 * time.Second) // the worker keeps going without its coordinator
 	f.restart()
 	done := f.waitCode(st.JobID, 0, 2*time.Minute)
 	if done.TilesCompleted != done.TilesTotal || done.TilesFailed != 0 {
 		t.Fatalf("job after the coordinator restart: %+v", done)
 	}
-	if !strings.Contains(w.log(), "worker started") {
-		t.Fatalf("worker log:\n%s", w.log())
+	if !strings.Contains(w.Log(), "worker started") {
+		t.Fatalf("worker log:\n%s", w.Log())
 	}
 	out := filepath.Join(t.TempDir(), "m_####.png")
 	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {

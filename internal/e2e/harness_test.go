@@ -14,11 +14,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
 // bin holds the binaries built once for all tests.
@@ -106,98 +104,36 @@ func runEnv(t *testing.T, env []string, name string, args ...string) result {
 	return result{code: code, stdout: out.String(), stderr: errb.String()}
 }
 
-// proc is a long-running process (serve, tileworker) whose output goes to a log file.
-type proc struct {
-	t       *testing.T
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	done    chan struct{}
-	mu      sync.Mutex
-	exited  bool
-}
-
-func start(t *testing.T, name string, args ...string) *proc {
+func start(t *testing.T, name string, args ...string) *proctest.Proc {
 	t.Helper()
 	return startEnv(t, nil, name, args...)
 }
 
-// startEnv starts a process with extra environment variables.
-func startEnv(t *testing.T, env []string, name string, args ...string) *proc {
+// startEnv starts a long-running binary (serve, tileworker) with extra environment variables
+// for the rest of the test, its output in a log file of the test's.
+func startEnv(t *testing.T, env []string, name string, args ...string) *proctest.Proc {
 	t.Helper()
-	logf, err := os.CreateTemp(t.TempDir(), name+"-*.log")
+	p, err := proctest.Start(name, filepath.Join(bin, name), filepath.Join(t.TempDir(), name+".log"), env, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(filepath.Join(bin, name), args...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting %s: %v", name, err)
-	}
-	p := &proc{t: t, name: name, cmd: cmd, logPath: logf.Name(), done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		logf.Close()
-		p.mu.Lock()
-		p.exited = true
-		p.mu.Unlock()
-		close(p.done)
-	}()
-	t.Cleanup(func() {
-		p.signal(syscall.SIGCONT)
-		p.signal(syscall.SIGKILL)
-		<-p.done
-		if strings.Contains(p.log(), "WARNING: DATA RACE") {
-			t.Errorf("%s reported a data race", name)
-		}
-		if t.Failed() {
-			t.Logf("---- log of %s %v ----\n%s", name, args, p.log())
-		}
-	})
+	killAtEnd(t, p, fmt.Sprintf("%s %v", name, args))
 	return p
 }
 
-func (p *proc) signal(s syscall.Signal) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !p.exited {
-		_ = p.cmd.Process.Signal(s)
-	}
-}
-
-func (p *proc) log() string {
-	b, _ := os.ReadFile(p.logPath)
-	return string(b)
-}
-
-// kill9 kills the process with SIGKILL and waits for it to be gone.
-func (p *proc) kill9() {
-	p.signal(syscall.SIGKILL)
-	<-p.done
-}
-
-// waitExit waits for the process to exit by itself.
-func (p *proc) waitExit(d time.Duration) bool {
-	select {
-	case <-p.done:
-		return true
-	case <-time.After(d):
-		return false
-	}
-}
-
-// waitLog waits until the process log matches re.
-func (p *proc) waitLog(re string, d time.Duration) bool {
-	rx := regexp.MustCompile(re)
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if rx.MatchString(p.log()) {
-			return true
+// killAtEnd kills p when the test ends, fails the test if p reported a data race (the binaries
+// are built with -race under TILEFARM_E2E_RACE), and shows p's log under label if the test
+// failed, so a failure can be read without the log files a finished test deletes.
+func killAtEnd(t *testing.T, p *proctest.Proc, label string) {
+	t.Cleanup(func() {
+		p.Kill()
+		if strings.Contains(p.Log(), "WARNING: DATA RACE") {
+			t.Errorf("%s reported a data race", p.Name)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return false
+		if t.Failed() {
+			t.Logf("---- log of %s ----\n%s", label, p.Log())
+		}
+	})
 }
 
 func freePort(t *testing.T) string {
@@ -218,7 +154,7 @@ type farmProc struct {
 	natsAddr string
 	store    string
 	env      []string // e.g. S3 credentials, for every process of the farm
-	serve    *proc
+	serve    *proctest.Proc
 	// externalNATS is a NATS server of its own (natstest) the farm uses instead of the
 	// coordinator's embedded one, so the coordinator can die while workers go on.
 	externalNATS string
@@ -266,12 +202,12 @@ func (f *farmProc) waitHealthy() {
 			}
 		}
 		select {
-		case <-f.serve.done:
-			f.t.Fatalf("coordinator serve exited:\n%s", f.serve.log())
+		case <-f.serve.Done():
+			f.t.Fatalf("coordinator serve exited:\n%s", f.serve.Log())
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	f.t.Fatalf("coordinator serve did not become healthy:\n%s", f.serve.log())
+	f.t.Fatalf("coordinator serve did not become healthy:\n%s", f.serve.Log())
 }
 
 func (f *farmProc) natsURL() string {
@@ -381,7 +317,7 @@ func delayPipe(dst, src net.Conn, oneWay time.Duration) {
 }
 
 // worker starts a tileworker process for this farm.
-func (f *farmProc) worker(name, ckptDir string, extra ...string) *proc {
+func (f *farmProc) worker(name, ckptDir string, extra ...string) *proctest.Proc {
 	args := append([]string{"--nats", f.natsURL(), "--store", f.store, "--checkpoints", ckptDir,
 		"--name", name, "--concurrency", "1", "--log-level", "debug"}, extra...)
 	return startEnv(f.t, f.env, "tileworker", args...)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"regexp"
 	"syscall"
 	"testing"
 	"time"
@@ -110,15 +111,15 @@ func TestRenderInterruptedThenResumed(t *testing.T) {
 	heavy := []string{"--width", "64", "--height", "36", "--spp", "2048", "--tile", "16"}
 	args := append([]string{"render", scene, "--frames", "1-2", "--out", out, "--data", data, "--workers", "1"}, heavy...)
 	p := start(t, "coordinator", args...)
-	if !p.waitLog(`\b[1-9]\d*/24 tiles`, 60*time.Second) {
-		t.Fatalf("no progress before the interrupt:\n%s", p.log())
+	if _, err := p.WaitLog(t.Context(), regexp.MustCompile(`\b[1-9]\d*/24 tiles`), 0, 60*time.Second); err != nil {
+		t.Fatalf("no progress before the interrupt: %v\n%s", err, p.Log())
 	}
-	p.signal(syscall.SIGINT)
-	if !p.waitExit(30 * time.Second) {
-		t.Fatalf("render did not stop on SIGINT:\n%s", p.log())
+	p.Signal(syscall.SIGINT)
+	if !p.WaitExit(30 * time.Second) {
+		t.Fatalf("render did not stop on SIGINT:\n%s", p.Log())
 	}
-	if code := p.cmd.ProcessState.ExitCode(); code != 130 {
-		t.Fatalf("exit code %d after SIGINT, want 130:\n%s", code, p.log())
+	if code := p.ExitCode(); code != 130 {
+		t.Fatalf("exit code %d after SIGINT, want 130:\n%s", code, p.Log())
 	}
 	st := renderJSON(t, append(args[1:], "--workers", "2")...)
 	if st.State != "completed" || st.TilesReused == 0 || st.TilesReused+st.TilesRendered != st.TilesTotal || st.TilesRendered == 0 {

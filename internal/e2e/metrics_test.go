@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -100,7 +101,7 @@ func (f families) value(t *testing.T, name string, labels ...string) float64 {
 }
 
 // waitMetrics waits until addr serves /metrics.
-func waitMetrics(t *testing.T, addr string, p *proc) families {
+func waitMetrics(t *testing.T, addr string, p *proctest.Proc) families {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
@@ -109,7 +110,7 @@ func waitMetrics(t *testing.T, addr string, p *proc) families {
 			return fams
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%s serves no metrics: %v\n%s", p.name, err, p.log())
+			t.Fatalf("%s serves no metrics: %v\n%s", p.Name, err, p.Log())
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

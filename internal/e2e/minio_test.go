@@ -15,6 +15,7 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
 func s3Store(t *testing.T, m *miniotest.Server) finalize.Store {
@@ -72,15 +73,15 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 	if done.State != "completed" || done.TileAttempts != done.TilesTotal {
 		t.Fatalf("job: %+v", done)
 	}
-	for _, w := range []*proc{w1, w2} {
-		if !strings.Contains(w.log(), "worker started") {
-			t.Fatalf("worker did not start:\n%s", w.log())
+	for _, w := range []*proctest.Proc{w1, w2} {
+		if !strings.Contains(w.Log(), "worker started") {
+			t.Fatalf("worker did not start:\n%s", w.Log())
 		}
 	}
-	for _, w := range []*proc{w1, w2} {
+	for _, w := range []*proctest.Proc{w1, w2} {
 		// In a clean run every message is acked once: no redelivery reaches the manifest check.
-		if strings.Contains(w.log(), "ack failed") || strings.Contains(w.log(), "tile already promoted") {
-			t.Fatalf("a tile was delivered again in a clean run:\n%s", w.log())
+		if strings.Contains(w.Log(), "ack failed") || strings.Contains(w.Log(), "tile already promoted") {
+			t.Fatalf("a tile was delivered again in a clean run:\n%s", w.Log())
 		}
 	}
 	// Workers keep the scene in a local cache keyed by scene_version.
@@ -158,7 +159,7 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 	a := f.worker("node-a", t.TempDir(), append(slowWorker, "--remote-checkpoint-every", "0")...)
 	st, _ := f.submit(append([]string{scene, "--frames", "10"}, oneTile...)...)
 	waitCheckpoint(t, a, 8)
-	a.kill9()
+	a.Kill()
 
 	objects := s3Store(t, m)
 	ckpts, err := objects.List(context.Background(), farm.CheckpointKey(""))
@@ -170,8 +171,8 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 	if done.State != "completed" || done.SamplesRecovered <= 0 {
 		t.Fatalf("job after the kill: state %s, samples recovered %d: %+v", done.State, done.SamplesRecovered, done)
 	}
-	if !strings.Contains(b.log(), "resuming from checkpoint") {
-		t.Fatalf("node-b did not resume from the remote checkpoint:\n%s", b.log())
+	if !strings.Contains(b.Log(), "resuming from checkpoint") {
+		t.Fatalf("node-b did not resume from the remote checkpoint:\n%s", b.Log())
 	}
 	out := filepath.Join(t.TempDir(), "r_####.png")
 	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
@@ -219,10 +220,10 @@ func TestMinIOOutageThenGC(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 || done.TilesCompleted != done.TilesTotal {
 		t.Fatalf("job after the outage: %+v", done)
 	}
-	logs := w1.log() + w2.log()
+	logs := w1.Log() + w2.Log()
 	if !strings.Contains(logs, "infrastructure unavailable; retrying in place") ||
 		!strings.Contains(logs, "object store unavailable: not taking new work") || !strings.Contains(logs, "object store available again") {
-		t.Fatalf("no worker retried in place and paused for the outage:\n%s\n%s", w1.log(), w2.log())
+		t.Fatalf("no worker retried in place and paused for the outage:\n%s\n%s", w1.Log(), w2.Log())
 	}
 	if dlq := f.cli("dlq", "list"); dlq.code != 0 || strings.Contains(dlq.stdout, "tiles.") {
 		t.Fatalf("something was dead-lettered: %s", dlq)

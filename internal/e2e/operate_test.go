@@ -70,8 +70,8 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 		t.Fatalf("job B, sharing frame 3 with the cancelled job: %+v", done)
 	}
 	outputsEqualReference(t, f, b.JobID, scene, []int{3}, small...)
-	if !w.waitLog(`dropping tile`, 30*time.Second) {
-		t.Fatalf("the worker never dropped a tile of the cancelled job:\n%s", w.log())
+	if _, err := w.WaitLog(t.Context(), regexp.MustCompile(`dropping tile`), 0, 30*time.Second); err != nil {
+		t.Fatalf("the worker never dropped a tile of the cancelled job: %v\n%s", err, w.Log())
 	}
 	time.Sleep(2 * time.Second) // anything still rendering for A would land now
 	st, r := f.status(a.JobID)
@@ -145,7 +145,7 @@ func TestPriorityRendersTheLaterHighJobFirst(t *testing.T) {
 	// The worker's one slot logs each pass it renders: every pass of the high band comes before
 	// the first pass of the low-priority job.
 	firstLow, lastHigh := -1, -1
-	for i, line := range strings.Split(w.log(), "\n") {
+	for i, line := range strings.Split(w.Log(), "\n") {
 		if !strings.Contains(line, "checkpoint saved") {
 			continue
 		}
@@ -231,11 +231,11 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	good.signal(syscall.SIGSTOP)
+	good.Signal(syscall.SIGSTOP)
 	time.Sleep(time.Second)
 	q, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
-	if !bad.waitLog(`blocklisting job`, 30*time.Second) {
-		t.Fatalf("w-bad never blocklisted the job:\n%s", bad.log())
+	if _, err := bad.WaitLog(t.Context(), regexp.MustCompile(`blocklisting job`), 0, 30*time.Second); err != nil {
+		t.Fatalf("w-bad never blocklisted the job: %v\n%s", err, bad.Log())
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -260,13 +260,13 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	if strings.Join(blocked, ",") != q.JobID {
 		t.Fatalf("workers shows w-bad blocklisting %v, want [%s]", blocked, q.JobID)
 	}
-	good.signal(syscall.SIGCONT)
+	good.Signal(syscall.SIGCONT)
 	if done := f.waitDone(q.JobID, 2*time.Minute); done.State != coordinator.StateCompleted {
 		t.Fatalf("job on the healthy worker: %+v", done)
 	}
 	outputsEqualReference(t, f, q.JobID, scene, []int{1}, small...)
 	// After blocklisting the job, w-bad rendered none of its tiles: it handed them all back.
-	badLog := bad.log()
+	badLog := bad.Log()
 	after := badLog[strings.Index(badLog, "blocklisting job"):]
 	if regexp.MustCompile(`checkpoint saved.*job_id=` + q.JobID).MatchString(after) {
 		t.Fatalf("w-bad rendered a tile of the job after blocklisting it:\n%s", badLog)
@@ -275,7 +275,7 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 		t.Fatalf("w-bad never had to hand back a tile of the job it blocklisted:\n%s", badLog)
 	}
 	// A killed worker leaves the list within its TTL.
-	good.kill9()
+	good.Kill()
 	killed := time.Now()
 	waitWorkers(t, f, "w-bad", queue.WorkerTTL+10*time.Second)
 	t.Logf("killed worker gone after %v", time.Since(killed).Round(time.Second))
@@ -331,10 +331,10 @@ func TestJSONLogsByDefault(t *testing.T) {
 	if done := f.waitDone(st.JobID, time.Minute); done.State != coordinator.StateCompleted {
 		t.Fatalf("job: %+v", done)
 	}
-	w.signal(syscall.SIGTERM)
-	w.waitExit(30 * time.Second)
+	w.Signal(syscall.SIGTERM)
+	w.WaitExit(30 * time.Second)
 	tileLines := 0
-	sc := bufio.NewScanner(strings.NewReader(w.log()))
+	sc := bufio.NewScanner(strings.NewReader(w.Log()))
 	for sc.Scan() {
 		var line map[string]any
 		if err := json.Unmarshal(sc.Bytes(), &line); err != nil {
@@ -354,7 +354,7 @@ func TestJSONLogsByDefault(t *testing.T) {
 		}
 	}
 	if tileLines < 6 {
-		t.Fatalf("%d log lines about tiles for a 6-tile job:\n%s", tileLines, w.log())
+		t.Fatalf("%d log lines about tiles for a 6-tile job:\n%s", tileLines, w.Log())
 	}
 }
 

@@ -94,12 +94,12 @@ func TestWorkerSIGTERMHandsTileBack(t *testing.T) {
 	a := f.worker("leaver", ckpts, slowWorker...)
 	st, _ := f.submit(append([]string{scene, "--frames", "11"}, oneTile...)...)
 	waitCheckpoint(t, a, 4)
-	a.signal(15) // SIGTERM
-	if !a.waitExit(15 * time.Second) {
-		t.Fatalf("worker did not exit on SIGTERM:\n%s", a.log())
+	a.Signal(15) // SIGTERM
+	if !a.WaitExit(15 * time.Second) {
+		t.Fatalf("worker did not exit on SIGTERM:\n%s", a.Log())
 	}
-	if a.cmd.ProcessState.ExitCode() != 0 {
-		t.Fatalf("worker exit code %d on SIGTERM:\n%s", a.cmd.ProcessState.ExitCode(), a.log())
+	if a.ExitCode() != 0 {
+		t.Fatalf("worker exit code %d on SIGTERM:\n%s", a.ExitCode(), a.Log())
 	}
 	f.worker("successor", ckpts)
 	// With a 60 s ack-wait and lease TTL, only a released lease and a Nak let this finish quickly.

@@ -139,15 +139,15 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 	g := &farmProc{t: t, data: t.TempDir(), store: f.store}
 	g.restart("--nats", "nats://tilefarm:S3CRET-PASSWORD@"+f.natsAddr)
 	for _, c := range []*farmProc{g, f} {
-		c.serve.signal(syscall.SIGTERM)
-		if !c.serve.waitExit(15 * time.Second) {
-			t.Fatalf("coordinator did not stop on SIGTERM:\n%s", c.serve.log())
+		c.serve.Signal(syscall.SIGTERM)
+		if !c.serve.WaitExit(15 * time.Second) {
+			t.Fatalf("coordinator did not stop on SIGTERM:\n%s", c.serve.Log())
 		}
-		if code := c.serve.cmd.ProcessState.ExitCode(); code != 0 {
-			t.Fatalf("coordinator exited %d on SIGTERM:\n%s", code, c.serve.log())
+		if code := c.serve.ExitCode(); code != 0 {
+			t.Fatalf("coordinator exited %d on SIGTERM:\n%s", code, c.serve.Log())
 		}
 	}
-	if strings.Contains(g.serve.log(), "S3CRET") || !strings.Contains(g.serve.log(), "REDACTED") {
-		t.Fatalf("credentials in the coordinator log:\n%s", g.serve.log())
+	if strings.Contains(g.serve.Log(), "S3CRET") || !strings.Contains(g.serve.Log(), "REDACTED") {
+		t.Fatalf("credentials in the coordinator log:\n%s", g.serve.Log())
 	}
 }

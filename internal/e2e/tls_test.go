@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -63,8 +64,8 @@ func TestEmbeddedNATSOverTLS(t *testing.T) {
 	f := startServe(t, t.TempDir(), "--nats-cert", filepath.Join(pki, "server.pem"), "--nats-key", filepath.Join(pki, "server-key.pem"))
 	untrusting := f.worker("untrusting", t.TempDir())
 	st, _ := f.submit(append([]string{scene, "--frames", "8"}, small...)...)
-	if !untrusting.waitLog(`(?i)x509|certificate`, 30*time.Second) {
-		t.Fatalf("a worker without the CA did not report the TLS failure:\n%s", untrusting.log())
+	if _, err := untrusting.WaitLog(t.Context(), regexp.MustCompile(`(?i)x509|certificate`), 0, 30*time.Second); err != nil {
+		t.Fatalf("a worker without the CA did not report the TLS failure: %v\n%s", err, untrusting.Log())
 	}
 	if s, _ := f.status(st.JobID); s.TilesCompleted != 0 {
 		t.Fatalf("a worker that cannot verify the server rendered %d tiles", s.TilesCompleted)
@@ -73,8 +74,8 @@ func TestEmbeddedNATSOverTLS(t *testing.T) {
 	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != "completed" {
 		t.Fatalf("job over TLS: %+v", done)
 	}
-	if strings.Contains(untrusting.log(), "worker started") {
-		t.Fatalf("the untrusting worker joined the farm:\n%s", untrusting.log())
+	if strings.Contains(untrusting.Log(), "worker started") {
+		t.Fatalf("the untrusting worker joined the farm:\n%s", untrusting.Log())
 	}
 	_ = trusting
 	outputsEqualReference(t, f, st.JobID, scene, []int{8}, small...)

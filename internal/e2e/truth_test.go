@@ -48,8 +48,8 @@ func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "1")
 	victim := f.worker("victim", t.TempDir(), "--fault-crash", "after-manifest")
 	st, _ := f.submit(append([]string{scene, "--frames", "2"}, oneTile...)...)
-	if !victim.waitExit(time.Minute) || !strings.Contains(victim.log(), "seam=after-manifest") {
-		t.Fatalf("the worker did not die at the after-manifest seam:\n%s", victim.log())
+	if !victim.WaitExit(time.Minute) || !strings.Contains(victim.Log(), "seam=after-manifest") {
+		t.Fatalf("the worker did not die at the after-manifest seam:\n%s", victim.Log())
 	}
 	if mid, _ := f.status(st.JobID); mid.State == "completed" || mid.TilesCompleted != 0 {
 		t.Fatalf("the kill did not hit work in progress: %+v", mid)
@@ -59,12 +59,12 @@ func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 {
 		t.Fatalf("job after the kill: %+v", done)
 	}
-	if !strings.Contains(f.serve.log(), "its work is promoted") {
-		t.Fatalf("the message never ran out of deliveries:\n%s", f.serve.log())
+	if !strings.Contains(f.serve.Log(), "its work is promoted") {
+		t.Fatalf("the message never ran out of deliveries:\n%s", f.serve.Log())
 	}
 	f.assertNoDeadLetters()
-	if strings.Contains(survivor.log(), "checkpoint saved") || done.TileAttempts != 1 {
-		t.Fatalf("the promoted tile was rendered again (%d attempts):\n%s", done.TileAttempts, survivor.log())
+	if strings.Contains(survivor.Log(), "checkpoint saved") || done.TileAttempts != 1 {
+		t.Fatalf("the promoted tile was rendered again (%d attempts):\n%s", done.TileAttempts, survivor.Log())
 	}
 	outputsEqualReference(t, f, st.JobID, scene, []int{2}, oneTile...)
 }
@@ -80,8 +80,8 @@ func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 {
 		t.Fatalf("job after failing completion publishes: %+v", done)
 	}
-	if !strings.Contains(w.log(), `op="publishing completion event"`) || !strings.Contains(w.log(), "injected fault") {
-		t.Fatalf("the injected publish failures never hit the tile's completion:\n%s", w.log())
+	if !strings.Contains(w.Log(), `op="publishing completion event"`) || !strings.Contains(w.Log(), "injected fault") {
+		t.Fatalf("the injected publish failures never hit the tile's completion:\n%s", w.Log())
 	}
 	f.assertNoDeadLetters()
 	outputsEqualReference(t, f, st.JobID, scene, []int{3}, oneTile...)
@@ -122,7 +122,7 @@ func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if n := countLines(f.serve.log(), `publish deduplicated`); n != 0 {
+	if n := countLines(f.serve.Log(), `publish deduplicated`); n != 0 {
 		t.Fatalf("%d publishes were swallowed by the dedup window", n)
 	}
 	dir := t.TempDir()
@@ -180,12 +180,12 @@ func TestDuplicateOfALongTileWaitsForTheHolder(t *testing.T) {
 	if waited := time.Since(dupStart); waited < 2*ttl {
 		t.Fatalf("the duplicate waited only %v, less than two lease TTLs: the tile was not long enough to test this", waited)
 	}
-	if !strings.Contains(dup.log(), "tile leased by another worker; waiting") ||
-		!dup.waitLog("tile promoted by the lease holder; acking duplicate delivery", 30*time.Second) {
-		t.Fatalf("the duplicate did not wait for the holder:\n%s", dup.log())
+	promoted := regexp.MustCompile("tile promoted by the lease holder; acking duplicate delivery")
+	if _, err := dup.WaitLog(t.Context(), promoted, 0, 30*time.Second); err != nil || !strings.Contains(dup.Log(), "tile leased by another worker; waiting") {
+		t.Fatalf("the duplicate did not wait for the holder (%v):\n%s", err, dup.Log())
 	}
-	if strings.Contains(dup.log(), "checkpoint saved") {
-		t.Fatalf("the duplicate rendered the tile again:\n%s", dup.log())
+	if strings.Contains(dup.Log(), "checkpoint saved") {
+		t.Fatalf("the duplicate rendered the tile again:\n%s", dup.Log())
 	}
 	f.assertNoDeadLetters()
 	outputsEqualReference(t, f, st.JobID, scene, []int{5}, oneTile...)
@@ -201,12 +201,12 @@ func TestHandbacksAreNoFailures(t *testing.T) {
 	for i, min := range []int{4, 8} {
 		w := f.worker(fmt.Sprintf("leaver-%d", i), ckpts, slowWorker...)
 		waitCheckpoint(t, w, min)
-		w.signal(syscall.SIGTERM)
-		if !w.waitExit(15 * time.Second) {
-			t.Fatalf("worker did not exit on SIGTERM:\n%s", w.log())
+		w.Signal(syscall.SIGTERM)
+		if !w.WaitExit(15 * time.Second) {
+			t.Fatalf("worker did not exit on SIGTERM:\n%s", w.Log())
 		}
-		if !strings.Contains(w.log(), "shutting down: returning the job to the queue") {
-			t.Fatalf("worker %d did not hand the tile back:\n%s", i, w.log())
+		if !strings.Contains(w.Log(), "shutting down: returning the job to the queue") {
+			t.Fatalf("worker %d did not hand the tile back:\n%s", i, w.Log())
 		}
 	}
 	if mid, _ := f.status(st.JobID); mid.State == "completed" {
@@ -262,8 +262,8 @@ func TestNoDeliveryLostToLatency(t *testing.T) {
 				name, info.Delivered.Consumer, info.NumRedelivered, jobs)
 		}
 	}
-	if n := countLines(w.log(), `delivery=[2-9]`); n != 0 {
-		t.Fatalf("%d log lines of a redelivery in a clean run:\n%s", n, w.log())
+	if n := countLines(w.Log(), `delivery=[2-9]`); n != 0 {
+		t.Fatalf("%d log lines of a redelivery in a clean run:\n%s", n, w.Log())
 	}
 	outputsEqualReference(t, f, ids[0], scene, []int{1}, quick...)
 }
@@ -309,7 +309,7 @@ func runBusyShot(t *testing.T, killCoordinator, purgeEvents bool) (jobStatus fun
 	js := f.js()
 	waitStream(t, js, queue.StreamTiles, uint64(st.TilesTotal))
 	if killCoordinator {
-		f.serve.kill9()
+		f.serve.Kill()
 	}
 	for i := range 2 {
 		f.worker(fmt.Sprintf("w%d", i), t.TempDir(), "--concurrency", "2", "--log-level", "warn")
@@ -388,8 +388,8 @@ func TestReconcilerAloneCompletesAJob(t *testing.T) {
 	if !strings.Contains(status, `"state":"completed"`) || !strings.Contains(status, `"tiles_failed":0`) {
 		t.Fatalf("job after its events were purged: %s", status)
 	}
-	if !strings.Contains(f.serve.log(), "reconciled with manifests") {
-		t.Fatalf("the reconciler did not find the promoted tiles:\n%s", f.serve.log())
+	if !strings.Contains(f.serve.Log(), "reconciled with manifests") {
+		t.Fatalf("the reconciler did not find the promoted tiles:\n%s", f.serve.Log())
 	}
 	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, busyShot[:6]...)
 }
@@ -402,7 +402,7 @@ func TestFileStoreFarmResumesOnAnotherNode(t *testing.T) {
 	a := f.worker("node-a", t.TempDir(), append(slowWorker, "--remote-checkpoint-every", "0")...)
 	st, _ := f.submit(append([]string{scene, "--frames", "7"}, oneTile...)...)
 	waitRemoteCheckpoint(t, f, tileKeys(t, f, st.JobID)[0], 8)
-	a.kill9()
+	a.Kill()
 	if mid, _ := f.status(st.JobID); mid.State == "completed" {
 		t.Fatalf("the kill did not hit work in progress: %+v", mid)
 	}
@@ -411,8 +411,8 @@ func TestFileStoreFarmResumesOnAnotherNode(t *testing.T) {
 	if done.State != "completed" || done.SamplesRecovered < 8 {
 		t.Fatalf("job after the kill: %+v (want at least the 8 samples checkpointed)", done)
 	}
-	if !strings.Contains(b.log(), "resuming from checkpoint") {
-		t.Fatalf("node-b did not resume from the remote checkpoint:\n%s", b.log())
+	if !strings.Contains(b.Log(), "resuming from checkpoint") {
+		t.Fatalf("node-b did not resume from the remote checkpoint:\n%s", b.Log())
 	}
 	outputsEqualReference(t, f, st.JobID, scene, []int{7}, oneTile...)
 }

@@ -315,7 +315,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	dead, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
 	for deadline := time.Now().Add(2 * time.Minute); !strings.Contains(f.deadLetters(), "tiles."); {
 		if time.Now().After(deadline) {
-			t.Fatalf("the faulty tile was never dead-lettered:\n%s", bad.log())
+			t.Fatalf("the faulty tile was never dead-lettered:\n%s", bad.Log())
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
@@ -347,7 +347,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	}
 
 	// Requeue: the faulty worker goes, a healthy one comes, and the page requeues the tile.
-	bad.kill9()
+	bad.Kill()
 	f.worker("w-good", t.TempDir(), "--checkpoint-every", "0")
 	b.route("#/dlq")
 	b.waitTrue(`document.querySelector('#dlq button[data-action=requeue]')`, 15*time.Second)

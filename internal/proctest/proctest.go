@@ -1,9 +1,12 @@
-// Package proctest starts the real server processes tests run against (nats-server, MinIO),
-// each with its output appended to a log file, and never lets one outlive the test binary.
+// Package proctest starts the real processes tests and benchmarks run against (nats-server,
+// MinIO, the farm's own commands), each with its output appended to a log file, and never lets
+// one outlive the test binary. Proc is the one handle on such a process the e2e tests, the
+// chaos harness and farmbench share.
 package proctest
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -17,16 +20,27 @@ import (
 // time; done is closed once the process has exited. The process is killed if the test binary
 // dies first.
 func Launch(cmd *exec.Cmd, logPath, banner string) (done <-chan struct{}, err error) {
+	done, _, err = launch(cmd, logPath, banner)
+	return done, err
+}
+
+// launch is Launch that also returns the log file's size after the banner: where the
+// process's own output starts.
+func launch(cmd *exec.Cmd, logPath, banner string) (done <-chan struct{}, start int64, err error) {
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	fmt.Fprintf(logf, "=== %s %s\n", time.Now().UTC().Format(time.RFC3339Nano), banner)
+	if start, err = logf.Seek(0, io.SeekCurrent); err != nil {
+		logf.Close()
+		return nil, 0, err
+	}
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, err
+		return nil, 0, err
 	}
 	ch := make(chan struct{})
 	go func() {
@@ -34,7 +48,7 @@ func Launch(cmd *exec.Cmd, logPath, banner string) (done <-chan struct{}, err er
 		logf.Close()
 		close(ch)
 	}()
-	return ch, nil
+	return ch, start, nil
 }
 
 // Binaries are the farm's two commands, built once per run so every farm of the run starts
