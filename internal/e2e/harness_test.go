@@ -138,12 +138,11 @@ func killAtEnd(t *testing.T, p *proctest.Proc, label string) {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := proctest.FreeAddr()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addr
 }
 
 // farm is a running `coordinator serve`.
