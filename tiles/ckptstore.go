@@ -103,19 +103,28 @@ func (s *CheckpointStore) Save(ctx context.Context, c Checkpoint) error {
 	if c.TileKey == "" {
 		return errors.New("saving checkpoint: empty tile key")
 	}
-	if err := s.acquire(ctx); err != nil {
-		return fmt.Errorf("saving checkpoint for tile %s: %w", c.TileKey, err)
-	}
-	defer s.mu.RUnlock()
 	enc, err := s.codec.Encode(c)
 	if err != nil {
 		return fmt.Errorf("saving checkpoint for tile %s: %w", c.TileKey, err)
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket([]byte(checkpointBucket)).Put([]byte(c.TileKey), enc)
+	return s.SaveEncoded(ctx, c.TileKey, enc)
+}
+
+// SaveEncoded stores a checkpoint of tileKey that a Codec already encoded (Codec.Encode), so a
+// caller that also uploads it encodes it once. Like Save, it returns once the write is durable.
+func (s *CheckpointStore) SaveEncoded(ctx context.Context, tileKey string, enc []byte) error {
+	if tileKey == "" {
+		return errors.New("saving checkpoint: empty tile key")
+	}
+	if err := s.acquire(ctx); err != nil {
+		return fmt.Errorf("saving checkpoint for tile %s: %w", tileKey, err)
+	}
+	defer s.mu.RUnlock()
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte(checkpointBucket)).Put([]byte(tileKey), enc)
 	})
 	if err != nil {
-		return fmt.Errorf("saving checkpoint for tile %s: %w", c.TileKey, err)
+		return fmt.Errorf("saving checkpoint for tile %s: %w", tileKey, err)
 	}
 	return nil
 }

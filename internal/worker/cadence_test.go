@@ -38,25 +38,26 @@ func TestCadenceDue(t *testing.T) {
 	}
 }
 
-// TestCadenceSavedMovesTheWindow checks that a save restarts the wait and that its cost, shared
+// TestCadenceMarkMovesTheWindow checks that a save restarts the wait and that its cost, shared
 // by the worker's tile runs, sets the next automatic wait.
-func TestCadenceSavedMovesTheWindow(t *testing.T) {
+func TestCadenceMarkMovesTheWindow(t *testing.T) {
 	t0 := time.Unix(1000, 0)
+	ms := time.Millisecond
 	var cost saveCost
 	a := newCadence(0, &cost, t0)
 	if !a.due(t0) {
 		t.Fatal("first automatic save with no known cost is not due")
 	}
-	a.saved(t0, t0.Add(10*time.Millisecond))
-	end := t0.Add(10 * time.Millisecond)
-	if a.due(end.Add(100 * time.Millisecond)) {
-		t.Error("due 100ms after a save that took 10ms: the budget allows one every 190ms")
+	a.mark(t0)
+	cost.set(2 * ms)
+	if a.due(t0.Add(checkpointBudget*2*ms - ms)) {
+		t.Errorf("due %v after a save that cost 2ms: the budget allows one every %v", checkpointBudget*2*ms-ms, checkpointBudget*2*ms)
 	}
-	if !a.due(end.Add(190 * time.Millisecond)) {
-		t.Error("not due 190ms after a save that took 10ms")
+	if !a.due(t0.Add(checkpointBudget * 2 * ms)) {
+		t.Errorf("not due %v after a save that cost 2ms", checkpointBudget*2*ms)
 	}
-	b := newCadence(0, &cost, end)
-	if b.due(end.Add(100 * time.Millisecond)) {
+	b := newCadence(0, &cost, t0)
+	if b.due(t0.Add(50 * ms)) {
 		t.Error("another tile run of the worker ignored the cost it measured")
 	}
 }

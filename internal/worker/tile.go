@@ -20,8 +20,8 @@ type tileRun struct {
 	*delivery
 	job   farm.TileJob
 	lease *queue.Lease
-	hb    *heartbeat // nil until the lease is held
-	ckpt  *tileCheckpoints
+	hb    *heartbeat       // nil until the lease is held
+	ckpt  *checkpointer    // nil until the render begins
 	left  *leftCheckpoints // nil: unknown, complete deletes both
 	// finish ends the heartbeat and releases the lease; after a lost lease it only stops.
 	finish func()
@@ -210,7 +210,8 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
 	start := time.Now()
-	r.ckpt = w.newTileCheckpoints(start)
+	r.ckpt = w.startCheckpointer(ctx, r, start)
+	defer r.ckpt.stop()
 	err = func() error {
 		// Deferred: a panic in a pass (recovered by handle) must not leave the tile in flight.
 		w.m.TilesInFlight.Inc()
@@ -222,7 +223,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 			// Shutting down: keep what was rendered for whoever resumes the tile, but never hang
 			// the shutdown on a slow store.
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-			w.saveCheckpoint(sctx, tile, r, true)
+			r.ckpt.saveNow(sctx, tile, true)
 			cancel()
 		}
 		return err
@@ -233,8 +234,8 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	}
 	// The finished state is checkpointed too when it is due, so a storage outage during finalize
 	// costs no more rendering than a kill would.
-	if r.ckpt.local.due(time.Now()) {
-		w.saveCheckpoint(ctx, tile, r, false)
+	if r.ckpt.stop(); r.ckpt.local.due(time.Now()) {
+		r.ckpt.saveNow(ctx, tile, false)
 	}
 
 	// 5. Finalize, but only while still holding the lease (fencing).
@@ -402,15 +403,12 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 			break
 		}
 		w.reportProgress(r, to)
-		if now := time.Now(); r.ckpt.local.due(now) {
-			w.saveCheckpoint(ctx, tile, r, r.ckpt.remote.due(now))
-			w.crashAt(r.log, "after-checkpoint")
-		}
+		r.ckpt.afterPass(tile)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if w.frameDropped(ctx, r) {
-			w.saveCheckpoint(ctx, tile, r, true) // a job asking for the frame again resumes here
+			r.ckpt.saveNow(ctx, tile, true) // a job asking for the frame again resumes here
 			return errDropped
 		}
 	}
@@ -462,43 +460,4 @@ func (w *Worker) reportProgress(r *tileRun, samples int) {
 	if err != nil {
 		r.log.Debug("reporting progress", "err", err)
 	}
-}
-
-// saveCheckpoint saves the tile's state locally and, if remote, uploads it as the remote
-// checkpoint, but only while the lease is still ours: a worker that slept through losing its
-// lease must not overwrite the new holder's newer checkpoint.
-func (w *Worker) saveCheckpoint(ctx context.Context, tile tileRenderer, r *tileRun, remote bool) {
-	if tile.Next() == 0 {
-		return
-	}
-	st := tile.Export()
-	c := tiles.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
-		Attempt: r.attempt, Build: farm.BuildFor(r.job.Settings), SavedAt: time.Now().UTC()}
-	start := time.Now()
-	r.left.local = true
-	if err := w.ckpts.Save(ctx, c); err != nil {
-		r.log.Warn("saving local checkpoint", "err", err)
-	} else {
-		r.log.Debug("checkpoint saved", "next_sample", st.Next)
-	}
-	r.ckpt.local.saved(start, time.Now())
-	if !remote {
-		return
-	}
-	if err := r.hb.check(ctx); err != nil {
-		r.log.Warn("not uploading checkpoint: lease no longer ours", "err", err)
-		return
-	}
-	start = time.Now()
-	r.left.remote = true
-	data, err := w.codec.Encode(c)
-	if err == nil {
-		err = w.objects.Put(ctx, farm.CheckpointKey(r.job.TileKey), data)
-	}
-	r.ckpt.remote.saved(start, time.Now())
-	if err != nil {
-		r.log.Warn("uploading remote checkpoint", "err", err)
-		return
-	}
-	r.log.Debug("remote checkpoint uploaded", "next_sample", st.Next)
 }

@@ -29,13 +29,13 @@ type Config struct {
 	Name        string        // worker identity in logs, leases and events
 	Concurrency int           // tiles rendered at once; default 1
 	Heartbeat   time.Duration // InProgress + lease renewal; default min(ack-wait, lease TTL)/5
-	// CheckpointEvery is the minimum time between local checkpoints. 0 is automatic: after a
-	// pass, once saving has cost at most 5% of the time (cadence.go); negative is after every
-	// pass.
+	// CheckpointEvery is the minimum time between checkpoints. 0 is automatic: after a pass,
+	// once saving has cost the render at most 2% of the time (cadence.go); negative is after
+	// every pass.
 	CheckpointEvery time.Duration
 	PassesPerTile   int // passes a tile's samples are split into; default 16
-	// RemoteEvery is the minimum time between remote checkpoint uploads, with a local
-	// checkpoint; 0 is automatic like CheckpointEvery, negative is with every checkpoint.
+	// RemoteEvery is the minimum time between remote checkpoint uploads, made with a local
+	// checkpoint; 0 (the default) and negative upload with every checkpoint.
 	RemoteEvery time.Duration
 	RetryBase   time.Duration // first retry backoff; default 1 s
 	RetryMax    time.Duration // backoff cap; default 30 s
@@ -120,7 +120,7 @@ type Worker struct {
 	store   *storeHealth
 	act     *activity // what it renders and what it blocklisted (directory.go)
 
-	localCost, remoteCost saveCost // of the last checkpoint saves (cadence.go)
+	saveCost saveCost // what the last checkpoint cost the render (cadence.go)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
