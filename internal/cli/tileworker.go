@@ -48,7 +48,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	fs.Var(&ckptEvery, "checkpoint-every", "minimum time between local checkpoints: auto (after a pass, keeping saves under 5% of the time), 0 (after every pass) or a duration")
 	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto, 0 (with every checkpoint) or a duration")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
-	passes := fs.Int("passes", 16, "passes a JSON scene's tile samples are split into (checkpoint granularity); Blender scenes fix theirs at submit")
+	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
 	bf := addBlenderFlags(fs, true)
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")

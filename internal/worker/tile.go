@@ -379,6 +379,7 @@ func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int 
 // the worker's), checkpointing after passes and reporting progress while passes remain.
 func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun) error {
 	spp := r.job.Settings.SPP
+	var lastDropCheck time.Time
 	for passes, to := range r.job.Settings.PassEnds(w.cfg.PassesPerTile) {
 		if to <= tile.Next() {
 			continue
@@ -407,13 +408,21 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if w.frameDropped(ctx, r) {
-			r.ckpt.saveNow(ctx, tile, true) // a job asking for the frame again resumes here
-			return errDropped
+		if now := time.Now(); now.Sub(lastDropCheck) >= dropCheckEvery {
+			lastDropCheck = now
+			if w.frameDropped(ctx, r) {
+				r.ckpt.saveNow(ctx, tile, true) // a job asking for the frame again resumes here
+				return errDropped
+			}
 		}
 	}
 	return nil
 }
+
+// dropCheckEvery is how often a tile in progress asks whether its frame was dropped: after a
+// pass, but at most this often, since the answer is a round trip to JetStream and a tile may
+// have dozens of short passes.
+const dropCheckEvery = 250 * time.Millisecond
 
 // renderSamples renders the tile's samples from its next one up to to, and counts in
 // tilefarm_samples_rendered_total the samples the tile really gained, even when the render

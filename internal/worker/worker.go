@@ -33,7 +33,7 @@ type Config struct {
 	// once saving has cost the render at most 2% of the time (cadence.go); negative is after
 	// every pass.
 	CheckpointEvery time.Duration
-	PassesPerTile   int // passes a tile's samples are split into; default 16
+	PassesPerTile   int // passes a tile's samples are split into; default 32
 	// RemoteEvery is the minimum time between remote checkpoint uploads, made with a local
 	// checkpoint; 0 (the default) and negative upload with every checkpoint.
 	RemoteEvery time.Duration
@@ -65,6 +65,11 @@ type Faults struct {
 	BeforeLease func(job farm.TileJob)
 }
 
+// DefaultPasses is how many passes a JSON scene's tile is split into. A pass is what a kill
+// loses at most, so finer is better while a pass costs little: its progress report and, when
+// due, a snapshot for the background checkpointer (checkpointer.go).
+const DefaultPasses = 32
+
 // Seams of the Render and Finalize flows where Faults.CrashAt can kill a worker.
 var Seams = []string{"before-lease", "mid-pass", "after-checkpoint", "after-upload", "after-manifest", "after-event", "before-ack"}
 
@@ -77,7 +82,7 @@ func (c *Config) normalize(f *queue.Farm) {
 		c.Heartbeat = min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 5
 	}
 	if c.PassesPerTile <= 0 {
-		c.PassesPerTile = 16
+		c.PassesPerTile = DefaultPasses
 	}
 	if c.RetryBase <= 0 {
 		c.RetryBase = time.Second
