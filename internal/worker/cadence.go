@@ -14,21 +14,36 @@ import (
 // "Checkpoints"); the budget keeps that from costing throughput when tiles are large.
 const checkpointBudget = 49
 
+// checkpointRate bounds the background part by bytes: a save is due only once the time since
+// the last one is at least the last save's encoded size over checkpointRate, per slot. The local
+// commit, the upload and the store's own work grow with the bytes, and none of them shows in the
+// render's budget; a small tile's state (a 32 px tile encodes to tens of KB) is still saved after
+// every pass, a large one's a few times a second, and the load on a shared store stays in
+// proportion.
+const checkpointRate = 4 << 20 // bytes per second
+
 // cadence decides, after each pass, whether a checkpoint is due. An every of 0 saves after
 // every pass; a positive every is a minimum interval; auto adds the cost budget.
 type cadence struct {
 	every time.Duration // minimum time between saves; 0: none
-	auto  bool          // also wait checkpointBudget times the cost of a save
+	auto  bool          // also wait out the cost budgets of a save
 	cost  *saveCost     // what a save costs on this worker
 	last  time.Time     // when the render began or the last save's snapshot was taken
 }
 
-// saveCost is what a worker's last checkpoint cost the render, the estimate of the next one's;
-// every tile run of the worker reads and updates it.
-type saveCost struct{ ns atomic.Int64 }
+// saveCost is what a worker's last checkpoint cost, the estimate of the next one's: the render's
+// share (snapshot and encoding) and its encoded size. Every tile run of the worker reads and
+// updates it.
+type saveCost struct{ renderNs, size atomic.Int64 }
 
-func (c *saveCost) get() time.Duration  { return time.Duration(c.ns.Load()) }
-func (c *saveCost) set(d time.Duration) { c.ns.Store(int64(d)) }
+func (c *saveCost) render() time.Duration { return time.Duration(c.renderNs.Load()) }
+func (c *saveCost) bytes() int64          { return c.size.Load() }
+
+// set records a save whose render share was render and whose encoding was size bytes.
+func (c *saveCost) set(render time.Duration, size int) {
+	c.renderNs.Store(int64(render))
+	c.size.Store(int64(size))
+}
 
 // newCadence is the cadence of a Config interval (CheckpointEvery): 0 is automatic, negative
 // saves after every pass and positive is a minimum interval.
@@ -46,7 +61,7 @@ func newCadence(every time.Duration, cost *saveCost, start time.Time) cadence {
 func (c *cadence) due(now time.Time) bool {
 	gap := c.every
 	if c.auto {
-		gap = max(gap, checkpointBudget*c.cost.get())
+		gap = max(gap, checkpointBudget*c.cost.render(), time.Duration(c.cost.bytes())*time.Second/checkpointRate)
 	}
 	return now.Sub(c.last) >= gap
 }

@@ -109,7 +109,7 @@ func (w *Worker) snapshot(tile tileRenderer, r *tileRun, remote bool) (saveJob, 
 func (w *Worker) writeCheckpoint(ctx context.Context, r *tileRun, j saveJob) {
 	start := time.Now()
 	data, err := w.codec.Encode(j.c)
-	w.saveCost.set(j.took + time.Since(start))
+	w.saveCost.set(j.took+time.Since(start), len(data))
 	if err != nil {
 		r.log.Warn("encoding checkpoint", "err", err)
 		return
