@@ -30,8 +30,8 @@ type Config struct {
 	Concurrency int           // tiles rendered at once; default 1
 	Heartbeat   time.Duration // InProgress + lease renewal; default min(ack-wait, lease TTL)/5
 	// CheckpointEvery is the minimum time between checkpoints. 0 is automatic: after a pass,
-	// once saving has cost the render at most 2% of the time (cadence.go); negative is after
-	// every pass.
+	// once saving has cost the render at most 2% of the time and 4 MB/s (cadence.go); negative
+	// is after every pass.
 	CheckpointEvery time.Duration
 	PassesPerTile   int // passes a tile's samples are split into; default 32
 	// RemoteEvery is the minimum time between remote checkpoint uploads, made with a local
