@@ -303,7 +303,8 @@ func natsOutage(ctx context.Context, a *attempt) error {
 // restartMinIONode kills one MinIO node (not the one clients talk to) mid-render and brings
 // it back.
 func restartMinIONode(ctx context.Context, a *attempt) error {
-	if err := a.submit(ctx, 2); err != nil {
+	// Enough frames that the job is still rendering once two tiles are done.
+	if err := a.submit(ctx, 6); err != nil {
 		return err
 	}
 	if err := a.waitTiles(ctx, 2); err != nil {

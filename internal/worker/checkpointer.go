@@ -70,6 +70,14 @@ func (k *checkpointer) afterPass(tile tileRenderer) {
 	k.jobs <- j
 }
 
+// settle waits until no save is in flight, for the fault seam that kills a worker inside a
+// pass (renderPasses); the saver keeps running.
+func (k *checkpointer) settle(ctx context.Context) {
+	for k.busy.Load() && ctx.Err() == nil {
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // stop waits for the save in flight and ends the saver. It is safe to call twice.
 func (k *checkpointer) stop() {
 	if k.stopped {
