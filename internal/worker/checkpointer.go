@@ -19,6 +19,7 @@ type checkpointer struct {
 	r             *tileRun
 	local, remote cadence
 	busy          atomic.Bool
+	uploaded      atomic.Int64 // next sample of the last checkpoint in the store, 0: none yet
 	jobs          chan saveJob
 	done          chan struct{}
 	stopped       bool
@@ -70,12 +71,14 @@ func (k *checkpointer) afterPass(tile tileRenderer) {
 	k.jobs <- j
 }
 
-// settle waits until no save is in flight, for the fault seam that kills a worker inside a
-// pass (renderPasses); the saver keeps running.
-func (k *checkpointer) settle(ctx context.Context) {
+// settle waits until no save is in flight and reports whether a checkpoint of this run is in
+// the store, for the fault seam that kills a worker inside a pass once another node could
+// resume it (renderPasses); the saver keeps running.
+func (k *checkpointer) settle(ctx context.Context) bool {
 	for k.busy.Load() && ctx.Err() == nil {
 		time.Sleep(time.Millisecond)
 	}
+	return k.uploaded.Load() > 0
 }
 
 // stop waits for the save in flight and ends the saver. It is safe to call twice.
@@ -138,5 +141,6 @@ func (w *Worker) writeCheckpoint(ctx context.Context, r *tileRun, j saveJob) {
 		r.log.Warn("uploading remote checkpoint", "err", err)
 		return
 	}
+	r.ckpt.uploaded.Store(int64(j.c.Next))
 	r.log.Debug("remote checkpoint uploaded", "next_sample", j.c.Next)
 }

@@ -387,11 +387,10 @@ func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun
 		if f := w.cfg.Faults; f.PanicTileSet && r.job.Frame == f.PanicFrame && r.job.Rect == f.PanicTile {
 			panic(fmt.Sprintf("injected fault in frame %d tile %v", r.job.Frame, r.job.Rect))
 		}
-		if passes >= 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 && r.job.Settings.Passes == 0 {
-			// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves. A
-			// real pass outlasts the background save of the one before; this one renders in
-			// milliseconds, so it waits for that save first.
-			r.ckpt.settle(ctx)
+		// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves. A real
+		// pass outlasts the background save of the one before; this one renders in milliseconds,
+		// so it waits for that save first, and strikes only once a checkpoint is in the store.
+		if passes >= 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 && r.job.Settings.Passes == 0 && r.ckpt.settle(ctx) {
 			if err := w.renderSamples(ctx, r, tile, tile.Next()+(to-tile.Next())/2); err != nil {
 				return err
 			}
