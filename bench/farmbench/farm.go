@@ -46,8 +46,9 @@ type Farm struct {
 	started int
 }
 
-// StartFarm starts a coordinator and spec.Workers workers under dir, with checkpoints on.
-func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec) (*Farm, error) {
+// StartFarm starts a coordinator and spec.Workers workers under dir, with checkpoints on, and
+// uploads the scene b every measurement renders.
+func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec, b *farm.Bundle) (*Farm, error) {
 	f := &Farm{dir: dir, bins: bins, spec: spec, metrics: map[*Proc]string{}, debug: map[string]string{}}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -83,6 +84,10 @@ func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec) (*
 			f.Close()
 			return nil, err
 		}
+	}
+	if err := f.Upload(ctx, b); err != nil {
+		f.Close()
+		return nil, err
 	}
 	return f, nil
 }

@@ -105,14 +105,11 @@ func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *farm.Bundl
 		return r, err
 	}
 	spec.DebugListen = prof != nil
-	f, err := StartFarm(ctx, bins, filepath.Join(dir, "farm"), spec)
+	f, err := StartFarm(ctx, bins, filepath.Join(dir, "farm"), spec, b)
 	if err != nil {
 		return r, err
 	}
 	defer f.Close()
-	if err := f.Upload(ctx, b); err != nil {
-		return r, err
-	}
 	cpu0, err := f.CPU()
 	if err != nil {
 		return r, err
@@ -179,14 +176,11 @@ var (
 // measures, each time, how long until the other worker resumes the tile from its checkpoint.
 func MeasureRecovery(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, reps int, serveArgs []string, minio bool) ([]time.Duration, error) {
 	spec := FarmSpec{Workers: 2, Slots: 1, MinIO: minio, ServeArgs: serveArgs, WorkerArgs: slowWorker(250*time.Millisecond, 16)}
-	f, err := StartFarm(ctx, bins, dir, spec)
+	f, err := StartFarm(ctx, bins, dir, spec, b)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	if err := f.Upload(ctx, b); err != nil {
-		return nil, err
-	}
 	var out []time.Duration
 	for rep := range reps {
 		// One tile a frame; a new frame (or size) each time, so no tile is already done.
@@ -279,14 +273,11 @@ func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir strin
 	// 64 samples takes about a second, and is counted as it lands: a kill loses the samples since
 	// the last checkpoint, a part of a pass included, and the counters show them.
 	spec := FarmSpec{Workers: workers, Slots: 1, MinIO: minio, WorkerArgs: []string{"--fault-sample-delay", "12ms"}}
-	f, err := StartFarm(ctx, bins, dir, spec)
+	f, err := StartFarm(ctx, bins, dir, spec, b)
 	if err != nil {
 		return r, err
 	}
 	defer f.Close()
-	if err := f.Upload(ctx, b); err != nil {
-		return r, err
-	}
 	s := Shot{First: 1, Last: frames, Width: 96, Height: 54, SPP: 64, TileSize: 32}
 	res, err := f.API.Submit(ctx, b, s.request(b))
 	if err != nil {
