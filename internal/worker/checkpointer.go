@@ -35,13 +35,14 @@ type saveJob struct {
 // startCheckpointer starts the saver of a tile run whose render begins at start; ctx is the
 // lease's, so a lost lease ends a save in flight.
 func (w *Worker) startCheckpointer(ctx context.Context, r *tileRun, start time.Time) *checkpointer {
-	k := &checkpointer{w: w, r: r, local: newCadence(w.cfg.CheckpointEvery, &w.saveCost, start),
-		remote: newCadence(w.cfg.RemoteEvery, &w.saveCost, start), jobs: make(chan saveJob, 1), done: make(chan struct{})}
 	// Remote checkpoints ride along with every local one unless an interval is set: the upload
 	// costs the render nothing, and it is what another node resumes from.
-	if w.cfg.RemoteEvery == 0 {
-		k.remote = cadence{cost: &w.saveCost, last: start}
+	remoteEvery := w.cfg.RemoteEvery
+	if remoteEvery == 0 {
+		remoteEvery = -1
 	}
+	k := &checkpointer{w: w, r: r, local: newCadence(w.cfg.CheckpointEvery, &w.saveCost, start),
+		remote: newCadence(remoteEvery, &w.saveCost, start), jobs: make(chan saveJob, 1), done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
 		for j := range k.jobs {
