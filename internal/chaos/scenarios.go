@@ -205,7 +205,10 @@ func killCoordinatorApplying(ctx context.Context, a *attempt) error {
 	}
 	a.f.coord.Kill()
 	a.faults++
-	a.landed = true
+	// Landed: the job still had tiles when the coordinator died, and the events of tiles
+	// finished while it was down waited for it in EVENTS. Checked at the kill, since the
+	// workers may finish the job while the coordinator is down.
+	a.landed = a.inProgressNoAPI(ctx)
 	time.Sleep(3 * time.Second) // workers keep rendering; their events wait in EVENTS
 	cons, err := a.f.js.Consumer(ctx, queue.StreamEvents, "coordinator")
 	if err != nil {
@@ -215,7 +218,7 @@ func killCoordinatorApplying(ctx context.Context, a *attempt) error {
 	if err != nil {
 		return err
 	}
-	a.landed = info.NumPending > 0 && a.inProgressNoAPI(ctx)
+	a.landed = a.landed && info.NumPending > 0
 	return a.f.startCoordinator()
 }
 
@@ -232,7 +235,9 @@ func (a *attempt) inProgressNoAPI(ctx context.Context) bool {
 // restartNATSLeader kills the TILES stream leader mid-render, brings it back, then restarts
 // a second node.
 func restartNATSLeader(ctx context.Context, a *attempt) error {
-	if err := a.submit(ctx, 3); err != nil {
+	// Enough frames that the job is still rendering when the second node restarts, after
+	// the leader's outage and its catching up.
+	if err := a.submit(ctx, 6); err != nil {
 		return err
 	}
 	if err := a.waitTiles(ctx, 2); err != nil {
@@ -345,7 +350,8 @@ func storageOutage(ctx context.Context, a *attempt) error {
 func randomSchedule(seed uint64, length time.Duration) func(context.Context, *attempt) error {
 	return func(ctx context.Context, a *attempt) error {
 		rng := rand.New(rand.NewPCG(seed, 0x5eed))
-		frames := max(4, int(length/(4*time.Second)))
+		// A frame is about two seconds of the three workers' time (jobSettings, workerSlow).
+		frames := max(4, int(length/(2*time.Second)))
 		if err := a.submit(ctx, frames); err != nil {
 			return err
 		}
