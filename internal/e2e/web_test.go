@@ -58,19 +58,29 @@ func newBrowser(t *testing.T, base string) *browser {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromiumPath(t)), chromedp.NoSandbox,
 		chromedp.WindowSize(1280, 800), chromedp.Flag("disable-dev-shm-usage", true))
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	b := &browser{t: t, ctx: ctx, base: base, shots: t.TempDir()}
-	if err := chromedp.Listen(ctx, b.observe); err != nil {
+	b := &browser{t: t, base: base, shots: t.TempDir()}
+	// On a loaded machine Chromium now and then exits before it listens; that is the test
+	// harness's browser failing to start, not the page under test, so it gets two more tries.
+	const tries = 3
+	for try := 1; ; try++ {
+		actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+		ctx, cancel := chromedp.NewContext(actx)
+		b.ctx = ctx
+		err := chromedp.Listen(ctx, b.observe)
+		if err == nil {
+			t.Cleanup(func() {
+				cancel()
+				cancelAlloc()
+			})
+			return b
+		}
 		cancel()
 		cancelAlloc()
-		t.Fatalf("starting chromium: %v", err)
+		if try == tries {
+			t.Fatalf("starting chromium (%d tries): %v", tries, err)
+		}
+		t.Logf("starting chromium, try %d of %d: %v", try, tries, err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		cancelAlloc()
-	})
-	return b
 }
 
 func (b *browser) observe(ev any) {
