@@ -51,6 +51,17 @@ func TestRunTiny(t *testing.T) {
 	if err := res.Finite(); err != nil {
 		t.Error(err)
 	}
+	// The factors come from the workers' metrics and the local renders' rusage. A slot renders
+	// one tile at a time, so the farm's rendering never exceeds its slots' time (slot_busy <= 1).
+	for _, e := range []struct {
+		name    string
+		factors map[string]float64
+	}{{"farm_efficiency", res.FarmEfficiencyFactors}, {"farm_efficiency_small", res.FarmEfficiencySmallFactors}} {
+		busy, slow, local := e.factors["slot_busy"], e.factors["render_slowdown"], e.factors["local_busy"]
+		if !(busy > 0 && busy <= 1 && slow > 0 && local > 0) {
+			t.Errorf("%s factors %v, want each above 0 and slot_busy at most 1", e.name, e.factors)
+		}
+	}
 	var table strings.Builder
 	res.Table(&table)
 	if !strings.Contains(table.String(), "farm_efficiency") {

@@ -55,10 +55,29 @@ type FarmRun struct {
 	CoordRSS         int64         // peak resident set of the coordinator
 	WorkerRSSPerSlot int64         // mean peak resident set of a worker / its slots
 	Attempts         int
+	Slots            int           // every worker's slots, and the local renders' -j
+	Rendering        time.Duration // the workers' tilefarm_tile_render_seconds, summed
 }
 
 // Efficiency is local time / farm time: 1.0 means the farm costs nothing over the reference.
 func (r FarmRun) Efficiency() float64 { return r.Local.Seconds() / r.Farm.Seconds() }
+
+// EfficiencyFactors splits Efficiency into three factors whose product
+// slot_busy / render_slowdown / local_busy it is exactly, so a gap can be traced to idle
+// slots (dispatch, hand-off, finalization, the job's start and end), to tiles rendering
+// slower in the farm than they need CPU (other processes on the cores, checkpoint
+// snapshots), or to the reference being quick (its per-frame tails leave slots idle too):
+//   - slot_busy: the farm's rendering time / (slots x farm time);
+//   - render_slowdown: the farm's rendering time / the local renders' CPU;
+//   - local_busy: the local renders' CPU / (slots x local time).
+func (r FarmRun) EfficiencyFactors() map[string]float64 {
+	slots := float64(r.Slots)
+	return map[string]float64{
+		"slot_busy":       r.Rendering.Seconds() / (slots * r.Farm.Seconds()),
+		"render_slowdown": r.Rendering.Seconds() / r.LocalCPU.Seconds(),
+		"local_busy":      r.LocalCPU.Seconds() / (slots * r.Local.Seconds()),
+	}
+}
 
 // OverheadCPUms is the CPU milliseconds per tile the farm spent beyond rendering.
 func (r FarmRun) OverheadCPUms() float64 { return r.perTile(r.FarmCPU.Total() - r.LocalCPU) }
@@ -96,12 +115,12 @@ func renderLocal(ctx context.Context, bins Binaries, scene, dir string, s Shot, 
 // fresh farm, timing the job from submit to completed and taking the CPU of every farm process
 // over that time (start-up excluded: a farm runs for days).
 func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *farm.Bundle, dir string, s Shot, spec FarmSpec, prof *Profiles) (FarmRun, error) {
-	var r FarmRun
+	r := FarmRun{Slots: spec.Workers * spec.Slots}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, err
 	}
 	var err error
-	if r.Local, r.LocalCPU, err = renderLocal(ctx, bins, scene, dir, s, spec.Workers*spec.Slots); err != nil {
+	if r.Local, r.LocalCPU, err = renderLocal(ctx, bins, scene, dir, s, r.Slots); err != nil {
 		return r, err
 	}
 	spec.DebugListen = prof != nil
@@ -150,6 +169,11 @@ func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *farm.Bundl
 			return r, err
 		}
 		sum += v
+		rendering, err := f.Metric(ctx, w, "tilefarm_tile_render_seconds_sum")
+		if err != nil {
+			return r, err
+		}
+		r.Rendering += time.Duration(rendering * float64(time.Second))
 	}
 	r.WorkerRSSPerSlot = sum / int64(len(f.Workers)*spec.Slots)
 	return r, nil

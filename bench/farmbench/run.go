@@ -78,11 +78,15 @@ type GrowthRow struct {
 
 // Result is every figure of a run; --json prints it.
 type Result struct {
-	FarmEfficiency      float64            `json:"farm_efficiency"`
-	FarmEfficiencySmall float64            `json:"farm_efficiency_small"`
-	TileOverheadCPUms   float64            `json:"tile_overhead_cpu_ms"`
-	TileOverheadBy      map[string]float64 `json:"tile_overhead_cpu_ms_by_process"`
-	OverheadStore       string             `json:"tile_overhead_store"`
+	FarmEfficiency      float64 `json:"farm_efficiency"`
+	FarmEfficiencySmall float64 `json:"farm_efficiency_small"`
+	// FarmEfficiencyFactors and FarmEfficiencySmallFactors split each efficiency into
+	// slot_busy / render_slowdown / local_busy (FarmRun.EfficiencyFactors).
+	FarmEfficiencyFactors      map[string]float64 `json:"farm_efficiency_factors"`
+	FarmEfficiencySmallFactors map[string]float64 `json:"farm_efficiency_small_factors"`
+	TileOverheadCPUms          float64            `json:"tile_overhead_cpu_ms"`
+	TileOverheadBy             map[string]float64 `json:"tile_overhead_cpu_ms_by_process"`
+	OverheadStore              string             `json:"tile_overhead_store"`
 	// TileOverheadFileCPUms is tile_overhead_cpu_ms on the coordinator's file store: the farm's
 	// own cost without MinIO's.
 	TileOverheadFileCPUms float64            `json:"tile_overhead_cpu_ms_file_store"`
@@ -142,6 +146,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 				return fmt.Errorf("farm efficiency: %w", err)
 			}
 			res.FarmEfficiency, res.FarmSeconds, res.LocalSeconds = shot.Efficiency(), shot.Farm.Seconds(), shot.Local.Seconds()
+			res.FarmEfficiencyFactors = shot.EfficiencyFactors()
 			res.ShotTiles, res.ShotTileSeconds = shot.Tiles, shot.LocalCPU.Seconds()/float64(shot.Tiles)
 			res.CoordinatorRSSMB, res.WorkerRSSMBPerSlot = mb(shot.CoordRSS), mb(shot.WorkerRSSPerSlot)
 			return nil
@@ -152,7 +157,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			if err != nil {
 				return fmt.Errorf("farm efficiency of the example: %w", err)
 			}
-			res.FarmEfficiencySmall = small.Efficiency()
+			res.FarmEfficiencySmall, res.FarmEfficiencySmallFactors = small.Efficiency(), small.EfficiencyFactors()
 			return nil
 		},
 		"overhead": func() error {
@@ -319,6 +324,15 @@ func (r Result) Table(w io.Writer) {
 	}
 	fmt.Fprintf(w, "\nshot: %d tiles, %.2f s of CPU a tile; local %.1f s, farm %.1f s; dispatch %d tiles; rss at %d tiles; %d resume kills\n",
 		r.ShotTiles, r.ShotTileSeconds, r.LocalSeconds, r.FarmSeconds, r.DispatchTiles, r.CoordinatorRSSTiles, r.ResumeKills)
+	for _, e := range []struct {
+		name    string
+		factors map[string]float64
+	}{{"farm_efficiency", r.FarmEfficiencyFactors}, {"farm_efficiency_small", r.FarmEfficiencySmallFactors}} {
+		if e.factors != nil {
+			fmt.Fprintf(w, "%s = slot_busy %.3f / render_slowdown %.3f / local_busy %.3f\n", e.name,
+				e.factors["slot_busy"], e.factors["render_slowdown"], e.factors["local_busy"])
+		}
+	}
 	if len(r.Growth) > 0 {
 		table := ""
 		for _, g := range r.Growth {
