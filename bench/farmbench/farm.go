@@ -3,6 +3,7 @@ package farmbench
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
@@ -215,11 +217,39 @@ func (f *Farm) Upload(ctx context.Context, b *farm.Bundle) error {
 	return nil
 }
 
-// Wait polls a job until it is completed and fails if it failed.
+// Wait waits until job is completed and fails if it failed. It learns of each frame's
+// assembly from the frame.assembled events on NATS and asks for the status only once every
+// frame is assembled (then every 5 ms until the coordinator has checked the last one) or
+// once a second meanwhile (a failure, a missed event): polling the status all along would
+// cost the coordinator CPU growing with the job's frames, on the cores the farm renders on.
 func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (coordinator.Status, error) {
+	nc, err := nats.Connect("nats://" + f.Coord.NATS)
+	if err != nil {
+		return coordinator.Status{}, fmt.Errorf("connecting to the farm's NATS: %w", err)
+	}
+	defer nc.Close()
+	assembled := make(chan string, 1024)
+	sub, err := nc.Subscribe(queue.EventFrameAssembledSubject, func(m *nats.Msg) {
+		var ev farm.Event
+		if json.Unmarshal(m.Data, &ev) == nil {
+			select {
+			case assembled <- ev.FrameKey:
+			default: // the status a second later covers it
+			}
+		}
+	})
+	if err != nil {
+		return coordinator.Status{}, err
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		return coordinator.Status{}, err
+	}
 	deadline := time.Now().Add(d)
+	seen := map[string]bool{}
+	var st coordinator.Status
 	for {
-		st, err := f.API.Status(ctx, job)
+		st, err = f.API.Status(ctx, job)
 		if err == nil && st.State == coordinator.StateCompleted {
 			return st, nil
 		}
@@ -229,10 +259,38 @@ func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (coordinat
 		if time.Now().After(deadline) {
 			return st, fmt.Errorf("job %s not completed after %v (%d/%d tiles, err %v)", job, d, st.TilesCompleted, st.TilesTotal, err)
 		}
-		if !queue.Sleep(ctx, 20*time.Millisecond) {
-			return st, ctx.Err()
+		wait := time.Second
+		if err == nil && allAssembled(st, seen) {
+			wait = 5 * time.Millisecond
+		}
+		timer := time.NewTimer(wait)
+	waiting:
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return st, ctx.Err()
+			case <-timer.C:
+				break waiting
+			case key := <-assembled:
+				seen[key] = true
+				if err == nil && allAssembled(st, seen) {
+					timer.Stop()
+					break waiting
+				}
+			}
 		}
 	}
+}
+
+// allAssembled reports whether every frame of st is completed or seen assembled.
+func allAssembled(st coordinator.Status, seen map[string]bool) bool {
+	for _, fr := range st.Frames {
+		if fr.State != coordinator.StateCompleted && !seen[fr.FrameKey] {
+			return false
+		}
+	}
+	return len(st.Frames) > 0
 }
 
 // Profile takes a CPU profile of d seconds from the named process into path, in the
