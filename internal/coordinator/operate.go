@@ -63,12 +63,12 @@ func (c *Coordinator) giveUp(ctx context.Context, jobID, reason string) error {
 // manifests settle; never a tile missing for a live job.
 func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*store.Job)) (Status, error) {
 	var dropped []string
-	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		j, err := tx.Job(jobID)
+	err := c.update(ctx, func(p *projection) error {
+		j, err := p.tx.Job(jobID)
 		if err != nil {
 			return err
 		}
-		st, err := jobStatus(tx, j, tx.Frame)
+		st, err := jobStatus(p.tx, j, p.tx.Frame)
 		if err != nil {
 			return err
 		}
@@ -76,10 +76,9 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 			return fmt.Errorf("%w: job %s already %s", ErrConflict, jobID, st.State)
 		}
 		mark(j)
-		if err := tx.PutJob(j); err != nil {
+		if err := p.tx.PutJob(j); err != nil {
 			return err
 		}
-		p := newProjection(tx, c.now())
 		for n := j.First; n <= j.Last; n++ {
 			e, err := p.edit(j.FrameKey(n))
 			if err != nil {
@@ -88,7 +87,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 			if e.f.Derive() == store.FrameCompleted {
 				continue
 			}
-			live, err := wantedByOther(tx, e.f, j.ID)
+			live, err := wantedByOther(p.tx, e.f, j.ID)
 			if err != nil {
 				return err
 			}
@@ -97,8 +96,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 				dropped = append(dropped, e.f.Key)
 			}
 		}
-		_, err = p.flush()
-		return err
+		return nil
 	})
 	if err != nil {
 		return Status{}, err
@@ -108,7 +106,6 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 			return Status{}, err
 		}
 	}
-	c.notify()
 	c.log.Info("job stopped", "job_id", jobID, "frames_dropped", len(dropped))
 	return c.Status(ctx, jobID)
 }
@@ -152,20 +149,19 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 		return Status{}, badInput("priority %d: want %d to %d", priority, MinPriority, MaxPriority)
 	}
 	moved := 0
-	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		j, err := tx.Job(jobID)
+	err := c.update(ctx, func(p *projection) error {
+		j, err := p.tx.Job(jobID)
 		if err != nil {
 			return err
 		}
 		old := j.Priority
 		j.Priority = priority
-		if err := tx.PutJob(j); err != nil {
+		if err := p.tx.PutJob(j); err != nil {
 			return err
 		}
 		if queue.BandOf(old) == queue.BandOf(priority) {
 			return nil
 		}
-		p := newProjection(tx, c.now())
 		for n := j.First; n <= j.Last; n++ {
 			e, err := p.edit(j.FrameKey(n))
 			if err != nil {
@@ -182,16 +178,11 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 			}
 			moved += k
 		}
-		_, err = p.flush()
-		return err
+		return nil
 	})
 	if err != nil {
 		return Status{}, err
 	}
-	if moved > 0 {
-		c.kickRelay()
-	}
-	c.notify()
 	c.log.Info("job reprioritized", "job_id", jobID, "priority", priority, "band", queue.BandOf(priority).String(), "tiles_moved", moved)
 	return c.Status(ctx, jobID)
 }
