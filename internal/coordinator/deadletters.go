@@ -95,25 +95,6 @@ func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, form
 	return len(formats) > 0, nil
 }
 
-// update runs fn on a projection in one transaction and flushes it.
-func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) error {
-	var p *projection
-	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		p = newProjection(tx, c.now())
-		if err := fn(p); err != nil {
-			return err
-		}
-		_, err := p.flush()
-		return err
-	})
-	if err == nil {
-		c.counted(p)
-		c.kickRelay()
-		c.notify()
-	}
-	return err
-}
-
 // RequeueDeadLetter puts a dead letter back on the queue and records it: a tile goes back to
 // queued, an assembly is awaited again.
 func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) error {

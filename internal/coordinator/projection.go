@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
@@ -369,4 +370,25 @@ func (p *projection) flush() (bool, error) {
 		}
 	}
 	return changed, nil
+}
+
+// update runs fn on a projection in one transaction and flushes it, then counts what the
+// projection counted, wakes the relay (a flush may have asked for an assembly, fn for a
+// dispatch) and notifies the waiters: the one way an operator's change is written.
+func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) error {
+	var p *projection
+	err := c.store.Update(ctx, func(tx *store.Tx) error {
+		p = newProjection(tx, c.now())
+		if err := fn(p); err != nil {
+			return err
+		}
+		_, err := p.flush()
+		return err
+	})
+	if err == nil {
+		c.counted(p)
+		c.kickRelay()
+		c.notify()
+	}
+	return err
 }

@@ -292,13 +292,11 @@ func (c *Coordinator) existing(ctx context.Context, j *store.Job) (SubmitResult,
 // many it retried. Re-running a one-shot render of a failed job calls it.
 func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 	n := 0
-	var p *projection
-	err := c.store.Update(ctx, func(tx *store.Tx) error {
-		j, err := tx.Job(jobID)
+	err := c.update(ctx, func(p *projection) error {
+		j, err := p.tx.Job(jobID)
 		if err != nil {
 			return err
 		}
-		p = newProjection(tx, c.now())
 		for f := j.First; f <= j.Last; f++ {
 			e, err := p.frame(j.FrameKey(f))
 			if err != nil {
@@ -315,15 +313,7 @@ func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 				n++
 			}
 		}
-		_, err = p.flush()
-		return err
+		return nil
 	})
-	if err == nil {
-		c.counted(p)
-	}
-	if err == nil && n > 0 {
-		c.kickRelay()
-		c.notify()
-	}
 	return n, err
 }
