@@ -100,6 +100,7 @@ type Coordinator struct {
 	progress  *progressTracker // tiles in progress, in memory only (progress.go)
 	directory workerDirectory  // live workers, refreshed by watchWorkers (operate.go)
 	eta       *etaTracker      // samples per second of unfinished jobs (operate.go)
+	statuses  statusCache      // each job's status by the fingerprint of its records (status.go)
 
 	completions atomic.Int64 // tile completions seen in events, for the drain rate
 	drainMu     sync.Mutex

@@ -3,7 +3,9 @@ package coordinator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/store"
@@ -77,7 +79,7 @@ func (c *Coordinator) Status(ctx context.Context, jobID string) (Status, error) 
 		if err != nil {
 			return err
 		}
-		if st, err = jobStatus(tx, j, tx.Frame); err == nil {
+		if st, err = c.statuses.status(tx, j); err == nil {
 			addProgress(&st, inProgress)
 		}
 		return err
@@ -101,6 +103,71 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]Status, error) {
 		out[i].Frames = nil
 	}
 	return out, err
+}
+
+// statusCache keeps each job's status as computed from the store, under the fingerprint of the
+// records it came from (store.Tx.Fingerprint), so a viewer asking again while nothing of the
+// job changed costs hashing its stored records instead of decoding every frame: the event
+// stream recomputes every job, finished ones included, twice a second while a farm renders.
+// A status with failed frames also reads tile tables and failures, which the fingerprint does
+// not cover, and is never cached.
+type statusCache struct {
+	mu   sync.Mutex
+	jobs map[string]cachedStatus
+}
+
+type cachedStatus struct {
+	fingerprint uint64
+	st          Status
+}
+
+// status is jobStatus(tx, j, tx.Frame), from the cache when j's records are as they were.
+// Callers get a copy of their own: addProgress changes its frames.
+func (sc *statusCache) status(tx *store.Tx, j *store.Job) (Status, error) {
+	fp := tx.Fingerprint(j)
+	sc.mu.Lock()
+	c, ok := sc.jobs[j.ID]
+	sc.mu.Unlock()
+	if ok && c.fingerprint == fp {
+		return c.st.clone(), nil
+	}
+	st, err := jobStatus(tx, j, tx.Frame)
+	if err != nil {
+		return st, err
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if st.FramesFailed > 0 {
+		delete(sc.jobs, j.ID)
+		return st, nil
+	}
+	if sc.jobs == nil {
+		sc.jobs = map[string]cachedStatus{}
+	}
+	sc.jobs[j.ID] = cachedStatus{fingerprint: fp, st: st.clone()}
+	return st, nil
+}
+
+// keepOnly forgets the jobs not in ids (jobs the store no longer has).
+func (sc *statusCache) keepOnly(ids map[string]bool) {
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	for id := range sc.jobs {
+		if !ids[id] {
+			delete(sc.jobs, id)
+		}
+	}
+}
+
+// clone copies st deeply enough that changing the copy's frames, or appending to its lists,
+// leaves st as it was.
+func (st Status) clone() Status {
+	st.Formats = slices.Clone(st.Formats)
+	st.Frames = slices.Clone(st.Frames)
+	st.Failures = slices.Clone(st.Failures)
+	st.Outputs = slices.Clone(st.Outputs)
+	st.BlocklistedWorkers = slices.Clone(st.BlocklistedWorkers)
+	return st
 }
 
 // maxFailuresShown bounds the failure lines of one status.

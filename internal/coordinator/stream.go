@@ -54,14 +54,17 @@ func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]Status, error) {
 		if err != nil {
 			return err
 		}
+		ids := make(map[string]bool, len(jobs))
 		for _, j := range jobs {
-			st, err := jobStatus(tx, j, tx.Frame)
+			st, err := c.statuses.status(tx, j)
 			if err != nil {
 				return err
 			}
 			addProgress(&st, inProgress)
 			out = append(out, st)
+			ids[j.ID] = true
 		}
+		c.statuses.keepOnly(ids)
 		return nil
 	})
 	for i := range out {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"os"
 	"sort"
 	"time"
@@ -114,6 +115,31 @@ func put(tx *Tx, bucket []byte, key string, v any) error {
 
 // Job returns a job by id.
 func (tx *Tx) Job(id string) (*Job, error) { return get[Job](tx, bucketJobs, id) }
+
+// fingerprintSeed seeds Fingerprint's hash; a fingerprint is only ever compared within one
+// process.
+var fingerprintSeed = maphash.MakeSeed()
+
+// Fingerprint hashes the stored bytes of job j and of each of its frames, without decoding
+// them: equal fingerprints mean a status computed from these records would come out the same
+// (a cache's key; a status that also reads tile tables or failures must not be cached by it).
+// A frame not stored hashes as absent.
+func (tx *Tx) Fingerprint(j *Job) uint64 {
+	var h maphash.Hash
+	h.SetSeed(fingerprintSeed)
+	record := func(raw []byte) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(raw)))
+		h.Write(n[:])
+		h.Write(raw)
+	}
+	record(tx.tx.Bucket(bucketJobs).Get([]byte(j.ID)))
+	frames := tx.tx.Bucket(bucketFrames)
+	for n := j.First; n <= j.Last; n++ {
+		record(frames.Get([]byte(j.FrameKey(n))))
+	}
+	return h.Sum64()
+}
 
 // PutJob writes a job and indexes its idempotency key.
 func (tx *Tx) PutJob(j *Job) error {

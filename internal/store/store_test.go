@@ -383,3 +383,67 @@ func TestTileTableRejectsWrongSize(t *testing.T) {
 		t.Fatalf("TileTable of a wrong-size table = %v, want an error", err)
 	}
 }
+
+// A job's fingerprint is a function of its stored record and its frames': the same while
+// nothing is written, different after a write to the job or to any of its frames (a frame
+// written with the same content keeps it), and another job's writes leave it alone.
+func TestFingerprintFollowsTheJobAndItsFrames(t *testing.T) {
+	ctx := testCtx(t)
+	s, _ := openStore(t)
+	j, other := testJob("job1", "key1", time.Now()), testJob("job2", "key2", time.Now())
+	other.Camera = "cam2"
+	fingerprint := func() (fp uint64) {
+		t.Helper()
+		if err := s.View(ctx, func(tx *store.Tx) error { fp = tx.Fingerprint(j); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return fp
+	}
+	update := func(fn func(tx *store.Tx) error) {
+		t.Helper()
+		if err := s.Update(ctx, fn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	frame := func(n, completed int) *store.Frame {
+		f := testFrame(j.FrameKey(n), 3)
+		f.Frame, f.TilesCompleted = n, completed
+		return f
+	}
+	noFrames := fingerprint() // nothing stored yet
+	update(func(tx *store.Tx) error { return tx.PutJob(j) })
+	jobOnly := fingerprint()
+	update(func(tx *store.Tx) error { return tx.PutFrame(frame(1, 0)) })
+	oneFrame := fingerprint()
+	update(func(tx *store.Tx) error { return tx.PutFrame(frame(2, 0)) })
+	both := fingerprint()
+	if fps := map[uint64]bool{noFrames: true, jobOnly: true, oneFrame: true, both: true}; len(fps) != 4 {
+		t.Fatalf("fingerprints as the job and its frames were stored: %x %x %x %x, want four different", noFrames, jobOnly, oneFrame, both)
+	}
+	if again := fingerprint(); again != both {
+		t.Fatalf("fingerprint changed with nothing written: %x, then %x", both, again)
+	}
+	update(func(tx *store.Tx) error { return tx.PutFrame(frame(2, 0)) })
+	if again := fingerprint(); again != both {
+		t.Fatalf("a frame written with the same content changed the fingerprint: %x, then %x", both, again)
+	}
+	update(func(tx *store.Tx) error {
+		if err := tx.PutJob(other); err != nil {
+			return err
+		}
+		return tx.PutFrame(testFrame(other.FrameKey(1), 3))
+	})
+	if again := fingerprint(); again != both {
+		t.Fatalf("another job's writes changed the fingerprint: %x, then %x", both, again)
+	}
+	update(func(tx *store.Tx) error { return tx.PutFrame(frame(2, 1)) })
+	tileDone := fingerprint()
+	if tileDone == both {
+		t.Fatal("a tile completed in frame 2 left the fingerprint as it was")
+	}
+	j.Priority = 5
+	update(func(tx *store.Tx) error { return tx.PutJob(j) })
+	if fingerprint() == tileDone {
+		t.Fatal("a change to the job left the fingerprint as it was")
+	}
+}
