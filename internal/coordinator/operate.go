@@ -375,36 +375,34 @@ func (c *Coordinator) sampleETAs(ctx context.Context) {
 	}
 }
 
-// pendingTiles counts the tiles the farm still has to render: those not completed of every
-// frame a live job waits for, each frame once.
+// pendingTiles counts the tiles not completed of the frames a live job waits for: neither
+// dropped nor failed, and not completed. It reads only unfinished frames (store.OpenFrames),
+// so a submission's admission costs what is in the queue, not the farm's history.
 func (c *Coordinator) pendingTiles(ctx context.Context) (int, error) {
 	pending := 0
 	err := c.store.View(ctx, func(tx *store.Tx) error {
-		jobs, err := tx.Jobs()
-		if err != nil {
-			return err
-		}
-		seen := map[string]bool{}
-		for _, j := range jobs {
-			if !j.Cancelled.IsZero() || j.Failed != "" {
-				continue
+		var err error
+		tx.OpenFrames(func(fk string) bool {
+			var f *store.Frame
+			if f, err = tx.Frame(fk); errors.Is(err, store.ErrNotFound) {
+				err = nil
+				return true
+			} else if err != nil {
+				return false
 			}
-			for n := j.First; n <= j.Last; n++ {
-				fk := j.FrameKey(n)
-				if seen[fk] {
-					continue
-				}
-				seen[fk] = true
-				f, err := tx.Frame(fk)
-				if err != nil {
-					return err
-				}
-				if !f.Dropped && f.StateFor(j.Formats) != store.FrameCompleted && f.StateFor(j.Formats) != store.FrameFailed {
-					pending += f.TilesTotal - f.TilesCompleted
-				}
+			if f.Dropped || f.TilesCompleted >= f.TilesTotal || f.Derive() == store.FrameFailed {
+				return true
 			}
-		}
-		return nil
+			var live bool
+			if live, err = wantedByOther(tx, f, ""); err != nil {
+				return false
+			}
+			if live {
+				pending += f.TilesTotal - f.TilesCompleted
+			}
+			return true
+		})
+		return err
 	})
 	return pending, err
 }

@@ -226,3 +226,33 @@ func TestCheckFrameRange(t *testing.T) {
 		}
 	}
 }
+
+// Pending tiles are the tiles not completed of the frames a live job waits for, each frame
+// once: a frame whose tiles are done, a dropped frame and a failed one wait for no rendering.
+func TestPendingTilesCountsWhatWaits(t *testing.T) {
+	h := newHarness(t, Config{})
+	pending := func(when string, want int) {
+		t.Helper()
+		if got, err := h.c.pendingTiles(h.ctx); err != nil || got != want {
+			t.Fatalf("%s: %d pending tiles, %v; want %d", when, got, err, want)
+		}
+	}
+	a := h.submit(t, h.request(1, 2, 32, 32, 16)) // 2 frames of 4 tiles
+	h.relay(t)
+	pending("job A submitted", 8)
+	ja := h.job(t, a.Status.JobID)
+	h.completeTiles(t, ja.FrameKey(1))
+	pending("frame 1's tiles completed", 4)
+	b := h.submit(t, h.request(2, 3, 32, 32, 16)) // shares frame 2 with A
+	h.relay(t)
+	pending("job B shares frame 2", 8)
+	if _, err := h.c.Cancel(h.ctx, b.Status.JobID); err != nil {
+		t.Fatal(err)
+	}
+	pending("job B cancelled: frame 3 dropped, frame 2 still A's", 4)
+	f2 := h.frame(t, ja.FrameKey(2))
+	ev := tileEvent(t, f2, 0, farm.EventTileFailed, 1, 1)
+	ev.Terminal, ev.Code, ev.Error = true, farm.CodeTerminal, "unknown material"
+	h.apply(t, ev)
+	pending("frame 2 failed", 0)
+}
