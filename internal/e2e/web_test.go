@@ -207,6 +207,27 @@ func (b *browser) clean(allow401 bool) {
 	}
 }
 
+// canvasIsFrame asserts the frame view's canvas equals frame 1 of job as `coordinator outputs`
+// writes it, pixel for pixel.
+func (b *browser) canvasIsFrame(f *farmProc, job string) {
+	t := b.t
+	t.Helper()
+	url := eval[string](b, `document.querySelector('#frame-canvas').toDataURL('image/png')`)
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(url, "data:image/png;base64,"))
+	if err != nil {
+		t.Fatalf("decoding the canvas: %v", err)
+	}
+	canvasPNG := filepath.Join(t.TempDir(), "canvas.png")
+	if err := os.WriteFile(canvasPNG, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(t.TempDir(), "o_####.png")
+	if r := f.cli("outputs", job, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	samePixels(t, canvasPNG, frameFile(out, 1))
+}
+
 // apiStatus reads a job's status over HTTP, quicker than the CLI for polling.
 func apiStatus(t *testing.T, f *farmProc, job string) coordinator.Status {
 	t.Helper()
@@ -279,21 +300,7 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	b.waitTrue(`document.querySelector('#downloads a[data-format=png]')`, 15*time.Second)
 	b.screenshot("frame")
 
-	// The canvas against the frame's PNG from `coordinator outputs`.
-	url := eval[string](b, `document.querySelector('#frame-canvas').toDataURL('image/png')`)
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(url, "data:image/png;base64,"))
-	if err != nil {
-		t.Fatalf("decoding the canvas: %v", err)
-	}
-	canvasPNG := filepath.Join(t.TempDir(), "canvas.png")
-	if err := os.WriteFile(canvasPNG, raw, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(t.TempDir(), "o_####.png")
-	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
-		t.Fatalf("outputs: %s", r)
-	}
-	samePixels(t, canvasPNG, frameFile(out, 1))
+	b.canvasIsFrame(f, st.JobID)
 
 	b.route("#/jobs/" + st.JobID)
 	b.waitTrue(`document.querySelector('#frames li[data-state=completed]')`, 10*time.Second)
@@ -310,6 +317,32 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	b.waitTrue(fmt.Sprintf(`document.querySelector('#jobs tr[data-job=%q] [data-col=state]')?.textContent === 'completed'`, st.JobID), 10*time.Second)
 	b.waitTrue(`(r => r && r.width > 0 && r.right <= innerWidth)(document.querySelector('#jobs button[data-action=priority]')?.getBoundingClientRect())`, 5*time.Second)
 	b.screenshot("jobs-narrow")
+	b.clean(false)
+}
+
+// A Blender frame's tiles have no PNG of their own (Blender's colour management encodes the
+// frame), so the frame view says so while it renders and, once the frame is done, shows the
+// frame's PNG: the canvas equals `coordinator outputs` pixel for pixel, and nothing fails.
+func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
+	f := startServe(t, t.TempDir())
+	b := newBrowser(t, "http://"+f.http)
+	b.open()
+	f.worker("w", t.TempDir())
+	st, r := f.submit(blenderExample(t), "--frames", "1", "--spp", "4", "--tile", "80") // 4 tiles
+	if r.code != 42 {
+		t.Fatalf("submit: %s", r)
+	}
+	b.route("#/jobs/" + st.JobID + "/frames/1")
+	b.waitTrue(`document.querySelector('#frame-note')?.textContent.includes("A Blender scene")`, 30*time.Second)
+	if done := f.waitDone(st.JobID, 3*time.Minute); done.State != coordinator.StateCompleted {
+		t.Fatalf("job: %+v", done)
+	}
+	b.waitTrue(`document.querySelector('#frame-canvas')?.dataset.frameDrawn === '1'`, 30*time.Second)
+	if n := eval[int](b, `Number(document.querySelector('#frame-canvas').dataset.tilesDrawn || 0)`); n != 0 {
+		t.Fatalf("%d tiles drawn on a Blender frame's canvas, want none", n)
+	}
+	b.screenshot("blender-frame")
+	b.canvasIsFrame(f, st.JobID)
 	b.clean(false)
 }
 
