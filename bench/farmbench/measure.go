@@ -62,8 +62,8 @@ type FarmRun struct {
 // Efficiency is local time / farm time: 1.0 means the farm costs nothing over the reference.
 func (r FarmRun) Efficiency() float64 { return r.Local.Seconds() / r.Farm.Seconds() }
 
-// EfficiencyFactors splits Efficiency into three factors whose product
-// slot_busy / render_slowdown / local_busy it is exactly, so a gap can be traced to idle
+// EfficiencyFactors splits Efficiency exactly, as slot_busy / render_slowdown / local_busy,
+// so a gap can be traced to idle
 // slots (dispatch, hand-off, finalization, the job's start and end), to tiles rendering
 // slower in the farm than they need CPU (other processes on the cores, checkpoint
 // snapshots), or to the reference being quick (its per-frame tails leave slots idle too):
