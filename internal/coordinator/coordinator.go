@@ -101,6 +101,7 @@ type Coordinator struct {
 	directory workerDirectory  // live workers, refreshed by watchWorkers (operate.go)
 	eta       *etaTracker      // samples per second of unfinished jobs (operate.go)
 	statuses  statusCache      // each job's status by the fingerprint of its records (status.go)
+	lost      lostTracker      // frames the last reconciliation found with lost tiles (lost.go)
 
 	completions atomic.Int64 // tile completions seen in events, for the drain rate
 	drainMu     sync.Mutex

@@ -20,23 +20,26 @@ const consumerEvents = "coordinator"
 // eventBatch bounds the events applied in one transaction.
 const eventBatch = 512
 
+// eventsConsumer is the coordinator's durable consumer of EVENTS.
+var eventsConsumer = jetstream.ConsumerConfig{
+	Durable:   consumerEvents,
+	AckPolicy: jetstream.AckExplicitPolicy,
+	AckWait:   time.Minute,
+	// Well above what the iterator, the channel and a batch being applied hold unacked
+	// together: at the limit the server stops delivering and a pull can sit idle until it
+	// expires.
+	MaxAckPending: 16 * eventBatch,
+	// An event that cannot be applied even alone is given up after a few tries: what it
+	// said is repaired from the manifests by the reconciler.
+	MaxDeliver: 10,
+}
+
 // consumeEvents applies EVENTS in batches: the events that have arrived are applied in one
 // transaction and acked after it commits, so a burst of tile events costs one commit per
 // batch, not per event. A batch never waits for more events: the last tile.completed of a
 // frame asks for its assembly as soon as it arrives (docs/design.md, "Flows": Events).
 func (c *Coordinator) consumeEvents(ctx context.Context) error {
-	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
-		Durable:   consumerEvents,
-		AckPolicy: jetstream.AckExplicitPolicy,
-		AckWait:   time.Minute,
-		// Well above what the iterator, the channel and a batch being applied hold unacked
-		// together: at the limit the server stops delivering and a pull can sit idle until it
-		// expires.
-		MaxAckPending: 16 * eventBatch,
-		// An event that cannot be applied even alone is given up after a few tries: what it
-		// said is repaired from the manifests by the reconciler.
-		MaxDeliver: 10,
-	})
+	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, eventsConsumer)
 	if err != nil {
 		return fmt.Errorf("creating events consumer: %w", err)
 	}

@@ -30,15 +30,17 @@ func (c *Coordinator) reconcileLoop(ctx context.Context) error {
 
 // ReconcileReport says what one reconciliation found.
 type ReconcileReport struct {
-	Frames      int // unfinished frames compared with the store
-	Tiles       int // tiles found promoted that the projection did not know of
-	Outputs     int // frame outputs found promoted that the projection did not know of
-	Reassembled int // frames whose assembly was asked for again
+	Frames       int // unfinished frames compared with the store
+	Tiles        int // tiles found promoted that the projection did not know of
+	Outputs      int // frame outputs found promoted that the projection did not know of
+	Reassembled  int // frames whose assembly was asked for again
+	Redispatched int // tiles dispatched again because nothing held their messages (lost.go)
 }
 
 // Reconcile compares every unfinished frame with its manifests: a promoted tile is completed
 // whatever the events said, a frame whose tiles are all promoted gets its assembly (flush asks
-// for it), and a promoted output completes its format. It costs one listing of a frame's tile
+// for it), a promoted output completes its format, and tiles nothing can deliver any more are
+// dispatched again (redispatchLost, lost.go). It costs one listing of a frame's tile
 // manifests per unfinished frame, plus one of its outputs once its tiles are done: it grows
 // with unfinished frames, never with every tile ever rendered.
 func (c *Coordinator) Reconcile(ctx context.Context) (ReconcileReport, error) {
@@ -59,6 +61,11 @@ func (c *Coordinator) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.Frames++
 	}
+	n, err := c.redispatchLost(ctx)
+	if err != nil {
+		return rep, fmt.Errorf("looking for lost tiles: %w", err)
+	}
+	rep.Redispatched = n
 	if rep.Tiles+rep.Outputs+rep.Reassembled > 0 {
 		c.log.Info("reconciled with manifests", "frames", rep.Frames, "tiles_found", rep.Tiles,
 			"outputs_found", rep.Outputs, "reassembled", rep.Reassembled)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -11,8 +12,10 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/proctest"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -290,4 +293,53 @@ func TestCoordinatorKilledMidRender(t *testing.T) {
 	for _, fr := range []int{12, 13} {
 		samePixels(t, frameFile(out, fr), reference(t, scene, fr, small...))
 	}
+}
+
+// Property (never loses work): a job whose tile messages vanished from TILES unrendered (a
+// purge here; an OS crash of an unsynced JetStream server in life) still completes, equal to
+// the reference: the reconciler finds the tiles nothing can deliver and dispatches them again.
+// The loss lands on work in progress: no worker has taken a tile when the stream is purged.
+func TestLostTileMessagesAreDispatchedAgain(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--reconcile-every", "1s")
+	st, r := f.submit(append([]string{scene, "--frames", "11"}, small...)...)
+	if r.code != 42 {
+		t.Fatalf("submit: %s", r)
+	}
+	js := f.js()
+	tilesStream, err := js.Stream(t.Context(), queue.StreamTiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		info, err := tilesStream.Info(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.State.Msgs == uint64(st.TilesTotal) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of the job's %d tiles in TILES after 30 s", info.State.Msgs, st.TilesTotal)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := tilesStream.Purge(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := f.status(st.JobID); now.TilesCompleted != 0 {
+		t.Fatalf("%d tiles completed before any worker ran", now.TilesCompleted)
+	}
+	f.worker("w", t.TempDir())
+	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != coordinator.StateCompleted {
+		t.Fatalf("job after its tiles were lost: %+v\n%s", done, f.serve.Log())
+	}
+	if log := f.serve.Log(); !strings.Contains(log, "tiles lost from the queue") || !strings.Contains(log, fmt.Sprintf("tiles=%d", st.TilesTotal)) {
+		t.Fatalf("the coordinator never said it dispatched the %d lost tiles again:\n%s", st.TilesTotal, log)
+	}
+	out := filepath.Join(t.TempDir(), "l_####.png")
+	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs: %s", r)
+	}
+	samePixels(t, frameFile(out, 11), reference(t, scene, 11, small...))
 }
