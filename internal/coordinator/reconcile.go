@@ -61,14 +61,14 @@ func (c *Coordinator) Reconcile(ctx context.Context) (ReconcileReport, error) {
 		}
 		rep.Frames++
 	}
-	n, err := c.redispatchLost(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("looking for lost tiles: %w", err)
-	}
-	rep.Redispatched = n
 	if rep.Tiles+rep.Outputs+rep.Reassembled > 0 {
 		c.log.Info("reconciled with manifests", "frames", rep.Frames, "tiles_found", rep.Tiles,
 			"outputs_found", rep.Outputs, "reassembled", rep.Reassembled)
+	}
+	n, err := c.redispatchLost(ctx)
+	rep.Redispatched = n
+	if err != nil {
+		return rep, fmt.Errorf("looking for lost tiles: %w", err)
 	}
 	return rep, nil
 }
