@@ -22,8 +22,11 @@ import (
 // event before it acks the tile's message, so once the queue is seen empty, events caught up
 // after it account for every tile that left it. Work submitted meanwhile can look lost for a
 // moment, so only a frame found so at two reconciliations in a row has those tiles
-// dispatched again, under a new dedup id (projection.redispatch); a copy of a tile that was
-// not lost after all is harmless (whichever attempt promotes first wins).
+// dispatched again, under a new dedup id (projection.redispatch), as store.TileLost: the tile
+// forgets its order, since the new message's sequence may be lower than the lost one's. A
+// copy of a tile that was not lost after all is harmless (whichever attempt promotes first
+// wins). A tile dead-lettered by a terminal failure whose tile.failed event was lost (the
+// worker publishes it after the message went to the DLQ) looks lost too, and renders again.
 
 // lostTracker remembers the frames the last reconciliation found with lost tiles.
 type lostTracker struct {
@@ -134,18 +137,22 @@ func lostFrame(tx *store.Tx, fk string) (*store.Job, error) {
 // reconciliation and the one before, and returns how many.
 func (c *Coordinator) redispatchLost(ctx context.Context) (int, error) {
 	found, err := c.lostFrames(ctx)
-	if err != nil {
+	again := c.lost.again(found) // an error forgets the last sighting: two in a row means two looks
+	if err != nil || len(again) == 0 {
 		return 0, err
 	}
-	again := c.lost.again(found)
-	if len(again) == 0 {
-		return 0, nil
+	// The frames are live in the store; a drop mark left in the KV (a cancel racing a revive)
+	// would have workers ack the new messages unrendered, so it goes first, as in revive.
+	for fk := range again {
+		if err := c.farm.Dropped.Remove(ctx, fk); err != nil {
+			return 0, err
+		}
 	}
 	n := 0
 	err = c.update(ctx, func(p *projection) error {
 		n = 0
 		for fk, j := range again {
-			k, err := p.redispatch(fk, j, lostState)
+			k, err := p.redispatch(fk, j, lostState, store.TileLost)
 			if err != nil {
 				return err
 			}

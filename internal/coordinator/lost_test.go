@@ -38,6 +38,7 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 	reconcile("tiles in the queue, again", 0)
 	f := h.frame(t, fk)
 	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
+	h.apply(t, tileEvent(t, f, 2, farm.EventTileStarted, 50, 1)) // rendering, as of message 50
 
 	tilesStream, err := h.js.Stream(h.ctx, queue.StreamTiles)
 	if err != nil {
@@ -72,7 +73,22 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 	}
 
 	reconcile("lost, seen once", 0)
+	// A drop mark the store does not have (a cancel racing a revive) would have workers ack
+	// the new messages unrendered: dispatching again clears it.
+	if err := h.farm.Dropped.Add(h.ctx, fk); err != nil {
+		t.Fatal(err)
+	}
 	reconcile("lost, seen twice", 3)
+	if dropped, err := h.farm.Dropped.Has(h.ctx, fk); err != nil || dropped {
+		t.Fatalf("the frame dispatched again is still marked dropped (%v, %v)", dropped, err)
+	}
+	// The new messages' events apply even at a lower stream sequence than the lost one's (a
+	// stream that lost its unsynced tail numbers on from its last synced message).
+	attempts := h.frame(t, fk).TileAttempts
+	h.apply(t, tileEvent(t, f, 2, farm.EventTileStarted, 3, 1))
+	if s, n := h.tileState(t, fk, 2), h.frame(t, fk).TileAttempts; s != store.TileRendering || n != attempts+1 {
+		t.Fatalf("a start of tile 2's new message at sequence 3: %s, %d attempts (was %d); want rendering, one more", s, n, attempts)
+	}
 	recs := h.outbox(t)
 	if len(recs) != 1 || recs[0].Retry != 1 || len(recs[0].Tiles) != 3 || recs[0].JobID != res.Status.JobID {
 		t.Fatalf("outbox after the lost tiles were found: %+v, want one record of tiles 1-3 as retry 1", recs)

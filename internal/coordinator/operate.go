@@ -137,7 +137,7 @@ func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j
 		return err
 	}
 	e.f.Dropped = false
-	_, err := p.redispatch(e.f.Key, j, func(s store.TileState) bool { return s != store.TileCompleted })
+	_, err := p.redispatch(e.f.Key, j, func(s store.TileState) bool { return s != store.TileCompleted }, store.TileRequeued)
 	return err
 }
 
@@ -172,7 +172,7 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 			}
 			k, err := p.redispatch(e.f.Key, j, func(s store.TileState) bool {
 				return s == store.TileQueued || s == store.TileFailedRetryable
-			})
+			}, store.TileRequeued)
 			if err != nil {
 				return err
 			}

@@ -267,7 +267,7 @@ func (p *projection) retry(fk string, j *store.Job) (bool, error) {
 	f := e.f
 	retried := false
 	if f.TilesFailed > 0 {
-		n, err := p.redispatch(fk, j, func(s store.TileState) bool { return s == store.TileDeadLettered })
+		n, err := p.redispatch(fk, j, func(s store.TileState) bool { return s == store.TileDeadLettered }, store.TileRequeued)
 		if err != nil {
 			return false, err
 		}
@@ -282,10 +282,11 @@ func (p *projection) retry(fk string, j *store.Job) (bool, error) {
 }
 
 // redispatch dispatches again, for job j and in its priority band, the tiles of frame fk whose
-// state pick selects, under a new dedup id (the frame's next retry number); dead-lettered ones
-// go back to queued. A copy of a tile still in the queue is harmless: whichever attempt
+// state pick selects, under a new dedup id (the frame's next retry number), recording change
+// for each (store.TileRequeued: dead-lettered ones go back to queued; store.TileLost: their
+// message is gone). A copy of a tile still in the queue is harmless: whichever attempt
 // promotes first wins, and the other finds the manifest. It returns how many it dispatched.
-func (p *projection) redispatch(fk string, j *store.Job, pick func(store.TileState) bool) (int, error) {
+func (p *projection) redispatch(fk string, j *store.Job, pick func(store.TileState) bool, change store.TileChange) (int, error) {
 	e, err := p.edit(fk)
 	if err != nil {
 		return 0, err
@@ -304,7 +305,7 @@ func (p *projection) redispatch(fk string, j *store.Job, pick func(store.TileSta
 		return 0, nil
 	}
 	for _, i := range idx {
-		if _, err := p.tile(fk, tileUpdate{Index: i, Change: store.TileRequeued}); err != nil {
+		if _, err := p.tile(fk, tileUpdate{Index: i, Change: change}); err != nil {
 			return 0, err
 		}
 	}

@@ -37,9 +37,10 @@ const (
 	TileDeadLetter                       // the message was moved to the DLQ
 	TileDone                             // the tile's manifest exists
 	TileRequeued                         // a new message was dispatched for a dead-lettered tile
+	TileLost                             // its message left the queue unrendered; a new one was dispatched
 )
 
-var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued"}
+var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued", "lost"}
 
 func (c TileChange) String() string { return enumName(tileChangeNames[:], c, "tile_change") }
 
@@ -87,7 +88,11 @@ func (o Order) After(p Order) bool {
 //     tile they still advance its order, so an attempt whose start arrives after the
 //     reconciler completed the tile is counted once, like any other;
 //   - requeued turns a dead-lettered tile back into a queued one; the dead letter's order is
-//     kept, so events about the old message stay stale while the new message's are newer.
+//     kept, so events about the old message stay stale while the new message's are newer;
+//   - lost turns a tile neither completed nor dead-lettered back into a queued one and forgets
+//     its order: its message is gone, every event about it was applied, and the new message
+//     may come from a stream whose sequence went back (one that lost its unsynced tail, or was
+//     made anew), so its events must apply whatever their sequence.
 func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (TileState, Order, bool) {
 	switch ch {
 	case TileDone:
@@ -97,6 +102,11 @@ func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (Til
 			return cur, curOrder, false
 		}
 		return TileQueued, curOrder, true
+	case TileLost:
+		if cur == TileCompleted || cur == TileDeadLettered {
+			return cur, curOrder, false
+		}
+		return TileQueued, Order{}, cur != TileQueued || curOrder != (Order{})
 	case TileStarted, TileFailed, TileDeadLetter:
 		if !ord.After(curOrder) {
 			return cur, curOrder, false

@@ -61,6 +61,12 @@ func TestNextTileStateTable(t *testing.T) {
 		{f, store.TileRequeued, store.Order{}, f, false},
 		{d, store.TileRequeued, store.Order{}, q, true},
 		{c, store.TileRequeued, store.Order{}, c, false},
+		// lost: back to queued with no order, unless completed or dead-lettered
+		{q, store.TileLost, store.Order{}, q, true}, // the order is forgotten
+		{r, store.TileLost, store.Order{}, q, true},
+		{f, store.TileLost, store.Order{}, q, true},
+		{d, store.TileLost, store.Order{}, d, false},
+		{c, store.TileLost, store.Order{}, c, false},
 	}
 	for _, row := range rows {
 		t.Run(fmt.Sprintf("%s+%s@%d.%d", row.from, row.change, row.order.Seq, row.order.Rank), func(t *testing.T) {
@@ -84,6 +90,22 @@ func TestNextTileStateTable(t *testing.T) {
 				t.Errorf("order after %s = %+v, want %+v", row.change, ord, row.order)
 			}
 		})
+	}
+}
+
+// After a tile's message was lost, the events of the message dispatched again apply even when
+// the stream's sequence went back (it lost its unsynced tail, or was made anew).
+func TestLostTileTakesEventsOfALowerSequence(t *testing.T) {
+	s, o, _ := store.NextTileState(store.TileQueued, store.Order{}, store.TileStarted, store.StartedOrder(100, 1))
+	s, o, _ = store.NextTileState(s, o, store.TileLost, store.Order{})
+	if s != store.TileQueued || o != (store.Order{}) {
+		t.Fatalf("lost tile is %s at %+v, want queued with no order", s, o)
+	}
+	if s2, _, changed := store.NextTileState(s, o, store.TileStarted, store.StartedOrder(96, 1)); !changed || s2 != store.TileRendering {
+		t.Fatalf("the start of the new message at a lower sequence: %s, changed %v", s2, changed)
+	}
+	if s2, _, changed := store.NextTileState(s, o, store.TileDeadLetter, store.DeadLetterOrder(96)); !changed || s2 != store.TileDeadLettered {
+		t.Fatalf("the dead letter of the new message at a lower sequence: %s, changed %v", s2, changed)
 	}
 }
 
