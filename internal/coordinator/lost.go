@@ -118,19 +118,7 @@ func lostFrame(tx *store.Tx, fk string) (*store.Job, error) {
 	if !undelivered {
 		return nil, nil
 	}
-	for i := len(f.JobIDs) - 1; i >= 0; i-- {
-		j, err := tx.Job(f.JobIDs[i])
-		if err != nil {
-			if err := ignoreUnknown(err); err != nil {
-				return nil, err
-			}
-			continue
-		}
-		if j.Cancelled.IsZero() && j.Failed == "" && f.StateFor(j.Formats) != store.FrameCompleted {
-			return j, nil
-		}
-	}
-	return nil, nil
+	return liveJob(tx, f, "")
 }
 
 // redispatchLost dispatches again the lost tiles of the frames found lost at this

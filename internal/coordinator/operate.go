@@ -87,11 +87,11 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 			if e.f.Derive() == store.FrameCompleted {
 				continue
 			}
-			live, err := wantedByOther(p.tx, e.f, j.ID)
+			live, err := liveJob(p.tx, e.f, j.ID)
 			if err != nil {
 				return err
 			}
-			if !live {
+			if live == nil {
 				e.f.Dropped = true
 				dropped = append(dropped, e.f.Key)
 			}
@@ -110,23 +110,24 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 	return c.Status(ctx, jobID)
 }
 
-// wantedByOther reports whether a live job other than except still waits for frame f.
-func wantedByOther(tx *store.Tx, f *store.Frame, except string) (bool, error) {
-	for _, id := range f.JobIDs {
-		if id == except {
+// liveJob returns the newest live job other than except (not cancelled, not given up, not
+// yet served by the frame) that waits for frame f, or nil when none does.
+func liveJob(tx *store.Tx, f *store.Frame, except string) (*store.Job, error) {
+	for i := len(f.JobIDs) - 1; i >= 0; i-- {
+		if f.JobIDs[i] == except {
 			continue
 		}
-		k, err := tx.Job(id)
+		k, err := tx.Job(f.JobIDs[i])
 		if errors.Is(err, store.ErrNotFound) {
 			continue
 		} else if err != nil {
-			return false, err
+			return nil, err
 		}
 		if k.Cancelled.IsZero() && k.Failed == "" && f.StateFor(k.Formats) != store.FrameCompleted {
-			return true, nil
+			return k, nil
 		}
 	}
-	return false, nil
+	return nil, nil
 }
 
 // revive makes a dropped frame wanted again for job j: workers are told before its tiles not
@@ -393,11 +394,11 @@ func (c *Coordinator) pendingTiles(ctx context.Context) (int, error) {
 			if f.Dropped || f.TilesCompleted >= f.TilesTotal || f.Derive() == store.FrameFailed {
 				return true
 			}
-			var live bool
-			if live, err = wantedByOther(tx, f, ""); err != nil {
+			var live *store.Job
+			if live, err = liveJob(tx, f, ""); err != nil {
 				return false
 			}
-			if live {
+			if live != nil {
 				pending += f.TilesTotal - f.TilesCompleted
 			}
 			return true
