@@ -12,12 +12,12 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/blendertest"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -32,7 +32,7 @@ type blenderWorkload struct {
 }
 
 // loadBlender inspects the example Blender scene into a bundle, outside any timed region.
-func loadBlender(tb testing.TB, ctx context.Context) *farm.Bundle {
+func loadBlender(tb testing.TB, ctx context.Context) *bundle.Bundle {
 	tb.Helper()
 	pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(tb), Dir: tb.TempDir()})
 	defer pool.Close()
@@ -40,14 +40,14 @@ func loadBlender(tb testing.TB, ctx context.Context) *farm.Bundle {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b, err := farm.BlendBundle(in)
+	b, err := bundle.BlendBundle(in)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return b
 }
 
-func (w blenderWorkload) settings(b *farm.Bundle) (render.Settings, error) {
+func (w blenderWorkload) settings(b *bundle.Bundle) (render.Settings, error) {
 	d, err := b.Blender()
 	if err != nil {
 		return render.Settings{}, err
@@ -76,7 +76,7 @@ func (r blenderRun) add(o blenderRun) blenderRun {
 // and their Blender processes with them. How long the cold warm-up frame took is reported
 // too. Every farm frame must equal Blender's own to within rounding, or the two did not do the
 // same work.
-func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w blenderWorkload) (blenderRun, error) {
+func measureBlenderFarm(ctx context.Context, base string, bundle *bundle.Bundle, w blenderWorkload) (blenderRun, error) {
 	dir, err := os.MkdirTemp(base, "blender-*")
 	if err != nil {
 		return blenderRun{}, err
@@ -103,7 +103,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w
 	}
 	submit := func(first, last int) (string, time.Duration, error) {
 		start := time.Now()
-		res, err := n.Coord.Submit(ctx, coordinator.SubmitRequest{SceneVersion: bundle.Version(), First: first, Last: last,
+		res, err := n.Coord.Submit(ctx, api.SubmitRequest{SceneVersion: bundle.Version(), First: first, Last: last,
 			SPP: w.spp, Width: w.width, Height: w.height, Passes: w.passes, TileSize: w.tileSize, Formats: []string{"exr"}})
 		if err != nil {
 			return "", 0, err
@@ -127,7 +127,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w
 		if err != nil {
 			return blenderRun{}, err
 		}
-		got, err := finalize.DecodeEXR(data)
+		got, err := raster.DecodeEXR(data)
 		if err != nil {
 			return blenderRun{}, err
 		}
@@ -148,7 +148,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *farm.Bundle, w
 // on the machine, and returns how long the process took, the sum of the frame times Blender
 // printed (scene sync, render and save of each frame, without start-up and scene load), and
 // where the frames are.
-func blendersOwn(ctx context.Context, dir string, bundle *farm.Bundle, st render.Settings, w blenderWorkload) (total, frames time.Duration, out string, err error) {
+func blendersOwn(ctx context.Context, dir string, bundle *bundle.Bundle, st render.Settings, w blenderWorkload) (total, frames time.Duration, out string, err error) {
 	sc, err := bundle.Unpack(filepath.Join(dir, "own-scene"), bundle.Version())
 	if err != nil {
 		return 0, 0, "", err
@@ -190,12 +190,12 @@ func blenderFrameTimes(log string) (time.Duration, int) {
 	return sum, len(ms)
 }
 
-func readFrame(path string) (*finalize.Frame, error) {
+func readFrame(path string) (*raster.Frame, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	return finalize.DecodeEXR(data)
+	return raster.DecodeEXR(data)
 }
 
 func reportBlenderFarm(r reporter, run blenderRun) {

@@ -12,8 +12,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -49,18 +50,18 @@ func outboxMessages(n int) ([]outboxMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("splitting benchmark frame: %w", err)
 	}
-	sv := tiles.SceneVersion([]byte("dispatch benchmark scene"), nil)
-	sh := tiles.SettingsHash(st)
+	sv := identity.SceneVersion([]byte("dispatch benchmark scene"), nil)
+	sh := identity.SettingsHash(st)
 	out := make([]outboxMessage, 0, n)
 	for frame := 1; len(out) < n; frame++ {
-		fk := tiles.FrameKey(sv, st.Camera, frame, sh)
+		fk := identity.FrameKey(sv, st.Camera, frame, sh)
 		for _, r := range rects {
 			if len(out) == n {
 				break
 			}
-			tk := tiles.TileKey(fk, r)
-			data, err := json.Marshal(farm.TileJob{JobID: "bench", TileKey: tk, FrameKey: fk, SceneVersion: sv,
-				Settings: st, Frame: frame, Rect: r, InputHash: tiles.InputHash(sv, st, frame, r)})
+			tk := identity.TileKey(fk, r)
+			data, err := json.Marshal(wire.TileJob{JobID: "bench", TileKey: tk, FrameKey: fk, SceneVersion: sv,
+				Settings: st, Frame: frame, Rect: r, InputHash: identity.InputHash(sv, st, frame, r)})
 			if err != nil {
 				return nil, err
 			}
@@ -72,7 +73,7 @@ func outboxMessages(n int) ([]outboxMessage, error) {
 
 // measureDispatch starts an embedded JetStream server in a fresh directory under base, sets up
 // the farm's streams, and times n messages through core NATS (baseline), then through
-// queue.Farm.Publish with msg ids, then out again with FetchTile + DoubleAck. It checks that the
+// queue.Queue.Publish with msg ids, then out again with FetchTile + DoubleAck. It checks that the
 // dedup window catches a republished id and that every message comes out exactly once.
 func measureDispatch(ctx context.Context, base string, n int) (dispatchResult, error) {
 	msgs, err := outboxMessages(n)

@@ -7,8 +7,9 @@ import (
 	"os"
 	"time"
 
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/worker"
@@ -55,7 +56,7 @@ type run struct {
 // renderLocal renders the workload with worker.Reference on w.parallel goroutines and encodes
 // each frame as PNG, which is the work the farm's assembly also does. Parsing the scene is
 // timed too: every farm worker parses it as well.
-func renderLocal(ctx context.Context, bundle *farm.Bundle, w workload) (run, error) {
+func renderLocal(ctx context.Context, bundle *bundle.Bundle, w workload) (run, error) {
 	start := time.Now()
 	scene, err := bundle.Parse()
 	if err != nil {
@@ -99,7 +100,7 @@ type farmRun struct {
 // w.parallel in-process workers, the options `coordinator render` uses), submits the workload
 // and waits until the job completes. elapsed runs from Submit to completion; start-up and
 // shutdown are not in it.
-func renderFarm(ctx context.Context, dir string, bundle *farm.Bundle, w workload) (farmRun, error) {
+func renderFarm(ctx context.Context, dir string, bundle *bundle.Bundle, w workload) (farmRun, error) {
 	start := time.Now()
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{
 		DataDir: dir, Queue: queue.DefaultConfig(), Workers: w.parallel, Worker: w.worker, Log: quietLogger(),
@@ -114,7 +115,7 @@ func renderFarm(ctx context.Context, dir string, bundle *farm.Bundle, w workload
 	if err := n.Coord.PutScene(ctx, bundle.Version(), bundle.Encode()); err != nil {
 		return farmRun{}, fmt.Errorf("uploading benchmark scene: %w", err)
 	}
-	res, err := n.Coord.Submit(ctx, coordinator.SubmitRequest{
+	res, err := n.Coord.Submit(ctx, api.SubmitRequest{
 		SceneVersion: bundle.Version(), First: w.first, Last: w.last, SPP: w.spp, Width: w.width, Height: w.height,
 		TileSize: w.tileSize, Formats: []string{"png"},
 	})
@@ -141,7 +142,7 @@ func renderFarm(ctx context.Context, dir string, bundle *farm.Bundle, w workload
 
 // waitCompleted waits for a job to finish, woken by every projection change, as
 // `coordinator render` does.
-func waitCompleted(ctx context.Context, c *coordinator.Coordinator, jobID string) (coordinator.Status, error) {
+func waitCompleted(ctx context.Context, c *coordinator.Coordinator, jobID string) (api.Status, error) {
 	timer := time.NewTimer(statusPoll)
 	defer timer.Stop()
 	for {
@@ -151,9 +152,9 @@ func waitCompleted(ctx context.Context, c *coordinator.Coordinator, jobID string
 			return st, fmt.Errorf("reading status of job %s: %w", jobID, err)
 		}
 		switch st.State {
-		case coordinator.StateCompleted:
+		case api.JobCompleted:
 			return st, nil
-		case coordinator.StateFailed:
+		case api.JobFailed:
 			return st, fmt.Errorf("%w: job %s is %s: %v", errJobFailed, jobID, st.State, st.Failures)
 		}
 		timer.Reset(statusPoll)
@@ -189,7 +190,7 @@ func (e efficiency) overheadPerTile() float64 {
 
 // measureEfficiency renders w locally, then through a farm in a fresh directory under base
 // (removed afterwards), and checks that both produced the same pixels and the same tiling.
-func measureEfficiency(ctx context.Context, base string, bundle *farm.Bundle, w workload) (efficiency, error) {
+func measureEfficiency(ctx context.Context, base string, bundle *bundle.Bundle, w workload) (efficiency, error) {
 	dir, err := os.MkdirTemp(base, "farm-*")
 	if err != nil {
 		return efficiency{}, fmt.Errorf("creating farm data dir: %w", err)
@@ -224,7 +225,7 @@ func reportEfficiency(r reporter, e efficiency, iterations int) {
 }
 
 // measurePerTile measures the same workload at each tile size; see reportPerTile.
-func measurePerTile(ctx context.Context, base string, bundle *farm.Bundle, w workload, sizes []int) ([]efficiency, error) {
+func measurePerTile(ctx context.Context, base string, bundle *bundle.Bundle, w workload, sizes []int) ([]efficiency, error) {
 	out := make([]efficiency, len(sizes))
 	for i, size := range sizes {
 		ws := w

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 )
 
 // errMismatch means the farm (or a resumed tile) produced other pixels than the reference: the
@@ -25,9 +25,9 @@ func examplePath(name string) string {
 }
 
 // loadBundle reads an example's scene bundle once, outside any timed region.
-func loadBundle(tb testing.TB, name string) *farm.Bundle {
+func loadBundle(tb testing.TB, name string) *bundle.Bundle {
 	tb.Helper()
-	b, err := farm.ReadBundle(examplePath(name))
+	b, err := bundle.ReadBundle(examplePath(name))
 	if err != nil {
 		tb.Fatalf("loading example %q: %v", name, err)
 	}

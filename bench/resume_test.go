@@ -6,9 +6,11 @@ import (
 	"math"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/checkpoint"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // resumeWorkload is one tile rendered fresh and resumed from a half-way checkpoint.
@@ -36,26 +38,26 @@ func (r resumeResult) add(o resumeResult) resumeResult {
 }
 
 // tileJob describes the workload's tile with its real identities, as a worker would get it.
-func (w resumeWorkload) tileJob(bundle *farm.Bundle, scene *render.Scene) (farm.TileJob, error) {
+func (w resumeWorkload) tileJob(bundle *bundle.Bundle, scene *render.Scene) (wire.TileJob, error) {
 	st := scene.Defaults()
 	st.Width, st.Height, st.SPP = w.width, w.height, w.spp
 	if err := scene.Validate(st); err != nil {
-		return farm.TileJob{}, fmt.Errorf("resume benchmark settings: %w", err)
+		return wire.TileJob{}, fmt.Errorf("resume benchmark settings: %w", err)
 	}
 	x0, y0 := (w.width-w.tileSize)/2, (w.height-w.tileSize)/2
 	r := render.Rect{X0: x0, Y0: y0, X1: x0 + w.tileSize, Y1: y0 + w.tileSize}
 	sv := bundle.Version()
-	fk := tiles.FrameKey(sv, st.Camera, w.frame, tiles.SettingsHash(st))
-	return farm.TileJob{TileKey: tiles.TileKey(fk, r), FrameKey: fk, SceneVersion: sv, Settings: st,
-		Frame: w.frame, Rect: r, InputHash: tiles.InputHash(sv, st, w.frame, r)}, nil
+	fk := identity.FrameKey(sv, st.Camera, w.frame, identity.SettingsHash(st))
+	return wire.TileJob{TileKey: identity.TileKey(fk, r), FrameKey: fk, SceneVersion: sv, Settings: st,
+		Frame: w.frame, Rect: r, InputHash: identity.InputHash(sv, st, w.frame, r)}, nil
 }
 
 // measureResume renders the workload's tile to half its samples and checkpoints it through
-// tiles.Codec (untimed), then times reps pairs of a fresh full render against a resume (decode
+// checkpoint.Codec (untimed), then times reps pairs of a fresh full render against a resume (decode
 // the checkpoint, import it, render the second half), alternating which goes first. Every
 // resumed tile must equal the fresh one bit for bit. Finally it times codecReps encodes and
 // decodes of the full tile state.
-func measureResume(ctx context.Context, bundle *farm.Bundle, w resumeWorkload) (resumeResult, error) {
+func measureResume(ctx context.Context, bundle *bundle.Bundle, w resumeWorkload) (resumeResult, error) {
 	scene, err := bundle.Parse()
 	if err != nil {
 		return resumeResult{}, fmt.Errorf("parsing scene: %w", err)
@@ -64,7 +66,7 @@ func measureResume(ctx context.Context, bundle *farm.Bundle, w resumeWorkload) (
 	if err != nil {
 		return resumeResult{}, err
 	}
-	codec, err := tiles.NewCodec()
+	codec, err := checkpoint.NewCodec()
 	if err != nil {
 		return resumeResult{}, err
 	}
@@ -78,7 +80,7 @@ func measureResume(ctx context.Context, bundle *farm.Bundle, w resumeWorkload) (
 		return resumeResult{}, fmt.Errorf("rendering first half: %w", err)
 	}
 	hs := half.Export()
-	ckpt, err := codec.Encode(tiles.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: hs.Next,
+	ckpt, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: hs.Next,
 		Sum: hs.Sum, Attempt: "bench", SavedAt: time.Now().UTC()})
 	if err != nil {
 		return resumeResult{}, fmt.Errorf("encoding half-way checkpoint: %w", err)
@@ -126,7 +128,7 @@ func measureResume(ctx context.Context, bundle *farm.Bundle, w resumeWorkload) (
 		}
 	}
 
-	fullCkpt := tiles.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: full.Next, Sum: full.Sum,
+	fullCkpt := checkpoint.Checkpoint{TileKey: job.TileKey, InputHash: job.InputHash, Next: full.Next, Sum: full.Sum,
 		Attempt: "bench", SavedAt: time.Now().UTC()}
 	var data []byte
 	start := time.Now()
@@ -137,7 +139,7 @@ func measureResume(ctx context.Context, bundle *farm.Bundle, w resumeWorkload) (
 	}
 	res.encode = time.Since(start)
 	start = time.Now()
-	var back tiles.Checkpoint
+	var back checkpoint.Checkpoint
 	for range w.codecReps {
 		if back, err = codec.Decode(data); err != nil {
 			return resumeResult{}, fmt.Errorf("decoding checkpoint: %w", err)
@@ -154,7 +156,7 @@ func measureResume(ctx context.Context, bundle *farm.Bundle, w resumeWorkload) (
 
 // resumeTile is the worker's resume path: decode the checkpoint, validate it against the tile's
 // identities, import it and render the remaining samples.
-func resumeTile(ctx context.Context, codec *tiles.Codec, ckpt []byte, scene *render.Scene, job farm.TileJob) (*render.Tile, error) {
+func resumeTile(ctx context.Context, codec *checkpoint.Codec, ckpt []byte, scene *render.Scene, job wire.TileJob) (*render.Tile, error) {
 	c, err := codec.Decode(ckpt)
 	if err != nil {
 		return nil, fmt.Errorf("decoding checkpoint: %w", err)

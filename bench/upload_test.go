@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
-	"github.com/tilefarm/tilefarm/internal/farm"
 )
 
 // gridBundle is a scene whose one asset is an OBJ grid of n x n vertices (about 80 bytes of
 // OBJ text per vertex): a big submission.
-func gridBundle(n int) *farm.Bundle {
+func gridBundle(n int) *bundle.Bundle {
 	var obj bytes.Buffer
 	for y := range n {
 		for x := range n {
@@ -29,7 +29,7 @@ func gridBundle(n int) *farm.Bundle {
 	scene := `{"cameras": [{"name": "cam", "position": [0.5, 0.5, 2], "look_at": [0.5, 0.5, 0]}],
   "materials": [{"name": "m", "type": "diffuse"}],
   "objects": [{"type": "mesh", "file": "grid.obj", "material": "m"}]}`
-	return &farm.Bundle{Name: "grid.json", Scene: []byte(scene), Assets: map[string][]byte{"grid.obj": obj.Bytes()}}
+	return &bundle.Bundle{Name: "grid.json", Scene: []byte(scene), Assets: map[string][]byte{"grid.obj": obj.Bytes()}}
 }
 
 // uploadCost is what uploading one scene bundle cost the coordinator.
@@ -41,7 +41,7 @@ type uploadCost struct {
 
 // measureUpload starts a coordinator process and uploads b to it, measuring how far the
 // upload raised the process's peak memory.
-func measureUpload(ctx context.Context, dir string, b *farm.Bundle) (uploadCost, error) {
+func measureUpload(ctx context.Context, dir string, b *bundle.Bundle) (uploadCost, error) {
 	res := uploadCost{}
 	srv, err := startCoordinatorProcess(ctx, dir, "--nats-listen", "127.0.0.1:0")
 	if err != nil {

@@ -5,17 +5,17 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/raster"
 )
 
 // EncodePNG encodes a linear float frame of the scene as Blender itself writes the scene's
 // renders: through its colour management (view transform, look, exposure, gamma, display) at
 // depth 8 or 16 bits, so an artist's PNG looks as it would from Blender.
-func EncodePNG(ctx context.Context, pool *Pool, sc *Scene, f *finalize.Frame, depth int) ([]byte, error) {
+func EncodePNG(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, depth int) ([]byte, error) {
 	if depth != 8 && depth != 16 {
 		return nil, fmt.Errorf("blender: PNG depth %d, want 8 or 16", depth)
 	}
-	exr, err := finalize.EncodeEXR(f, finalize.EXRNone)
+	exr, err := raster.EncodeEXR(f, raster.EXRNone)
 	if err != nil {
 		return nil, err
 	}

@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -20,7 +20,7 @@ func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
 	pool := blendertest.Pool(t, 1)
 	sc := loadExample(t, pool)
 	st := settings(t, sc, 96, 72, 8, 4)
-	frame := finalize.NewFrame(st.Width, st.Height)
+	frame := raster.NewFrame(st.Width, st.Height)
 	for _, r := range []render.Rect{{X1: 50, Y1: 40}, {X0: 50, X1: 96, Y1: 40}, {Y0: 40, X1: 96, Y1: 72}} {
 		if err := frame.Place(r.X0, r.Y0, r.X1, r.Y1, renderTile(t, pool, sc, st, 3, r)); err != nil {
 			t.Fatal(err)
@@ -49,8 +49,8 @@ func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
 	}
 }
 
-func toneMapped(t *testing.T, f *finalize.Frame) image.Image {
-	data, err := finalize.EncodePNG8(f, 0)
+func toneMapped(t *testing.T, f *raster.Frame) image.Image {
+	data, err := raster.EncodePNG8(f, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

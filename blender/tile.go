@@ -8,7 +8,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -122,7 +122,7 @@ func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, er
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
 	}
-	f, err := finalize.DecodeEXR(data)
+	f, err := raster.DecodeEXR(data)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/tilefarm/tilefarm/objstore"
 	"strings"
 	"sync"
 	"testing"
@@ -24,7 +25,7 @@ func raceRounds() int {
 // testStoreConformance is the one suite every Store implementation must pass:
 // object semantics, create-if-absent, and the finalization protocol on top.
 // newStore must return an empty, independent store on each call.
-func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
+func testStoreConformance(t *testing.T, newStore func(t *testing.T) objstore.Store) {
 	t.Run("PutGetStatListDelete", func(t *testing.T) {
 		ctx := context.Background()
 		s := newStore(t)
@@ -86,20 +87,20 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 		if err := s.Delete(ctx, "a/b/two"); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Get(ctx, "a/b/two"); !errors.Is(err, ErrNotFound) {
+		if _, err := s.Get(ctx, "a/b/two"); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatalf("Get after Delete: %v, want ErrNotFound", err)
 		}
-		if _, err := s.Stat(ctx, "a/b/two"); !errors.Is(err, ErrNotFound) {
+		if _, err := s.Stat(ctx, "a/b/two"); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatalf("Stat after Delete: %v, want ErrNotFound", err)
 		}
 		if err := s.Delete(ctx, "a/b/two"); err != nil {
 			t.Fatalf("Delete of a missing key: %v", err)
 		}
-		if _, err := s.Get(ctx, "a/b"); !errors.Is(err, ErrNotFound) {
+		if _, err := s.Get(ctx, "a/b"); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatalf("Get of a key prefix: %v, want ErrNotFound", err)
 		}
-		if _, err := s.Get(ctx, "never/written"); !errors.Is(err, ErrNotFound) || IsRetryable(err) {
-			t.Fatalf("Get missing: %v (retryable %v), want terminal ErrNotFound", err, IsRetryable(err))
+		if _, err := s.Get(ctx, "never/written"); !errors.Is(err, objstore.ErrNotFound) || objstore.IsRetryable(err) {
+			t.Fatalf("Get missing: %v (retryable %v), want terminal ErrNotFound", err, objstore.IsRetryable(err))
 		}
 	})
 
@@ -107,24 +108,24 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 		ctx := context.Background()
 		s := newStore(t)
 		for _, k := range []string{"", "/abs", "a/../b", "..", "a//b", "a/", "a\\b", "./a", "a/./b", "a/.tmp-x", "nul\x00"} {
-			if err := s.Put(ctx, k, []byte("x")); !errors.Is(err, ErrBadKey) || IsRetryable(err) {
+			if err := s.Put(ctx, k, []byte("x")); !errors.Is(err, objstore.ErrBadKey) || objstore.IsRetryable(err) {
 				t.Errorf("Put(%q) = %v, want ErrBadKey", k, err)
 			}
-			if err := s.PutIfAbsent(ctx, k, []byte("x")); !errors.Is(err, ErrBadKey) {
+			if err := s.PutIfAbsent(ctx, k, []byte("x")); !errors.Is(err, objstore.ErrBadKey) {
 				t.Errorf("PutIfAbsent(%q) = %v, want ErrBadKey", k, err)
 			}
-			if _, err := s.Get(ctx, k); !errors.Is(err, ErrBadKey) {
+			if _, err := s.Get(ctx, k); !errors.Is(err, objstore.ErrBadKey) {
 				t.Errorf("Get(%q) = %v, want ErrBadKey", k, err)
 			}
-			if _, err := s.Stat(ctx, k); !errors.Is(err, ErrBadKey) {
+			if _, err := s.Stat(ctx, k); !errors.Is(err, objstore.ErrBadKey) {
 				t.Errorf("Stat(%q) = %v, want ErrBadKey", k, err)
 			}
-			if err := s.Delete(ctx, k); !errors.Is(err, ErrBadKey) {
+			if err := s.Delete(ctx, k); !errors.Is(err, objstore.ErrBadKey) {
 				t.Errorf("Delete(%q) = %v, want ErrBadKey", k, err)
 			}
 		}
 		for _, p := range []string{"/", "/a", "a//", "../", "a/../"} {
-			if _, err := s.List(ctx, p); !errors.Is(err, ErrBadKey) {
+			if _, err := s.List(ctx, p); !errors.Is(err, objstore.ErrBadKey) {
 				t.Errorf("List(%q) = %v, want ErrBadKey", p, err)
 			}
 		}
@@ -140,7 +141,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("first PutIfAbsent: %v", err)
 		}
 		err := s.PutIfAbsent(ctx, "m/k.json", []byte("second"))
-		if !errors.Is(err, ErrExists) || IsRetryable(err) {
+		if !errors.Is(err, objstore.ErrExists) || objstore.IsRetryable(err) {
 			t.Fatalf("second PutIfAbsent = %v, want terminal ErrExists", err)
 		}
 		if got, _ := s.Get(ctx, "m/k.json"); string(got) != "first" {
@@ -167,7 +168,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 				t.Fatalf("writers %d and %d both created the key", winner, i)
 			case err == nil:
 				winner = i
-			case !errors.Is(err, ErrExists):
+			case !errors.Is(err, objstore.ErrExists):
 				t.Fatalf("writer %d: %v", i, err)
 			}
 		}
@@ -190,7 +191,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 		if ok, err := ManifestExists(ctx, s, key); err != nil || ok {
 			t.Fatalf("ManifestExists before promotion = %v, %v", ok, err)
 		}
-		if _, err := ReadManifest(ctx, s, key); !errors.Is(err, ErrNotFound) {
+		if _, err := ReadManifest(ctx, s, key); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatalf("ReadManifest before promotion = %v, want ErrNotFound", err)
 		}
 		outs := []Output{{"rgb", []byte("pixels of the tile")}, {"meta", []byte("{}")}}
@@ -225,13 +226,13 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 				t.Fatalf("ReadObject(%q) = %q, %v", out.Name, got, err)
 			}
 		}
-		if _, err := ReadObject(ctx, s, stored, "nope"); !errors.Is(err, ErrNotFound) {
+		if _, err := ReadObject(ctx, s, stored, "nope"); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatalf("ReadObject of an unnamed object = %v, want ErrNotFound", err)
 		}
 		for _, bad := range []struct{ key, attempt, name string }{
 			{"../x", "a", "rgb"}, {"tiles/x", "a/b", "rgb"}, {"tiles/x", "", "rgb"}, {"tiles/x", "a", "r/g"}, {"tiles/x", "a", ""},
 		} {
-			if _, err := Promote(ctx, s, bad.key, bad.attempt, "b", []Output{{bad.name, []byte("x")}}, nil); !errors.Is(err, ErrBadKey) {
+			if _, err := Promote(ctx, s, bad.key, bad.attempt, "b", []Output{{bad.name, []byte("x")}}, nil); !errors.Is(err, objstore.ErrBadKey) {
 				t.Errorf("Promote(%q, %q, %q) = %v, want ErrBadKey", bad.key, bad.attempt, bad.name, err)
 			}
 		}
@@ -286,7 +287,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 		}
 		manifestBefore, _ := s.Get(ctx, ManifestKey("tiles/c1"))
 		_, err = Promote(ctx, s, "tiles/c1", "att-2", "b2", []Output{{"rgb", []byte("different!")}}, nil)
-		if !errors.Is(err, ErrConflict) || IsRetryable(err) {
+		if !errors.Is(err, ErrConflict) || objstore.IsRetryable(err) {
 			t.Fatalf("conflicting promotion = %v, want terminal ErrConflict", err)
 		}
 		want := Manifest{Objects: []ManifestObject{{Name: "rgb", SHA256: hexSHA256([]byte("different!"))}}}
@@ -308,7 +309,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 		}
 		// A reused attempt id with other bytes must not overwrite what the
 		// manifest names.
-		if _, err := s.Stat(ctx, "manifests/tiles/c2.json"); !errors.Is(err, ErrNotFound) {
+		if _, err := s.Stat(ctx, "manifests/tiles/c2.json"); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatal(err)
 		}
 		if err := s.Put(ctx, AttemptKey("tiles/c2", "att-1", "rgb"), []byte("left by a crash")); err != nil {
@@ -334,21 +335,21 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 			if err := s.Put(ctx, o.Key, []byte(bad)); err != nil {
 				t.Fatal(err)
 			}
-			if got, err := ReadObject(ctx, s, p.Manifest, "rgb"); !errors.Is(err, ErrCorrupt) || IsRetryable(err) {
+			if got, err := ReadObject(ctx, s, p.Manifest, "rgb"); !errors.Is(err, objstore.ErrCorrupt) || objstore.IsRetryable(err) {
 				t.Fatalf("ReadObject over %q = %q, %v; want terminal ErrCorrupt", bad, got, err)
 			}
 		}
 		if err := s.Delete(ctx, o.Key); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ReadObject(ctx, s, p.Manifest, "rgb"); !errors.Is(err, ErrNotFound) {
+		if _, err := ReadObject(ctx, s, p.Manifest, "rgb"); !errors.Is(err, objstore.ErrNotFound) {
 			t.Fatalf("ReadObject of a deleted object = %v, want ErrNotFound", err)
 		}
 		// A corrupt manifest is reported, not trusted.
 		if err := s.Put(ctx, ManifestKey("tiles/k"), []byte("{not json")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := ReadManifest(ctx, s, "tiles/k"); !errors.Is(err, ErrCorrupt) {
+		if _, err := ReadManifest(ctx, s, "tiles/k"); !errors.Is(err, objstore.ErrCorrupt) {
 			t.Fatalf("ReadManifest of garbage = %v, want ErrCorrupt", err)
 		}
 	})
@@ -462,7 +463,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 			t.Fatalf("report = %+v", report)
 		}
 		for _, k := range wantDeleted {
-			if _, err := s.Stat(ctx, k); !errors.Is(err, ErrNotFound) {
+			if _, err := s.Stat(ctx, k); !errors.Is(err, objstore.ErrNotFound) {
 				t.Errorf("%s survived garbage collection: %v", k, err)
 			}
 		}
@@ -509,7 +510,7 @@ func testStoreConformance(t *testing.T, newStore func(t *testing.T) Store) {
 		if err := s.Put(ctx, "manifests/tiles/broken.json", []byte("garbage")); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := CollectGarbage(ctx, s, []string{"attempts/"}, grace, time.Now().Add(48*time.Hour), nil); !errors.Is(err, ErrCorrupt) {
+		if _, err := CollectGarbage(ctx, s, []string{"attempts/"}, grace, time.Now().Add(48*time.Hour), nil); !errors.Is(err, objstore.ErrCorrupt) {
 			t.Fatalf("collection with a corrupt manifest = %v, want ErrCorrupt", err)
 		}
 		if _, err := s.Stat(ctx, "attempts/tiles/orphan/att-1/rgb"); err != nil {
@@ -530,7 +531,7 @@ type raceResult struct {
 }
 
 // racePromote runs two promotions of key with different attempt ids at once.
-func racePromote(ctx context.Context, s Store, key string, a, b []byte) [2]raceResult {
+func racePromote(ctx context.Context, s objstore.Store, key string, a, b []byte) [2]raceResult {
 	var res [2]raceResult
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -549,7 +550,7 @@ func racePromote(ctx context.Context, s Store, key string, a, b []byte) [2]raceR
 // waitNewer writes keys until all their ModTimes are later than every object
 // already in the store, and returns the earliest of them. Coarse store clocks
 // make this take up to a second; it is setup, not an assertion.
-func waitNewer(t *testing.T, s Store, keys []string) time.Time {
+func waitNewer(t *testing.T, s objstore.Store, keys []string) time.Time {
 	t.Helper()
 	ctx := context.Background()
 	existing, err := s.List(ctx, "")
@@ -587,4 +588,14 @@ func waitNewer(t *testing.T, s Store, keys []string) time.Time {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+func TestFSStoreConformance(t *testing.T) {
+	testStoreConformance(t, func(t *testing.T) objstore.Store {
+		s, err := objstore.NewFSStore(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
 }

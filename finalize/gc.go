@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/tilefarm/tilefarm/objstore"
 	"strings"
 	"time"
 )
@@ -27,12 +28,12 @@ type GCReport struct {
 // between an attempt's upload and its manifest creation: an in-flight
 // promotion's objects are young and therefore kept. A manifest that cannot be
 // parsed aborts the collection before anything is deleted.
-func CollectGarbage(ctx context.Context, s Store, prefixes []string, grace time.Duration, now time.Time, keep func(key string) bool) (GCReport, error) {
+func CollectGarbage(ctx context.Context, s objstore.Store, prefixes []string, grace time.Duration, now time.Time, keep func(key string) bool) (GCReport, error) {
 	var report GCReport
 	if grace < 0 {
 		return report, fmt.Errorf("collecting garbage: negative grace period %s", grace)
 	}
-	var candidates []ObjectInfo
+	var candidates []objstore.ObjectInfo
 	seen := make(map[string]bool)
 	for _, p := range prefixes {
 		if p == "" || strings.HasPrefix(ManifestPrefix, p) || strings.HasPrefix(p, ManifestPrefix) {
@@ -76,7 +77,7 @@ func CollectGarbage(ctx context.Context, s Store, prefixes []string, grace time.
 }
 
 // referencedKeys reads every manifest and returns the set of keys they name.
-func referencedKeys(ctx context.Context, s Store) (map[string]bool, int, error) {
+func referencedKeys(ctx context.Context, s objstore.Store) (map[string]bool, int, error) {
 	manifests, err := s.List(ctx, ManifestPrefix)
 	if err != nil {
 		return nil, 0, err
@@ -84,7 +85,7 @@ func referencedKeys(ctx context.Context, s Store) (map[string]bool, int, error) 
 	refs := make(map[string]bool)
 	for _, mi := range manifests {
 		data, err := s.Get(ctx, mi.Key)
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, objstore.ErrNotFound) {
 			continue // removed since listing: it references nothing any more
 		}
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tilefarm/tilefarm/objstore"
 	"sort"
 	"strings"
 )
@@ -104,7 +105,7 @@ func AttemptKey(key, attempt, name string) string {
 // Existing set (a retry or a duplicate delivery); with different checksums it
 // fails with ErrConflict, which is terminal. Attempt ids must be unique per
 // delivery: an attempt object that exists with different bytes is a conflict too.
-func Promote(ctx context.Context, s Store, key, attempt, build string, outputs []Output, meta map[string]string, opts ...PromoteOption) (Promotion, error) {
+func Promote(ctx context.Context, s objstore.Store, key, attempt, build string, outputs []Output, meta map[string]string, opts ...PromoteOption) (Promotion, error) {
 	var po promoteOptions
 	for _, o := range opts {
 		o(&po)
@@ -117,7 +118,7 @@ func Promote(ctx context.Context, s Store, key, attempt, build string, outputs [
 	if !po.absent {
 		if stored, err := ReadManifest(ctx, s, key); err == nil {
 			return settle(ctx, s, stored, want)
-		} else if !errors.Is(err, ErrNotFound) {
+		} else if !errors.Is(err, objstore.ErrNotFound) {
 			return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
 		}
 	}
@@ -137,7 +138,7 @@ func Promote(ctx context.Context, s Store, key, attempt, build string, outputs [
 	if err == nil {
 		return Promotion{Manifest: want}, nil
 	}
-	if !errors.Is(err, ErrExists) {
+	if !errors.Is(err, objstore.ErrExists) {
 		return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
 	}
 	stored, err := ReadManifest(ctx, s, key)
@@ -181,7 +182,7 @@ func AfterUpload(fn func()) PromoteOption {
 }
 
 // settle compares a stored manifest with the one we wanted to promote.
-func settle(ctx context.Context, s Store, stored, want Manifest) (Promotion, error) {
+func settle(ctx context.Context, s objstore.Store, stored, want Manifest) (Promotion, error) {
 	if !sameContent(stored, want) {
 		return Promotion{}, fmt.Errorf("promoting %q: %w: stored checksum %s (attempt %s, build %s), new checksum %s (attempt %s, build %s)",
 			want.Key, ErrConflict, stored.Checksum(), stored.Attempt, stored.Build, want.Checksum(), want.Attempt, want.Build)
@@ -191,7 +192,7 @@ func settle(ctx context.Context, s Store, stored, want Manifest) (Promotion, err
 
 // newManifest validates the inputs and describes the objects to upload.
 func newManifest(key, attempt, build string, outputs []Output, meta map[string]string) (Manifest, error) {
-	if err := ValidateKey(key); err != nil {
+	if err := objstore.ValidateKey(key); err != nil {
 		return Manifest{}, err
 	}
 	if err := validateSegment("attempt", attempt); err != nil {
@@ -224,9 +225,9 @@ func newManifest(key, attempt, build string, outputs []Output, meta map[string]s
 // validateSegment checks a value that becomes one key segment.
 func validateSegment(what, v string) error {
 	if strings.Contains(v, "/") {
-		return fmt.Errorf("%w: %s %q contains a slash", ErrBadKey, what, v)
+		return fmt.Errorf("%w: %s %q contains a slash", objstore.ErrBadKey, what, v)
 	}
-	if err := ValidateKey(v); err != nil {
+	if err := objstore.ValidateKey(v); err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	return nil
@@ -236,16 +237,16 @@ func validateSegment(what, v string) error {
 // created with create-if-absent so that a reused attempt id can never change
 // bytes a manifest may already name; identical bytes from a retry of the same
 // attempt are accepted.
-func uploadVerified(ctx context.Context, s Store, o ManifestObject, data []byte) error {
+func uploadVerified(ctx context.Context, s objstore.Store, o ManifestObject, data []byte) error {
 	err := s.PutIfAbsent(ctx, o.Key, data)
-	if err != nil && !errors.Is(err, ErrExists) {
+	if err != nil && !errors.Is(err, objstore.ErrExists) {
 		return fmt.Errorf("uploading %q: %w", o.Key, err)
 	}
 	back, err2 := s.Get(ctx, o.Key)
 	if err2 != nil {
-		if errors.Is(err2, ErrNotFound) {
+		if errors.Is(err2, objstore.ErrNotFound) {
 			// Read-after-write must hold; a vanished upload is worth a retry.
-			return fmt.Errorf("verifying %q: %w: object missing after upload", o.Key, ErrVerify)
+			return fmt.Errorf("verifying %q: %w: object missing after upload", o.Key, objstore.ErrVerify)
 		}
 		return fmt.Errorf("verifying %q: %w", o.Key, err2)
 	}
@@ -257,7 +258,7 @@ func uploadVerified(ctx context.Context, s Store, o ManifestObject, data []byte)
 			o.Key, ErrConflict, sha256Hex(back), o.SHA256)
 	}
 	return fmt.Errorf("verifying %q: %w: read back %d bytes sha256 %s, wrote %d bytes sha256 %s",
-		o.Key, ErrVerify, len(back), sha256Hex(back), o.Size, o.SHA256)
+		o.Key, objstore.ErrVerify, len(back), sha256Hex(back), o.Size, o.SHA256)
 }
 
 func sha256Hex(b []byte) string {
@@ -267,8 +268,8 @@ func sha256Hex(b []byte) string {
 
 // ReadManifest returns the manifest promoted for key, or an error wrapping
 // ErrNotFound if there is none.
-func ReadManifest(ctx context.Context, s Store, key string) (Manifest, error) {
-	if err := ValidateKey(key); err != nil {
+func ReadManifest(ctx context.Context, s objstore.Store, key string) (Manifest, error) {
+	if err := objstore.ValidateKey(key); err != nil {
 		return Manifest{}, fmt.Errorf("reading manifest %q: %w", key, err)
 	}
 	data, err := s.Get(ctx, ManifestKey(key))
@@ -280,7 +281,7 @@ func ReadManifest(ctx context.Context, s Store, key string) (Manifest, error) {
 		return Manifest{}, fmt.Errorf("reading manifest %q: %w", key, err)
 	}
 	if m.Key != key {
-		return Manifest{}, fmt.Errorf("reading manifest %q: %w: it names key %q", key, ErrCorrupt, m.Key)
+		return Manifest{}, fmt.Errorf("reading manifest %q: %w: it names key %q", key, objstore.ErrCorrupt, m.Key)
 	}
 	return m, nil
 }
@@ -289,23 +290,23 @@ func ReadManifest(ctx context.Context, s Store, key string) (Manifest, error) {
 func parseManifest(data []byte) (Manifest, error) {
 	var m Manifest
 	if err := json.Unmarshal(data, &m); err != nil {
-		return Manifest{}, fmt.Errorf("%w: manifest is not valid JSON: %v", ErrCorrupt, err)
+		return Manifest{}, fmt.Errorf("%w: manifest is not valid JSON: %v", objstore.ErrCorrupt, err)
 	}
 	if len(m.Objects) == 0 {
-		return Manifest{}, fmt.Errorf("%w: manifest names no objects", ErrCorrupt)
+		return Manifest{}, fmt.Errorf("%w: manifest names no objects", objstore.ErrCorrupt)
 	}
 	// Names are unique, as newManifest makes them: Object and sameContent look objects up by
 	// name, so a repeated name would be ambiguous and sameContent no longer an equality.
 	seen := make(map[string]bool, len(m.Objects))
 	for _, o := range m.Objects {
-		if err := ValidateKey(o.Key); err != nil {
-			return Manifest{}, fmt.Errorf("%w: manifest object %q: %v", ErrCorrupt, o.Name, err)
+		if err := objstore.ValidateKey(o.Key); err != nil {
+			return Manifest{}, fmt.Errorf("%w: manifest object %q: %v", objstore.ErrCorrupt, o.Name, err)
 		}
 		if _, err := hex.DecodeString(o.SHA256); len(o.SHA256) != 64 || err != nil || o.Size < 0 {
-			return Manifest{}, fmt.Errorf("%w: manifest object %q has no valid size and sha256", ErrCorrupt, o.Name)
+			return Manifest{}, fmt.Errorf("%w: manifest object %q has no valid size and sha256", objstore.ErrCorrupt, o.Name)
 		}
 		if seen[o.Name] {
-			return Manifest{}, fmt.Errorf("%w: manifest names object %q twice", ErrCorrupt, o.Name)
+			return Manifest{}, fmt.Errorf("%w: manifest names object %q twice", objstore.ErrCorrupt, o.Name)
 		}
 		seen[o.Name] = true
 	}
@@ -314,15 +315,15 @@ func parseManifest(data []byte) (Manifest, error) {
 
 // ManifestExists reports whether key has been promoted. Workers call it before
 // rendering so that a redelivered, already finished tile is only acked.
-func ManifestExists(ctx context.Context, s Store, key string) (bool, error) {
-	if err := ValidateKey(key); err != nil {
+func ManifestExists(ctx context.Context, s objstore.Store, key string) (bool, error) {
+	if err := objstore.ValidateKey(key); err != nil {
 		return false, fmt.Errorf("checking manifest %q: %w", key, err)
 	}
 	_, err := s.Stat(ctx, ManifestKey(key))
 	if err == nil {
 		return true, nil
 	}
-	if errors.Is(err, ErrNotFound) {
+	if errors.Is(err, objstore.ErrNotFound) {
 		return false, nil
 	}
 	return false, fmt.Errorf("checking manifest %q: %w", key, err)
@@ -330,20 +331,20 @@ func ManifestExists(ctx context.Context, s Store, key string) (bool, error) {
 
 // ReadObject reads the object called name in m and verifies its size and
 // sha256; a mismatch is an error wrapping ErrCorrupt.
-func ReadObject(ctx context.Context, s Store, m Manifest, name string) ([]byte, error) {
+func ReadObject(ctx context.Context, s objstore.Store, m Manifest, name string) ([]byte, error) {
 	o, ok := m.Object(name)
 	if !ok {
-		return nil, fmt.Errorf("reading %q of %q: %w: manifest has no such object", name, m.Key, ErrNotFound)
+		return nil, fmt.Errorf("reading %q of %q: %w: manifest has no such object", name, m.Key, objstore.ErrNotFound)
 	}
 	data, err := s.Get(ctx, o.Key)
 	if err != nil {
 		return nil, fmt.Errorf("reading %q of %q: %w", name, m.Key, err)
 	}
 	if int64(len(data)) != o.Size {
-		return nil, fmt.Errorf("reading %q of %q: %w: %d bytes, manifest says %d", name, m.Key, ErrCorrupt, len(data), o.Size)
+		return nil, fmt.Errorf("reading %q of %q: %w: %d bytes, manifest says %d", name, m.Key, objstore.ErrCorrupt, len(data), o.Size)
 	}
 	if got := sha256Hex(data); got != o.SHA256 {
-		return nil, fmt.Errorf("reading %q of %q: %w: sha256 %s, manifest says %s", name, m.Key, ErrCorrupt, got, o.SHA256)
+		return nil, fmt.Errorf("reading %q of %q: %w: sha256 %s, manifest says %s", name, m.Key, objstore.ErrCorrupt, got, o.SHA256)
 	}
 	return data, nil
 }

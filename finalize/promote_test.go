@@ -3,6 +3,7 @@ package finalize
 import (
 	"context"
 	"errors"
+	"github.com/tilefarm/tilefarm/objstore"
 	"strings"
 	"testing"
 )
@@ -11,7 +12,7 @@ import (
 // manifest: it makes the "somebody promoted between my check and my create"
 // race happen deterministically.
 type hookStore struct {
-	Store
+	objstore.Store
 	before func()
 }
 
@@ -40,7 +41,7 @@ func TestPromoteLosesRace(t *testing.T) {
 		{"different bytes, absent", []byte("other pixels"), true, []PromoteOption{Absent()}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fs, err := NewFSStore(t.TempDir())
+			fs, err := objstore.NewFSStore(t.TempDir())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +67,7 @@ func TestPromoteLosesRace(t *testing.T) {
 					t.Fatalf("loser = %+v, %v; want Existing with the winner's manifest", p, err)
 				}
 				// The losing attempt's object is removed at once.
-				if _, err := fs.Stat(ctx, AttemptKey("tiles/t", "att-l", "rgb")); !errors.Is(err, ErrNotFound) {
+				if _, err := fs.Stat(ctx, AttemptKey("tiles/t", "att-l", "rgb")); !errors.Is(err, objstore.ErrNotFound) {
 					t.Fatalf("losing attempt object: %v, want it deleted", err)
 				}
 			}
@@ -83,7 +84,7 @@ func TestPromoteLosesRace(t *testing.T) {
 
 // countingStore counts the reads of manifests.
 type countingStore struct {
-	Store
+	objstore.Store
 	manifestGets int
 }
 
@@ -99,7 +100,7 @@ func (c *countingStore) Get(ctx context.Context, key string) ([]byte, error) {
 // as an existing success, other content as a conflict.
 func TestPromoteAbsentSkipsTheFirstRead(t *testing.T) {
 	ctx := context.Background()
-	fs, err := NewFSStore(t.TempDir())
+	fs, err := objstore.NewFSStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +125,7 @@ func TestPromoteAbsentSkipsTheFirstRead(t *testing.T) {
 
 // corruptingStore flips a byte of every object it reads back, as a store
 // that lost data between write and read would.
-type corruptingStore struct{ Store }
+type corruptingStore struct{ objstore.Store }
 
 func (c corruptingStore) Get(ctx context.Context, key string) ([]byte, error) {
 	b, err := c.Store.Get(ctx, key)
@@ -136,12 +137,12 @@ func (c corruptingStore) Get(ctx context.Context, key string) ([]byte, error) {
 
 func TestPromoteVerifiesUpload(t *testing.T) {
 	ctx := context.Background()
-	fs, err := NewFSStore(t.TempDir())
+	fs, err := objstore.NewFSStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = Promote(ctx, corruptingStore{fs}, "tiles/v", "att-1", "b", []Output{{"rgb", []byte("pixels")}}, nil)
-	if !errors.Is(err, ErrVerify) || !IsRetryable(err) {
+	if !errors.Is(err, objstore.ErrVerify) || !objstore.IsRetryable(err) {
 		t.Fatalf("Promote over a corrupting store = %v, want retryable ErrVerify", err)
 	}
 	if ok, _ := ManifestExists(ctx, fs, "tiles/v"); ok {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -69,7 +70,7 @@ func FrameTiles(frameKey string, width, height, size int) ([]FrameTile, error) {
 	}
 	out := make([]FrameTile, len(rects))
 	for i, r := range rects {
-		out[i] = FrameTile{Key: TileKey(frameKey, r), Rect: r}
+		out[i] = FrameTile{Key: identity.TileKey(frameKey, r), Rect: r}
 	}
 	return out, nil
 }

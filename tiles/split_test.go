@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -108,11 +109,36 @@ func TestFrameTilesMatchSplitAndTileKey(t *testing.T) {
 		t.Fatalf("%d tiles, want %d", len(got), len(rects))
 	}
 	for i, ft := range got {
-		if ft.Rect != rects[i] || ft.Key != TileKey("fk", rects[i]) {
+		if ft.Rect != rects[i] || ft.Key != identity.TileKey("fk", rects[i]) {
 			t.Fatalf("tile %d = %+v", i, ft)
 		}
 	}
 	if _, err := FrameTiles("fk", 100, 50, 0); err == nil {
 		t.Fatal("tile size 0 accepted")
+	}
+}
+
+// TestTileSizeNotInIdentity checks that the same rectangle produced by two
+// different tile sizes gets the same tile key and input hash: the tile size
+// decides only how work is cut, never what a pixel is.
+func TestTileSizeNotInIdentity(t *testing.T) {
+	st := render.Settings{Camera: "main", Width: 160, Height: 90, SPP: 16, MaxDepth: 8, Seed: 1, Exposure: 0.5}
+	fk := identity.FrameKey("sv", "main", 1, identity.SettingsHash(st))
+	a, err := Split(90, 90, 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Split(90, 90, 128)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 1 || len(b) != 1 || a[0] != b[0] {
+		t.Fatalf("expected one identical full-frame tile, got %v and %v", a, b)
+	}
+	if identity.TileKey(fk, a[0]) != identity.TileKey(fk, b[0]) {
+		t.Error("tile key depends on tile size")
+	}
+	if identity.InputHash("sv", st, 1, a[0]) != identity.InputHash("sv", st, 1, b[0]) {
+		t.Error("input hash depends on tile size")
 	}
 }

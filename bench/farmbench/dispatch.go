@@ -12,10 +12,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -45,7 +46,7 @@ const oneFrameSubmits = 5
 // and how fast the big one's tiles become durable in TILES, with the process's peak memory and
 // database size; then it publishes a tile.completed event for every tile, as workers would, and
 // measures how fast the coordinator applies them.
-func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *farm.Bundle, w DispatchShot) (ShotDispatch, error) {
+func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *bundle.Bundle, w DispatchShot) (ShotDispatch, error) {
 	var res ShotDispatch
 	srv, err := StartCoordinator(ctx, bin, dir, nil, "--workers", "0", "--nats-sync", w.Sync)
 	if err != nil {
@@ -66,7 +67,7 @@ func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *farm.Bund
 		return res, fmt.Errorf("uploading scene: %w", err)
 	}
 	// One-frame submissions are a couple of milliseconds, so take the median of a few.
-	req := coordinator.SubmitRequest{SceneVersion: bundle.Version(), Width: w.Width, Height: w.Height,
+	req := api.SubmitRequest{SceneVersion: bundle.Version(), Width: w.Width, Height: w.Height,
 		TileSize: w.TileSize, Formats: []string{"png"}}
 	var ones []time.Duration
 	perFrame := 0
@@ -138,14 +139,14 @@ func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *farm.Bund
 }
 
 // publishCompletions publishes tile.completed for every tile of a job, asynchronously.
-func publishCompletions(ctx context.Context, js jetstream.JetStream, st coordinator.Status, w DispatchShot) error {
+func publishCompletions(ctx context.Context, js jetstream.JetStream, st api.Status, w DispatchShot) error {
 	for _, fr := range st.Frames {
 		ft, err := tiles.FrameTiles(fr.FrameKey, w.Width, w.Height, w.TileSize)
 		if err != nil {
 			return err
 		}
 		for i, t := range ft {
-			ev := farm.Event{ID: farm.EventTileCompleted + ":" + t.Key, Type: farm.EventTileCompleted, JobID: st.JobID,
+			ev := wire.Event{ID: wire.EventTileCompleted + ":" + t.Key, Type: wire.EventTileCompleted, JobID: st.JobID,
 				TileKey: t.Key, TileIndex: i, FrameKey: fr.FrameKey, Seq: 1, Delivery: 1, Worker: "bench", Time: time.Now().UTC()}
 			data, err := json.Marshal(ev)
 			if err != nil {

@@ -14,12 +14,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // FarmSpec is one farm of separate processes: a coordinator and its workers.
@@ -50,7 +51,7 @@ type Farm struct {
 
 // StartFarm starts a coordinator and spec.Workers workers under dir, with checkpoints on, and
 // uploads the scene b every measurement renders.
-func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec, b *farm.Bundle) (*Farm, error) {
+func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec, b *bundle.Bundle) (*Farm, error) {
 	f := &Farm{dir: dir, bins: bins, spec: spec, metrics: map[*Proc]string{}, debug: map[string]string{}}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
@@ -210,7 +211,7 @@ func (f *Farm) Metric(ctx context.Context, w *Proc, name string) (float64, error
 }
 
 // Upload puts a scene bundle on the farm.
-func (f *Farm) Upload(ctx context.Context, b *farm.Bundle) error {
+func (f *Farm) Upload(ctx context.Context, b *bundle.Bundle) error {
 	if err := f.API.PutScene(ctx, b.Version(), b); err != nil {
 		return fmt.Errorf("uploading scene: %w", err)
 	}
@@ -222,15 +223,15 @@ func (f *Farm) Upload(ctx context.Context, b *farm.Bundle) error {
 // frame is assembled (then every 5 ms until the coordinator has checked the last one) or
 // once a second meanwhile (a failure, a missed event): polling the status all along would
 // cost the coordinator CPU growing with the job's frames, on the cores the farm renders on.
-func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (coordinator.Status, error) {
+func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (api.Status, error) {
 	nc, err := nats.Connect("nats://" + f.Coord.NATS)
 	if err != nil {
-		return coordinator.Status{}, fmt.Errorf("connecting to the farm's NATS: %w", err)
+		return api.Status{}, fmt.Errorf("connecting to the farm's NATS: %w", err)
 	}
 	defer nc.Close()
 	assembled := make(chan string, 1024)
 	sub, err := nc.Subscribe(queue.EventFrameAssembledSubject, func(m *nats.Msg) {
-		var ev farm.Event
+		var ev wire.Event
 		if json.Unmarshal(m.Data, &ev) == nil {
 			select {
 			case assembled <- ev.FrameKey:
@@ -239,21 +240,21 @@ func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (coordinat
 		}
 	})
 	if err != nil {
-		return coordinator.Status{}, err
+		return api.Status{}, err
 	}
 	defer sub.Unsubscribe()
 	if err := nc.Flush(); err != nil {
-		return coordinator.Status{}, err
+		return api.Status{}, err
 	}
 	deadline := time.Now().Add(d)
 	seen := map[string]bool{}
-	var st coordinator.Status
+	var st api.Status
 	for {
 		st, err = f.API.Status(ctx, job)
-		if err == nil && st.State == coordinator.StateCompleted {
+		if err == nil && st.State == api.JobCompleted {
 			return st, nil
 		}
-		if err == nil && st.State == coordinator.StateFailed {
+		if err == nil && st.State == api.JobFailed {
 			return st, fmt.Errorf("job %s failed: %v", job, st.Failures)
 		}
 		if time.Now().After(deadline) {
@@ -284,9 +285,9 @@ func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (coordinat
 }
 
 // allAssembled reports whether every frame of st is completed or seen assembled.
-func allAssembled(st coordinator.Status, seen map[string]bool) bool {
+func allAssembled(st api.Status, seen map[string]bool) bool {
 	for _, fr := range st.Frames {
-		if fr.State != coordinator.StateCompleted && !seen[fr.FrameKey] {
+		if fr.State != api.FrameCompleted && !seen[fr.FrameKey] {
 			return false
 		}
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 )
 
 // Shot is what a job renders: frames of examples/shot at a resolution, samples and tile size.
@@ -28,8 +28,8 @@ type Shot struct {
 	TileSize           int
 }
 
-func (s Shot) request(b *farm.Bundle) coordinator.SubmitRequest {
-	return coordinator.SubmitRequest{SceneVersion: b.Version(), First: s.First, Last: s.Last, Width: s.Width, Height: s.Height,
+func (s Shot) request(b *bundle.Bundle) api.SubmitRequest {
+	return api.SubmitRequest{SceneVersion: b.Version(), First: s.First, Last: s.Last, Width: s.Width, Height: s.Height,
 		SPP: s.SPP, TileSize: s.TileSize, Formats: []string{"png"}}
 }
 
@@ -114,7 +114,7 @@ func renderLocal(ctx context.Context, bins Binaries, scene, dir string, s Shot, 
 // MeasureFarm renders s locally with as many tiles at once as the farm has slots, then on a
 // fresh farm, timing the job from submit to completed and taking the CPU of every farm process
 // over that time (start-up excluded: a farm runs for days).
-func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *farm.Bundle, dir string, s Shot, spec FarmSpec, prof *Profiles) (FarmRun, error) {
+func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *bundle.Bundle, dir string, s Shot, spec FarmSpec, prof *Profiles) (FarmRun, error) {
 	r := FarmRun{Slots: spec.Workers * spec.Slots}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, err
@@ -198,7 +198,7 @@ var (
 
 // MeasureRecovery kills a worker with SIGKILL in the middle of a long tile reps times and
 // measures, each time, how long until the other worker resumes the tile from its checkpoint.
-func MeasureRecovery(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, reps int, serveArgs []string, minio bool) ([]time.Duration, error) {
+func MeasureRecovery(ctx context.Context, bins Binaries, b *bundle.Bundle, dir string, reps int, serveArgs []string, minio bool) ([]time.Duration, error) {
 	spec := FarmSpec{Workers: 2, Slots: 1, MinIO: minio, ServeArgs: serveArgs, WorkerArgs: slowWorker(250*time.Millisecond, 16)}
 	f, err := StartFarm(ctx, bins, dir, spec, b)
 	if err != nil {
@@ -291,7 +291,7 @@ func (r ResumeRun) Again() float64 { return max(r.Rendered-float64(r.Needed), 0)
 // MeasureResume renders a job on workers while killing one with SIGKILL at seeded moments
 // (and restarting it on its own checkpoint directory), reading each worker's
 // tilefarm_samples_rendered_total just before it is killed and at the end.
-func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
+func MeasureResume(ctx context.Context, bins Binaries, b *bundle.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
 	var r ResumeRun
 	// The workers keep their default checkpoint cadence. Each sample waits 12 ms, so a tile of
 	// 64 samples takes about a second, and is counted as it lands: a kill loses the samples since
@@ -316,7 +316,7 @@ func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir strin
 		if err != nil {
 			return r, err
 		}
-		if st.State == coordinator.StateCompleted {
+		if st.State == api.JobCompleted {
 			break
 		}
 		live := f.Live()[1:]
@@ -350,7 +350,7 @@ func MeasureResume(ctx context.Context, bins Binaries, b *farm.Bundle, dir strin
 // MeasureCoordinatorRSS submits a job of at least tiles tiles (1920x1080 in 16 px tiles, 8160
 // a frame) to `coordinator serve --workers 0`, waits until they are all durable and returns
 // the job's tiles and the coordinator's peak resident set.
-func MeasureCoordinatorRSS(ctx context.Context, bins Binaries, b *farm.Bundle, dir string, tiles int) (int, int64, error) {
+func MeasureCoordinatorRSS(ctx context.Context, bins Binaries, b *bundle.Bundle, dir string, tiles int) (int, int64, error) {
 	srv, err := StartCoordinator(ctx, bins.Coordinator, dir, nil, "--workers", "0")
 	if err != nil {
 		return 0, 0, err

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
@@ -132,7 +132,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		return res, err
 	}
 	scene := filepath.Join(root, "examples", "shot", "scene.json")
-	b, err := farm.ReadBundle(scene)
+	b, err := bundle.ReadBundle(scene)
 	if err != nil {
 		return res, fmt.Errorf("reading the shot: %w", err)
 	}
@@ -246,7 +246,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 
 // growth measures the key figures at three sizes of tiles per frame, frames per job and
 // workers, each from the realistic shot scaled down to a fraction of a second per tile.
-func growth(ctx context.Context, c Config, bins Binaries, scene string, b *farm.Bundle, dir string, logf func(string, ...any)) ([]GrowthRow, error) {
+func growth(ctx context.Context, c Config, bins Binaries, scene string, b *bundle.Bundle, dir string, logf func(string, ...any)) ([]GrowthRow, error) {
 	base := Shot{First: 1, Last: 2, Width: 320, Height: 180, SPP: 8, TileSize: 64}
 	var rows []GrowthRow
 	run := func(table string, value int, s Shot, spec FarmSpec) error {

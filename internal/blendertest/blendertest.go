@@ -17,7 +17,7 @@ import (
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -113,13 +113,13 @@ func OwnRender(t testing.TB, blend string, st render.Settings, frame int, png bo
 }
 
 // ReadEXR decodes an EXR file.
-func ReadEXR(t testing.TB, path string) *finalize.Frame {
+func ReadEXR(t testing.TB, path string) *raster.Frame {
 	t.Helper()
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f, err := finalize.DecodeEXR(data)
+	f, err := raster.DecodeEXR(data)
 	if err != nil {
 		t.Fatalf("%s: %v", path, err)
 	}

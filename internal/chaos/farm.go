@@ -22,13 +22,16 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // config is one run of the harness.
@@ -71,7 +74,7 @@ type theFarm struct {
 	dir      string
 	nats     *natstest.Cluster
 	minio    *miniotest.Deployment
-	objects  finalize.Store
+	objects  objstore.Store
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	http     string
@@ -79,7 +82,7 @@ type theFarm struct {
 	workers  []*proctest.Proc
 	metrics  map[*proctest.Proc]string // metrics address of each worker
 	api      *client.Client
-	bundle   *farm.Bundle
+	bundle   *bundle.Bundle
 	scene    string
 	mu       sync.Mutex
 	refs     map[int]string // reference PNG by frame
@@ -111,7 +114,7 @@ func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name strin
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v) // the harness opens the store like the farm does
 	}
-	if f.objects, err = finalize.OpenStore(ctx, f.minio.URL()); err != nil {
+	if f.objects, err = objstore.OpenStore(ctx, f.minio.URL()); err != nil {
 		f.close()
 		return nil, err
 	}
@@ -129,7 +132,7 @@ func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name strin
 		return nil, err
 	}
 	f.scene = filepath.Join(root, "examples", "shot", "scene.json")
-	if f.bundle, err = farm.ReadBundle(f.scene); err != nil {
+	if f.bundle, err = bundle.ReadBundle(f.scene); err != nil {
 		f.close()
 		return nil, err
 	}
@@ -238,21 +241,21 @@ func (f *theFarm) nextFrames(n int) (first, last int) {
 }
 
 // submit submits frames first-last with the scenario settings.
-func (f *theFarm) submit(ctx context.Context, first, last int) (coordinator.Status, error) {
-	req := coordinator.SubmitRequest{SceneVersion: f.bundle.Version(), First: first, Last: last, Width: 96, Height: 54, SPP: 8,
+func (f *theFarm) submit(ctx context.Context, first, last int) (api.Status, error) {
+	req := api.SubmitRequest{SceneVersion: f.bundle.Version(), First: first, Last: last, Width: 96, Height: 54, SPP: 8,
 		TileSize: 32, Formats: []string{"png"}}
 	res, err := f.api.Submit(ctx, f.bundle, req)
 	return res.Status, err
 }
 
 // waitDone waits until job is completed or failed.
-func (f *theFarm) waitDone(ctx context.Context, job string, d time.Duration) (coordinator.Status, error) {
+func (f *theFarm) waitDone(ctx context.Context, job string, d time.Duration) (api.Status, error) {
 	deadline := time.Now().Add(d)
-	var st coordinator.Status
+	var st api.Status
 	var err error
 	for time.Now().Before(deadline) && ctx.Err() == nil {
 		st, err = f.api.Status(ctx, job)
-		if err == nil && (st.State == coordinator.StateCompleted || st.State == coordinator.StateFailed) {
+		if err == nil && (st.State == api.JobCompleted || st.State == api.JobFailed) {
 			return st, nil
 		}
 		time.Sleep(250 * time.Millisecond)
@@ -264,14 +267,14 @@ func (f *theFarm) waitDone(ctx context.Context, job string, d time.Duration) (co
 }
 
 // status reads a job's status, retrying while the coordinator is unreachable.
-func (f *theFarm) status(ctx context.Context, job string) coordinator.Status {
+func (f *theFarm) status(ctx context.Context, job string) api.Status {
 	for ctx.Err() == nil {
 		if st, err := f.api.Status(ctx, job); err == nil {
 			return st
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return coordinator.Status{}
+	return api.Status{}
 }
 
 // reference renders frame locally with `tileworker render`, once.
@@ -393,7 +396,7 @@ func (f *theFarm) waitTileAgain(ctx context.Context, tileKey, gone string, since
 			continue
 		}
 		md, _ := msg.Metadata()
-		var ev farm.Event
+		var ev wire.Event
 		if json.Unmarshal(msg.Data(), &ev) == nil && ev.TileKey == tileKey && ev.Worker != gone && md != nil && md.Timestamp.After(since) {
 			return md.Timestamp.Sub(since), nil
 		}
@@ -402,16 +405,16 @@ func (f *theFarm) waitTileAgain(ctx context.Context, tileKey, gone string, since
 
 // manifestsComplete checks that every tile and the PNG of each frame of a job has its
 // manifest: a promotion lost would show here as a missing one.
-func (f *theFarm) manifestsComplete(ctx context.Context, st coordinator.Status) error {
+func (f *theFarm) manifestsComplete(ctx context.Context, st api.Status) error {
 	for _, fr := range st.Frames {
-		objs, err := f.objects.List(ctx, finalize.ManifestPrefix+farm.TileManifestPrefix(fr.FrameKey))
+		objs, err := f.objects.List(ctx, finalize.ManifestPrefix+layout.TileManifestPrefix(fr.FrameKey))
 		if err != nil {
 			return err
 		}
 		if len(objs) != fr.TilesTotal {
 			return fmt.Errorf("frame %d has %d tile manifests for %d tiles", fr.Frame, len(objs), fr.TilesTotal)
 		}
-		if ok, err := finalize.ManifestExists(ctx, f.objects, farm.FrameManifestKey(fr.FrameKey, "png")); err != nil || !ok {
+		if ok, err := finalize.ManifestExists(ctx, f.objects, layout.FrameManifestKey(fr.FrameKey, "png")); err != nil || !ok {
 			return fmt.Errorf("frame %d has no png manifest (%v)", fr.Frame, err)
 		}
 	}

@@ -12,7 +12,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/worker"
 )
@@ -36,7 +36,7 @@ type row struct {
 // attempt is a scenario being run: its job and what its faults did.
 type attempt struct {
 	f               *theFarm
-	job             coordinator.Status
+	job             api.Status
 	frames          []int
 	faults          int
 	landed          bool
@@ -68,7 +68,7 @@ func (a *attempt) submit(ctx context.Context, n int) error {
 // inProgress reports whether the job has tiles left: a fault injected now hits work.
 func (a *attempt) inProgress(ctx context.Context) bool {
 	st := a.f.status(ctx, a.job.JobID)
-	return st.State != coordinator.StateCompleted && st.TilesCompleted < st.TilesTotal
+	return st.State != api.JobCompleted && st.TilesCompleted < st.TilesTotal
 }
 
 // waitTiles waits until at least n of the job's tiles are completed, still in progress.
@@ -498,7 +498,7 @@ func runScenario(ctx context.Context, f *theFarm, sc scenario) row {
 		}
 		r.SamplesRecovered = st.SamplesRecovered
 		r.LostTiles = st.TilesTotal - st.TilesCompleted
-		if st.State != coordinator.StateCompleted {
+		if st.State != api.JobCompleted {
 			problems = append(problems, fmt.Sprintf("job %s is %s: %v", st.JobID, st.State, st.Failures))
 		}
 		if st.TilesFailed > 0 {
@@ -507,7 +507,7 @@ func runScenario(ctx context.Context, f *theFarm, sc scenario) row {
 		if a.expectRecovered && st.SamplesRecovered == 0 {
 			problems = append(problems, "a worker died mid-tile but no sample was recovered")
 		}
-		if st.State == coordinator.StateCompleted {
+		if st.State == api.JobCompleted {
 			if err := f.manifestsComplete(ctx, st); err != nil {
 				problems = append(problems, err.Error())
 			}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 const shotScene = "../../examples/shot/scene.json"
@@ -170,7 +172,7 @@ func TestRenderRejectsBadArgumentsBeforeStarting(t *testing.T) {
 	} {
 		args := append([]string{"render", shotScene, "--frames", "1", "--out", out, "--data", data2}, c.args...)
 		code, stdout, stderr := run(t, args...)
-		if code != ExitFailed || !strings.Contains(stderr, c.msg) || stdout != "" {
+		if code != api.ExitFailed || !strings.Contains(stderr, c.msg) || stdout != "" {
 			t.Errorf("%s: exit %d, stderr %q, stdout %q; want exit 1 naming %q", c.name, code, stderr, stdout, c.msg)
 		}
 	}
@@ -181,19 +183,19 @@ func TestRenderRejectsBadArgumentsBeforeStarting(t *testing.T) {
 
 func TestStatusUnreachableIsRetryable(t *testing.T) {
 	code, _, stderr := run(t, "status", "job-123", "--server", "http://127.0.0.1:1")
-	if code != ExitBusy || !strings.Contains(stderr, "retry later") {
+	if code != api.ExitBusy || !strings.Contains(stderr, "retry later") {
 		t.Errorf("status against no coordinator: exit %d, stderr %q; want 75 and a retry hint", code, stderr)
 	}
 }
 
 func TestCoordinatorUsage(t *testing.T) {
 	code, stdout, stderr := run(t)
-	if code != ExitUsage || !strings.Contains(stderr, "Usage:\n  coordinator") || stdout != "" {
+	if code != api.ExitUsage || !strings.Contains(stderr, "Usage:\n  coordinator") || stdout != "" {
 		t.Errorf("no args: exit %d, stderr %q", code, stderr)
 	}
 	for _, h := range []string{"-h", "--help", "help"} {
 		code, stdout, _ := run(t, h)
-		if code != ExitOK || !strings.Contains(stdout, "Usage:\n  coordinator") {
+		if code != api.ExitOK || !strings.Contains(stdout, "Usage:\n  coordinator") {
 			t.Errorf("coordinator %s: exit %d, stdout %q; want 0 and the usage", h, code, stdout)
 		}
 		for _, cmd := range []string{"render", "serve", "submit", "status", "watch", "jobs", "outputs", "cancel", "reprioritize",
@@ -204,11 +206,11 @@ func TestCoordinatorUsage(t *testing.T) {
 		}
 	}
 	code, stdout, _ = run(t, "--version")
-	if code != ExitOK || !strings.HasPrefix(stdout, "coordinator ") || !strings.Contains(stdout, "go1.") {
+	if code != api.ExitOK || !strings.HasPrefix(stdout, "coordinator ") || !strings.Contains(stdout, "go1.") {
 		t.Errorf("--version: exit %d, %q", code, stdout)
 	}
 	code, stdout, _ = run(t, "completion", "bash")
-	if code != ExitOK || !strings.Contains(stdout, "bash completion") {
+	if code != api.ExitOK || !strings.Contains(stdout, "bash completion") {
 		t.Errorf("completion bash: exit %d, %.200q", code, stdout)
 	}
 }
@@ -266,7 +268,7 @@ func TestSubcommandHelp(t *testing.T) {
 		t.Errorf("-h exit codes differ between subcommands: %v", codes)
 	}
 	for code := range codes {
-		if code != ExitOK {
+		if code != api.ExitOK {
 			t.Errorf("-h exits %d, want 0: help was asked for, nothing went wrong", code)
 		}
 	}

@@ -19,23 +19,12 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/term"
 
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/buildinfo"
-	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/render"
-)
-
-// Exit codes of the command contract (docs/operations.md): scripts and cron jobs rely on them.
-const (
-	ExitOK         = 0
-	ExitFailed     = 1
-	ExitUsage      = 2
-	ExitInProgress = 3
-	ExitQueued     = 42
-	ExitBusy       = 75
-	ExitInterrupt  = 130
 )
 
 // The environment variables flags read their defaults from (besides NATS_URL and
@@ -66,27 +55,25 @@ func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(f
 
 // exitCode maps an error onto the contract's exit codes and prints it.
 func exitCode(stderr io.Writer, cmd string, err error) int {
-	if err == nil {
-		return ExitOK
-	}
 	var ue *usageError
-	var busy *client.BusyError
-	switch {
-	case errors.As(err, &ue):
+	if errors.As(err, &ue) {
 		fmt.Fprintf(stderr, "%s: %v\nRun '%s --help' for usage.\n", cmd, err, cmd)
-		return ExitUsage
-	case errors.Is(err, context.Canceled):
+		return api.ExitUsage
+	}
+	code := api.ExitCode(err)
+	var busy *api.BusyError
+	switch {
+	case err == nil:
+	case code == api.ExitInterrupt:
 		fmt.Fprintf(stderr, "%s: interrupted\n", cmd)
-		return ExitInterrupt
 	case errors.As(err, &busy):
 		fmt.Fprintf(stderr, "%s: %v (retry in %s)\n", cmd, err, busy.RetryAfter)
-		return ExitBusy
-	case errors.Is(err, coordinator.ErrBusy), errors.Is(err, client.ErrUnavailable):
+	case code == api.ExitBusy:
 		fmt.Fprintf(stderr, "%s: %v (retry later)\n", cmd, err)
-		return ExitBusy
+	default:
+		fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
 	}
-	fmt.Fprintf(stderr, "%s: %v\n", cmd, err)
-	return ExitFailed
+	return code
 }
 
 // runFunc is a command's body, called once cobra has parsed its flags, with its positional
@@ -128,7 +115,7 @@ func (p *program) run(c *cobra.Command, args cobra.PositionalArgs, body runFunc)
 // runErr is run for a command whose only outcomes are success (exit 0) and an error.
 func (p *program) runErr(c *cobra.Command, args cobra.PositionalArgs, body func(ctx context.Context, pos []string, stdout, stderr io.Writer) error) {
 	p.run(c, args, func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
-		return ExitOK, body(ctx, pos, stdout, stderr)
+		return api.ExitOK, body(ctx, pos, stdout, stderr)
 	})
 }
 
@@ -156,7 +143,7 @@ func (p *program) execute(root *cobra.Command, args []string) int {
 		return exitCode(p.stderr, cmd.CommandPath(), err)
 	}
 	if p.ran == nil {
-		return ExitOK // help, --version or completion was asked for and printed
+		return api.ExitOK // help, --version or completion was asked for and printed
 	}
 	if p.err != nil || p.code < 0 {
 		return exitCode(p.stderr, p.ran.CommandPath(), p.err)
@@ -216,7 +203,7 @@ func formatFor(flagValue, out string) (string, error) {
 			f = "png"
 		}
 	}
-	if _, ok := farm.FrameOutputName(f); !ok {
+	if _, ok := layout.FrameOutputName(f); !ok {
 		return "", usagef("--format %q: want png, png16 or exr", f)
 	}
 	return f, nil
@@ -264,7 +251,7 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+func isNotFound(err error) bool { return errors.Is(err, coorddb.ErrNotFound) }
 
 // killSelf is the crash hook of fault tests: it kills this process with SIGKILL at a seam, so
 // the test sees exactly what a real crash there leaves behind.

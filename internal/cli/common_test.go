@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 )
 
@@ -42,7 +42,7 @@ func TestParseFrames(t *testing.T) {
 	for _, in := range []string{"5-2", fmt.Sprintf("1-%d", coordinator.MaxFramesPerJob+1)} {
 		_, _, err := parseFrames(in)
 		var ue *usageError
-		if !errors.Is(err, coordinator.ErrBadInput) || errors.As(err, &ue) {
+		if !errors.Is(err, api.ErrBadInput) || errors.As(err, &ue) {
 			t.Errorf("parseFrames(%q) error %v, want ErrBadInput (exit 1), not a usage error", in, err)
 		}
 	}
@@ -115,15 +115,15 @@ func TestExitCode(t *testing.T) {
 		code      int
 		stderrHas string
 	}{
-		{"nil", nil, ExitOK, ""},
-		{"usage", usagef("want exactly one SCENE"), ExitUsage, "Run 'coordinator render --help'"},
-		{"busy", fmt.Errorf("submitting: %w", coordinator.ErrBusy), ExitBusy, "retry later"},
-		{"busy with a time", fmt.Errorf("submitting: %w", &client.BusyError{Message: "farm busy", RetryAfter: 42 * time.Second}), ExitBusy, "retry in 42s"},
-		{"unavailable", fmt.Errorf("%w at http://x: refused", client.ErrUnavailable), ExitBusy, "retry later"},
-		{"canceled", fmt.Errorf("waiting: %w", context.Canceled), ExitInterrupt, "interrupted"},
-		{"bad input", fmt.Errorf("%w: frame range 5-2 is reversed", coordinator.ErrBadInput), ExitFailed, "reversed"},
-		{"conflict", fmt.Errorf("%w: key k", coordinator.ErrConflict), ExitFailed, "conflict"},
-		{"other", errors.New("disk on fire"), ExitFailed, "disk on fire"},
+		{"nil", nil, api.ExitOK, ""},
+		{"usage", usagef("want exactly one SCENE"), api.ExitUsage, "Run 'coordinator render --help'"},
+		{"busy", fmt.Errorf("submitting: %w", api.ErrBusy), api.ExitBusy, "retry later"},
+		{"busy with a time", fmt.Errorf("submitting: %w", &api.BusyError{Message: "farm busy", RetryAfter: 42 * time.Second}), api.ExitBusy, "retry in 42s"},
+		{"unavailable", fmt.Errorf("%w at http://x: refused", api.ErrUnavailable), api.ExitBusy, "retry later"},
+		{"canceled", fmt.Errorf("waiting: %w", context.Canceled), api.ExitInterrupt, "interrupted"},
+		{"bad input", fmt.Errorf("%w: frame range 5-2 is reversed", api.ErrBadInput), api.ExitFailed, "reversed"},
+		{"conflict", fmt.Errorf("%w: key k", api.ErrConflict), api.ExitFailed, "conflict"},
+		{"other", errors.New("disk on fire"), api.ExitFailed, "disk on fire"},
 	} {
 		var stderr bytes.Buffer
 		got := exitCode(&stderr, "coordinator render", c.err)
@@ -140,7 +140,7 @@ func TestExitCode(t *testing.T) {
 		}
 	}
 	// The contract's numbers themselves (docs/operations.md, Exit codes).
-	if ExitOK != 0 || ExitFailed != 1 || ExitUsage != 2 || ExitInProgress != 3 || ExitQueued != 42 || ExitBusy != 75 || ExitInterrupt != 130 {
+	if api.ExitOK != 0 || api.ExitFailed != 1 || api.ExitUsage != 2 || api.ExitInProgress != 3 || api.ExitQueued != 42 || api.ExitBusy != 75 || api.ExitInterrupt != 130 {
 		t.Error("exit code constants drifted from the command contract")
 	}
 }
@@ -154,35 +154,35 @@ func TestCommandLineParsing(t *testing.T) {
 		code int
 		has  string
 	}{
-		{"flag after positional", []string{"status", "job-1", "--server", "http://127.0.0.1:1"}, ExitBusy, "retry later"},
-		{"flag before positional", []string{"status", "--server", "http://127.0.0.1:1", "job-1"}, ExitBusy, "retry later"},
-		{"flag=value", []string{"status", "--server=http://127.0.0.1:1", "job-1"}, ExitBusy, "retry later"},
-		{"unknown flag", []string{"status", "job-1", "--nope"}, ExitUsage, "unknown flag: --nope"},
-		{"flag without value", []string{"submit", "s.json", "--frames"}, ExitUsage, "flag needs an argument"},
-		{"bad flag value", []string{"render", "s.json", "--workers", "x"}, ExitUsage, "invalid argument"},
-		{"missing positional", []string{"status"}, ExitUsage, "want exactly one JOB"},
-		{"extra positional", []string{"jobs", "extra"}, ExitUsage, "unexpected argument"},
-		{"unknown command", []string{"frobnicate"}, ExitUsage, "unknown command"},
-		{"unknown subcommand", []string{"dlq", "purge"}, ExitUsage, "dlq"},
-		{"bad log format", []string{"jobs", "--log-format", "xml", "--server", "http://127.0.0.1:1"}, ExitUsage, "--log-format \"xml\""},
+		{"flag after positional", []string{"status", "job-1", "--server", "http://127.0.0.1:1"}, api.ExitBusy, "retry later"},
+		{"flag before positional", []string{"status", "--server", "http://127.0.0.1:1", "job-1"}, api.ExitBusy, "retry later"},
+		{"flag=value", []string{"status", "--server=http://127.0.0.1:1", "job-1"}, api.ExitBusy, "retry later"},
+		{"unknown flag", []string{"status", "job-1", "--nope"}, api.ExitUsage, "unknown flag: --nope"},
+		{"flag without value", []string{"submit", "s.json", "--frames"}, api.ExitUsage, "flag needs an argument"},
+		{"bad flag value", []string{"render", "s.json", "--workers", "x"}, api.ExitUsage, "invalid argument"},
+		{"missing positional", []string{"status"}, api.ExitUsage, "want exactly one JOB"},
+		{"extra positional", []string{"jobs", "extra"}, api.ExitUsage, "unexpected argument"},
+		{"unknown command", []string{"frobnicate"}, api.ExitUsage, "unknown command"},
+		{"unknown subcommand", []string{"dlq", "purge"}, api.ExitUsage, "dlq"},
+		{"bad log format", []string{"jobs", "--log-format", "xml", "--server", "http://127.0.0.1:1"}, api.ExitUsage, "--log-format \"xml\""},
 	} {
 		code, _, stderr := run(t, c.args...)
 		if code != c.code || !strings.Contains(stderr, c.has) {
 			t.Errorf("%s: coordinator %q: exit %d, stderr %q; want %d and %q", c.name, c.args, code, stderr, c.code, c.has)
 		}
-		if c.code == ExitUsage && !strings.Contains(stderr, "--help' for usage") {
+		if c.code == api.ExitUsage && !strings.Contains(stderr, "--help' for usage") {
 			t.Errorf("%s: a usage error without the hint: %q", c.name, stderr)
 		}
 	}
 }
 
 func TestCountReuse(t *testing.T) {
-	st := coordinator.Status{TilesCompleted: 10, TilesTotal: 12}
+	st := api.Status{TilesCompleted: 10, TilesTotal: 12}
 	countReuse(&st, 4)
 	if st.TilesReused != 4 || st.TilesRendered != 6 {
 		t.Errorf("countReuse = reused %d rendered %d, want 4, 6", st.TilesReused, st.TilesRendered)
 	}
-	st = coordinator.Status{TilesCompleted: 2}
+	st = api.Status{TilesCompleted: 2}
 	countReuse(&st, 5) // should not happen, but must never go negative
 	if st.TilesRendered != 0 {
 		t.Errorf("rendered %d, want 0", st.TilesRendered)

@@ -18,9 +18,10 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/worker"
@@ -134,7 +135,7 @@ frames. '####' in --out is the zero-padded frame number.`)
 		if err != nil {
 			return 0, err
 		}
-		if res.Status.State == coordinator.StateFailed {
+		if res.Status.State == api.JobFailed {
 			// Re-running a failed render tries its failed frames again; finished tiles are reused.
 			retried, err := n.Coord.Retry(ctx, res.Status.JobID)
 			if err != nil {
@@ -152,15 +153,15 @@ frames. '####' in --out is the zero-padded frame number.`)
 			return 0, err
 		}
 		printStatus(stdout, st, p.jsonOut)
-		return coordinator.ExitCode(st.State), nil
+		return st.State.ExitCode(), nil
 	})
 	return c
 }
 
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
 // submit.
-func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, out string, formats []string, pool *blender.Pool, stderr io.Writer) (coordinator.SubmitRequest, *farm.Bundle, error) {
-	var req coordinator.SubmitRequest
+func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, out string, formats []string, pool *blender.Pool, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
+	var req api.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
 		var err error
@@ -177,10 +178,10 @@ func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, o
 	}
 	s, err := b.Settings()
 	if err != nil {
-		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return req, nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	if _, err := s.Resolve(rf.overrides()); err != nil {
-		return req, nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return req, nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	if frames == "" {
 		first, last = s.Frames()
@@ -190,11 +191,11 @@ func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, o
 			return req, nil, err
 		}
 	}
-	return coordinator.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
+	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
 		Passes: rf.passes, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
 }
 
-func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
+func printStatus(w io.Writer, st api.Status, asJSON bool) {
 	if asJSON {
 		_ = writeJSON(w, st)
 		return
@@ -203,7 +204,7 @@ func printStatus(w io.Writer, st coordinator.Status, asJSON bool) {
 	fmt.Fprintf(w, "  scene %s (%s), camera %s, frames %d-%d\n", st.Scene, short(st.SceneVersion), st.Camera, st.FirstFrame, st.LastFrame)
 	fmt.Fprintf(w, "  frames %d/%d completed, %d failed; tiles %d/%d completed (%d rendered now, %d reused), %d attempts, %d samples recovered from checkpoints\n",
 		st.FramesCompleted, st.FramesTotal, st.FramesFailed, st.TilesCompleted, st.TilesTotal, st.TilesRendered, st.TilesReused, st.TileAttempts, st.SamplesRecovered)
-	if st.SamplesTotal > 0 && st.State != coordinator.StateCompleted {
+	if st.SamplesTotal > 0 && st.State != api.JobCompleted {
 		fmt.Fprintf(w, "  samples %d/%d (%d%%), priority %d, ETA %s\n", st.SamplesDone, st.SamplesTotal, st.SamplesDone*100/st.SamplesTotal,
 			st.Priority, eta(st))
 	}
@@ -452,7 +453,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 		}
 		countReuse(&st, before)
 		printStatus(stdout, st, p.jsonOut)
-		return coordinator.ExitCode(st.State), nil
+		return st.State.ExitCode(), nil
 	})
 	return c
 }
@@ -462,7 +463,7 @@ func (p *program) statusCommand() *cobra.Command {
 Show where JOB stands: frames, tiles, samples, the estimated time left, failures. Exit codes:
 0 completed, 42 queued, 3 in progress, 1 failed or cancelled (the failing frames and tiles are
 named), 2 usage error, 75 coordinator unreachable.`,
-		func(ctx context.Context, api *client.Client, job string) (coordinator.Status, error) {
+		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
 			return api.Status(ctx, job)
 		})
 }
@@ -472,7 +473,7 @@ func (p *program) watchCommand() *cobra.Command {
 Follow JOB with a progress bar until it completes, fails or is cancelled, then print its status.
 Exits like status: 0 completed, 1 failed or cancelled, 75 coordinator unreachable, 130
 interrupted.`,
-		func(ctx context.Context, api *client.Client, job string) (coordinator.Status, error) {
+		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
 			return waitJob(ctx, api, job, newProgress(p.stderr, false), nil)
 		})
 }
@@ -483,14 +484,14 @@ Cancel JOB: no further tile of it is rendered (workers drop its tiles before lea
 between passes), frames another job also asked for keep rendering for that job, and nothing is
 half-published. Prints the job's status; exit 1 (cancelled), or 1 with a message when the job
 had already finished.`,
-		func(ctx context.Context, api *client.Client, job string) (coordinator.Status, error) {
+		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
 			return api.Cancel(ctx, job)
 		})
 }
 
 // jobCommand is status, watch and cancel: one JOB argument, a status obtained by get, printed,
 // and the job's state as the exit code.
-func (p *program) jobCommand(use, short, long string, get func(ctx context.Context, api *client.Client, job string) (coordinator.Status, error)) *cobra.Command {
+func (p *program) jobCommand(use, short, long string, get func(ctx context.Context, api *client.Client, job string) (api.Status, error)) *cobra.Command {
 	c := newCommand(use, short, long)
 	p.run(c, exactArgs(1, "one JOB"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
 		st, err := get(ctx, p.client(), pos[0])
@@ -501,7 +502,7 @@ func (p *program) jobCommand(use, short, long string, get func(ctx context.Conte
 			return 0, err
 		}
 		printStatus(stdout, st, p.jsonOut)
-		return coordinator.ExitCode(st.State), nil
+		return st.State.ExitCode(), nil
 	})
 	return c
 }
@@ -513,7 +514,7 @@ are dispatched in their new band; tiles already rendering finish where they are.
 	p.run(c, exactArgs(2, "JOB and PRIORITY"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
 		prio, err := strconv.Atoi(pos[1])
 		if err != nil {
-			return 0, usagef("priority %q: want an integer from %d to %d", pos[1], coordinator.MinPriority, coordinator.MaxPriority)
+			return 0, usagef("priority %q: want an integer from %d to %d", pos[1], api.MinPriority, api.MaxPriority)
 		}
 		st, err := p.client().Reprioritize(ctx, pos[0], prio)
 		if err != nil {
@@ -523,7 +524,7 @@ are dispatched in their new band; tiles already rendering finish where they are.
 			return 0, err
 		}
 		printStatus(stdout, st, p.jsonOut)
-		return ExitOK, nil
+		return api.ExitOK, nil
 	})
 	return c
 }
@@ -537,7 +538,7 @@ func (p *program) jobsCommand() *cobra.Command {
 		}
 		if p.jsonOut {
 			if jobs == nil {
-				jobs = []coordinator.Status{}
+				jobs = []api.Status{}
 			}
 			return writeJSON(stdout, jobs)
 		}
@@ -605,7 +606,7 @@ func (p *program) dlqCommand() *cobra.Command {
 		}
 		if p.jsonOut {
 			if dls == nil {
-				dls = []queue.DeadLetter{}
+				dls = []api.DeadLetter{}
 			}
 			return writeJSON(stdout, dls)
 		}
@@ -647,7 +648,7 @@ beating (killed, frozen, cut off) leaves the list within 15 s.`)
 		}
 		if p.jsonOut {
 			if ws == nil {
-				ws = []queue.WorkerInfo{}
+				ws = []api.Worker{}
 			}
 			return writeJSON(stdout, map[string]any{"workers": ws})
 		}
@@ -674,7 +675,7 @@ func orDash(s string) string {
 }
 
 // eta says how long a job has left, when that is known.
-func eta(st coordinator.Status) string {
+func eta(st api.Status) string {
 	if st.ETASeconds == nil {
 		return "-"
 	}

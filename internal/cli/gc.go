@@ -9,12 +9,13 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // gcPrefixes are where unreferenced objects accumulate: attempt uploads that lost a promotion
 // race or whose worker died before promoting, and remote checkpoints of finished tiles.
-var gcPrefixes = []string{"attempts/", farm.CheckpointKey("")}
+var gcPrefixes = []string{"attempts/", layout.CheckpointKey("")}
 
 const minGrace = time.Hour
 
@@ -42,7 +43,7 @@ checkpoint fresh, so the grace period protects it. Run it from cron on the coord
 		if url == "" {
 			url = "file://" + mustAbs(filepath.Join(*data, "store"))
 		}
-		objects, err := finalize.OpenStore(ctx, url)
+		objects, err := objstore.OpenStore(ctx, url)
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // progress draws a one-line bar on a terminal and, elsewhere (cron logs, CI), prints a line
@@ -61,7 +61,7 @@ func bar(done, total int64, width int) string {
 // jobProgress is where a job stands for its bar: by samples when the coordinator counts them,
 // so the bar moves while a long tile renders, by tiles otherwise (a coordinator from before
 // samples were counted sends none).
-func jobProgress(st coordinator.Status) (done, total int64, line string) {
+func jobProgress(st api.Status) (done, total int64, line string) {
 	line = fmt.Sprintf("%d/%d tiles, %d/%d frames", st.TilesCompleted, st.TilesTotal, st.FramesCompleted, st.FramesTotal)
 	if st.ETASeconds != nil {
 		line += ", ETA " + eta(st)

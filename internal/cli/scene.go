@@ -13,8 +13,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 )
 
 // envBlender names the variable that chooses the Blender executable.
@@ -67,30 +67,30 @@ func isBlendFile(path string) bool {
 // anything starts or is sent: a tilefarm JSON scene with the assets it names, or a .blend
 // that Blender (on pool) inspects, with every file it depends on. The settings of a Blender
 // scene that cannot be split by tile and are switched off are reported on w, one line each.
-func readScene(ctx context.Context, path string, pool *blender.Pool, w io.Writer) (*farm.Bundle, error) {
-	var b *farm.Bundle
+func readScene(ctx context.Context, path string, pool *blender.Pool, w io.Writer) (*bundle.Bundle, error) {
+	var b *bundle.Bundle
 	if isBlendFile(path) {
 		in, err := blender.Inspect(ctx, pool, path)
 		if err != nil {
 			if errors.Is(err, blender.ErrScene) {
-				return nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+				return nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 			}
 			return nil, err
 		}
 		for _, line := range in.Desc.SwitchedOff {
 			fmt.Fprintf(w, "%s: %s\n", filepath.Base(path), line)
 		}
-		if b, err = farm.BlendBundle(in); err != nil {
-			return nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		if b, err = bundle.BlendBundle(in); err != nil {
+			return nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 		}
 	} else {
 		var err error
-		if b, err = farm.ReadBundle(path); err != nil {
-			return nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		if b, err = bundle.ReadBundle(path); err != nil {
+			return nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 		}
 	}
 	if err := b.Validate(); err != nil {
-		return nil, fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+		return nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	return b, nil
 }

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/render"
@@ -164,11 +164,11 @@ worker count never change a pixel. A .blend renders with one Blender process per
 		}
 		info, err := bundle.Settings()
 		if err != nil {
-			return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+			return fmt.Errorf("%w: %v", api.ErrBadInput, err)
 		}
 		st, err := info.Resolve(rf.overrides())
 		if err != nil {
-			return fmt.Errorf("%w: %v", coordinator.ErrBadInput, err)
+			return fmt.Errorf("%w: %v", api.ErrBadInput, err)
 		}
 		fr := *frame
 		if fr == 0 {

@@ -7,19 +7,19 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // jobSource is what waiting and downloading need from a coordinator; both the in-process
 // coordinator and the HTTP client provide it.
 type jobSource interface {
-	Status(ctx context.Context, jobID string) (coordinator.Status, error)
+	Status(ctx context.Context, jobID string) (api.Status, error)
 	FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error)
 }
 
 // waitJob polls until the job is completed, failed or cancelled, showing progress.
-func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, changed func() <-chan struct{}) (coordinator.Status, error) {
+func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, changed func() <-chan struct{}) (api.Status, error) {
 	for {
 		st, err := src.Status(ctx, jobID)
 		if err != nil {
@@ -27,7 +27,7 @@ func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, chan
 		}
 		p.show(jobProgress(st))
 		switch st.State {
-		case coordinator.StateCompleted, coordinator.StateFailed:
+		case api.JobCompleted, api.JobFailed:
 			p.done()
 			return st, nil
 		}
@@ -47,18 +47,18 @@ func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, chan
 
 // countReuse fills the per-request counters: tiles already completed when the request was made
 // were reused; the rest completed since were rendered for it.
-func countReuse(st *coordinator.Status, completedBefore int) {
+func countReuse(st *api.Status, completedBefore int) {
 	st.TilesReused = completedBefore
 	st.TilesRendered = max(0, st.TilesCompleted-completedBefore)
 }
 
 // writeOutputs downloads every completed frame of a job into files named by pattern.
-func writeOutputs(ctx context.Context, src jobSource, st *coordinator.Status, pattern, format string) error {
+func writeOutputs(ctx context.Context, src jobSource, st *api.Status, pattern, format string) error {
 	for _, f := range st.Frames {
-		if f.State != "completed" {
+		if f.State != api.FrameCompleted {
 			continue
 		}
-		path, err := finalize.ExpandPattern(pattern, f.Frame)
+		path, err := expandPattern(pattern, f.Frame)
 		if err != nil {
 			return err
 		}
@@ -79,11 +79,11 @@ func checkPattern(pattern string, first, last int) error {
 	if pattern == "" {
 		return usagef("--out is required, e.g. --out 'out/shot_####.png'")
 	}
-	a, err := finalize.ExpandPattern(pattern, first)
+	a, err := expandPattern(pattern, first)
 	if err != nil {
 		return usagef("--out %q: %v", pattern, err)
 	}
-	if b, _ := finalize.ExpandPattern(pattern, last); first != last && a == b {
+	if b, _ := expandPattern(pattern, last); first != last && a == b {
 		return usagef("--out %q has no #### for the frame number, but frames %d-%d were asked for", pattern, first, last)
 	}
 	return nil
@@ -94,5 +94,5 @@ func writeFile(path string, data []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("creating output directory: %w", err)
 	}
-	return finalize.WriteFileAtomic(path, data)
+	return objstore.WriteFileAtomic(path, data)
 }

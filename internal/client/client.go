@@ -1,5 +1,6 @@
 // Package client is the HTTP client of the coordinator API, used by the CLI's submit, status,
-// jobs, outputs and dlq commands. Errors keep the coordinator's classification, so the CLI can
+// jobs, outputs and dlq commands. It speaks only the wire types of package api and links none
+// of the server. Errors keep the coordinator's classification (api's catalogue), so the CLI can
 // map them onto exit codes with errors.Is.
 package client
 
@@ -16,23 +17,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
-
-// BusyError is the farm refusing new work for now (HTTP 429): it has as many tiles pending as it
-// takes. RetryAfter is when it expects to have room, from the rate it drains its backlog.
-type BusyError struct {
-	Message    string
-	RetryAfter time.Duration
-}
-
-func (e *BusyError) Error() string { return e.Message }
-
-// Unwrap makes a BusyError a coordinator.ErrBusy.
-func (e *BusyError) Unwrap() error { return coordinator.ErrBusy }
 
 // retryAfter reads a Retry-After header in seconds; anything else is a minute.
 func retryAfter(h string) time.Duration {
@@ -41,9 +27,6 @@ func retryAfter(h string) time.Duration {
 	}
 	return time.Minute
 }
-
-// ErrUnavailable means the coordinator could not be reached; retrying later may work.
-var ErrUnavailable = errors.New("coordinator unavailable")
 
 // EnvToken is the variable the commands read the API token from.
 const EnvToken = "TILEFARM_API_TOKEN"
@@ -64,15 +47,18 @@ func New(base, token string) *Client {
 	return &Client{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
 }
 
-// ErrUnauthorized means the coordinator refused the API token (or its absence).
-var ErrUnauthorized = errors.New("unauthorized")
+// Scene is a scene bundle as the client uploads it: its scene version and its encoding.
+type Scene interface {
+	Version() string
+	Encode() []byte
+}
 
-// Submit submits a job for bundle. The bundle is uploaded only when the coordinator does not
+// Submit submits a job for scene. The scene is uploaded only when the coordinator does not
 // have its scene version yet, so a cron job re-running submit sends a big scene once.
-func (c *Client) Submit(ctx context.Context, bundle *farm.Bundle, req coordinator.SubmitRequest) (coordinator.SubmitResult, error) {
-	var res coordinator.SubmitResult
-	req.SceneVersion = bundle.Version()
-	if err := c.PutScene(ctx, req.SceneVersion, bundle); err != nil {
+func (c *Client) Submit(ctx context.Context, scene Scene, req api.SubmitRequest) (api.SubmitResult, error) {
+	var res api.SubmitResult
+	req.SceneVersion = scene.Version()
+	if err := c.PutScene(ctx, req.SceneVersion, scene); err != nil {
 		return res, err
 	}
 	body, err := json.Marshal(req)
@@ -84,27 +70,27 @@ func (c *Client) Submit(ctx context.Context, bundle *farm.Bundle, req coordinato
 }
 
 // PutScene uploads a scene bundle unless the coordinator has it already.
-func (c *Client) PutScene(ctx context.Context, version string, bundle *farm.Bundle) error {
+func (c *Client) PutScene(ctx context.Context, version string, scene Scene) error {
 	err := c.do(ctx, http.MethodHead, "/v1/scenes/"+version, nil, nil)
 	if err == nil {
 		return nil
 	}
-	if !errors.Is(err, store.ErrNotFound) {
+	if !errors.Is(err, api.ErrNotFound) {
 		return err
 	}
-	return c.doRaw(ctx, http.MethodPut, "/v1/scenes/"+version, "application/vnd.tilefarm.bundle", bundle.Encode(), nil)
+	return c.doRaw(ctx, http.MethodPut, "/v1/scenes/"+version, "application/vnd.tilefarm.bundle", scene.Encode(), nil)
 }
 
 // Status returns a job's status.
-func (c *Client) Status(ctx context.Context, jobID string) (coordinator.Status, error) {
-	var st coordinator.Status
+func (c *Client) Status(ctx context.Context, jobID string) (api.Status, error) {
+	var st api.Status
 	err := c.do(ctx, http.MethodGet, "/v1/jobs/"+jobID, nil, &st)
 	return st, err
 }
 
 // Jobs lists jobs.
-func (c *Client) Jobs(ctx context.Context) ([]coordinator.Status, error) {
-	var out []coordinator.Status
+func (c *Client) Jobs(ctx context.Context) ([]api.Status, error) {
+	var out []api.Status
 	err := c.do(ctx, http.MethodGet, "/v1/jobs", nil, &out)
 	return out, err
 }
@@ -117,8 +103,8 @@ func (c *Client) FrameOutput(ctx context.Context, jobID string, frame int, forma
 }
 
 // DeadLetters lists the DLQ.
-func (c *Client) DeadLetters(ctx context.Context) ([]queue.DeadLetter, error) {
-	var out []queue.DeadLetter
+func (c *Client) DeadLetters(ctx context.Context) ([]api.DeadLetter, error) {
+	var out []api.DeadLetter
 	err := c.do(ctx, http.MethodGet, "/v1/dlq", nil, &out)
 	return out, err
 }
@@ -129,23 +115,23 @@ func (c *Client) Requeue(ctx context.Context, seq uint64) error {
 }
 
 // Cancel cancels a job and returns its status.
-func (c *Client) Cancel(ctx context.Context, jobID string) (coordinator.Status, error) {
-	var st coordinator.Status
+func (c *Client) Cancel(ctx context.Context, jobID string) (api.Status, error) {
+	var st api.Status
 	err := c.do(ctx, http.MethodPost, "/v1/jobs/"+url.PathEscape(jobID)+"/cancel", nil, &st)
 	return st, err
 }
 
 // Reprioritize gives a job a new priority and returns its status.
-func (c *Client) Reprioritize(ctx context.Context, jobID string, priority int) (coordinator.Status, error) {
-	body, _ := json.Marshal(coordinator.PriorityRequest{Priority: &priority})
-	var st coordinator.Status
+func (c *Client) Reprioritize(ctx context.Context, jobID string, priority int) (api.Status, error) {
+	body, _ := json.Marshal(api.PriorityRequest{Priority: &priority})
+	var st api.Status
 	err := c.do(ctx, http.MethodPut, "/v1/jobs/"+url.PathEscape(jobID)+"/priority", body, &st)
 	return st, err
 }
 
 // Workers lists the live workers.
-func (c *Client) Workers(ctx context.Context) ([]queue.WorkerInfo, error) {
-	var res coordinator.WorkersResponse
+func (c *Client) Workers(ctx context.Context) ([]api.Worker, error) {
+	var res api.WorkersResponse
 	err := c.do(ctx, http.MethodGet, "/v1/workers", nil, &res)
 	return res.Workers, err
 }
@@ -173,46 +159,39 @@ func (c *Client) doRaw(ctx context.Context, method, path, contentType string, bo
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted, not unavailable
 		}
-		return fmt.Errorf("%w at %s: %v", ErrUnavailable, c.base, err)
+		return fmt.Errorf("%w at %s: %v", api.ErrUnavailable, c.base, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return fmt.Errorf("%w: reading response: %v", ErrUnavailable, err)
+		return fmt.Errorf("%w: reading response: %v", api.ErrUnavailable, err)
 	}
 	if resp.StatusCode >= 300 {
-		var apiErr coordinator.APIError
+		var apiErr api.ErrorBody
 		if resp.StatusCode == http.StatusTooManyRequests {
 			_ = json.Unmarshal(data, &apiErr)
-			return &BusyError{Message: apiErr.Error, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+			return &api.BusyError{Message: apiErr.Error, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
 		}
 		if json.Unmarshal(data, &apiErr) != nil || apiErr.Error == "" {
 			apiErr.Error = strings.TrimSpace(string(data))
 		}
 		msg := errors.New(apiErr.Error)
-		switch apiErr.Kind {
-		case "bad_input":
-			return fmt.Errorf("%w (%w)", msg, coordinator.ErrBadInput)
-		case "conflict":
-			return fmt.Errorf("%w (%w)", msg, coordinator.ErrConflict)
-		case "busy":
-			return fmt.Errorf("%w (%w)", msg, coordinator.ErrBusy)
-		case "not_found":
-			return fmt.Errorf("%w (%w)", msg, store.ErrNotFound)
-		case "not_ready":
-			return fmt.Errorf("%w (%w)", msg, coordinator.ErrNotReady)
-		case "unauthorized":
-			return fmt.Errorf("%w (%w)", msg, ErrUnauthorized)
+		if e := api.OfKind(apiErr.Kind); e != nil {
+			if e.Status >= 500 {
+				// The coordinator's own failure: its words after the status, as the kind says.
+				return fmt.Errorf("%s: %w", resp.Status, &wireError{msg: apiErr.Error, entry: e})
+			}
+			return fmt.Errorf("%w (%w)", msg, e)
 		}
 		switch resp.StatusCode {
 		case http.StatusUnauthorized:
-			return fmt.Errorf("%s: %w", resp.Status, ErrUnauthorized)
+			return fmt.Errorf("%s: %w", resp.Status, api.ErrUnauthorized)
 		case http.StatusNotFound:
-			return fmt.Errorf("%w (%w)", msg, store.ErrNotFound)
+			return fmt.Errorf("%w (%w)", msg, api.ErrNotFound)
 		case http.StatusTooManyRequests:
-			return fmt.Errorf("%w (%w)", msg, coordinator.ErrBusy)
+			return fmt.Errorf("%w (%w)", msg, api.ErrBusy)
 		case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-			return fmt.Errorf("%w: %s: %v", ErrUnavailable, resp.Status, msg)
+			return fmt.Errorf("%w: %s: %v", api.ErrUnavailable, resp.Status, msg)
 		}
 		return fmt.Errorf("%s: %w", resp.Status, msg)
 	}
@@ -229,3 +208,12 @@ func (c *Client) doRaw(ctx context.Context, method, path, contentType string, bo
 		return nil
 	}
 }
+
+// wireError is an error as the coordinator worded it, which is the catalogue entry of its kind.
+type wireError struct {
+	msg   string
+	entry *api.Error
+}
+
+func (e *wireError) Error() string { return e.msg }
+func (e *wireError) Unwrap() error { return e.entry }

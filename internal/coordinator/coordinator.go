@@ -6,7 +6,6 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -14,15 +13,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/objstore"
 )
-
-// ErrBusy is returned when the farm refuses new work for now (exit code 75: retry later).
-var ErrBusy = errors.New("farm busy: too much work queued, retry later")
 
 // Config tunes a coordinator. Zero values take the defaults.
 type Config struct {
@@ -76,10 +72,10 @@ func (f Faults) at(seam string, armed bool) {
 
 // Deps are what a coordinator works with.
 type Deps struct {
-	Store   *store.Store
-	Farm    *queue.Farm
+	DB      *coorddb.DB
+	Queue   *queue.Queue
 	NATS    *nats.Conn // carries the dead-letter watcher and the relay's asynchronous publishes
-	Objects finalize.Store
+	Objects objstore.Store
 	Metrics *metrics.Coordinator // nil: a registry of its own
 	Log     *slog.Logger
 }
@@ -87,10 +83,10 @@ type Deps struct {
 // Coordinator is the farm's brain. Create with New, then Run.
 type Coordinator struct {
 	cfg     Config
-	store   *store.Store
-	farm    *queue.Farm
+	db      *coorddb.DB
+	queue   *queue.Queue
 	nc      *nats.Conn
-	objects finalize.Store
+	objects objstore.Store
 	m       *metrics.Coordinator
 	log     *slog.Logger
 	now     func() time.Time
@@ -129,7 +125,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		d.Metrics = metrics.NewCoordinator(metrics.NewRegistry())
 	}
 	c := &Coordinator{
-		cfg: cfg, store: d.Store, farm: d.Farm, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
+		cfg: cfg, db: d.DB, queue: d.Queue, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
 		now:       func() time.Time { return time.Now().UTC() },
 		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),
@@ -212,12 +208,12 @@ func (c *Coordinator) sampleMetrics(ctx context.Context) error {
 	t := time.NewTicker(2 * time.Second)
 	defer t.Stop()
 	for {
-		depth, oldest, err := c.farm.Depth(ctx)
+		depth, oldest, err := c.queue.Depth(ctx)
 		if err == nil {
 			c.m.QueueDepth.Set(float64(depth))
 			c.m.OldestMessageAge.Set(oldest.Seconds())
 		}
-		if n, err := c.store.OutboxLen(ctx); err == nil {
+		if n, err := c.db.OutboxLen(ctx); err == nil {
 			c.m.OutboxPending.Set(float64(n))
 		}
 		c.drainMu.Lock()

@@ -6,15 +6,18 @@ import (
 	"fmt"
 
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // watchDeadLetters settles the messages the queue gave up on after MaxDeliver deliveries.
 func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
-	return c.farm.WatchDeadLetters(ctx, c.nc, deadLetters{c})
+	return c.queue.WatchDeadLetters(ctx, c.nc, deadLetters{c})
 }
 
 // deadLetters is the coordinator's queue.DeadLetterHandler: a message whose work is promoted
@@ -22,22 +25,22 @@ func (c *Coordinator) watchDeadLetters(ctx context.Context) error {
 // projection like every other change, ordered after every delivery of its message.
 type deadLetters struct{ c *Coordinator }
 
-func (d deadLetters) Promoted(ctx context.Context, dl queue.DeadLetter) (bool, error) {
+func (d deadLetters) Promoted(ctx context.Context, dl api.DeadLetter) (bool, error) {
 	switch {
 	case queue.IsRenderSubject(dl.Subject):
-		var job farm.TileJob
+		var job wire.TileJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return false, nil
 		}
-		done, err := finalize.ManifestExists(ctx, d.c.objects, farm.TileManifestKey(job.FrameKey, job.TileKey))
+		done, err := finalize.ManifestExists(ctx, d.c.objects, layout.TileManifestKey(job.FrameKey, job.TileKey))
 		if err != nil || !done {
 			return false, err
 		}
 		return true, d.c.update(ctx, func(p *projection) error {
-			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: store.TileDone}))
+			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: coorddb.TileDone}))
 		})
 	case dl.Subject == queue.SubjectAssemble:
-		var job farm.AssembleJob
+		var job wire.AssembleJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return false, nil
 		}
@@ -55,25 +58,25 @@ func (d deadLetters) Promoted(ctx context.Context, dl queue.DeadLetter) (bool, e
 // Record records a dead letter through the projection, which counts it in
 // tilefarm_dead_letters_total when it changes a tile or frame; one that names neither is
 // counted here, as nothing else would.
-func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
+func (d deadLetters) Record(ctx context.Context, dl api.DeadLetter) error {
 	undecodable := func() error {
 		d.c.m.DeadLetters.WithLabelValues(metrics.DeadLetterUndecodable).Inc()
 		return nil // nothing to record
 	}
-	failure := store.Failure{Code: farm.CodeMaxDeliveries, Delivery: dl.Deliveries, Time: d.c.now(),
+	failure := coorddb.Failure{Code: failure.CodeMaxDeliveries, Delivery: dl.Deliveries, Time: d.c.now(),
 		Error: fmt.Sprintf("dead-lettered after %d deliveries: %s", dl.Deliveries, dl.Reason)}
 	switch {
 	case queue.IsRenderSubject(dl.Subject):
-		var job farm.TileJob
+		var job wire.TileJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return undecodable()
 		}
 		return d.c.update(ctx, func(p *projection) error {
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index,
-				Change: store.TileDeadLetter, Order: store.DeadLetterOrder(dl.StreamSeq), Failure: &failure}))
+				Change: coorddb.TileDeadLetter, Order: coorddb.DeadLetterOrder(dl.StreamSeq), Failure: &failure}))
 		})
 	case dl.Subject == queue.SubjectAssemble:
-		var job farm.AssembleJob
+		var job wire.AssembleJob
 		if json.Unmarshal(dl.Data, &job) != nil {
 			return undecodable()
 		}
@@ -87,7 +90,7 @@ func (d deadLetters) Record(ctx context.Context, dl queue.DeadLetter) error {
 // formatsPromoted reports whether every format of a frame has its manifest.
 func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, formats []string) (bool, error) {
 	for _, f := range formats {
-		done, err := finalize.ManifestExists(ctx, c.objects, farm.FrameManifestKey(frameKey, f))
+		done, err := finalize.ManifestExists(ctx, c.objects, layout.FrameManifestKey(frameKey, f))
 		if err != nil || !done {
 			return false, err
 		}
@@ -98,20 +101,20 @@ func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, form
 // RequeueDeadLetter puts a dead letter back on the queue and records it: a tile goes back to
 // queued, an assembly is awaited again.
 func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) error {
-	dl, err := c.farm.RequeueDeadLetter(ctx, dlqSeq)
+	dl, err := c.queue.RequeueDeadLetter(ctx, dlqSeq)
 	if err != nil {
 		return err
 	}
 	return c.update(ctx, func(p *projection) error {
 		switch {
 		case queue.IsRenderSubject(dl.Subject):
-			var job farm.TileJob
+			var job wire.TileJob
 			if json.Unmarshal(dl.Data, &job) != nil {
 				return nil
 			}
-			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: store.TileRequeued}))
+			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: coorddb.TileRequeued}))
 		case dl.Subject == queue.SubjectAssemble:
-			var job farm.AssembleJob
+			var job wire.AssembleJob
 			if json.Unmarshal(dl.Data, &job) != nil {
 				return nil
 			}

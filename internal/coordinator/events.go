@@ -9,12 +9,12 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // consumerEvents is the coordinator's durable consumer on EVENTS: after a crash it resumes where
-// it stopped, and applying an event again changes nothing (see store.NextTileState).
+// it stopped, and applying an event again changes nothing (see coorddb.NextTileState).
 const consumerEvents = "coordinator"
 
 // eventBatch bounds the events applied in one transaction.
@@ -39,7 +39,7 @@ var eventsConsumer = jetstream.ConsumerConfig{
 // batch, not per event. A batch never waits for more events: the last tile.completed of a
 // frame asks for its assembly as soon as it arrives (docs/design.md, "Flows": Events).
 func (c *Coordinator) consumeEvents(ctx context.Context) error {
-	cons, err := c.farm.Events.CreateOrUpdateConsumer(ctx, eventsConsumer)
+	cons, err := c.queue.Events.CreateOrUpdateConsumer(ctx, eventsConsumer)
 	if err != nil {
 		return fmt.Errorf("creating events consumer: %w", err)
 	}
@@ -102,10 +102,10 @@ func takeReady[T any](first T, msgs <-chan T, limit int) []T {
 // applyBatch applies a batch of event messages in one transaction, then acks them; if the
 // transaction fails they are redelivered.
 func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
-	evs := make([]farm.Event, 0, len(batch))
+	evs := make([]wire.Event, 0, len(batch))
 	keep := batch[:0]
 	for _, m := range batch {
-		var ev farm.Event
+		var ev wire.Event
 		if err := json.Unmarshal(m.Data(), &ev); err != nil {
 			c.log.Error("dropping undecodable event", "subject", m.Subject(), "err", err)
 			_ = m.Term()
@@ -116,7 +116,7 @@ func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
-		if ev.Type == farm.EventFrameAssembled {
+		if ev.Type == wire.EventFrameAssembled {
 			// A claim that outputs are promoted counts only once their manifests say so.
 			promoted, err := c.formatsPromoted(ctx, ev.FrameKey, ev.Formats)
 			if err != nil {
@@ -153,14 +153,14 @@ func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
 }
 
 // applyEvents folds events into the projection in one transaction.
-func (c *Coordinator) applyEvents(ctx context.Context, evs []farm.Event) error {
+func (c *Coordinator) applyEvents(ctx context.Context, evs []wire.Event) error {
 	changed := false
 	var p *projection
-	err := c.store.Update(ctx, func(tx *store.Tx) error {
+	err := c.db.Update(ctx, func(tx *coorddb.Tx) error {
 		p = newProjection(tx, c.now())
 		for _, ev := range evs {
 			if err := c.applyEvent(p, ev); err != nil {
-				if errors.Is(err, store.ErrNotFound) || errors.Is(err, errUnknownTile) {
+				if errors.Is(err, coorddb.ErrNotFound) || errors.Is(err, errUnknownTile) {
 					// An event about a frame this coordinator never had (another farm's, or
 					// forged) changes nothing.
 					c.log.Warn("ignoring event for an unknown frame or tile", "event", ev.ID, "frame_key", ev.FrameKey, "err", err)
@@ -186,26 +186,26 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []farm.Event) error {
 }
 
 // applyEvent turns one event into projection changes.
-func (c *Coordinator) applyEvent(p *projection, ev farm.Event) error {
+func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 	switch ev.Type {
-	case farm.EventTileStarted, farm.EventTileCompleted, farm.EventTileFailed:
+	case wire.EventTileStarted, wire.EventTileCompleted, wire.EventTileFailed:
 		u := tileUpdate{Index: ev.TileIndex}
 		switch ev.Type {
-		case farm.EventTileStarted:
-			u.Change, u.Order, u.SamplesRecovered = store.TileStarted, store.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
-		case farm.EventTileCompleted:
-			u.Change, u.SamplesRendered = store.TileDone, ev.SamplesRendered
-		case farm.EventTileFailed:
-			u.Change, u.Order = store.TileFailed, store.FailedOrder(ev.Seq, ev.Delivery)
+		case wire.EventTileStarted:
+			u.Change, u.Order, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
+		case wire.EventTileCompleted:
+			u.Change, u.SamplesRendered = coorddb.TileDone, ev.SamplesRendered
+		case wire.EventTileFailed:
+			u.Change, u.Order = coorddb.TileFailed, coorddb.FailedOrder(ev.Seq, ev.Delivery)
 			if ev.Terminal {
-				u.Change, u.Order = store.TileDeadLetter, store.DeadLetterOrder(ev.Seq)
+				u.Change, u.Order = coorddb.TileDeadLetter, coorddb.DeadLetterOrder(ev.Seq)
 			}
-			u.Failure = &store.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time}
+			u.Failure = &coorddb.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time}
 		}
 		return p.tileChecked(ev.FrameKey, ev.TileKey, ev.TileIndex, u)
-	case farm.EventFrameAssembled:
+	case wire.EventFrameAssembled:
 		return p.formatsDone(ev.FrameKey, ev.Formats)
-	case farm.EventFrameFailed:
+	case wire.EventFrameFailed:
 		if !ev.Terminal {
 			return nil
 		}

@@ -12,9 +12,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -37,7 +38,7 @@ const fuzzMaxFrames = 64
 // skipSubmission reports whether body decodes, as the handler decodes it, to a request for a
 // frame range longer than fuzzMaxFrames but within MaxFramesPerJob.
 func skipSubmission(body []byte) bool {
-	var req SubmitRequest
+	var req api.SubmitRequest
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&req); err != nil || req.SceneFrames {
 		return false
 	}
@@ -57,7 +58,7 @@ func FuzzSubmitRequest(f *testing.F) {
 	h := newFuzzHarness(f, Config{})
 	handler := h.c.Handler()
 
-	marshalReq := func(r SubmitRequest) []byte {
+	marshalReq := func(r api.SubmitRequest) []byte {
 		b, err := json.Marshal(r)
 		if err != nil {
 			f.Fatal(err)
@@ -137,7 +138,7 @@ func FuzzSubmitRequest(f *testing.F) {
 		}
 		switch code {
 		case http.StatusOK, http.StatusCreated:
-			var res SubmitResult
+			var res api.SubmitResult
 			if err := json.Unmarshal(raw, &res); err != nil {
 				t.Fatalf("decoding the %d answer %s: %v", code, raw, err)
 			}
@@ -152,14 +153,14 @@ func FuzzSubmitRequest(f *testing.F) {
 				st.TilesCompleted+st.TilesFailed > st.TilesTotal || st.TilesTotal <= 0 {
 				t.Fatalf("%d with a status that does not add up: %s", code, raw)
 			}
-			if !slices.Contains([]string{StateQueued, StateRendering, StateCompleted, StateFailed}, st.State) {
+			if !slices.Contains([]api.JobState{api.JobQueued, api.JobRendering, api.JobCompleted, api.JobFailed}, st.State) {
 				t.Fatalf("%d with job state %q", code, st.State)
 			}
 		default:
 			if code < 400 {
 				t.Fatalf("POST /v1/jobs = %d %s, want 200, 201 or a 4xx", code, raw)
 			}
-			var e APIError
+			var e api.ErrorBody
 			if err := json.Unmarshal(raw, &e); err != nil || e.Error == "" || e.Kind == "" {
 				t.Fatalf("POST /v1/jobs = %d with an error body %s that has no message and kind (%v)", code, raw, err)
 			}
@@ -172,7 +173,7 @@ func FuzzSubmitRequest(f *testing.F) {
 type fuzzEventsHarness struct {
 	*harness
 	jobID string
-	frame *store.Frame // as submitted: its key, tile count and settings
+	frame *coorddb.Frame // as submitted: its key, tile count and settings
 }
 
 func newFuzzEventsHarness(tb testing.TB) *fuzzEventsHarness {
@@ -194,8 +195,8 @@ func newFuzzEventsHarness(tb testing.TB) *fuzzEventsHarness {
 			tb.Fatalf("publishRecords: %v", err)
 		}
 	}
-	var fr *store.Frame
-	err = h.st.View(h.ctx, func(tx *store.Tx) error {
+	var fr *coorddb.Frame
+	err = h.st.View(h.ctx, func(tx *coorddb.Tx) error {
 		j, err := tx.Job(res.Status.JobID)
 		if err != nil {
 			return err
@@ -212,15 +213,15 @@ func newFuzzEventsHarness(tb testing.TB) *fuzzEventsHarness {
 // snapshot is what FuzzEvents checks after every event: the job's status, the frame record and
 // the state of each tile as the tile table has it.
 type snapshot struct {
-	status Status
-	frame  *store.Frame
-	tiles  []store.TileState
+	status api.Status
+	frame  *coorddb.Frame
+	tiles  []coorddb.TileState
 }
 
 func (h *fuzzEventsHarness) snapshot(tb testing.TB) snapshot {
 	tb.Helper()
 	var s snapshot
-	err := h.st.View(h.ctx, func(tx *store.Tx) error {
+	err := h.st.View(h.ctx, func(tx *coorddb.Tx) error {
 		j, err := tx.Job(h.jobID)
 		if err != nil {
 			return err
@@ -255,15 +256,15 @@ func (s snapshot) check(t *testing.T, prev snapshot) {
 	completed, dead := 0, 0
 	for i, st := range s.tiles {
 		switch st {
-		case store.TileCompleted:
+		case coorddb.TileCompleted:
 			completed++
-		case store.TileDeadLettered:
+		case coorddb.TileDeadLettered:
 			dead++
-		case store.TileQueued, store.TileRendering, store.TileFailedRetryable:
+		case coorddb.TileQueued, coorddb.TileRendering, coorddb.TileFailedRetryable:
 		default:
 			t.Fatalf("tile %d in state %s", i, st)
 		}
-		if prev.tiles != nil && prev.tiles[i] == store.TileCompleted && st != store.TileCompleted {
+		if prev.tiles != nil && prev.tiles[i] == coorddb.TileCompleted && st != coorddb.TileCompleted {
 			t.Fatalf("completed tile %d is now %s", i, st)
 		}
 	}
@@ -284,13 +285,13 @@ func (s snapshot) check(t *testing.T, prev snapshot) {
 	if st.TileAttempts < prev.status.TileAttempts {
 		t.Fatalf("tile attempts went down from %d to %d", prev.status.TileAttempts, st.TileAttempts)
 	}
-	if !slices.Contains([]string{StateQueued, StateRendering, StateCompleted, StateFailed}, st.State) {
+	if !slices.Contains([]api.JobState{api.JobQueued, api.JobRendering, api.JobCompleted, api.JobFailed}, st.State) {
 		t.Fatalf("job state %q", st.State)
 	}
-	if len(st.Frames) != 1 || !slices.Contains([]string{"queued", "rendering", "assembling", "completed", "failed"}, st.Frames[0].State) {
+	if len(st.Frames) != 1 || !slices.Contains([]api.FrameState{"queued", "rendering", "assembling", "completed", "failed"}, st.Frames[0].State) {
 		t.Fatalf("frame states %+v", st.Frames)
 	}
-	if prev.status.State == StateCompleted && st.State != StateCompleted {
+	if prev.status.State == api.JobCompleted && st.State != api.JobCompleted {
 		t.Fatalf("completed job is now %s", st.State)
 	}
 }
@@ -308,40 +309,40 @@ func FuzzEvents(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	ev := func(i int, typ string, seq, d uint64) farm.Event {
-		return farm.Event{ID: fmt.Sprintf("%s:%d:%d:%d", typ, i, seq, d), Type: typ, TileKey: ft[i].Key, TileIndex: i,
+	ev := func(i int, typ string, seq, d uint64) wire.Event {
+		return wire.Event{ID: fmt.Sprintf("%s:%d:%d:%d", typ, i, seq, d), Type: typ, TileKey: ft[i].Key, TileIndex: i,
 			FrameKey: fr.Key, Seq: seq, Delivery: d, Attempt: fmt.Sprintf("a%d-%d", seq, d), Worker: "w1"}
 	}
-	var seeds []farm.Event
+	var seeds []wire.Event
 	for i := range ft {
 		seq := uint64(i + 1)
-		failed, terminal := ev(i, farm.EventTileFailed, seq, 1), ev(i, farm.EventTileFailed, seq, 2)
+		failed, terminal := ev(i, wire.EventTileFailed, seq, 1), ev(i, wire.EventTileFailed, seq, 2)
 		failed.Code, failed.Error = "render", "boom"
 		terminal.Terminal, terminal.Code, terminal.Error = true, "invalid_scene", strings.Repeat("x", 2000)
-		seeds = append(seeds, ev(i, farm.EventTileStarted, seq, 1), failed, ev(i, farm.EventTileStarted, seq, 2), terminal,
-			ev(i, farm.EventTileCompleted, seq, 3))
+		seeds = append(seeds, ev(i, wire.EventTileStarted, seq, 1), failed, ev(i, wire.EventTileStarted, seq, 2), terminal,
+			ev(i, wire.EventTileCompleted, seq, 3))
 	}
-	recovered := ev(0, farm.EventTileStarted, 9, 1)
+	recovered := ev(0, wire.EventTileStarted, 9, 1)
 	recovered.SamplesRecovered = 1 << 40
-	rendered := ev(1, farm.EventTileCompleted, 9, 1)
+	rendered := ev(1, wire.EventTileCompleted, 9, 1)
 	rendered.SamplesRendered = -7
-	wrongKey := ev(0, farm.EventTileCompleted, 1, 1)
+	wrongKey := ev(0, wire.EventTileCompleted, 1, 1)
 	wrongKey.TileKey = ft[1].Key
-	outOfRange := ev(0, farm.EventTileCompleted, 1, 1)
+	outOfRange := ev(0, wire.EventTileCompleted, 1, 1)
 	outOfRange.TileIndex = len(ft)
-	negative := ev(0, farm.EventTileStarted, 1, 1)
+	negative := ev(0, wire.EventTileStarted, 1, 1)
 	negative.TileIndex = -1
-	unknownFrame := ev(0, farm.EventTileCompleted, 1, 1)
+	unknownFrame := ev(0, wire.EventTileCompleted, 1, 1)
 	unknownFrame.FrameKey = strings.Repeat("e", 64)
-	noFrame := ev(0, farm.EventTileStarted, 1, 1)
+	noFrame := ev(0, wire.EventTileStarted, 1, 1)
 	noFrame.FrameKey = ""
 	seeds = append(seeds, recovered, rendered, wrongKey, outOfRange, negative, unknownFrame, noFrame,
-		farm.Event{ID: "fa", Type: farm.EventFrameAssembled, FrameKey: fr.Key, Formats: []string{"png"}},
-		farm.Event{ID: "fa2", Type: farm.EventFrameAssembled, FrameKey: fr.Key, Formats: []string{"exr", "gif", ""}},
-		farm.Event{ID: "ff", Type: farm.EventFrameFailed, FrameKey: fr.Key, Terminal: true, Formats: []string{"png16"}, Error: "encode"},
-		farm.Event{ID: "ff2", Type: farm.EventFrameFailed, FrameKey: fr.Key, Formats: []string{"png"}},
-		farm.Event{ID: "fu", Type: farm.EventFrameAssembled, FrameKey: strings.Repeat("0", 64), Formats: []string{"png"}},
-		farm.Event{ID: "t", Type: "tile.exploded", FrameKey: fr.Key})
+		wire.Event{ID: "fa", Type: wire.EventFrameAssembled, FrameKey: fr.Key, Formats: []string{"png"}},
+		wire.Event{ID: "fa2", Type: wire.EventFrameAssembled, FrameKey: fr.Key, Formats: []string{"exr", "gif", ""}},
+		wire.Event{ID: "ff", Type: wire.EventFrameFailed, FrameKey: fr.Key, Terminal: true, Formats: []string{"png16"}, Error: "encode"},
+		wire.Event{ID: "ff2", Type: wire.EventFrameFailed, FrameKey: fr.Key, Formats: []string{"png"}},
+		wire.Event{ID: "fu", Type: wire.EventFrameAssembled, FrameKey: strings.Repeat("0", 64), Formats: []string{"png"}},
+		wire.Event{ID: "t", Type: "tile.exploded", FrameKey: fr.Key})
 	for _, e := range seeds {
 		b, err := json.Marshal(e)
 		if err != nil {
@@ -365,11 +366,11 @@ func FuzzEvents(f *testing.F) {
 
 	prev := h.snapshot(f)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		var e farm.Event
+		var e wire.Event
 		if err := json.Unmarshal(data, &e); err != nil {
 			return
 		}
-		if err := h.c.applyEvents(h.ctx, []farm.Event{e}); err != nil {
+		if err := h.c.applyEvents(h.ctx, []wire.Event{e}); err != nil {
 			t.Fatalf("applying %s: %v", data, err)
 		}
 		s := h.snapshot(t)

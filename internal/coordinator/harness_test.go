@@ -12,11 +12,17 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -28,9 +34,9 @@ const shotScene = "../../examples/shot/scene.json"
 // the relay, events, the watcher and the reconciler directly, so each step can be inspected.
 type harness struct {
 	c       *Coordinator
-	st      *store.Store
+	st      *coorddb.DB
 	objects *countingStore
-	farm    *queue.Farm
+	queue   *queue.Queue
 	js      jetstream.JetStream
 	m       *metrics.Coordinator
 	ctx     context.Context
@@ -39,11 +45,11 @@ type harness struct {
 
 // countingStore counts List calls, so tests can check what the reconciler costs.
 type countingStore struct {
-	finalize.Store
+	objstore.Store
 	lists atomic.Int64
 }
 
-func (s *countingStore) List(ctx context.Context, prefix string) ([]finalize.ObjectInfo, error) {
+func (s *countingStore) List(ctx context.Context, prefix string) ([]objstore.ObjectInfo, error) {
 	s.lists.Add(1)
 	return s.Store.List(ctx, prefix)
 }
@@ -71,20 +77,20 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 		tb.Fatalf("queue.Setup: %v", err)
 	}
 	f.Log = log
-	fs, err := finalize.NewFSStore(filepath.Join(dir, "store"))
+	fs, err := objstore.NewFSStore(filepath.Join(dir, "store"))
 	if err != nil {
 		tb.Fatalf("NewFSStore: %v", err)
 	}
 	objects := &countingStore{Store: fs}
-	st, err := store.Open(filepath.Join(dir, "coordinator.db"))
+	st, err := coorddb.Open(filepath.Join(dir, "coordinator.db"))
 	if err != nil {
-		tb.Fatalf("store.Open: %v", err)
+		tb.Fatalf("coorddb.Open: %v", err)
 	}
 	tb.Cleanup(func() { _ = st.Close() })
 	m := metrics.NewCoordinator(metrics.NewRegistry())
-	h := &harness{c: New(cfg, Deps{Store: st, Farm: f, NATS: nc, Objects: objects, Metrics: m, Log: log}),
-		st: st, objects: objects, farm: f, js: js, m: m, ctx: ctx}
-	b, err := farm.ReadBundle(shotScene)
+	h := &harness{c: New(cfg, Deps{DB: st, Queue: f, NATS: nc, Objects: objects, Metrics: m, Log: log}),
+		st: st, objects: objects, queue: f, js: js, m: m, ctx: ctx}
+	b, err := bundle.ReadBundle(shotScene)
 	if err != nil {
 		tb.Fatalf("ReadBundle: %v", err)
 	}
@@ -96,16 +102,16 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 }
 
 // shotBundle reads the example scene with its mesh.
-func shotBundle(t *testing.T) *farm.Bundle {
+func shotBundle(t *testing.T) *bundle.Bundle {
 	t.Helper()
-	b, err := farm.ReadBundle(shotScene)
+	b, err := bundle.ReadBundle(shotScene)
 	if err != nil {
 		t.Fatalf("ReadBundle: %v", err)
 	}
 	return b
 }
 
-func (h *harness) putScene(t *testing.T, b *farm.Bundle) string {
+func (h *harness) putScene(t *testing.T, b *bundle.Bundle) string {
 	t.Helper()
 	v := b.Version()
 	if err := h.c.PutScene(h.ctx, v, b.Encode()); err != nil {
@@ -115,12 +121,12 @@ func (h *harness) putScene(t *testing.T, b *farm.Bundle) string {
 }
 
 // request asks for frames first-last of the shot at width x height in size-px tiles.
-func (h *harness) request(first, last, width, height, size int) SubmitRequest {
-	return SubmitRequest{SceneVersion: h.version, First: first, Last: last, Width: width, Height: height,
+func (h *harness) request(first, last, width, height, size int) api.SubmitRequest {
+	return api.SubmitRequest{SceneVersion: h.version, First: first, Last: last, Width: width, Height: height,
 		SPP: 2, TileSize: size, Formats: []string{"png"}}
 }
 
-func (h *harness) submit(t *testing.T, req SubmitRequest) SubmitResult {
+func (h *harness) submit(t *testing.T, req api.SubmitRequest) api.SubmitResult {
 	t.Helper()
 	res, err := h.c.Submit(h.ctx, req)
 	if err != nil {
@@ -131,14 +137,14 @@ func (h *harness) submit(t *testing.T, req SubmitRequest) SubmitResult {
 
 // submitFrame submits frame 1 of the shot at width x height in size-px tiles, dispatches it
 // and returns the submission and the frame's key.
-func (h *harness) submitFrame(t *testing.T, width, height, size int) (SubmitResult, string) {
+func (h *harness) submitFrame(t *testing.T, width, height, size int) (api.SubmitResult, string) {
 	t.Helper()
 	res := h.submit(t, h.request(1, 1, width, height, size))
 	h.relay(t)
 	return res, h.job(t, res.Status.JobID).FrameKey(1)
 }
 
-func (h *harness) outbox(t *testing.T) []store.OutboxRecord {
+func (h *harness) outbox(t *testing.T) []coorddb.OutboxRecord {
 	t.Helper()
 	recs, err := h.st.PendingOutbox(h.ctx, 1<<20)
 	if err != nil {
@@ -164,10 +170,10 @@ func (h *harness) relay(t *testing.T) {
 	}
 }
 
-func (h *harness) job(t *testing.T, id string) *store.Job {
+func (h *harness) job(t *testing.T, id string) *coorddb.Job {
 	t.Helper()
-	var j *store.Job
-	err := h.st.View(h.ctx, func(tx *store.Tx) (err error) {
+	var j *coorddb.Job
+	err := h.st.View(h.ctx, func(tx *coorddb.Tx) (err error) {
 		j, err = tx.Job(id)
 		return err
 	})
@@ -177,10 +183,10 @@ func (h *harness) job(t *testing.T, id string) *store.Job {
 	return j
 }
 
-func (h *harness) frame(t *testing.T, key string) *store.Frame {
+func (h *harness) frame(t *testing.T, key string) *coorddb.Frame {
 	t.Helper()
-	var f *store.Frame
-	err := h.st.View(h.ctx, func(tx *store.Tx) (err error) {
+	var f *coorddb.Frame
+	err := h.st.View(h.ctx, func(tx *coorddb.Tx) (err error) {
 		f, err = tx.Frame(key)
 		return err
 	})
@@ -191,10 +197,10 @@ func (h *harness) frame(t *testing.T, key string) *store.Frame {
 }
 
 // tileState returns tile i of frame fk as the projection has it.
-func (h *harness) tileState(t *testing.T, fk string, i int) store.TileState {
+func (h *harness) tileState(t *testing.T, fk string, i int) coorddb.TileState {
 	t.Helper()
-	var s store.TileState
-	err := h.st.View(h.ctx, func(tx *store.Tx) error {
+	var s coorddb.TileState
+	err := h.st.View(h.ctx, func(tx *coorddb.Tx) error {
 		f, err := tx.Frame(fk)
 		if err != nil {
 			return err
@@ -212,7 +218,7 @@ func (h *harness) tileState(t *testing.T, fk string, i int) store.TileState {
 	return s
 }
 
-func (h *harness) status(t *testing.T, jobID string) Status {
+func (h *harness) status(t *testing.T, jobID string) api.Status {
 	t.Helper()
 	st, err := h.c.Status(h.ctx, jobID)
 	if err != nil {
@@ -221,7 +227,7 @@ func (h *harness) status(t *testing.T, jobID string) Status {
 	return st
 }
 
-func (h *harness) apply(t *testing.T, evs ...farm.Event) {
+func (h *harness) apply(t *testing.T, evs ...wire.Event) {
 	t.Helper()
 	for i := range evs {
 		if evs[i].Time.IsZero() {
@@ -234,7 +240,7 @@ func (h *harness) apply(t *testing.T, evs ...farm.Event) {
 }
 
 // frameTiles derives a frame's tiles.
-func frameTiles(t *testing.T, f *store.Frame) []tiles.FrameTile {
+func frameTiles(t *testing.T, f *coorddb.Frame) []tiles.FrameTile {
 	t.Helper()
 	ft, err := f.Tiles()
 	if err != nil {
@@ -244,10 +250,10 @@ func frameTiles(t *testing.T, f *store.Frame) []tiles.FrameTile {
 }
 
 // tileEvent is an event of type typ about tile i of frame f, on delivery d of message seq.
-func tileEvent(t *testing.T, f *store.Frame, i int, typ string, seq, d uint64) farm.Event {
+func tileEvent(t *testing.T, f *coorddb.Frame, i int, typ string, seq, d uint64) wire.Event {
 	t.Helper()
 	ft := frameTiles(t, f)
-	return farm.Event{ID: fmt.Sprintf("%s:%d:%d:%d", typ, i, seq, d), Type: typ, TileKey: ft[i].Key, TileIndex: i,
+	return wire.Event{ID: fmt.Sprintf("%s:%d:%d:%d", typ, i, seq, d), Type: typ, TileKey: ft[i].Key, TileIndex: i,
 		FrameKey: f.Key, Seq: seq, Delivery: d, Attempt: fmt.Sprintf("a%d-%d", seq, d), Worker: "w1"}
 }
 
@@ -255,20 +261,20 @@ func tileEvent(t *testing.T, f *store.Frame, i int, typ string, seq, d uint64) f
 func (h *harness) completeTiles(t *testing.T, fk string) {
 	t.Helper()
 	f := h.frame(t, fk)
-	var evs []farm.Event
+	var evs []wire.Event
 	for i := range frameTiles(t, f) {
-		evs = append(evs, tileEvent(t, f, i, farm.EventTileCompleted, uint64(i+1), 1))
+		evs = append(evs, tileEvent(t, f, i, wire.EventTileCompleted, uint64(i+1), 1))
 	}
 	h.apply(t, evs...)
 }
 
 // promoteTile creates tile i's manifest in the store, as a worker would.
-func (h *harness) promoteTile(t *testing.T, f *store.Frame, i int) {
+func (h *harness) promoteTile(t *testing.T, f *coorddb.Frame, i int) {
 	t.Helper()
 	ft := frameTiles(t, f)
 	n := (ft[i].Rect.X1 - ft[i].Rect.X0) * (ft[i].Rect.Y1 - ft[i].Rect.Y0) * 3
-	_, err := finalize.Promote(h.ctx, h.objects, farm.TileManifestKey(f.Key, ft[i].Key), "attempt1", farm.BuildFingerprint(),
-		[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(make([]float32, n))}}, nil)
+	_, err := finalize.Promote(h.ctx, h.objects, layout.TileManifestKey(f.Key, ft[i].Key), "attempt1", identity.BuildFingerprint(),
+		[]finalize.Output{{Name: layout.TileOutputName, Data: raster.EncodeTile(make([]float32, n))}}, nil)
 	if err != nil {
 		t.Fatalf("promoting tile %d: %v", i, err)
 	}
@@ -277,8 +283,8 @@ func (h *harness) promoteTile(t *testing.T, f *store.Frame, i int) {
 // promoteFormat creates a frame output manifest, as an assembler would.
 func (h *harness) promoteFormat(t *testing.T, fk, format string) {
 	t.Helper()
-	name, _ := farm.FrameOutputName(format)
-	_, err := finalize.Promote(h.ctx, h.objects, farm.FrameManifestKey(fk, format), "attempt1", farm.BuildFingerprint(),
+	name, _ := layout.FrameOutputName(format)
+	_, err := finalize.Promote(h.ctx, h.objects, layout.FrameManifestKey(fk, format), "attempt1", identity.BuildFingerprint(),
 		[]finalize.Output{{Name: name, Data: []byte("frame " + format)}}, nil)
 	if err != nil {
 		t.Fatalf("promoting %s of frame %s: %v", format, fk, err)
@@ -286,9 +292,9 @@ func (h *harness) promoteFormat(t *testing.T, fk, format string) {
 }
 
 // outboxKinds counts pending outbox records by kind.
-func (h *harness) outboxKinds(t *testing.T) map[store.OutboxKind]int {
+func (h *harness) outboxKinds(t *testing.T) map[coorddb.OutboxKind]int {
 	t.Helper()
-	out := map[store.OutboxKind]int{}
+	out := map[coorddb.OutboxKind]int{}
 	for _, r := range h.outbox(t) {
 		out[r.Kind]++
 	}

@@ -12,10 +12,11 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // Handler is the HTTP API the CLI talks to, plus /metrics and /healthz. Its routes are the
@@ -98,7 +99,7 @@ func (c *Coordinator) handleHasScene(w http.ResponseWriter, r *http.Request) {
 // handleSubmit decodes one submission of at most maxRequestBytes and answers 201 for a new
 // job, 200 for the job an earlier identical submission created.
 func (c *Coordinator) handleSubmit(w http.ResponseWriter, r *http.Request) {
-	var req SubmitRequest
+	var req api.SubmitRequest
 	body := http.MaxBytesReader(w, r.Body, maxRequestBytes)
 	dec := json.NewDecoder(body)
 	err := dec.Decode(&req)
@@ -108,9 +109,9 @@ func (c *Coordinator) handleSubmit(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeJSON(w, http.StatusRequestEntityTooLarge, APIError{
+			writeJSON(w, http.StatusRequestEntityTooLarge, api.ErrorBody{
 				Error: fmt.Sprintf("submission exceeds the %d KiB limit of a request body (scenes are uploaded with PUT /v1/scenes)", maxRequestBytes>>10),
-				Kind:  "bad_input"})
+				Kind:  api.ErrBadInput.Kind})
 			return
 		}
 		writeError(w, badInput("decoding submission: %v", err))
@@ -135,7 +136,7 @@ func (c *Coordinator) handleJobs(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if jobs == nil {
-		jobs = []Status{}
+		jobs = []api.Status{}
 	}
 	writeJSON(w, http.StatusOK, jobs)
 }
@@ -215,7 +216,7 @@ func (c *Coordinator) handleCancel(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Coordinator) handleReprioritize(w http.ResponseWriter, r *http.Request) {
-	var req PriorityRequest
+	var req api.PriorityRequest
 	if err := decodeBody(w, r, &req); err != nil {
 		writeError(w, err)
 		return
@@ -239,19 +240,19 @@ func (c *Coordinator) handleWorkers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ws == nil {
-		ws = []queue.WorkerInfo{}
+		ws = []api.Worker{}
 	}
-	writeJSON(w, http.StatusOK, WorkersResponse{Workers: ws})
+	writeJSON(w, http.StatusOK, api.WorkersResponse{Workers: ws})
 }
 
 func (c *Coordinator) handleDeadLetters(w http.ResponseWriter, r *http.Request) {
-	dls, err := c.farm.ListDeadLetters(r.Context())
+	dls, err := c.queue.ListDeadLetters(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
 	}
 	if dls == nil {
-		dls = []queue.DeadLetter{}
+		dls = []api.DeadLetter{}
 	}
 	writeJSON(w, http.StatusOK, dls)
 }
@@ -280,7 +281,7 @@ func RequireToken(token string, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/healthz" && subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tilefarm"`)
-			writeJSON(w, http.StatusUnauthorized, APIError{Error: "missing or wrong API token (set TILEFARM_API_TOKEN)", Kind: "unauthorized"})
+			writeJSON(w, http.StatusUnauthorized, api.ErrorBody{Error: "missing or wrong API token (set TILEFARM_API_TOKEN)", Kind: api.ErrUnauthorized.Kind})
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -295,19 +296,19 @@ const maxRequestBytes = 4 << 20
 // uploads cost at most a bounded number of bundles of memory.
 func (c *Coordinator) handlePutScene(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength < 0 {
-		writeJSON(w, http.StatusLengthRequired, APIError{Error: "a scene upload needs a Content-Length", Kind: "bad_input"})
+		writeJSON(w, http.StatusLengthRequired, api.ErrorBody{Error: "a scene upload needs a Content-Length", Kind: api.ErrBadInput.Kind})
 		return
 	}
-	if r.ContentLength > farm.MaxBundleBytes+64<<10 {
-		writeJSON(w, http.StatusRequestEntityTooLarge, APIError{
-			Error: fmt.Sprintf("scene bundle of %d bytes exceeds the %d MiB limit", r.ContentLength, farm.MaxBundleBytes>>20), Kind: "bad_input"})
+	if r.ContentLength > bundle.MaxBytes+64<<10 {
+		writeJSON(w, http.StatusRequestEntityTooLarge, api.ErrorBody{
+			Error: fmt.Sprintf("scene bundle of %d bytes exceeds the %d MiB limit", r.ContentLength, bundle.MaxBytes>>20), Kind: api.ErrBadInput.Kind})
 		return
 	}
 	select {
 	case c.uploads <- struct{}{}:
 		defer func() { <-c.uploads }()
 	default:
-		writeError(w, fmt.Errorf("%w: %d scene uploads in progress", ErrBusy, cap(c.uploads)))
+		writeError(w, fmt.Errorf("%w: %d scene uploads in progress", api.ErrBusy, cap(c.uploads)))
 		return
 	}
 	buf := make([]byte, r.ContentLength)
@@ -322,45 +323,35 @@ func (c *Coordinator) handlePutScene(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"scene_version": r.PathValue("version")})
 }
 
-// APIError is the body of every error response.
-type APIError struct {
-	Error string `json:"error"`
-	Kind  string `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, internal
-}
-
+// writeError answers err with its catalogue entry's status and kind (api.Classify), after
+// serverError has named the entry of errors of the coordinator's own packages.
 func writeError(w http.ResponseWriter, err error) {
-	code, kind := http.StatusInternalServerError, "internal"
-	switch {
-	case errors.Is(err, ErrBadInput):
-		code, kind = http.StatusBadRequest, "bad_input"
-	case errors.Is(err, ErrConflict), errors.Is(err, ErrNoTilePNG):
-		code, kind = http.StatusConflict, "conflict"
-	case errors.Is(err, ErrBusy):
-		code, kind = http.StatusTooManyRequests, "busy"
+	e := serverError(err)
+	if e == api.ErrBusy {
 		retry := 5 * time.Second
-		var busy *BusyError
+		var busy *api.BusyError
 		if errors.As(err, &busy) {
 			retry = busy.RetryAfter
 		}
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
-	case errors.Is(err, store.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound), errors.Is(err, finalize.ErrNotFound):
-		code, kind = http.StatusNotFound, "not_found"
-	case errors.Is(err, finalize.ErrCorrupt):
-		code, kind = http.StatusInternalServerError, "corrupt"
-	case errors.Is(err, ErrNotReady), errors.Is(err, ErrTileNotReady):
-		code, kind = http.StatusConflict, "not_ready"
 	}
-	writeJSON(w, code, APIError{Error: err.Error(), Kind: kind})
+	writeJSON(w, e.Status, api.ErrorBody{Error: err.Error(), Kind: e.Kind})
 }
 
-// PriorityRequest is the body of PUT /v1/jobs/{id}/priority.
-type PriorityRequest struct {
-	Priority *int `json:"priority"`
-}
-
-// WorkersResponse is the body of GET /v1/workers.
-type WorkersResponse struct {
-	Workers []queue.WorkerInfo `json:"workers"`
+// serverError is the catalogue entry of err: the one it wraps, else the entry of the
+// coordinator's packages' own errors (a missing record or object, a corrupt one), else
+// api.ErrInternal.
+func serverError(err error) *api.Error {
+	if e := api.Classify(err); e != nil {
+		return e
+	}
+	switch {
+	case errors.Is(err, coorddb.ErrNotFound), errors.Is(err, queue.ErrDeadLetterNotFound), errors.Is(err, objstore.ErrNotFound):
+		return api.ErrNotFound
+	case errors.Is(err, objstore.ErrCorrupt):
+		return api.ErrCorrupt
+	}
+	return api.ErrInternal
 }
 
 // decodeBody decodes a small JSON request body into v: one value, within maxRequestBytes.

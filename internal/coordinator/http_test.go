@@ -10,7 +10,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // call sends a request to the handler and decodes the JSON body into out (if not nil).
@@ -37,9 +39,9 @@ func call(t *testing.T, srv *httptest.Server, method, path string, body []byte, 
 	return resp.StatusCode, raw, resp.Header
 }
 
-func expectError(t *testing.T, srv *httptest.Server, method, path string, body []byte, code int, kind string) APIError {
+func expectError(t *testing.T, srv *httptest.Server, method, path string, body []byte, code int, kind api.ErrorKind) api.ErrorBody {
 	t.Helper()
-	var e APIError
+	var e api.ErrorBody
 	got, raw, _ := call(t, srv, method, path, body, &e)
 	if got != code || e.Kind != kind || e.Error == "" {
 		t.Errorf("%s %s = %d %s, want %d with kind %q and a message", method, path, got, raw, code, kind)
@@ -98,18 +100,18 @@ func TestHTTPSubmitAndErrors(t *testing.T) {
 	req := h.request(1, 2, 64, 64, 32)
 	req.SceneVersion = v
 	req.IdempotencyKey = "http-key"
-	var res SubmitResult
+	var res api.SubmitResult
 	if code, raw, _ := call(t, srv, "POST", "/v1/jobs", marshal(t, req), &res); code != http.StatusCreated || !res.Created || res.Status.JobID == "" {
 		t.Fatalf("first POST = %d %s, want 201 with a created job", code, raw)
 	}
-	var again SubmitResult
+	var again api.SubmitResult
 	if code, raw, _ := call(t, srv, "POST", "/v1/jobs", marshal(t, req), &again); code != http.StatusOK || again.Created || again.Status.JobID != res.Status.JobID {
 		t.Fatalf("second POST = %d %s, want 200 with the same job", code, raw)
 	}
 	req.Last = 3
 	expectError(t, srv, "POST", "/v1/jobs", marshal(t, req), http.StatusConflict, "conflict")
-	var st Status
-	if code, raw, _ := call(t, srv, "GET", "/v1/jobs/"+res.Status.JobID, nil, &st); code != 200 || st.JobID != res.Status.JobID || st.State != StateQueued {
+	var st api.Status
+	if code, raw, _ := call(t, srv, "GET", "/v1/jobs/"+res.Status.JobID, nil, &st); code != 200 || st.JobID != res.Status.JobID || st.State != api.JobQueued {
 		t.Fatalf("GET job = %d %s", code, raw)
 	}
 	expectError(t, srv, "GET", "/v1/jobs/job-nope", nil, http.StatusNotFound, "not_found")
@@ -142,7 +144,7 @@ func TestHTTPSceneUploadLimits(t *testing.T) {
 	}
 
 	req, _ = http.NewRequest("PUT", srv.URL+"/v1/scenes/"+v, strings.NewReader(""))
-	req.ContentLength = farm.MaxBundleBytes + 1<<20
+	req.ContentLength = bundle.MaxBytes + 1<<20
 	req.Body = io.NopCloser(strings.NewReader(""))
 	resp, err = srv.Client().Do(req)
 	if err == nil {
@@ -172,7 +174,7 @@ func TestHTTPFrameOutputOfCompletedFrame(t *testing.T) {
 	fk := h.job(t, res.Status.JobID).FrameKey(1)
 	h.completeTiles(t, fk)
 	h.promoteFormat(t, fk, "png")
-	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, wire.Event{ID: "done", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	code, raw, _ := call(t, srv, "GET", fmt.Sprintf("/v1/jobs/%s/frames/1/png", res.Status.JobID), nil, nil)
 	if code != 200 || string(raw) != "frame png" {
 		t.Fatalf("GET frame = %d %q", code, raw)

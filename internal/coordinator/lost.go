@@ -8,7 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 )
 
 // Lost tiles (docs/design.md, "Reconcile"): a tile's message can leave TILES without the tile
@@ -22,7 +22,7 @@ import (
 // event before it acks the tile's message, so once the queue is seen empty, events caught up
 // after it account for every tile that left it. Work submitted meanwhile can look lost for a
 // moment, so only a frame found so at two reconciliations in a row has those tiles
-// dispatched again, under a new dedup id (projection.redispatch), as store.TileLost: the tile
+// dispatched again, under a new dedup id (projection.redispatch), as coorddb.TileLost: the tile
 // forgets its order, since the new message's sequence may be lower than the lost one's. A
 // copy of a tile that was not lost after all is harmless (whichever attempt promotes first
 // wins). A tile dead-lettered by a terminal failure whose tile.failed event was lost (the
@@ -35,10 +35,10 @@ type lostTracker struct {
 }
 
 // again records found as this reconciliation's and returns those the last one found too.
-func (l *lostTracker) again(found map[string]*store.Job) map[string]*store.Job {
+func (l *lostTracker) again(found map[string]*coorddb.Job) map[string]*coorddb.Job {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	out := map[string]*store.Job{}
+	out := map[string]*coorddb.Job{}
 	for fk, j := range found {
 		if l.last[fk] {
 			out[fk] = j
@@ -53,22 +53,22 @@ func (l *lostTracker) again(found map[string]*store.Job) map[string]*store.Job {
 
 // lostState selects the tiles a lost message leaves undelivered: every state but completed
 // and dead-lettered (whose message went to the DLQ, for an operator to requeue).
-func lostState(s store.TileState) bool {
-	return s == store.TileQueued || s == store.TileRendering || s == store.TileFailedRetryable
+func lostState(s coorddb.TileState) bool {
+	return s == coorddb.TileQueued || s == coorddb.TileRendering || s == coorddb.TileFailedRetryable
 }
 
 // lostFrames returns, by frame key, the frames with tiles nothing can deliver any more, each
 // with the newest live job that waits for it; none while anything could still deliver them.
-func (c *Coordinator) lostFrames(ctx context.Context) (map[string]*store.Job, error) {
+func (c *Coordinator) lostFrames(ctx context.Context) (map[string]*coorddb.Job, error) {
 	// The outbox before the queue: a record leaves the outbox only once its messages are in
 	// the queue, so an outbox seen empty and then a queue seen empty hold none of them.
-	if n, err := c.store.OutboxLen(ctx); err != nil || n > 0 {
+	if n, err := c.db.OutboxLen(ctx); err != nil || n > 0 {
 		return nil, err
 	}
-	if depth, _, err := c.farm.Depth(ctx); err != nil || depth > 0 {
+	if depth, _, err := c.queue.Depth(ctx); err != nil || depth > 0 {
 		return nil, err
 	}
-	cons, err := c.farm.Events.Consumer(ctx, consumerEvents)
+	cons, err := c.queue.Events.Consumer(ctx, consumerEvents)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		return nil, nil // not consuming events yet: the projection may be behind
 	} else if err != nil {
@@ -78,11 +78,11 @@ func (c *Coordinator) lostFrames(ctx context.Context) (map[string]*store.Job, er
 	if err != nil || info.NumPending > 0 || info.NumAckPending > 0 {
 		return nil, err
 	}
-	found := map[string]*store.Job{}
-	err = c.store.View(ctx, func(tx *store.Tx) error {
+	found := map[string]*coorddb.Job{}
+	err = c.db.View(ctx, func(tx *coorddb.Tx) error {
 		var err error
 		tx.OpenFrames(func(fk string) bool {
-			var j *store.Job
+			var j *coorddb.Job
 			if j, err = lostFrame(tx, fk); err != nil {
 				return false
 			}
@@ -98,7 +98,7 @@ func (c *Coordinator) lostFrames(ctx context.Context) (map[string]*store.Job, er
 
 // lostFrame returns the newest live job waiting for frame fk if the frame has tiles in a
 // lostState, else nil.
-func lostFrame(tx *store.Tx, fk string) (*store.Job, error) {
+func lostFrame(tx *coorddb.Tx, fk string) (*coorddb.Job, error) {
 	f, err := tx.Frame(fk)
 	if err != nil {
 		return nil, ignoreUnknown(err)
@@ -132,7 +132,7 @@ func (c *Coordinator) redispatchLost(ctx context.Context) (int, error) {
 	// The frames are live in the store; a drop mark left in the KV (a cancel racing a revive)
 	// would have workers ack the new messages unrendered, so it goes first, as in revive.
 	for fk := range again {
-		if err := c.farm.Dropped.Remove(ctx, fk); err != nil {
+		if err := c.queue.Dropped.Remove(ctx, fk); err != nil {
 			return 0, err
 		}
 	}
@@ -140,7 +140,7 @@ func (c *Coordinator) redispatchLost(ctx context.Context) (int, error) {
 	err = c.update(ctx, func(p *projection) error {
 		n = 0
 		for fk, j := range again {
-			k, err := p.redispatch(fk, j, lostState, store.TileLost)
+			k, err := p.redispatch(fk, j, lostState, coorddb.TileLost)
 			if err != nil {
 				return err
 			}

@@ -4,9 +4,9 @@ import (
 	"encoding/json"
 	"testing"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // Property (never loses work): tiles whose messages left TILES unrendered (a purge here; an
@@ -15,7 +15,7 @@ import (
 // not, and nothing is dispatched again while the queue holds messages or events wait.
 func TestReconcileRedispatchesLostTiles(t *testing.T) {
 	h := newHarness(t, Config{})
-	if _, err := h.farm.Events.CreateOrUpdateConsumer(h.ctx, eventsConsumer); err != nil {
+	if _, err := h.queue.Events.CreateOrUpdateConsumer(h.ctx, eventsConsumer); err != nil {
 		t.Fatal(err)
 	}
 	res, fk := h.submitFrame(t, 32, 32, 16) // 4 tiles, dispatched
@@ -28,7 +28,7 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 	}
 	depth := func() uint64 {
 		t.Helper()
-		n, _, err := h.farm.Depth(h.ctx)
+		n, _, err := h.queue.Depth(h.ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -37,8 +37,8 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 	reconcile("tiles in the queue", 0)
 	reconcile("tiles in the queue, again", 0)
 	f := h.frame(t, fk)
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
-	h.apply(t, tileEvent(t, f, 2, farm.EventTileStarted, 50, 1)) // rendering, as of message 50
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1))
+	h.apply(t, tileEvent(t, f, 2, wire.EventTileStarted, 50, 1)) // rendering, as of message 50
 
 	tilesStream, err := h.js.Stream(h.ctx, queue.StreamTiles)
 	if err != nil {
@@ -48,17 +48,17 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An event not applied yet may be about a tile that left the queue rendered: wait for it.
-	ev := tileEvent(t, f, 1, farm.EventTileStarted, 2, 1)
+	ev := tileEvent(t, f, 1, wire.EventTileStarted, 2, 1)
 	data, err := json.Marshal(ev)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.farm.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
+	if _, err := h.queue.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
 		t.Fatal(err)
 	}
 	reconcile("an event waiting", 0)
 	reconcile("an event waiting, again", 0)
-	cons, err := h.farm.Events.Consumer(h.ctx, consumerEvents)
+	cons, err := h.queue.Events.Consumer(h.ctx, consumerEvents)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,18 +75,18 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 	reconcile("lost, seen once", 0)
 	// A drop mark the store does not have (a cancel racing a revive) would have workers ack
 	// the new messages unrendered: dispatching again clears it.
-	if err := h.farm.Dropped.Add(h.ctx, fk); err != nil {
+	if err := h.queue.Dropped.Add(h.ctx, fk); err != nil {
 		t.Fatal(err)
 	}
 	reconcile("lost, seen twice", 3)
-	if dropped, err := h.farm.Dropped.Has(h.ctx, fk); err != nil || dropped {
+	if dropped, err := h.queue.Dropped.Has(h.ctx, fk); err != nil || dropped {
 		t.Fatalf("the frame dispatched again is still marked dropped (%v, %v)", dropped, err)
 	}
 	// The new messages' events apply even at a lower stream sequence than the lost one's (a
 	// stream that lost its unsynced tail numbers on from its last synced message).
 	attempts := h.frame(t, fk).TileAttempts
-	h.apply(t, tileEvent(t, f, 2, farm.EventTileStarted, 3, 1))
-	if s, n := h.tileState(t, fk, 2), h.frame(t, fk).TileAttempts; s != store.TileRendering || n != attempts+1 {
+	h.apply(t, tileEvent(t, f, 2, wire.EventTileStarted, 3, 1))
+	if s, n := h.tileState(t, fk, 2), h.frame(t, fk).TileAttempts; s != coorddb.TileRendering || n != attempts+1 {
 		t.Fatalf("a start of tile 2's new message at sequence 3: %s, %d attempts (was %d); want rendering, one more", s, n, attempts)
 	}
 	recs := h.outbox(t)
@@ -98,7 +98,7 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 		t.Fatalf("%d messages in TILES after the relay, want the 3 lost tiles", n)
 	}
 	reconcile("dispatched again", 0)
-	if s := h.tileState(t, fk, 0); s != store.TileCompleted {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileCompleted {
 		t.Fatalf("tile 0 is %s, want completed", s)
 	}
 }

@@ -7,9 +7,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // Submissions are counted by their answer: a new job, the same submission again, and the same
@@ -25,7 +26,7 @@ func TestSubmissionsCounted(t *testing.T) {
 	}
 	other := req
 	other.Last = 2
-	if _, err := h.c.Submit(h.ctx, other); !errors.Is(err, ErrConflict) {
+	if _, err := h.c.Submit(h.ctx, other); !errors.Is(err, api.ErrConflict) {
 		t.Fatalf("same key, other payload: %v, want ErrConflict", err)
 	}
 	for result, want := range map[string]float64{metrics.SubmissionCreated: 1, metrics.SubmissionExisting: 1,
@@ -46,16 +47,16 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	j := h.job(t, res.Status.JobID)
 	f1, f2, f3 := h.frame(t, j.FrameKey(1)), h.frame(t, j.FrameKey(2)), h.frame(t, j.FrameKey(3))
 
-	dead := tileEvent(t, f1, 0, farm.EventTileFailed, 7, 3)
+	dead := tileEvent(t, f1, 0, wire.EventTileFailed, 7, 3)
 	dead.Terminal, dead.Error = true, "panic: injected"
 	h.apply(t, dead)
 	h.apply(t, dead) // redelivered
-	job := farm.TileJob{JobID: j.ID, FrameKey: f1.Key, TileKey: dead.TileKey, Index: 0}
+	job := wire.TileJob{JobID: j.ID, FrameKey: f1.Key, TileKey: dead.TileKey, Index: 0}
 	data, err := json.Marshal(job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (deadLetters{h.c}).Record(h.ctx, queue.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 7, Deliveries: 3, Data: data}); err != nil {
+	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 7, Deliveries: 3, Data: data}); err != nil {
 		t.Fatalf("Record: %v", err)
 	}
 	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterTile)); got != 1 {
@@ -63,7 +64,7 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	}
 
 	h.completeTiles(t, f2.Key)
-	done := farm.Event{ID: "assembled", Type: farm.EventFrameAssembled, FrameKey: f2.Key, Formats: []string{"png"}}
+	done := wire.Event{ID: "assembled", Type: wire.EventFrameAssembled, FrameKey: f2.Key, Formats: []string{"png"}}
 	h.apply(t, done)
 	h.apply(t, done)
 	if got := testutil.ToFloat64(h.m.FramesCompleted); got != 1 {
@@ -73,7 +74,7 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	// Frame 3's tiles complete and its assembly is dead-lettered: counted once. A dead
 	// assembly of frame 2, whose outputs are promoted, changes nothing and is not counted.
 	h.completeTiles(t, f3.Key)
-	failed := farm.Event{ID: "assembly-failed", Type: farm.EventFrameFailed, FrameKey: f3.Key, Formats: []string{"png"}, Terminal: true, Error: "encoding png: boom"}
+	failed := wire.Event{ID: "assembly-failed", Type: wire.EventFrameFailed, FrameKey: f3.Key, Formats: []string{"png"}, Terminal: true, Error: "encoding png: boom"}
 	h.apply(t, failed)
 	h.apply(t, failed)
 	late := failed
@@ -87,7 +88,7 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	}
 
 	// A dead letter that names no tile is counted by the watcher's handler itself.
-	if err := (deadLetters{h.c}).Record(h.ctx, queue.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 99, Data: []byte("{not json")}); err != nil {
+	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 99, Data: []byte("{not json")}); err != nil {
 		t.Fatalf("Record: %v", err)
 	}
 	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterUndecodable)); got != 1 {

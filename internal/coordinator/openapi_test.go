@@ -25,11 +25,12 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/metrics"
-	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // unreachedResponses are documented responses no test can produce without breaking the
@@ -126,7 +127,7 @@ type apiCase struct {
 // fail gives the error for a Get or Stat of a key (nil serves it), and reads of keys starting
 // with corrupt come back with a byte appended.
 type faultyStore struct {
-	finalize.Store
+	objstore.Store
 	fail    func(key string) error
 	corrupt string
 }
@@ -144,17 +145,17 @@ func (s faultyStore) Get(ctx context.Context, key string) ([]byte, error) {
 	return b, err
 }
 
-func (s faultyStore) Stat(ctx context.Context, key string) (finalize.ObjectInfo, error) {
+func (s faultyStore) Stat(ctx context.Context, key string) (objstore.ObjectInfo, error) {
 	if s.fail != nil {
 		if err := s.fail(key); err != nil {
-			return finalize.ObjectInfo{}, err
+			return objstore.ObjectInfo{}, err
 		}
 	}
 	return s.Store.Stat(ctx, key)
 }
 
 // withObjects makes the coordinator use s for one case.
-func withObjects(h *harness, s finalize.Store) func(t *testing.T) func() {
+func withObjects(h *harness, s objstore.Store) func(t *testing.T) func() {
 	return func(t *testing.T) func() {
 		h.c.objects = s
 		return func() { h.c.objects = h.objects }
@@ -331,10 +332,10 @@ func (v *validator) run(t *testing.T, srv *httptest.Server, cases []apiCase) {
 }
 
 // expectKind asserts that an error body has the kind.
-func expectKind(kind string) func(t *testing.T, body []byte) {
+func expectKind(kind api.ErrorKind) func(t *testing.T, body []byte) {
 	return func(t *testing.T, body []byte) {
 		t.Helper()
-		var e APIError
+		var e api.ErrorBody
 		if err := json.Unmarshal(body, &e); err != nil || e.Kind != kind {
 			t.Errorf("error body %s: want kind %q", body, kind)
 		}
@@ -353,12 +354,12 @@ func TestOpenAPIResponses(t *testing.T) {
 	other := shotBundle(t)
 	other.Scene = bytes.Replace(other.Scene, []byte(`"spp"`), []byte(` "spp"`), 1) // same scene, other version
 	ov := other.Version()
-	bundle := other.Encode()
+	encoded := other.Encode()
 	const bundleType = "application/vnd.tilefarm.bundle"
 
 	req := h.request(1, 2, 64, 64, 32)
 	req.IdempotencyKey = "openapi-job"
-	job := tiles.JobID(req.IdempotencyKey)
+	job := identity.JobID(req.IdempotencyKey)
 	conflicting := req
 	conflicting.Last = 3
 	reversed := h.request(9, 3, 64, 64, 32)
@@ -387,14 +388,14 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "scene version not hex", method: "HEAD", path: "/v1/scenes/nothex", want: 400},
 		{name: "scene check with the store down", method: "HEAD", path: "/v1/scenes/" + ov, want: 500,
 			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }})},
-		{name: "upload", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 200},
-		{name: "upload again", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 200},
+		{name: "upload", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 200},
+		{name: "upload again", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 200},
 		{name: "scene stored", method: "HEAD", path: "/v1/scenes/" + ov, want: 200},
-		{name: "upload under another version", method: "PUT", path: "/v1/scenes/" + strings.Repeat("0", 64), body: bundle, ctype: bundleType, want: 400, check: expectKind("bad_input")},
+		{name: "upload under another version", method: "PUT", path: "/v1/scenes/" + strings.Repeat("0", 64), body: encoded, ctype: bundleType, want: 400, check: expectKind("bad_input")},
 		{name: "upload of garbage", method: "PUT", path: "/v1/scenes/" + ov, body: []byte("garbage"), ctype: bundleType, want: 400},
-		{name: "upload without a length", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, length: -1, want: 411},
-		{name: "upload too large", method: "PUT", path: "/v1/scenes/" + ov, ctype: bundleType, length: farm.MaxBundleBytes + 1<<20, want: 413},
-		{name: "upload while others are in progress", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 429,
+		{name: "upload without a length", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, length: -1, want: 411},
+		{name: "upload too large", method: "PUT", path: "/v1/scenes/" + ov, ctype: bundleType, length: bundle.MaxBytes + 1<<20, want: 413},
+		{name: "upload while others are in progress", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 429,
 			setup: func(t *testing.T) func() {
 				for range cap(h.c.uploads) {
 					h.c.uploads <- struct{}{}
@@ -405,7 +406,7 @@ func TestOpenAPIResponses(t *testing.T) {
 					}
 				}
 			}, check: expectKind("busy")},
-		{name: "upload with the store down", method: "PUT", path: "/v1/scenes/" + ov, body: bundle, ctype: bundleType, want: 500,
+		{name: "upload with the store down", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 500,
 			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }}), check: expectKind("internal")},
 
 		{name: "no job yet", method: "GET", path: "/v1/jobs", want: 200,
@@ -434,7 +435,7 @@ func TestOpenAPIResponses(t *testing.T) {
 				fk := h.job(t, job).FrameKey(1)
 				h.completeTiles(t, fk)
 				h.promoteFormat(t, fk, "png")
-				h.apply(t, farm.Event{ID: "openapi-assembled", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+				h.apply(t, wire.Event{ID: "openapi-assembled", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 				return nil
 			},
 			check: func(t *testing.T, body []byte) {
@@ -445,7 +446,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "frame output lost", method: "GET", path: frame(1, "png"), want: 404,
 			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(key string) error {
 				if strings.HasPrefix(key, "manifests/frames/") {
-					return fmt.Errorf("reading %s: %w", key, finalize.ErrNotFound)
+					return fmt.Errorf("reading %s: %w", key, objstore.ErrNotFound)
 				}
 				return nil
 			}})},
@@ -454,9 +455,9 @@ func TestOpenAPIResponses(t *testing.T) {
 
 		{name: "tiles", method: "GET", path: tilesOf(1), want: 200,
 			check: func(t *testing.T, body []byte) {
-				var ft FrameTiles
+				var ft api.FrameTiles
 				if err := json.Unmarshal(body, &ft); err != nil || len(ft.Tiles) != 4 || ft.Width != 64 || !ft.TilePNG ||
-					ft.Tiles[3].Rect != (TileRect{32, 32, 64, 64}) || ft.Tiles[3].State != "completed" {
+					ft.Tiles[3].Rect != (api.TileRect{X0: 32, Y0: 32, X1: 64, Y1: 64}) || ft.Tiles[3].State != "completed" {
 					t.Errorf("tiles of frame 1 = %s, want 4 completed tiles of 32 px", body)
 				}
 			}},
@@ -524,11 +525,11 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "dead letter", method: "GET", path: "/v1/dlq", want: 200,
 			setup: func(t *testing.T) func() {
 				h.relay(t)
-				m, err := h.farm.FetchTile(h.ctx, 5*time.Second)
+				m, err := h.queue.FetchTile(h.ctx, 5*time.Second)
 				if err != nil || m == nil {
 					t.Fatalf("fetching a tile to dead-letter: %v (message %v)", err, m)
 				}
-				if err := h.farm.DeadLetterNow(h.ctx, m, "openapi test"); err != nil {
+				if err := h.queue.DeadLetterNow(h.ctx, m, "openapi test"); err != nil {
 					t.Fatalf("DeadLetterNow: %v", err)
 				}
 				return nil
@@ -555,8 +556,8 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "submit again to a full queue", method: "POST", path: "/v1/jobs", body: marshal(t, req), ctype: "application/json", want: 200},
 		{name: "workers", method: "GET", path: "/v1/workers", want: 200,
 			setup: func(t *testing.T) func() {
-				if err := h.farm.Workers.Beat(h.ctx, queue.WorkerInfo{Name: "w1", Host: "h", Slots: 2, LastSeen: time.Now().UTC(),
-					Tiles: []queue.WorkerTile{{JobID: job, Frame: 2, TileKey: strings.Repeat("a", 64), SamplesDone: 1, SamplesTotal: 8}}, Blocklisted: []string{}}); err != nil {
+				if err := h.queue.Workers.Beat(h.ctx, api.Worker{Name: "w1", Host: "h", Slots: 2, LastSeen: time.Now().UTC(),
+					Tiles: []api.WorkerTile{{JobID: job, Frame: 2, TileKey: strings.Repeat("a", 64), SamplesDone: 1, SamplesTotal: 8}}, Blocklisted: []string{}}); err != nil {
 					t.Fatal(err)
 				}
 				return nil
@@ -575,7 +576,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "reprioritize out of range", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{"priority": 700}`), ctype: "application/json", want: 400},
 		{name: "reprioritize without a priority", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{}`), ctype: "application/json", want: 400},
 		{name: "reprioritize an unknown job", method: "PUT", path: "/v1/jobs/job-000000000000000000000000/priority", body: []byte(`{"priority": 1}`), ctype: "application/json", want: 404},
-		{name: "cancel", method: "POST", path: "/v1/jobs/" + tiles.JobID("openapi-cancel") + "/cancel", want: 200,
+		{name: "cancel", method: "POST", path: "/v1/jobs/" + identity.JobID("openapi-cancel") + "/cancel", want: 200,
 			setup: func(t *testing.T) func() {
 				c := h.request(5, 5, 64, 64, 32)
 				c.IdempotencyKey = "openapi-cancel"
@@ -590,7 +591,7 @@ func TestOpenAPIResponses(t *testing.T) {
 				}
 			}},
 		{name: "cancel an unknown job", method: "POST", path: "/v1/jobs/job-000000000000000000000000/cancel", want: 404},
-		{name: "cancel a finished job", method: "POST", path: "/v1/jobs/" + tiles.JobID("openapi-done") + "/cancel", want: 409, check: expectKind("conflict"),
+		{name: "cancel a finished job", method: "POST", path: "/v1/jobs/" + identity.JobID("openapi-done") + "/cancel", want: 409, check: expectKind("conflict"),
 			setup: func(t *testing.T) func() {
 				done := h.request(1, 1, 64, 64, 32) // frame 1 is completed already
 				done.IdempotencyKey = "openapi-done"

@@ -10,40 +10,21 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // Operating a farm (docs/design.md, "Operating"): cancelling and reprioritizing jobs, the live
 // workers and their blocklists, estimated times left and backpressure.
 
-// Priority limits of a job (queue.BandOf maps them onto dispatch bands).
-const (
-	MinPriority = queue.MinPriority
-	MaxPriority = queue.MaxPriority
-)
-
-// BusyError is ErrBusy with when to retry: the farm has as many tiles pending as it takes.
-type BusyError struct {
-	Pending, Adding, Limit int
-	RetryAfter             time.Duration
-}
-
-func (e *BusyError) Error() string {
-	return fmt.Sprintf("farm busy: %d tiles pending and %d more submitted exceed the limit of %d pending tiles; retry in %s",
-		e.Pending, e.Adding, e.Limit, e.RetryAfter)
-}
-
-// Unwrap makes a BusyError an ErrBusy.
-func (e *BusyError) Unwrap() error { return ErrBusy }
-
 // Cancel stops a job: it is cancelled from now on, and each of its frames that no other live
 // job waits for is dropped, so workers render none of its tiles (they check before leasing a
 // tile and between passes). Frames other jobs wait for keep rendering for them. Cancelling a
 // cancelled job again is harmless; a finished job cannot be cancelled (ErrConflict).
-func (c *Coordinator) Cancel(ctx context.Context, jobID string) (Status, error) {
-	return c.stopJob(ctx, jobID, func(j *store.Job) {
+func (c *Coordinator) Cancel(ctx context.Context, jobID string) (api.Status, error) {
+	return c.stopJob(ctx, jobID, func(j *coorddb.Job) {
 		if j.Cancelled.IsZero() {
 			j.Cancelled = c.now()
 		}
@@ -53,7 +34,7 @@ func (c *Coordinator) Cancel(ctx context.Context, jobID string) (Status, error) 
 // giveUp fails a job the farm cannot render (every live worker blocklisted it) and drops its
 // frames as Cancel does.
 func (c *Coordinator) giveUp(ctx context.Context, jobID, reason string) error {
-	_, err := c.stopJob(ctx, jobID, func(j *store.Job) { j.Failed = reason })
+	_, err := c.stopJob(ctx, jobID, func(j *coorddb.Job) { j.Failed = reason })
 	return err
 }
 
@@ -61,7 +42,7 @@ func (c *Coordinator) giveUp(ctx context.Context, jobID, reason string) error {
 // are recorded first and the dropped frames published after: a crash between the two leaves
 // tiles rendering for nothing, which the next stop of the job (Cancel is idempotent) or the
 // manifests settle; never a tile missing for a live job.
-func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*store.Job)) (Status, error) {
+func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*coorddb.Job)) (api.Status, error) {
 	var dropped []string
 	err := c.update(ctx, func(p *projection) error {
 		j, err := p.tx.Job(jobID)
@@ -72,8 +53,8 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 		if err != nil {
 			return err
 		}
-		if st.State == StateCompleted || st.State == StateFailed {
-			return fmt.Errorf("%w: job %s already %s", ErrConflict, jobID, st.State)
+		if st.State == api.JobCompleted || st.State == api.JobFailed {
+			return fmt.Errorf("%w: job %s already %s", api.ErrConflict, jobID, st.State)
 		}
 		mark(j)
 		if err := p.tx.PutJob(j); err != nil {
@@ -84,7 +65,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 			if err != nil {
 				return err
 			}
-			if e.f.Derive() == store.FrameCompleted {
+			if e.f.Derive() == coorddb.FrameCompleted {
 				continue
 			}
 			live, err := liveJob(p.tx, e.f, j.ID)
@@ -99,11 +80,11 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 		return nil
 	})
 	if err != nil {
-		return Status{}, err
+		return api.Status{}, err
 	}
 	for _, fk := range dropped {
-		if err := c.farm.Dropped.Add(ctx, fk); err != nil {
-			return Status{}, err
+		if err := c.queue.Dropped.Add(ctx, fk); err != nil {
+			return api.Status{}, err
 		}
 	}
 	c.log.Info("job stopped", "job_id", jobID, "frames_dropped", len(dropped))
@@ -112,18 +93,18 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*stor
 
 // liveJob returns the newest live job other than except (not cancelled, not given up, not
 // yet served by the frame) that waits for frame f, or nil when none does.
-func liveJob(tx *store.Tx, f *store.Frame, except string) (*store.Job, error) {
+func liveJob(tx *coorddb.Tx, f *coorddb.Frame, except string) (*coorddb.Job, error) {
 	for i := len(f.JobIDs) - 1; i >= 0; i-- {
 		if f.JobIDs[i] == except {
 			continue
 		}
 		k, err := tx.Job(f.JobIDs[i])
-		if errors.Is(err, store.ErrNotFound) {
+		if errors.Is(err, coorddb.ErrNotFound) {
 			continue
 		} else if err != nil {
 			return nil, err
 		}
-		if k.Cancelled.IsZero() && k.Failed == "" && f.StateFor(k.Formats) != store.FrameCompleted {
+		if k.Cancelled.IsZero() && k.Failed == "" && f.StateFor(k.Formats) != coorddb.FrameCompleted {
 			return k, nil
 		}
 	}
@@ -133,21 +114,21 @@ func liveJob(tx *store.Tx, f *store.Frame, except string) (*store.Job, error) {
 // revive makes a dropped frame wanted again for job j: workers are told before its tiles not
 // completed are dispatched anew (completed ones are reused, in-flight ones resume from their
 // checkpoints), inside the transaction, so no new message can meet the old mark.
-func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j *store.Job) error {
-	if err := c.farm.Dropped.Remove(ctx, e.f.Key); err != nil {
+func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j *coorddb.Job) error {
+	if err := c.queue.Dropped.Remove(ctx, e.f.Key); err != nil {
 		return err
 	}
 	e.f.Dropped = false
-	_, err := p.redispatch(e.f.Key, j, func(s store.TileState) bool { return s != store.TileCompleted }, store.TileRequeued)
+	_, err := p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool { return s != coorddb.TileCompleted }, coorddb.TileRequeued)
 	return err
 }
 
 // Reprioritize gives a job a new priority. When that moves it to another band, its tiles not
 // started yet are dispatched again in the new band (shared frames move with it); tiles
 // rendering finish where they are.
-func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority int) (Status, error) {
-	if priority < MinPriority || priority > MaxPriority {
-		return Status{}, badInput("priority %d: want %d to %d", priority, MinPriority, MaxPriority)
+func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority int) (api.Status, error) {
+	if priority < api.MinPriority || priority > api.MaxPriority {
+		return api.Status{}, badInput("priority %d: want %d to %d", priority, api.MinPriority, api.MaxPriority)
 	}
 	moved := 0
 	err := c.update(ctx, func(p *projection) error {
@@ -171,9 +152,9 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 			if e.f.Dropped || e.f.TilesCompleted == e.f.TilesTotal {
 				continue
 			}
-			k, err := p.redispatch(e.f.Key, j, func(s store.TileState) bool {
-				return s == store.TileQueued || s == store.TileFailedRetryable
-			}, store.TileRequeued)
+			k, err := p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool {
+				return s == coorddb.TileQueued || s == coorddb.TileFailedRetryable
+			}, coorddb.TileRequeued)
 			if err != nil {
 				return err
 			}
@@ -182,7 +163,7 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 		return nil
 	})
 	if err != nil {
-		return Status{}, err
+		return api.Status{}, err
 	}
 	c.log.Info("job reprioritized", "job_id", jobID, "priority", priority, "band", queue.BandOf(priority).String(), "tiles_moved", moved)
 	return c.Status(ctx, jobID)
@@ -191,16 +172,16 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 // workerDirectory is the newest list of live workers, refreshed by watchWorkers.
 type workerDirectory struct {
 	mu      sync.Mutex
-	workers []queue.WorkerInfo
+	workers []api.Worker
 }
 
-func (d *workerDirectory) set(ws []queue.WorkerInfo) {
+func (d *workerDirectory) set(ws []api.Worker) {
 	d.mu.Lock()
 	d.workers = ws
 	d.mu.Unlock()
 }
 
-func (d *workerDirectory) list() []queue.WorkerInfo {
+func (d *workerDirectory) list() []api.Worker {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return slices.Clone(d.workers)
@@ -218,8 +199,8 @@ func (d *workerDirectory) blocklisting(jobID string) []string {
 }
 
 // Workers lists the live workers from their heartbeats.
-func (c *Coordinator) Workers(ctx context.Context) ([]queue.WorkerInfo, error) {
-	ws, err := c.farm.Workers.List(ctx)
+func (c *Coordinator) Workers(ctx context.Context) ([]api.Worker, error) {
+	ws, err := c.queue.Workers.List(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -245,7 +226,7 @@ func (c *Coordinator) watchWorkers(ctx context.Context) error {
 		for _, job := range everyoneBlocklisted(ws) {
 			reason := fmt.Sprintf("every live worker (%s) blocklisted this job after failing its tiles repeatedly; fix the cause (see 'status' failures) and resubmit",
 				strings.Join(namesOf(ws), ", "))
-			if err := c.giveUp(ctx, job, reason); err != nil && !errors.Is(err, ErrConflict) && !errors.Is(err, store.ErrNotFound) {
+			if err := c.giveUp(ctx, job, reason); err != nil && !errors.Is(err, api.ErrConflict) && !errors.Is(err, coorddb.ErrNotFound) {
 				c.log.Warn("giving up a blocklisted job", "job_id", job, "err", err)
 			} else if err == nil {
 				c.log.Error("job failed: every live worker blocklisted it", "job_id", job)
@@ -260,7 +241,7 @@ func (c *Coordinator) watchWorkers(ctx context.Context) error {
 }
 
 // everyoneBlocklisted returns the jobs every one of ws has blocklisted.
-func everyoneBlocklisted(ws []queue.WorkerInfo) []string {
+func everyoneBlocklisted(ws []api.Worker) []string {
 	if len(ws) == 0 {
 		return nil
 	}
@@ -277,7 +258,7 @@ func everyoneBlocklisted(ws []queue.WorkerInfo) []string {
 	return out
 }
 
-func namesOf(ws []queue.WorkerInfo) []string {
+func namesOf(ws []api.Worker) []string {
 	out := make([]string, len(ws))
 	for i, w := range ws {
 		out[i] = w.Name
@@ -337,10 +318,10 @@ func newETATracker() *etaTracker { return &etaTracker{jobs: map[string]*rateMete
 
 // observe records a status and fills in its ETA: the samples left over the measured samples
 // per second, or nothing while that is not known (too early, or nothing moving).
-func (e *etaTracker) observe(now time.Time, st *Status) {
+func (e *etaTracker) observe(now time.Time, st *api.Status) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if st.State != StateQueued && st.State != StateRendering {
+	if st.State != api.JobQueued && st.State != api.JobRendering {
 		delete(e.jobs, st.JobID)
 		return
 	}
@@ -370,31 +351,31 @@ func (e *etaTracker) tracked() []string {
 // sampleETAs observes every tracked job, so its rate is measured whether or not anyone asks.
 func (c *Coordinator) sampleETAs(ctx context.Context) {
 	for _, id := range c.eta.tracked() {
-		if _, err := c.Status(ctx, id); errors.Is(err, store.ErrNotFound) {
-			c.eta.observe(c.now(), &Status{JobID: id, State: StateCompleted}) // forget it
+		if _, err := c.Status(ctx, id); errors.Is(err, coorddb.ErrNotFound) {
+			c.eta.observe(c.now(), &api.Status{JobID: id, State: api.JobCompleted}) // forget it
 		}
 	}
 }
 
 // pendingTiles counts the tiles not completed of the frames a live job waits for: neither
-// dropped nor failed, and not completed. It reads only unfinished frames (store.OpenFrames),
+// dropped nor failed, and not completed. It reads only unfinished frames (coorddb.OpenFrames),
 // so a submission's admission costs what is in the queue, not the farm's history.
 func (c *Coordinator) pendingTiles(ctx context.Context) (int, error) {
 	pending := 0
-	err := c.store.View(ctx, func(tx *store.Tx) error {
+	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
 		var err error
 		tx.OpenFrames(func(fk string) bool {
-			var f *store.Frame
-			if f, err = tx.Frame(fk); errors.Is(err, store.ErrNotFound) {
+			var f *coorddb.Frame
+			if f, err = tx.Frame(fk); errors.Is(err, coorddb.ErrNotFound) {
 				err = nil
 				return true
 			} else if err != nil {
 				return false
 			}
-			if f.Dropped || f.TilesCompleted >= f.TilesTotal || f.Derive() == store.FrameFailed {
+			if f.Dropped || f.TilesCompleted >= f.TilesTotal || f.Derive() == coorddb.FrameFailed {
 				return true
 			}
-			var live *store.Job
+			var live *coorddb.Job
 			if live, err = liveJob(tx, f, ""); err != nil {
 				return false
 			}
@@ -432,14 +413,14 @@ func (c *Coordinator) admit(ctx context.Context, adding int) error {
 	if ok && rate > 0 {
 		retry = time.Duration(math.Ceil(float64(pending+adding-limit)/rate)) * time.Second
 	}
-	return &BusyError{Pending: pending, Adding: adding, Limit: limit, RetryAfter: min(max(retry, time.Second), time.Hour)}
+	return &api.BusyError{Pending: pending, Adding: adding, Limit: limit, RetryAfter: min(max(retry, time.Second), time.Hour)}
 }
 
 // countCompletions adds the tile completions among evs to the drain meter's count.
-func (c *Coordinator) countCompletions(evs []farm.Event) {
+func (c *Coordinator) countCompletions(evs []wire.Event) {
 	n := 0
 	for i := range evs {
-		if evs[i].Type == farm.EventTileCompleted {
+		if evs[i].Type == wire.EventTileCompleted {
 			n++
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // Property: the ETA is the samples left over the samples per second measured over the last
@@ -12,36 +12,36 @@ import (
 func TestETAFromMeasuredRate(t *testing.T) {
 	e := newETATracker()
 	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
-	st := func(done int64, state string) *Status {
-		return &Status{JobID: "j", State: state, SamplesTotal: 1000, SamplesDone: done}
+	st := func(done int64, state api.JobState) *api.Status {
+		return &api.Status{JobID: "j", State: state, SamplesTotal: 1000, SamplesDone: done}
 	}
-	s := st(0, StateRendering)
+	s := st(0, api.JobRendering)
 	e.observe(t0, s)
 	if s.ETASeconds != nil {
 		t.Fatalf("ETA %v from one observation", *s.ETASeconds)
 	}
-	s = st(10, StateRendering)
+	s = st(10, api.JobRendering)
 	e.observe(t0.Add(time.Second), s)
 	if s.ETASeconds != nil {
 		t.Fatalf("ETA %v from a 1 s span", *s.ETASeconds)
 	}
-	s = st(100, StateRendering) // 100 samples in 10 s: 10 a second, 900 left
+	s = st(100, api.JobRendering) // 100 samples in 10 s: 10 a second, 900 left
 	e.observe(t0.Add(10*time.Second), s)
 	if s.ETASeconds == nil || *s.ETASeconds != 90 {
 		t.Fatalf("ETA = %v, want 90 s", s.ETASeconds)
 	}
 	// Only the last minute counts: a job that sped up is estimated by its new speed.
-	s = st(700, StateRendering) // 600 samples between 10 s and 70 s
+	s = st(700, api.JobRendering) // 600 samples between 10 s and 70 s
 	e.observe(t0.Add(70*time.Second), s)
 	if s.ETASeconds == nil || *s.ETASeconds != 30 {
 		t.Fatalf("ETA after speeding up = %v, want 30 s (600 samples in the last 60 s)", s.ETASeconds)
 	}
-	s = st(700, StateRendering) // nothing moved for a while: no rate, no ETA
+	s = st(700, api.JobRendering) // nothing moved for a while: no rate, no ETA
 	e.observe(t0.Add(200*time.Second), s)
 	if s.ETASeconds != nil {
 		t.Fatalf("ETA %v for a job that stopped moving", *s.ETASeconds)
 	}
-	e.observe(t0.Add(201*time.Second), st(1000, StateCompleted))
+	e.observe(t0.Add(201*time.Second), st(1000, api.JobCompleted))
 	if len(e.tracked()) != 0 {
 		t.Fatalf("a finished job is still tracked: %v", e.tracked())
 	}
@@ -49,17 +49,17 @@ func TestETAFromMeasuredRate(t *testing.T) {
 
 // Property: a job is given up only when every live worker has blocklisted it.
 func TestEveryoneBlocklisted(t *testing.T) {
-	w := func(name string, jobs ...string) queue.WorkerInfo {
-		return queue.WorkerInfo{Name: name, Blocklisted: jobs}
+	w := func(name string, jobs ...string) api.Worker {
+		return api.Worker{Name: name, Blocklisted: jobs}
 	}
 	for _, c := range []struct {
-		ws   []queue.WorkerInfo
+		ws   []api.Worker
 		want []string
 	}{
 		{nil, nil},
-		{[]queue.WorkerInfo{w("a", "j1")}, []string{"j1"}},
-		{[]queue.WorkerInfo{w("a", "j1", "j2"), w("b", "j2")}, []string{"j2"}},
-		{[]queue.WorkerInfo{w("a", "j1"), w("b")}, nil},
+		{[]api.Worker{w("a", "j1")}, []string{"j1"}},
+		{[]api.Worker{w("a", "j1", "j2"), w("b", "j2")}, []string{"j2"}},
+		{[]api.Worker{w("a", "j1"), w("b")}, nil},
 	} {
 		got := everyoneBlocklisted(c.ws)
 		if len(got) != len(c.want) || (len(got) > 0 && got[0] != c.want[0]) {

@@ -2,32 +2,29 @@ package coordinator
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 )
-
-// ErrNotReady is returned for an output of a frame that is not completed yet.
-var ErrNotReady = errors.New("frame not completed yet")
 
 // FrameOutput returns one encoded output of a job's frame, read through its manifest and verified.
 func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error) {
-	name, ok := farm.FrameOutputName(format)
+	name, ok := layout.FrameOutputName(format)
 	if !ok {
-		return nil, fmt.Errorf("%w: unknown output format %q", ErrBadInput, format)
+		return nil, fmt.Errorf("%w: unknown output format %q", api.ErrBadInput, format)
 	}
 	var fk string
-	err := c.store.View(ctx, func(tx *store.Tx) error {
+	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
 		j, err := tx.Job(jobID)
 		if err != nil {
 			return err
 		}
 		if frame < j.First || frame > j.Last {
-			return fmt.Errorf("%w: frame %d is not in job %s (frames %d-%d)", ErrBadInput, frame, jobID, j.First, j.Last)
+			return fmt.Errorf("%w: frame %d is not in job %s (frames %d-%d)", api.ErrBadInput, frame, jobID, j.First, j.Last)
 		}
 		fk = j.FrameKey(frame)
 		f, err := tx.Frame(fk)
@@ -35,19 +32,19 @@ func (c *Coordinator) FrameOutput(ctx context.Context, jobID string, frame int, 
 			return err
 		}
 		if !slices.Contains(f.Formats, format) {
-			return fmt.Errorf("%w: frame %d was not requested as %s (submit again with --format %s)", ErrBadInput, frame, format, format)
+			return fmt.Errorf("%w: frame %d was not requested as %s (submit again with --format %s)", api.ErrBadInput, frame, format, format)
 		}
 		// Each format is served from its own manifest as soon as it is promoted, whatever
 		// other formats of the frame are still being assembled for other jobs.
 		if !slices.Contains(f.Done, format) {
-			return fmt.Errorf("frame %d is %s: %w", frame, f.StateFor([]string{format}), ErrNotReady)
+			return fmt.Errorf("frame %d is %s: %w", frame, f.StateFor([]string{format}), api.ErrNotReady)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
-	m, err := finalize.ReadManifest(ctx, c.objects, farm.FrameManifestKey(fk, format))
+	m, err := finalize.ReadManifest(ctx, c.objects, layout.FrameManifestKey(fk, format))
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest of frame %d: %w", frame, err)
 	}

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -51,7 +51,7 @@ type tileEnd struct {
 
 // late reports whether r was sent before the end e: every report of a completed tile, and the
 // failed worker's reports up to its failure (a retry, on any worker, reports after it).
-func (e tileEnd) late(r *farm.Progress) bool {
+func (e tileEnd) late(r *wire.Progress) bool {
 	return e.completed || (r.Worker == e.worker && !r.Time.After(e.at))
 }
 
@@ -92,7 +92,7 @@ func decodeTile(key string) (tileID, bool) {
 // receive records one report. What is not a well-formed report is ignored: progress is
 // advisory and must never cost the coordinator more than the bounded map it fills.
 func (t *progressTracker) receive(data []byte) {
-	var r farm.Progress
+	var r wire.Progress
 	if err := json.Unmarshal(data, &r); err != nil {
 		t.log.Debug("ignoring an undecodable progress report", "err", err)
 		return
@@ -149,14 +149,14 @@ func (t *progressTracker) rotate(now time.Time, force bool) {
 // with tiles in progress is remembered as ended for a while, so a report that crossed its
 // event on the way is not counted again; frames of short tiles, which report nothing, cost a
 // map lookup per event.
-func (t *progressTracker) finished(evs []farm.Event) {
+func (t *progressTracker) finished(evs []wire.Event) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	now := t.now()
 	t.rotate(now, false)
 	for i := range evs {
 		ev := &evs[i]
-		if ev.Type != farm.EventTileCompleted && ev.Type != farm.EventTileFailed {
+		if ev.Type != wire.EventTileCompleted && ev.Type != wire.EventTileFailed {
 			continue
 		}
 		tiles, ok := t.frames[ev.FrameKey]
@@ -175,7 +175,7 @@ func (t *progressTracker) finished(evs []farm.Event) {
 			}
 		}
 		e := tileEnd{completed: true}
-		if ev.Type == farm.EventTileFailed {
+		if ev.Type == wire.EventTileFailed {
 			if old, ok := t.end(id); ok && old.completed {
 				continue
 			}
@@ -235,7 +235,7 @@ func (t *progressTracker) len() int {
 // watchProgress receives progress reports until ctx is done, then drains the subscription.
 // A core NATS subscription survives reconnects by itself; the loop only sweeps.
 func (c *Coordinator) watchProgress(ctx context.Context) error {
-	sub, err := c.farm.SubscribeProgress(c.progress.receive)
+	sub, err := c.queue.SubscribeProgress(c.progress.receive)
 	if err != nil {
 		return fmt.Errorf("subscribing to tile progress: %w", err)
 	}

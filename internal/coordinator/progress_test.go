@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -43,7 +44,7 @@ func (h *harness) progressJob(t *testing.T, spp int) (jobID, fk string) {
 	req.SPP = spp
 	res := h.submit(t, req)
 	h.relay(t)
-	sub, err := h.farm.SubscribeProgress(h.c.progress.receive)
+	sub, err := h.queue.SubscribeProgress(h.c.progress.receive)
 	if err != nil {
 		t.Fatalf("SubscribeProgress: %v", err)
 	}
@@ -52,7 +53,7 @@ func (h *harness) progressJob(t *testing.T, spp int) (jobID, fk string) {
 }
 
 // report publishes a progress report through the farm, as a worker does.
-func (h *harness) report(t *testing.T, r farm.Progress) {
+func (h *harness) report(t *testing.T, r wire.Progress) {
 	t.Helper()
 	if r.Time.IsZero() {
 		r.Time = time.Now().UTC()
@@ -65,14 +66,14 @@ func (h *harness) report(t *testing.T, r farm.Progress) {
 
 func (h *harness) publishRaw(t *testing.T, data []byte) {
 	t.Helper()
-	if err := h.farm.PublishProgress(data); err != nil {
+	if err := h.queue.PublishProgress(data); err != nil {
 		t.Fatalf("PublishProgress: %v", err)
 	}
 }
 
 // waitSamples waits until the job's status shows want samples done. Reports published on one
 // connection arrive in order, so once a report is counted every report before it was handled.
-func (h *harness) waitSamples(t *testing.T, jobID string, want int64) Status {
+func (h *harness) waitSamples(t *testing.T, jobID string, want int64) api.Status {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -102,7 +103,7 @@ func TestProgressMovesSamplesDone(t *testing.T) {
 	f := h.frame(t, fk)
 	ft := frameTiles(t, f)
 	rep := func(i, samples int, worker string, at time.Time) {
-		h.report(t, farm.Progress{JobID: jobID, FrameKey: fk, TileKey: ft[i].Key, Samples: samples, SPP: 8, Worker: worker, Time: at})
+		h.report(t, wire.Progress{JobID: jobID, FrameKey: fk, TileKey: ft[i].Key, Samples: samples, SPP: 8, Worker: worker, Time: at})
 	}
 
 	st := h.status(t, jobID)
@@ -118,7 +119,7 @@ func TestProgressMovesSamplesDone(t *testing.T) {
 	}
 
 	// Tile 0 completes: it counts its 8 samples, not 8 plus its last report.
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1))
 	if st := h.status(t, jobID); st.SamplesDone != 8+2 || st.TilesCompleted != 1 {
 		t.Fatalf("after tile 0 completed: samples_done %d, tiles %d; want 10, 1", st.SamplesDone, st.TilesCompleted)
 	}
@@ -131,7 +132,7 @@ func TestProgressMovesSamplesDone(t *testing.T) {
 	// Tile 1's attempt on w2 fails: its samples no longer count, nor does a report w2 sent
 	// before failing; the retry's reports do, from another worker or from w2 later.
 	failedAt := time.Now().UTC()
-	ev := tileEvent(t, f, 1, farm.EventTileFailed, 2, 1)
+	ev := tileEvent(t, f, 1, wire.EventTileFailed, 2, 1)
 	ev.Worker, ev.Time, ev.Code, ev.Error = "w2", failedAt, "render", "boom"
 	h.apply(t, ev)
 	if st := h.status(t, jobID); st.SamplesDone != 8+1 {
@@ -145,7 +146,7 @@ func TestProgressMovesSamplesDone(t *testing.T) {
 
 	// Every tile completed: exactly the total, whatever was reported.
 	for i := 1; i < 4; i++ {
-		h.apply(t, tileEvent(t, f, i, farm.EventTileCompleted, uint64(10+i), 1))
+		h.apply(t, tileEvent(t, f, i, wire.EventTileCompleted, uint64(10+i), 1))
 	}
 	if st := h.status(t, jobID); st.SamplesDone != st.SamplesTotal || st.TilesCompleted != 4 {
 		t.Fatalf("all tiles completed: samples %d/%d, tiles %d", st.SamplesDone, st.SamplesTotal, st.TilesCompleted)
@@ -160,11 +161,11 @@ func TestProgressIgnoresGarbage(t *testing.T) {
 	h := newHarness(t, Config{})
 	jobID, fk := h.progressJob(t, 8)
 	tk := frameTiles(t, h.frame(t, fk))[0].Key
-	good := farm.Progress{FrameKey: fk, TileKey: tk, Samples: 4, SPP: 8, Worker: "w1", Time: time.Now().UTC()}
+	good := wire.Progress{FrameKey: fk, TileKey: tk, Samples: 4, SPP: 8, Worker: "w1", Time: time.Now().UTC()}
 	for _, c := range []struct {
 		name string
 		data string
-		edit func(*farm.Progress)
+		edit func(*wire.Progress)
 	}{
 		{name: "empty", data: " "},
 		{name: "not json", data: "samples=4"},
@@ -172,17 +173,17 @@ func TestProgressIgnoresGarbage(t *testing.T) {
 		{name: "truncated", data: `{"frame_key":"` + fk},
 		{name: "samples overflow", data: `{"frame_key":"` + fk + `","tile_key":"` + tk + `","samples":1e30,"spp":8}`},
 		{name: "samples a string", data: `{"frame_key":"` + fk + `","tile_key":"` + tk + `","samples":"4","spp":8}`},
-		{name: "no keys", edit: func(p *farm.Progress) { p.FrameKey, p.TileKey = "", "" }},
-		{name: "uppercase frame key", edit: func(p *farm.Progress) { p.FrameKey = strings.ToUpper(fk) }},
-		{name: "short tile key", edit: func(p *farm.Progress) { p.TileKey = tk[:63] }},
-		{name: "long tile key", edit: func(p *farm.Progress) { p.TileKey = tk + "0" }},
-		{name: "non-hex tile key", edit: func(p *farm.Progress) { p.TileKey = "g" + tk[1:] }},
-		{name: "path in frame key", edit: func(p *farm.Progress) { p.FrameKey = "../" + fk[3:] }},
-		{name: "samples beyond spp", edit: func(p *farm.Progress) { p.Samples = 9 }},
-		{name: "negative samples", edit: func(p *farm.Progress) { p.Samples = -1 }},
-		{name: "no spp", edit: func(p *farm.Progress) { p.Samples, p.SPP = 0, 0 }},
-		{name: "negative spp", edit: func(p *farm.Progress) { p.Samples, p.SPP = -4, -8 }},
-		{name: "spp beyond the limit", edit: func(p *farm.Progress) { p.Samples, p.SPP = render.MaxSPP+1, render.MaxSPP+1 }},
+		{name: "no keys", edit: func(p *wire.Progress) { p.FrameKey, p.TileKey = "", "" }},
+		{name: "uppercase frame key", edit: func(p *wire.Progress) { p.FrameKey = strings.ToUpper(fk) }},
+		{name: "short tile key", edit: func(p *wire.Progress) { p.TileKey = tk[:63] }},
+		{name: "long tile key", edit: func(p *wire.Progress) { p.TileKey = tk + "0" }},
+		{name: "non-hex tile key", edit: func(p *wire.Progress) { p.TileKey = "g" + tk[1:] }},
+		{name: "path in frame key", edit: func(p *wire.Progress) { p.FrameKey = "../" + fk[3:] }},
+		{name: "samples beyond spp", edit: func(p *wire.Progress) { p.Samples = 9 }},
+		{name: "negative samples", edit: func(p *wire.Progress) { p.Samples = -1 }},
+		{name: "no spp", edit: func(p *wire.Progress) { p.Samples, p.SPP = 0, 0 }},
+		{name: "negative spp", edit: func(p *wire.Progress) { p.Samples, p.SPP = -4, -8 }},
+		{name: "spp beyond the limit", edit: func(p *wire.Progress) { p.Samples, p.SPP = render.MaxSPP+1, render.MaxSPP+1 }},
 	} {
 		data := []byte(c.data)
 		if c.edit != nil {
@@ -206,7 +207,7 @@ func TestProgressIgnoresGarbage(t *testing.T) {
 	// A tile no frame of the job has, or forged reports of many, never take a frame beyond
 	// what its tiles not completed can hold.
 	for i := range 10 {
-		h.report(t, farm.Progress{FrameKey: fk, TileKey: fakeTile(i), Samples: 8, SPP: 8})
+		h.report(t, wire.Progress{FrameKey: fk, TileKey: fakeTile(i), Samples: 8, SPP: 8})
 	}
 	h.waitSamples(t, jobID, 4*8)
 }
@@ -219,7 +220,7 @@ func TestProgressExpires(t *testing.T) {
 	h.c.now = clock.now
 	jobID, fk := h.progressJob(t, 8)
 	tk := frameTiles(t, h.frame(t, fk))[0].Key
-	h.report(t, farm.Progress{FrameKey: fk, TileKey: tk, Samples: 5, SPP: 8})
+	h.report(t, wire.Progress{FrameKey: fk, TileKey: tk, Samples: 5, SPP: 8})
 	h.waitSamples(t, jobID, 5)
 
 	for _, c := range []struct {
@@ -240,7 +241,7 @@ func TestProgressExpires(t *testing.T) {
 	if n := h.c.progress.len(); n != 0 {
 		t.Fatalf("%d tiles in progress after a sweep of expired reports", n)
 	}
-	h.report(t, farm.Progress{FrameKey: fk, TileKey: tk, Samples: 6, SPP: 8})
+	h.report(t, wire.Progress{FrameKey: fk, TileKey: tk, Samples: 6, SPP: 8})
 	h.waitSamples(t, jobID, 6)
 }
 
@@ -256,10 +257,10 @@ func TestProgressMemoryCap(t *testing.T) {
 	ft := frameTiles(t, h.frame(t, fk))
 
 	for i := range 4 {
-		h.report(t, farm.Progress{FrameKey: fk, TileKey: ft[i].Key, Samples: 1, SPP: 8})
+		h.report(t, wire.Progress{FrameKey: fk, TileKey: ft[i].Key, Samples: 1, SPP: 8})
 	}
 	// An update of a tile held is taken at the cap; a new tile is not.
-	h.report(t, farm.Progress{FrameKey: fk, TileKey: ft[0].Key, Samples: 5, SPP: 8})
+	h.report(t, wire.Progress{FrameKey: fk, TileKey: ft[0].Key, Samples: 5, SPP: 8})
 	h.waitSamples(t, jobID, 5+1+1)
 	if n := h.c.progress.len(); n != limit {
 		t.Fatalf("%d tiles in progress, want the cap %d", n, limit)
@@ -267,20 +268,20 @@ func TestProgressMemoryCap(t *testing.T) {
 
 	// Once the held tiles expire, a new one is taken and the expired ones are swept.
 	clock.advance(progressTTL + time.Second)
-	h.report(t, farm.Progress{FrameKey: fk, TileKey: ft[3].Key, Samples: 2, SPP: 8})
+	h.report(t, wire.Progress{FrameKey: fk, TileKey: ft[3].Key, Samples: 2, SPP: 8})
 	h.waitSamples(t, jobID, 2)
 	if n := h.c.progress.len(); n != 1 {
 		t.Fatalf("%d tiles in progress after the others expired, want 1", n)
 	}
 
 	// Ended tiles: each generation stays within the cap however many tiles complete.
-	evs := make([]farm.Event, 0, 10*limit)
+	evs := make([]wire.Event, 0, 10*limit)
 	for i := range 10 * limit {
 		tk := fakeTile(i)
-		h.report(t, farm.Progress{FrameKey: fk, TileKey: tk, Samples: 1, SPP: 8})
-		evs = append(evs, farm.Event{Type: farm.EventTileCompleted, FrameKey: fk, TileKey: tk})
+		h.report(t, wire.Progress{FrameKey: fk, TileKey: tk, Samples: 1, SPP: 8})
+		evs = append(evs, wire.Event{Type: wire.EventTileCompleted, FrameKey: fk, TileKey: tk})
 	}
-	h.report(t, farm.Progress{FrameKey: fk, TileKey: ft[3].Key, Samples: 3, SPP: 8})
+	h.report(t, wire.Progress{FrameKey: fk, TileKey: ft[3].Key, Samples: 3, SPP: 8})
 	h.waitSamples(t, jobID, 3+2) // tile 3 and the two fake tiles that found room
 	h.c.progress.finished(evs)
 	p := h.c.progress
@@ -314,7 +315,7 @@ func TestRunWatchesProgress(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no progress report seen by a running coordinator")
 		}
-		h.report(t, farm.Progress{FrameKey: fk, TileKey: tk, Samples: 3, SPP: 8})
+		h.report(t, wire.Progress{FrameKey: fk, TileKey: tk, Samples: 3, SPP: 8})
 		time.Sleep(20 * time.Millisecond)
 	}
 
@@ -327,7 +328,7 @@ func TestRunWatchesProgress(t *testing.T) {
 	if got["samples_total"] != float64(32) || got["samples_done"] != float64(3) {
 		t.Fatalf("GET job: samples_total %v, samples_done %v; want 32, 3", got["samples_total"], got["samples_done"])
 	}
-	var jobs []Status
+	var jobs []api.Status
 	if code, raw, _ := call(t, srv, "GET", "/v1/jobs", nil, &jobs); code != http.StatusOK || len(jobs) != 1 || jobs[0].SamplesDone != 3 {
 		t.Fatalf("GET jobs = %d %s", code, raw)
 	}

@@ -7,8 +7,9 @@ import (
 	"slices"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -16,9 +17,9 @@ import (
 // projection applies changes to frames inside one store transaction. It is the one writer of
 // frame and tile state: submit, the event consumer, the dead-letter watcher, the reconciler,
 // retries and requeues all go through it, so every change passes the same state machine
-// (store.NextTileState) and the same frame settling (docs/design.md, "States").
+// (coorddb.NextTileState) and the same frame settling (docs/design.md, "States").
 type projection struct {
-	tx     *store.Tx
+	tx     *coorddb.Tx
 	now    time.Time
 	frames map[string]*frameEdit
 	order  []string // frames in the order they were first touched, for deterministic writes
@@ -30,15 +31,15 @@ type projection struct {
 
 // frameEdit is one frame being changed in a projection.
 type frameEdit struct {
-	f        *store.Frame
-	table    store.TileTable // loaded on first tile change
-	rects    []render.Rect   // the frame's tiles, derived on first need
-	reason   string          // why the frame fails, for its next transition
+	f        *coorddb.Frame
+	table    coorddb.TileTable // loaded on first tile change
+	rects    []render.Rect     // the frame's tiles, derived on first need
+	reason   string            // why the frame fails, for its next transition
 	tableMod bool
 	dirty    bool // changed: flush writes it
 }
 
-func newProjection(tx *store.Tx, now time.Time) *projection {
+func newProjection(tx *coorddb.Tx, now time.Time) *projection {
 	return &projection{tx: tx, now: now, frames: map[string]*frameEdit{}}
 }
 
@@ -51,7 +52,7 @@ func (p *projection) edit(fk string) (*frameEdit, error) {
 	return e, err
 }
 
-// frame loads a frame; an unknown frame is store.ErrNotFound.
+// frame loads a frame; an unknown frame is coorddb.ErrNotFound.
 func (p *projection) frame(fk string) (*frameEdit, error) {
 	if e, ok := p.frames[fk]; ok {
 		return e, nil
@@ -67,7 +68,7 @@ func (p *projection) frame(fk string) (*frameEdit, error) {
 }
 
 // lookup returns a frame as the projection has it.
-func (p *projection) lookup(fk string) (*store.Frame, error) {
+func (p *projection) lookup(fk string) (*coorddb.Frame, error) {
 	e, err := p.frame(fk)
 	if err != nil {
 		return nil, err
@@ -76,14 +77,14 @@ func (p *projection) lookup(fk string) (*store.Frame, error) {
 }
 
 // add registers a frame that does not exist yet.
-func (p *projection) add(f *store.Frame) *frameEdit {
+func (p *projection) add(f *coorddb.Frame) *frameEdit {
 	e := &frameEdit{f: f, dirty: true}
 	p.frames[f.Key] = e
 	p.order = append(p.order, f.Key)
 	return e
 }
 
-func (p *projection) table(e *frameEdit) (store.TileTable, error) {
+func (p *projection) table(e *frameEdit) (coorddb.TileTable, error) {
 	if e.table == nil {
 		t, err := p.tx.TileTable(e.f)
 		if err != nil {
@@ -108,11 +109,11 @@ func (e *frameEdit) tileRects() ([]render.Rect, error) {
 // tileUpdate is one change of one tile.
 type tileUpdate struct {
 	Index            int
-	Change           store.TileChange
-	Order            store.Order
-	Failure          *store.Failure // failed and dead-letter changes: what went wrong
-	SamplesRecovered int            // started: samples resumed from a checkpoint
-	SamplesRendered  int            // done: samples rendered by the attempt that promoted it
+	Change           coorddb.TileChange
+	Order            coorddb.Order
+	Failure          *coorddb.Failure // failed and dead-letter changes: what went wrong
+	SamplesRecovered int              // started: samples resumed from a checkpoint
+	SamplesRendered  int              // done: samples rendered by the attempt that promoted it
 }
 
 // errUnknownTile is an update naming a tile its frame does not have.
@@ -133,14 +134,14 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 		return false, err
 	}
 	cur, ord := t.Get(u.Index)
-	next, nord, changed := store.NextTileState(cur, ord, u.Change, u.Order)
+	next, nord, changed := coorddb.NextTileState(cur, ord, u.Change, u.Order)
 	if !changed {
 		return false, nil
 	}
 	t.Set(u.Index, next, nord)
 	e.tableMod, e.dirty = true, true
 	f := e.f
-	if u.Change == store.TileStarted {
+	if u.Change == coorddb.TileStarted {
 		// Every start is news exactly once (its order advanced), whatever state it finds.
 		f.TileAttempts++
 		f.SamplesRecovered += u.SamplesRecovered
@@ -148,19 +149,19 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	if next == cur {
 		return false, nil
 	}
-	if cur == store.TileDeadLettered {
+	if cur == coorddb.TileDeadLettered {
 		f.TilesFailed--
 	}
 	switch next {
-	case store.TileDeadLettered:
+	case coorddb.TileDeadLettered:
 		f.TilesFailed++
 		p.tileDeadLetters++
-	case store.TileCompleted:
+	case coorddb.TileCompleted:
 		f.TilesCompleted++
 		f.SamplesRendered += u.SamplesRendered
 	}
-	if u.Failure != nil && (next == store.TileFailedRetryable || next == store.TileDeadLettered) {
-		u.Failure.DeadLettered = next == store.TileDeadLettered
+	if u.Failure != nil && (next == coorddb.TileFailedRetryable || next == coorddb.TileDeadLettered) {
+		u.Failure.DeadLettered = next == coorddb.TileDeadLettered
 		if err := p.tx.AddFailure(fk, u.Index, *u.Failure); err != nil {
 			return false, err
 		}
@@ -181,7 +182,7 @@ func (p *projection) tileChecked(fk, tileKey string, index int, u tileUpdate) er
 // ignoreUnknown drops the error of a change about a frame or tile this coordinator does not
 // have (another farm's, or forged): it changes nothing.
 func ignoreUnknown(err error) error {
-	if errors.Is(err, store.ErrNotFound) || errors.Is(err, errUnknownTile) {
+	if errors.Is(err, coorddb.ErrNotFound) || errors.Is(err, errUnknownTile) {
 		return nil
 	}
 	return err
@@ -199,7 +200,7 @@ func (p *projection) tileIndex(fk, tileKey string, index int) error {
 		return err
 	}
 	// One hash of the tile named, not the frame's hundreds.
-	if index < 0 || index >= len(rects) || tiles.TileKey(fk, rects[index]) != tileKey {
+	if index < 0 || index >= len(rects) || identity.TileKey(fk, rects[index]) != tileKey {
 		return fmt.Errorf("tile %q is not tile %d of frame %s: %w", tileKey, index, fk, errUnknownTile)
 	}
 	return nil
@@ -214,12 +215,12 @@ func (p *projection) formatsDone(fk string, formats []string) error {
 	}
 	f := e.f
 	for _, fm := range formats {
-		if _, ok := farm.FrameOutputName(fm); ok && !slices.Contains(f.Done, fm) {
+		if _, ok := layout.FrameOutputName(fm); ok && !slices.Contains(f.Done, fm) {
 			f.Done = append(f.Done, fm)
 		}
 	}
 	slices.Sort(f.Done)
-	if store.HasAll(f.Done, f.Formats) {
+	if coorddb.HasAll(f.Done, f.Formats) {
 		f.AssemblyError = ""
 	}
 	return nil
@@ -232,7 +233,7 @@ func (p *projection) assemblyFailed(fk string, formats []string, errText string)
 	if err != nil {
 		return err
 	}
-	if store.HasAll(e.f.Done, formats) {
+	if coorddb.HasAll(e.f.Done, formats) {
 		return nil
 	}
 	if e.f.AssemblyError == "" {
@@ -259,7 +260,7 @@ func (p *projection) assemblyRequeued(fk string, formats []string) error {
 // retry gives a failed frame another go: every dead-lettered tile goes back to queued and is
 // dispatched again under a new dedup id (completed tiles are reused), and a failed assembly is
 // asked for again. It reports whether anything was retried.
-func (p *projection) retry(fk string, j *store.Job) (bool, error) {
+func (p *projection) retry(fk string, j *coorddb.Job) (bool, error) {
 	e, err := p.edit(fk)
 	if err != nil {
 		return false, err
@@ -267,7 +268,7 @@ func (p *projection) retry(fk string, j *store.Job) (bool, error) {
 	f := e.f
 	retried := false
 	if f.TilesFailed > 0 {
-		n, err := p.redispatch(fk, j, func(s store.TileState) bool { return s == store.TileDeadLettered }, store.TileRequeued)
+		n, err := p.redispatch(fk, j, func(s coorddb.TileState) bool { return s == coorddb.TileDeadLettered }, coorddb.TileRequeued)
 		if err != nil {
 			return false, err
 		}
@@ -283,10 +284,10 @@ func (p *projection) retry(fk string, j *store.Job) (bool, error) {
 
 // redispatch dispatches again, for job j and in its priority band, the tiles of frame fk whose
 // state pick selects, under a new dedup id (the frame's next retry number), recording change
-// for each (store.TileRequeued: dead-lettered ones go back to queued; store.TileLost: their
+// for each (coorddb.TileRequeued: dead-lettered ones go back to queued; coorddb.TileLost: their
 // message is gone). A copy of a tile still in the queue is harmless: whichever attempt
 // promotes first wins, and the other finds the manifest. It returns how many it dispatched.
-func (p *projection) redispatch(fk string, j *store.Job, pick func(store.TileState) bool, change store.TileChange) (int, error) {
+func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(coorddb.TileState) bool, change coorddb.TileChange) (int, error) {
 	e, err := p.edit(fk)
 	if err != nil {
 		return 0, err
@@ -310,7 +311,7 @@ func (p *projection) redispatch(fk string, j *store.Job, pick func(store.TileSta
 		}
 	}
 	e.f.Retries++
-	rec := store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: j.ID, Tiles: idx, Retry: e.f.Retries, Priority: j.Priority}
+	rec := coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: j.ID, Tiles: idx, Retry: e.f.Retries, Priority: j.Priority}
 	if err := p.tx.AddOutbox(rec); err != nil {
 		return 0, err
 	}
@@ -345,18 +346,18 @@ func (p *projection) flush() (bool, error) {
 			if len(f.JobIDs) > 0 {
 				jobID = f.JobIDs[len(f.JobIDs)-1]
 			}
-			if err := p.tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxAssemble, FrameKey: fk, JobID: jobID, Assembly: f.Assemblies}); err != nil {
+			if err := p.tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxAssemble, FrameKey: fk, JobID: jobID, Assembly: f.Assemblies}); err != nil {
 				return false, err
 			}
 		}
 		reason := ""
-		if f.Derive() == store.FrameFailed {
+		if f.Derive() == coorddb.FrameFailed {
 			reason = e.reason
 		}
 		before := f.State
 		if f.Settle(reason, p.now) {
 			changed = true
-			if f.State == store.FrameCompleted && before != store.FrameCompleted {
+			if f.State == coorddb.FrameCompleted && before != coorddb.FrameCompleted {
 				p.framesCompleted++
 			}
 		}
@@ -378,7 +379,7 @@ func (p *projection) flush() (bool, error) {
 // dispatch) and notifies the waiters: the one way an operator's change is written.
 func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) error {
 	var p *projection
-	err := c.store.Update(ctx, func(tx *store.Tx) error {
+	err := c.db.Update(ctx, func(tx *coorddb.Tx) error {
 		p = newProjection(tx, c.now())
 		if err := fn(p); err != nil {
 			return err

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // Tile events move tiles and frame counters; the last tile completed asks for exactly one
@@ -21,27 +23,27 @@ func TestEventsMoveTilesAndCompleteFrame(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 32, 16, 16) // 2 tiles
 	f := h.frame(t, fk)
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileStarted, 1, 1))
-	if s := h.tileState(t, fk, 0); s != store.TileRendering {
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileStarted, 1, 1))
+	if s := h.tileState(t, fk, 0); s != coorddb.TileRendering {
 		t.Fatalf("tile 0 after start: %s", s)
 	}
-	if st := h.status(t, res.Status.JobID); st.State != StateRendering || ExitCode(st.State) != 3 || st.TileAttempts != 1 {
+	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering || st.State.ExitCode() != 3 || st.TileAttempts != 1 {
 		t.Fatalf("job after a start: %s, %d attempts", st.State, st.TileAttempts)
 	}
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
-	if n := h.outboxKinds(t)[store.OutboxAssemble]; n != 0 {
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1))
+	if n := h.outboxKinds(t)[coorddb.OutboxAssemble]; n != 0 {
 		t.Fatalf("assembly asked for with a tile missing (%d records)", n)
 	}
-	h.apply(t, tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1), tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1))
-	if n := h.outboxKinds(t)[store.OutboxAssemble]; n != 1 {
+	h.apply(t, tileEvent(t, f, 1, wire.EventTileCompleted, 2, 1), tileEvent(t, f, 1, wire.EventTileCompleted, 2, 1))
+	if n := h.outboxKinds(t)[coorddb.OutboxAssemble]; n != 1 {
 		t.Fatalf("%d assembly records after the last tile (and a duplicate event), want 1", n)
 	}
-	if f := h.frame(t, fk); f.State != store.FrameAssembling || f.TilesCompleted != 2 {
+	if f := h.frame(t, fk); f.State != coorddb.FrameAssembling || f.TilesCompleted != 2 {
 		t.Fatalf("frame %s with %d tiles completed", f.State, f.TilesCompleted)
 	}
-	h.apply(t, farm.Event{ID: "fc", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, wire.Event{ID: "fc", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	st := h.status(t, res.Status.JobID)
-	if st.State != StateCompleted || ExitCode(st.State) != 0 || st.FramesCompleted != 1 {
+	if st.State != api.JobCompleted || st.State.ExitCode() != 0 || st.FramesCompleted != 1 {
 		t.Fatalf("job after frame.completed: %+v", st)
 	}
 }
@@ -53,17 +55,17 @@ func TestForgedEventsChangeNothing(t *testing.T) {
 	res := h.submit(t, h.request(1, 1, 32, 16, 16))
 	fk := h.job(t, res.Status.JobID).FrameKey(1)
 	f := h.frame(t, fk)
-	wrongKey := tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1)
+	wrongKey := tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1)
 	wrongKey.TileKey = strings.Repeat("f", 64)
-	outOfRange := tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1)
+	outOfRange := tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1)
 	outOfRange.TileIndex = 7
-	unknownFrame := farm.Event{ID: "x", Type: farm.EventFrameAssembled, FrameKey: strings.Repeat("e", 64), Formats: []string{"png"}}
-	good := tileEvent(t, f, 1, farm.EventTileCompleted, 2, 1)
+	unknownFrame := wire.Event{ID: "x", Type: wire.EventFrameAssembled, FrameKey: strings.Repeat("e", 64), Formats: []string{"png"}}
+	good := tileEvent(t, f, 1, wire.EventTileCompleted, 2, 1)
 	h.apply(t, wrongKey, outOfRange, unknownFrame, good)
 	if got := h.frame(t, fk).TilesCompleted; got != 1 {
 		t.Fatalf("%d tiles completed, want only the genuine event's", got)
 	}
-	if s := h.tileState(t, fk, 0); s != store.TileQueued {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileQueued {
 		t.Fatalf("forged events moved tile 0 to %s", s)
 	}
 }
@@ -76,14 +78,14 @@ func TestEventOrderDoesNotChangeTheOutcome(t *testing.T) {
 	res := h.submit(t, h.request(1, 1, 16, 16, 16)) // one tile
 	fk := h.job(t, res.Status.JobID).FrameKey(1)
 	f := h.frame(t, fk)
-	failed := func(seq, d uint64, terminal bool) farm.Event {
-		ev := tileEvent(t, f, 0, farm.EventTileFailed, seq, d)
-		ev.Terminal, ev.Code, ev.Error = terminal, farm.CodePanic, "boom"
+	failed := func(seq, d uint64, terminal bool) wire.Event {
+		ev := tileEvent(t, f, 0, wire.EventTileFailed, seq, d)
+		ev.Terminal, ev.Code, ev.Error = terminal, failure.CodePanic, "boom"
 		return ev
 	}
-	deadMessage := []farm.Event{
-		tileEvent(t, f, 0, farm.EventTileStarted, 10, 1), failed(10, 1, false),
-		tileEvent(t, f, 0, farm.EventTileStarted, 10, 2), failed(10, 2, true),
+	deadMessage := []wire.Event{
+		tileEvent(t, f, 0, wire.EventTileStarted, 10, 1), failed(10, 1, false),
+		tileEvent(t, f, 0, wire.EventTileStarted, 10, 2), failed(10, 2, true),
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	for round := range 5 {
@@ -95,12 +97,12 @@ func TestEventOrderDoesNotChangeTheOutcome(t *testing.T) {
 			hr.apply(t, ev)
 		}
 		fk := hr.job(t, rr.Status.JobID).FrameKey(1)
-		if s := hr.tileState(t, fk, 0); s != store.TileDeadLettered {
+		if s := hr.tileState(t, fk, 0); s != coorddb.TileDeadLettered {
 			t.Fatalf("round %d (%v): tile ends %s, want dead_lettered", round, eventTypes(evs), s)
 		}
 		// Attempts count the starts that were news when they arrived, so only the states and
 		// failure counts are order-independent.
-		if st := hr.status(t, rr.Status.JobID); st.State != StateFailed || st.TilesFailed != 1 || len(st.Failures) != 1 {
+		if st := hr.status(t, rr.Status.JobID); st.State != api.JobFailed || st.TilesFailed != 1 || len(st.Failures) != 1 {
 			t.Fatalf("round %d: job %s, %d failed tiles, failures %v; want failed, 1", round, st.State, st.TilesFailed, st.Failures)
 		}
 	}
@@ -112,31 +114,31 @@ func TestEventOrderDoesNotChangeTheOutcome(t *testing.T) {
 	if n, err := h.c.Retry(h.ctx, res.Status.JobID); err != nil || n != 1 {
 		t.Fatalf("Retry = %d, %v", n, err)
 	}
-	if s := h.tileState(t, fk, 0); s != store.TileQueued {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileQueued {
 		t.Fatalf("retried tile is %s", s)
 	}
 	stale := slices.Clone(deadMessage)
 	rng.Shuffle(len(stale), func(i, j int) { stale[i], stale[j] = stale[j], stale[i] })
 	h.apply(t, stale...) // a lagging consumer replays the dead message: nothing changes
-	if s := h.tileState(t, fk, 0); s != store.TileQueued {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileQueued {
 		t.Fatalf("stale events of the dead message moved the retried tile to %s", s)
 	}
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileStarted, 11, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileStarted, 11, 1))
 	h.apply(t, stale[0], failed(10, 2, true))
-	if s := h.tileState(t, fk, 0); s != store.TileRendering {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileRendering {
 		t.Fatalf("the retry's tile is %s after stale events, want rendering", s)
 	}
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 11, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 11, 1))
 	h.apply(t, failed(10, 2, true))
-	if s := h.tileState(t, fk, 0); s != store.TileCompleted {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileCompleted {
 		t.Fatalf("completed tile moved to %s by a stale dead letter", s)
 	}
-	if st := h.status(t, res.Status.JobID); st.State != StateRendering || st.TilesFailed != 0 {
+	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering || st.TilesFailed != 0 {
 		t.Fatalf("job after the retry completed its tile: %s, %d failed tiles", st.State, st.TilesFailed)
 	}
 }
 
-func eventTypes(evs []farm.Event) []string {
+func eventTypes(evs []wire.Event) []string {
 	var out []string
 	for _, e := range evs {
 		out = append(out, fmt.Sprintf("%s@%d", e.Type, e.Delivery))
@@ -150,13 +152,13 @@ func TestDeadLetteredTileFailsFrameAndRetryRequeuesIt(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 32, 16, 16)
 	f := h.frame(t, fk)
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
-	ev := tileEvent(t, f, 1, farm.EventTileFailed, 2, 1)
-	ev.Terminal, ev.Code, ev.Error = true, farm.CodeTerminal, "unknown material"
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1))
+	ev := tileEvent(t, f, 1, wire.EventTileFailed, 2, 1)
+	ev.Terminal, ev.Code, ev.Error = true, failure.CodeTerminal, "unknown material"
 	h.apply(t, ev)
 	st := h.status(t, res.Status.JobID)
 	ft := frameTiles(t, f)
-	if st.State != StateFailed || ExitCode(st.State) != 1 || len(st.Failures) != 1 ||
+	if st.State != api.JobFailed || st.State.ExitCode() != 1 || len(st.Failures) != 1 ||
 		!strings.Contains(st.Failures[0], ft[1].Key[:12]) || !strings.Contains(st.Failures[0], "unknown material") {
 		t.Fatalf("failed job: %s %v", st.State, st.Failures)
 	}
@@ -171,7 +173,7 @@ func TestDeadLetteredTileFailsFrameAndRetryRequeuesIt(t *testing.T) {
 	if err != nil || len(msgs) != 1 || msgs[0].Header.Get("Nats-Msg-Id") != ft[1].Key+":retry:1" {
 		t.Fatalf("retry messages %v, %v", msgs, err)
 	}
-	if st := h.status(t, res.Status.JobID); st.State != StateRendering {
+	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering {
 		t.Fatalf("job after retry: %s", st.State)
 	}
 }
@@ -184,17 +186,17 @@ func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 	a, fk := h.submitFrame(t, 16, 16, 16)
 	h.completeTiles(t, fk)
 	h.promoteFormat(t, fk, "png")
-	h.apply(t, farm.Event{ID: "png", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, wire.Event{ID: "png", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	h.relay(t)
 	var ids []string
 	for _, format := range []string{"exr", "png16"} {
 		req := h.request(1, 1, 16, 16, 16)
 		req.Formats = []string{format}
 		b := h.submit(t, req)
-		if b.Status.State != StateRendering {
+		if b.Status.State != api.JobRendering {
 			t.Fatalf("%s job: %s, want in progress while it assembles", format, b.Status.State)
 		}
-		if st := h.status(t, a.Status.JobID); st.State != StateCompleted {
+		if st := h.status(t, a.Status.JobID); st.State != api.JobCompleted {
 			t.Fatalf("the png job regressed to %s when %s was asked for", st.State, format)
 		}
 		if _, err := h.c.FrameOutput(h.ctx, a.Status.JobID, 1, "png"); err != nil {
@@ -214,8 +216,8 @@ func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 	if len(ids) != 2 || ids[0] == ids[1] {
 		t.Fatalf("re-assembly ids %v, want two distinct ones", ids)
 	}
-	h.apply(t, farm.Event{ID: "all", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"exr", "png", "png16"}})
-	if f := h.frame(t, fk); f.State != store.FrameCompleted {
+	h.apply(t, wire.Event{ID: "all", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"exr", "png", "png16"}})
+	if f := h.frame(t, fk); f.State != coorddb.FrameCompleted {
 		t.Fatalf("frame after every format: %s", f.State)
 	}
 }
@@ -226,27 +228,27 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 32, 16, 16)
 	f := h.frame(t, fk)
-	msgs, err := h.c.outboxMessages(h.ctx, store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
+	msgs, err := h.c.outboxMessages(h.ctx, coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dls := deadLetters{h.c}
 	h.promoteTile(t, f, 0)
-	dl := queue.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20}
+	dl := api.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20}
 	if done, err := dls.Promoted(h.ctx, dl); err != nil || !done {
 		t.Fatalf("Promoted(tile with a manifest) = %v, %v", done, err)
 	}
-	if s := h.tileState(t, fk, 0); s != store.TileCompleted {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileCompleted {
 		t.Fatalf("promoted tile recorded as %s", s)
 	}
-	dl2 := queue.DeadLetter{StreamSeq: 2, Subject: queue.SubjectRender, Data: msgs[1].Data, Deliveries: 20, Reason: "killed"}
+	dl2 := api.DeadLetter{StreamSeq: 2, Subject: queue.SubjectRender, Data: msgs[1].Data, Deliveries: 20, Reason: "killed"}
 	if done, err := dls.Promoted(h.ctx, dl2); err != nil || done {
 		t.Fatalf("Promoted(tile without a manifest) = %v, %v", done, err)
 	}
 	if err := dls.Record(h.ctx, dl2); err != nil {
 		t.Fatal(err)
 	}
-	if st := h.status(t, res.Status.JobID); st.State != StateFailed || !strings.Contains(st.Failures[0], farm.CodeMaxDeliveries) {
+	if st := h.status(t, res.Status.JobID); st.State != api.JobFailed || !strings.Contains(st.Failures[0], failure.CodeMaxDeliveries) {
 		t.Fatalf("job after a real dead letter: %s %v", st.State, st.Failures)
 	}
 	// The tile is promoted after all (its last ack was lost): the reconciler completes it.
@@ -254,20 +256,20 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 	if _, err := h.c.Reconcile(h.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if st := h.status(t, res.Status.JobID); st.State != StateRendering || st.TilesCompleted != 2 || st.TilesFailed != 0 {
+	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering || st.TilesCompleted != 2 || st.TilesFailed != 0 {
 		t.Fatalf("job after the dead tile's manifest appeared: %+v", st)
 	}
 	// Its assembly runs out of deliveries after promoting: done, not failed.
-	var asm farm.AssembleJob
+	var asm wire.AssembleJob
 	asmMsgs, err := h.c.outboxMessages(h.ctx, h.outbox(t)[0])
 	if err != nil || json.Unmarshal(asmMsgs[0].Data, &asm) != nil {
 		t.Fatalf("assembly message: %v", err)
 	}
 	h.promoteFormat(t, fk, "png")
-	if done, err := dls.Promoted(h.ctx, queue.DeadLetter{StreamSeq: 9, Subject: queue.SubjectAssemble, Data: asmMsgs[0].Data}); err != nil || !done {
+	if done, err := dls.Promoted(h.ctx, api.DeadLetter{StreamSeq: 9, Subject: queue.SubjectAssemble, Data: asmMsgs[0].Data}); err != nil || !done {
 		t.Fatalf("Promoted(assembly with its manifests) = %v, %v", done, err)
 	}
-	if st := h.status(t, res.Status.JobID); st.State != StateCompleted {
+	if st := h.status(t, res.Status.JobID); st.State != api.JobCompleted {
 		t.Fatalf("job after its promoted assembly dead-lettered: %s", st.State)
 	}
 }
@@ -279,21 +281,21 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 16, 16, 16)
 	f := h.frame(t, fk)
-	msgs, err := h.c.outboxMessages(h.ctx, store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
+	msgs, err := h.c.outboxMessages(h.ctx, coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := (deadLetters{h.c}).Record(h.ctx, queue.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20, Reason: "killed"}); err != nil {
+	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20, Reason: "killed"}); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
 	go func() { _ = h.c.consumeEvents(ctx) }()
-	publish := func(ev farm.Event) {
+	publish := func(ev wire.Event) {
 		t.Helper()
 		ev.Time = time.Now().UTC()
 		data, _ := json.Marshal(ev)
-		if _, err := h.farm.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
+		if _, err := h.queue.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -307,31 +309,31 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	publish(tileEvent(t, f, 0, farm.EventTileStarted, 1, 19)) // the lagging start
-	marker := tileEvent(t, f, 0, farm.EventTileStarted, 1, 1)
+	publish(tileEvent(t, f, 0, wire.EventTileStarted, 1, 19)) // the lagging start
+	marker := tileEvent(t, f, 0, wire.EventTileStarted, 1, 1)
 	publish(marker) // an even older one, then wait until both were consumed
 	waitFor("the lagging events to be consumed", func() bool {
-		info, err := h.farm.Events.Info(h.ctx)
+		info, err := h.queue.Events.Info(h.ctx)
 		if err != nil {
 			return false
 		}
-		c, err := h.farm.Events.Consumer(h.ctx, consumerEvents)
+		c, err := h.queue.Events.Consumer(h.ctx, consumerEvents)
 		if err != nil {
 			return false
 		}
 		ci, err := c.Info(h.ctx)
 		return err == nil && info.State.Msgs == 2 && ci.AckFloor.Stream == info.State.LastSeq
 	})
-	if s := h.tileState(t, fk, 0); s != store.TileDeadLettered {
+	if s := h.tileState(t, fk, 0); s != coorddb.TileDeadLettered {
 		t.Fatalf("a lagging start moved the dead-lettered tile to %s", s)
 	}
 	if n, err := h.c.Retry(h.ctx, res.Status.JobID); err != nil || n != 1 {
 		t.Fatalf("Retry = %d, %v", n, err)
 	}
-	publish(tileEvent(t, f, 0, farm.EventTileStarted, 2, 1))
-	publish(tileEvent(t, f, 0, farm.EventTileCompleted, 2, 1))
-	waitFor("the retried tile to complete", func() bool { return h.tileState(t, fk, 0) == store.TileCompleted })
-	if st := h.status(t, res.Status.JobID); st.State != StateRendering || st.TilesFailed != 0 {
+	publish(tileEvent(t, f, 0, wire.EventTileStarted, 2, 1))
+	publish(tileEvent(t, f, 0, wire.EventTileCompleted, 2, 1))
+	waitFor("the retried tile to complete", func() bool { return h.tileState(t, fk, 0) == coorddb.TileCompleted })
+	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering || st.TilesFailed != 0 {
 		t.Fatalf("job after the retry: %+v", st)
 	}
 }

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 )
 
 // reconcileLoop reconciles at start and every ReconcileEvery.
@@ -46,7 +46,7 @@ type ReconcileReport struct {
 func (c *Coordinator) Reconcile(ctx context.Context) (ReconcileReport, error) {
 	var rep ReconcileReport
 	var open []string
-	if err := c.store.View(ctx, func(tx *store.Tx) error {
+	if err := c.db.View(ctx, func(tx *coorddb.Tx) error {
 		tx.OpenFrames(func(fk string) bool {
 			open = append(open, fk)
 			return true
@@ -74,9 +74,9 @@ func (c *Coordinator) Reconcile(ctx context.Context) (ReconcileReport, error) {
 }
 
 func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *ReconcileReport) error {
-	var f *store.Frame
-	var table store.TileTable
-	if err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+	var f *coorddb.Frame
+	var table coorddb.TileTable
+	if err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
 		if f, err = tx.Frame(fk); err != nil {
 			return err
 		}
@@ -87,7 +87,7 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 	}
 	var tilesDone []int
 	if f.TilesCompleted < f.TilesTotal {
-		promoted, err := c.listed(ctx, farm.TileManifestPrefix(fk))
+		promoted, err := c.listed(ctx, layout.TileManifestPrefix(fk))
 		if err != nil {
 			return err
 		}
@@ -96,7 +96,7 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 			return err
 		}
 		for i, t := range ft {
-			if s, _ := table.Get(i); s != store.TileCompleted && promoted[t.Key] {
+			if s, _ := table.Get(i); s != coorddb.TileCompleted && promoted[t.Key] {
 				tilesDone = append(tilesDone, i)
 			}
 		}
@@ -104,7 +104,7 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 	var outputs []string
 	stale := false
 	if f.TilesCompleted+len(tilesDone) == f.TilesTotal {
-		promoted, err := c.listed(ctx, farm.FrameManifestPrefix(fk))
+		promoted, err := c.listed(ctx, layout.FrameManifestPrefix(fk))
 		if err != nil {
 			return err
 		}
@@ -113,8 +113,8 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 				outputs = append(outputs, fm)
 			}
 		}
-		stale = len(tilesDone) == 0 && f.State == store.FrameAssembling && c.now().Sub(f.Updated) > c.cfg.StaleAssembly &&
-			!store.HasAll(append(outputs, f.Done...), f.Formats)
+		stale = len(tilesDone) == 0 && f.State == coorddb.FrameAssembling && c.now().Sub(f.Updated) > c.cfg.StaleAssembly &&
+			!coorddb.HasAll(append(outputs, f.Done...), f.Formats)
 	}
 	if len(tilesDone) == 0 && len(outputs) == 0 && !stale {
 		return nil
@@ -126,7 +126,7 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 	}
 	return c.update(ctx, func(p *projection) error {
 		for _, i := range tilesDone {
-			if _, err := p.tile(fk, tileUpdate{Index: i, Change: store.TileDone}); err != nil {
+			if _, err := p.tile(fk, tileUpdate{Index: i, Change: coorddb.TileDone}); err != nil {
 				return err
 			}
 		}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 )
 
 // Manifests are the truth: with no event applied at all, the reconciler completes promoted
@@ -33,13 +33,13 @@ func TestReconcileCompletesFromManifestsAlone(t *testing.T) {
 	if n := h.objects.lists.Load() - before; n != 4 {
 		t.Fatalf("reconciling 3 frames of 4 tiles made %d List calls, want 4", n)
 	}
-	if f := h.frame(t, f1.Key); f.State != store.FrameAssembling || f.TilesCompleted != 4 {
+	if f := h.frame(t, f1.Key); f.State != coorddb.FrameAssembling || f.TilesCompleted != 4 {
 		t.Fatalf("frame 1: %s, %d tiles", f.State, f.TilesCompleted)
 	}
-	if s := h.tileState(t, f2.Key, 2); s != store.TileCompleted {
+	if s := h.tileState(t, f2.Key, 2); s != coorddb.TileCompleted {
 		t.Fatalf("frame 2 tile 2: %s", s)
 	}
-	if n := h.outboxKinds(t)[store.OutboxAssemble]; n != 1 {
+	if n := h.outboxKinds(t)[coorddb.OutboxAssemble]; n != 1 {
 		t.Fatalf("%d assemblies asked for, want frame 1's", n)
 	}
 	h.promoteFormat(t, f1.Key, "png")
@@ -75,7 +75,7 @@ func TestReconcileAsksAgainForAStaleAssembly(t *testing.T) {
 		t.Fatalf("reconcile of a stale assembly = %+v, %v", rep, err)
 	}
 	recs := h.outbox(t)
-	if len(recs) != 1 || recs[0].Kind != store.OutboxAssemble || recs[0].Assembly != 2 {
+	if len(recs) != 1 || recs[0].Kind != coorddb.OutboxAssemble || recs[0].Assembly != 2 {
 		t.Fatalf("outbox %+v, want the frame's second assembly request", recs)
 	}
 }

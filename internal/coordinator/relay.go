@@ -11,11 +11,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // Relay batching: records read per round, and PubAcks awaited at most at once.
@@ -36,7 +36,7 @@ func (c *Coordinator) relay(ctx context.Context) error {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
-		recs, err := c.store.PendingOutbox(ctx, relayRecords)
+		recs, err := c.db.PendingOutbox(ctx, relayRecords)
 		if err != nil {
 			return fmt.Errorf("reading outbox: %w", err)
 		}
@@ -64,7 +64,7 @@ type pendingAck struct {
 }
 
 // publishRecords publishes every message of recs, waits for their PubAcks and deletes recs.
-func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream, recs []store.OutboxRecord) error {
+func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream, recs []coorddb.OutboxRecord) error {
 	var window []pendingAck
 	settle := func(n int) error {
 		for _, p := range window[:n] {
@@ -114,7 +114,7 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 		return err
 	}
 	c.cfg.Faults.at("outbox-after-publish", c.cfg.Faults.CrashAfterPublish)
-	if err := c.store.DeleteOutbox(ctx, seqs...); err != nil {
+	if err := c.db.DeleteOutbox(ctx, seqs...); err != nil {
 		return fmt.Errorf("deleting %d outbox records: %w", len(seqs), err)
 	}
 	return nil
@@ -122,13 +122,13 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 
 // outboxMessages derives the messages of an outbox record from its frame. A record whose frame
 // is gone has none.
-func (c *Coordinator) outboxMessages(ctx context.Context, r store.OutboxRecord) ([]*nats.Msg, error) {
-	var f *store.Frame
-	err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord) ([]*nats.Msg, error) {
+	var f *coorddb.Frame
+	err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
 		f, err = tx.Frame(r.FrameKey)
 		return err
 	})
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, coorddb.ErrNotFound) {
 		c.log.Warn("outbox record for an unknown frame; dropping it", "frame_key", r.FrameKey)
 		return nil, nil
 	}
@@ -136,10 +136,10 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r store.OutboxRecord) 
 		return nil, err
 	}
 	switch r.Kind {
-	case store.OutboxTiles:
+	case coorddb.OutboxTiles:
 		return tileMessages(f, r)
-	case store.OutboxAssemble:
-		data, err := json.Marshal(farm.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
+	case coorddb.OutboxAssemble:
+		data, err := json.Marshal(wire.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
 			Settings: f.Settings, Frame: f.Frame, TileSize: f.TileSize, Formats: f.Formats})
 		if err != nil {
 			return nil, err
@@ -151,7 +151,7 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r store.OutboxRecord) 
 
 // tileMessages derives the tile render jobs of a record: every tile of its frame, or the ones
 // it lists.
-func tileMessages(f *store.Frame, r store.OutboxRecord) ([]*nats.Msg, error) {
+func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord) ([]*nats.Msg, error) {
 	ft, err := f.Tiles()
 	if err != nil {
 		return nil, err
@@ -163,16 +163,16 @@ func tileMessages(f *store.Frame, r store.OutboxRecord) ([]*nats.Msg, error) {
 			idx[i] = i
 		}
 	}
-	sh := tiles.SettingsHash(f.Settings)
+	sh := identity.SettingsHash(f.Settings)
 	msgs := make([]*nats.Msg, 0, len(idx))
 	for _, i := range idx {
 		if i < 0 || i >= len(ft) {
 			return nil, fmt.Errorf("tile %d of a frame of %d tiles", i, len(ft))
 		}
 		t := ft[i]
-		data, err := json.Marshal(farm.TileJob{JobID: r.JobID, TileKey: t.Key, FrameKey: f.Key, Index: i,
+		data, err := json.Marshal(wire.TileJob{JobID: r.JobID, TileKey: t.Key, FrameKey: f.Key, Index: i,
 			SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Rect: t.Rect,
-			InputHash: tiles.InputHashFor(f.SceneVersion, sh, f.Frame, t.Rect)})
+			InputHash: identity.InputHashFor(f.SceneVersion, sh, f.Frame, t.Rect)})
 		if err != nil {
 			return nil, err
 		}

@@ -7,10 +7,10 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/internal/wire"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -26,7 +26,7 @@ func TestRelayPublishesDerivedTilesOnceEach(t *testing.T) {
 	if n := len(h.outbox(t)); n != 0 {
 		t.Fatalf("%d outbox records left after the relay", n)
 	}
-	info, err := h.farm.Tiles.Info(h.ctx)
+	info, err := h.queue.Tiles.Info(h.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,18 +35,18 @@ func TestRelayPublishesDerivedTilesOnceEach(t *testing.T) {
 	}
 	j := h.job(t, res.Status.JobID)
 	for n := 0; n < 12; n++ {
-		raw, err := h.farm.Tiles.GetMsg(h.ctx, uint64(n+1))
+		raw, err := h.queue.Tiles.GetMsg(h.ctx, uint64(n+1))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var job farm.TileJob
+		var job wire.TileJob
 		if err := json.Unmarshal(raw.Data, &job); err != nil {
 			t.Fatal(err)
 		}
 		f := h.frame(t, j.FrameKey(1+n/6))
 		ft := frameTiles(t, f)[n%6]
 		if job.Index != n%6 || job.TileKey != ft.Key || raw.Header.Get(jetstream.MsgIDHeader) != ft.Key ||
-			job.InputHash != tiles.InputHash(f.SceneVersion, f.Settings, f.Frame, ft.Rect) || job.JobID != res.Status.JobID {
+			job.InputHash != identity.InputHash(f.SceneVersion, f.Settings, f.Frame, ft.Rect) || job.JobID != res.Status.JobID {
 			t.Fatalf("message %d: %+v with id %s", n+1, job, raw.Header.Get(jetstream.MsgIDHeader))
 		}
 	}
@@ -54,7 +54,7 @@ func TestRelayPublishesDerivedTilesOnceEach(t *testing.T) {
 	if err := h.c.publishRecords(h.ctx, h.js, recs); err != nil {
 		t.Fatal(err)
 	}
-	if info, _ := h.farm.Tiles.Info(h.ctx); info.State.Msgs != 12 {
+	if info, _ := h.queue.Tiles.Info(h.ctx); info.State.Msgs != 12 {
 		t.Fatalf("republishing stored %d messages, want still 12", info.State.Msgs)
 	}
 	if got := testutil.ToFloat64(h.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerPublishDedup)); got != 12 {
@@ -69,12 +69,12 @@ func TestRelayDispatchesLargeFrame(t *testing.T) {
 	h.submit(t, h.request(1, 1, 640, 400, 8)) // 4000 tiles
 	start := time.Now()
 	h.relay(t)
-	info, err := h.farm.Tiles.Info(h.ctx)
+	info, err := h.queue.Tiles.Info(h.ctx)
 	if err != nil || info.State.Msgs != 4000 {
 		t.Fatalf("TILES holds %d messages (%v), want 4000", info.State.Msgs, err)
 	}
 	t.Logf("dispatched 4000 tiles in %v", time.Since(start))
-	m, err := h.farm.FetchTile(h.ctx, time.Second)
+	m, err := h.queue.FetchTile(h.ctx, time.Second)
 	if err != nil || m == nil || m.Subject() != queue.SubjectRender {
 		t.Fatalf("a worker cannot take a dispatched tile: %v, %v", m, err)
 	}

@@ -5,8 +5,9 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // ErrSceneMissing is returned for a submission naming a scene that was never uploaded.
@@ -16,7 +17,7 @@ var ErrSceneMissing = errors.New("scene not uploaded")
 // about settings, cameras and frames. It is small: assets are never kept.
 type sceneInfo struct {
 	name     string
-	info     farm.SceneSettings
+	info     bundle.SceneSettings
 	tileSize int  // the default for the scene's kind
 	blender  bool // a Blender scene, whose PNGs Blender encodes
 }
@@ -26,8 +27,8 @@ func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error
 	if !validHash(version) {
 		return false, badInput("scene version %q is not a sha256 hex digest", version)
 	}
-	_, err := c.objects.Stat(ctx, farm.SceneKey(version))
-	if errors.Is(err, finalize.ErrNotFound) {
+	_, err := c.objects.Stat(ctx, layout.SceneKey(version))
+	if errors.Is(err, objstore.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
@@ -44,7 +45,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 	if !validHash(version) {
 		return badInput("scene version %q is not a sha256 hex digest", version)
 	}
-	b, err := farm.DecodeBundle(raw)
+	b, err := bundle.Decode(raw)
 	if err != nil {
 		return badInput("%v", err)
 	}
@@ -65,7 +66,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()})
 		return err
 	}
-	if err := c.objects.Put(ctx, farm.SceneKey(version), raw); err != nil {
+	if err := c.objects.Put(ctx, layout.SceneKey(version), raw); err != nil {
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
 	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()})
@@ -78,14 +79,14 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		return nil, badInput("scene version %q is not a sha256 hex digest", version)
 	}
 	return c.scenes.Get(ctx, version, func(ctx context.Context) (*sceneInfo, error) {
-		raw, err := c.objects.Get(ctx, farm.SceneKey(version))
-		if errors.Is(err, finalize.ErrNotFound) {
+		raw, err := c.objects.Get(ctx, layout.SceneKey(version))
+		if errors.Is(err, objstore.ErrNotFound) {
 			return nil, fmt.Errorf("%w: scene %s: upload it first (PUT /v1/scenes/%s)", ErrSceneMissing, version, version)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("reading stored scene %s: %w", version, err)
 		}
-		b, err := farm.DecodeBundle(raw)
+		b, err := bundle.Decode(raw)
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}

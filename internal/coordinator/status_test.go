@@ -7,16 +7,18 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // fresh computes a job's status without the cache, as it was computed before there was one.
-func (h *harness) fresh(t *testing.T, jobID string) Status {
+func (h *harness) fresh(t *testing.T, jobID string) api.Status {
 	t.Helper()
-	var st Status
-	err := h.c.store.View(h.ctx, func(tx *store.Tx) error {
+	var st api.Status
+	err := h.c.db.View(h.ctx, func(tx *coorddb.Tx) error {
 		j, err := tx.Job(jobID)
 		if err != nil {
 			return err
@@ -70,16 +72,16 @@ func TestStatusCacheServesWhatIsStored(t *testing.T) {
 		t.Fatal("a queued job's status was not cached")
 	}
 	f := h.frame(t, fk)
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileStarted, 1, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileStarted, 1, 1))
 	h.sameStatus(t, "tile 0 started", job)
-	h.apply(t, tileEvent(t, f, 0, farm.EventTileCompleted, 1, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1))
 	if st := h.status(t, job); st.TilesCompleted != 1 {
 		t.Fatalf("after tile 0 completed the status says %d tiles completed", st.TilesCompleted)
 	}
 	h.sameStatus(t, "tile 0 completed", job)
 
-	ev := tileEvent(t, f, 1, farm.EventTileFailed, 2, 1)
-	ev.Terminal, ev.Code, ev.Error = true, farm.CodeTerminal, "unknown material"
+	ev := tileEvent(t, f, 1, wire.EventTileFailed, 2, 1)
+	ev.Terminal, ev.Code, ev.Error = true, failure.CodeTerminal, "unknown material"
 	h.apply(t, ev)
 	h.sameStatus(t, "tile 1 dead-lettered", job)
 	if h.cached(job) {
@@ -108,7 +110,7 @@ func BenchmarkJobStatuses(b *testing.B) {
 		}
 	}
 	fresh := func() {
-		err := h.c.store.View(ctx, func(tx *store.Tx) error {
+		err := h.c.db.View(ctx, func(tx *coorddb.Tx) error {
 			all, err := tx.Jobs()
 			if err != nil {
 				return err

@@ -8,7 +8,8 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 )
 
 // The event stream (GET /v1/events) tells a viewer what changed so it fetches only what it
@@ -26,15 +27,6 @@ const (
 	defaultStreamMax = 10 * time.Minute
 )
 
-// FrameEvent is one frame whose tiles changed, in an `event: frame` message.
-type FrameEvent struct {
-	JobID          string `json:"job_id"`
-	Frame          int    `json:"frame"`
-	State          string `json:"state"`
-	TilesCompleted int    `json:"tiles_completed"`
-	TilesFailed    int    `json:"tiles_failed"`
-}
-
 // StopStreams ends every event stream, for a server shutting down: streams would otherwise
 // hold its graceful shutdown until they end by themselves.
 func (c *Coordinator) StopStreams() { c.stopStreams.Do(func() { close(c.streamsDone) }) }
@@ -42,14 +34,14 @@ func (c *Coordinator) StopStreams() { c.stopStreams.Do(func() { close(c.streamsD
 // streamState is what one stream sent last: each job's status as sent, and each frame's.
 type streamState struct {
 	jobs   map[string][]byte
-	frames map[string]FrameEvent // by job id and frame
+	frames map[string]api.FrameEvent // by job id and frame
 }
 
 // jobsWithFrames is Jobs with each job's frames.
-func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]Status, error) {
-	var out []Status
+func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]api.Status, error) {
+	var out []api.Status
 	inProgress := c.progress.samples()
-	err := c.store.View(ctx, func(tx *store.Tx) error {
+	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
 		jobs, err := tx.Jobs()
 		if err != nil {
 			return err
@@ -75,12 +67,12 @@ func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]Status, error) {
 
 // next computes the message that brings a viewer from s up to now, and records it sent; nil
 // when nothing changed.
-func (s *streamState) next(all []Status) ([]byte, error) {
-	var changed []Status
-	var frames []FrameEvent
+func (s *streamState) next(all []api.Status) ([]byte, error) {
+	var changed []api.Status
+	var frames []api.FrameEvent
 	for _, st := range all {
 		for _, f := range st.Frames {
-			ev := FrameEvent{JobID: st.JobID, Frame: f.Frame, State: f.State, TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
+			ev := api.FrameEvent{JobID: st.JobID, Frame: f.Frame, State: f.State, TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
 			key := fmt.Sprintf("%s/%d", st.JobID, f.Frame)
 			if old, ok := s.frames[key]; !ok || old != ev {
 				s.frames[key] = ev
@@ -134,7 +126,7 @@ func (c *Coordinator) handleEvents(w http.ResponseWriter, r *http.Request) {
 	_ = rc.Flush()
 	end := time.NewTimer(c.streamMax)
 	defer end.Stop()
-	s := &streamState{jobs: map[string][]byte{}, frames: map[string]FrameEvent{}}
+	s := &streamState{jobs: map[string][]byte{}, frames: map[string]api.FrameEvent{}}
 	lastWrite := time.Now()
 	for {
 		changed := c.Changed()

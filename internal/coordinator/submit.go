@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"slices"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
-	"github.com/tilefarm/tilefarm/internal/store"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -21,37 +23,6 @@ const (
 	MaxIdempotencyKey = 256
 	MaxProjectName    = 256
 )
-
-// ErrBadInput marks a submission that can never succeed as given (exit code 1).
-var ErrBadInput = errors.New("bad input")
-
-// ErrConflict is returned when an idempotency key is reused with a different payload.
-var ErrConflict = errors.New("idempotency conflict")
-
-// SubmitRequest is what a client sends to submit a job. The scene is uploaded before, once,
-// under its scene version (PutScene).
-type SubmitRequest struct {
-	SceneVersion   string   `json:"scene_version"`
-	Project        string   `json:"project,omitempty"`
-	Camera         string   `json:"camera,omitempty"`
-	First          int      `json:"first"`
-	Last           int      `json:"last"`
-	SceneFrames    bool     `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
-	SPP            int      `json:"spp,omitempty"`
-	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
-	Width          int      `json:"width,omitempty"`
-	Height         int      `json:"height,omitempty"`
-	TileSize       int      `json:"tile_size,omitempty"` // default 64, 256 for Blender scenes
-	Priority       int      `json:"priority,omitempty"`
-	Formats        []string `json:"formats,omitempty"`
-	IdempotencyKey string   `json:"idempotency_key,omitempty"`
-}
-
-// SubmitResult says which job holds the request and whether this call created it.
-type SubmitResult struct {
-	Status  Status `json:"status"`
-	Created bool   `json:"created"`
-}
 
 // canonicalPayload is what payload_hash covers: everything that decides the job's outputs.
 // Tile size and priority are scheduling hints and are left out, so resubmitting with another
@@ -82,18 +53,18 @@ func CheckFrameRange(first, last int) error {
 }
 
 func badInput(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", api.ErrBadInput, fmt.Sprintf(format, args...))
 }
 
 // planSubmission resolves a request into a job without touching any state.
-func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*store.Job, int, error) {
+func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest) (*coorddb.Job, int, error) {
 	switch {
 	case len(req.IdempotencyKey) > MaxIdempotencyKey:
 		return nil, 0, badInput("idempotency key is %d bytes, at most %d", len(req.IdempotencyKey), MaxIdempotencyKey)
 	case len(req.Project) > MaxProjectName:
 		return nil, 0, badInput("project name is %d bytes, at most %d", len(req.Project), MaxProjectName)
-	case req.Priority < MinPriority || req.Priority > MaxPriority:
-		return nil, 0, badInput("priority %d: want %d to %d", req.Priority, MinPriority, MaxPriority)
+	case req.Priority < api.MinPriority || req.Priority > api.MaxPriority:
+		return nil, 0, badInput("priority %d: want %d to %d", req.Priority, api.MinPriority, api.MaxPriority)
 	}
 	sc, err := c.scene(ctx, req.SceneVersion)
 	if err != nil {
@@ -124,20 +95,20 @@ func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*s
 	if len(rects)*(last-first+1) > MaxTilesPerJob {
 		return nil, 0, badInput("%d frames of %d tiles exceed %d tiles per job", last-first+1, len(rects), MaxTilesPerJob)
 	}
-	formats, err := farm.NormalizeFormats(req.Formats)
+	formats, err := layout.NormalizeFormats(req.Formats)
 	if err != nil {
 		return nil, 0, badInput("%v", err)
 	}
 	sv := req.SceneVersion
-	sh := tiles.SettingsHash(st)
+	sh := identity.SettingsHash(st)
 	payload, _ := json.Marshal(canonicalPayload{Project: req.Project, SceneVersion: sv, Camera: st.Camera,
 		First: first, Last: last, SettingsHash: sh, Formats: formats})
 	key := req.IdempotencyKey
 	if key == "" {
-		key = tiles.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, sh, formats)
+		key = identity.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, sh, formats)
 	}
-	return &store.Job{
-		ID: tiles.JobID(key), IdempotencyKey: key, PayloadHash: tiles.PayloadHash(payload), Project: req.Project,
+	return &coorddb.Job{
+		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
 		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Settings: st,
 		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Created: c.now(),
 	}, len(rects), nil
@@ -147,11 +118,11 @@ func (c *Coordinator) planSubmission(ctx context.Context, req SubmitRequest) (*s
 // O(frames) records, whatever the tile count. The same idempotency key with the same payload
 // returns the existing job; with another payload it is a conflict. Frames already known
 // (completed by an earlier job, or in progress) are shared, not rendered again.
-func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (res SubmitResult, err error) {
+func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res api.SubmitResult, err error) {
 	defer func() { c.countSubmission(res, err) }()
 	j, ntiles, err := c.planSubmission(ctx, req)
 	if err != nil {
-		return SubmitResult{}, err
+		return api.SubmitResult{}, err
 	}
 	// A resubmission of a known job is answered even when the farm is busy: a cron job re-running
 	// submit must see its job's state, not "busy".
@@ -159,12 +130,12 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (res Submit
 		return res, err
 	}
 	if err := c.admit(ctx, ntiles*j.Frames()); err != nil {
-		return SubmitResult{}, err
+		return api.SubmitResult{}, err
 	}
 	created := false
-	var st Status
+	var st api.Status
 	var p *projection
-	err = c.store.Update(ctx, func(tx *store.Tx) error {
+	err = c.db.Update(ctx, func(tx *coorddb.Tx) error {
 		if old, err := sameJob(tx, j); old != nil || err != nil {
 			if old != nil {
 				st, err = jobStatus(tx, old, tx.Frame)
@@ -180,12 +151,12 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (res Submit
 					return err
 				}
 				continue
-			} else if !errors.Is(err, store.ErrNotFound) {
+			} else if !errors.Is(err, coorddb.ErrNotFound) {
 				return err
 			}
-			p.add(&store.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
+			p.add(&coorddb.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
 				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles})
-			if err := tx.AddOutbox(store.OutboxRecord{Kind: store.OutboxTiles, FrameKey: fk, JobID: j.ID, Priority: j.Priority}); err != nil {
+			if err := tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: j.ID, Priority: j.Priority}); err != nil {
 				return err
 			}
 		}
@@ -200,7 +171,7 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (res Submit
 		return err
 	})
 	if err != nil {
-		return SubmitResult{}, err
+		return api.SubmitResult{}, err
 	}
 	c.cfg.Faults.at("submit-after-commit", c.cfg.Faults.CrashAfterSubmit && created)
 	if created {
@@ -209,21 +180,21 @@ func (c *Coordinator) Submit(ctx context.Context, req SubmitRequest) (res Submit
 		c.notify()
 		c.eta.observe(c.now(), &st)
 	}
-	return SubmitResult{Status: st, Created: created}, nil
+	return api.SubmitResult{Status: st, Created: created}, nil
 }
 
 // countSubmission counts a submission's answer in tilefarm_submissions_total; a request
 // refused as bad input, or failing on the coordinator's side, is not counted.
-func (c *Coordinator) countSubmission(res SubmitResult, err error) {
+func (c *Coordinator) countSubmission(res api.SubmitResult, err error) {
 	result := ""
 	switch {
 	case err == nil && res.Created:
 		result = metrics.SubmissionCreated
 	case err == nil:
 		result = metrics.SubmissionExisting
-	case errors.Is(err, ErrConflict):
+	case errors.Is(err, api.ErrConflict):
 		result = metrics.SubmissionConflict
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, api.ErrBusy):
 		result = metrics.SubmissionBusy
 	default:
 		return
@@ -234,7 +205,7 @@ func (c *Coordinator) countSubmission(res SubmitResult, err error) {
 // shareFrame attaches a job to a frame another job already asked for. Formats the frame does
 // not have yet are added (a frame whose tiles are done is assembled again for them, by flush);
 // a frame that failed is tried again, and one dropped by cancelled jobs is revived.
-func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, j *store.Job) error {
+func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, j *coorddb.Job) error {
 	e, err := p.edit(fk)
 	if err != nil {
 		return err
@@ -243,7 +214,7 @@ func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, 
 	if !slices.Contains(f.JobIDs, j.ID) {
 		f.JobIDs = append(f.JobIDs, j.ID)
 	}
-	union, err := farm.NormalizeFormats(append(slices.Clone(f.Formats), j.Formats...))
+	union, err := layout.NormalizeFormats(append(slices.Clone(f.Formats), j.Formats...))
 	if err != nil {
 		return err
 	}
@@ -251,7 +222,7 @@ func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, 
 	if f.Dropped {
 		return c.revive(ctx, p, e, j)
 	}
-	if f.Derive() == store.FrameFailed {
+	if f.Derive() == coorddb.FrameFailed {
 		_, err := p.retry(fk, j)
 		return err
 	}
@@ -260,32 +231,32 @@ func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, 
 
 // sameJob returns the job already holding the idempotency key of j, ErrConflict if that job
 // was submitted with a different payload, or nil if the key is new.
-func sameJob(tx *store.Tx, j *store.Job) (*store.Job, error) {
+func sameJob(tx *coorddb.Tx, j *coorddb.Job) (*coorddb.Job, error) {
 	old, err := tx.JobByIdempotencyKey(j.IdempotencyKey)
-	if errors.Is(err, store.ErrNotFound) {
+	if errors.Is(err, coorddb.ErrNotFound) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
 	}
 	if old.PayloadHash != j.PayloadHash {
-		return nil, fmt.Errorf("%w: idempotency key %q already names job %s with a different request", ErrConflict, j.IdempotencyKey, old.ID)
+		return nil, fmt.Errorf("%w: idempotency key %q already names job %s with a different request", api.ErrConflict, j.IdempotencyKey, old.ID)
 	}
 	return old, nil
 }
 
 // existing answers a resubmission from a read-only look-up.
-func (c *Coordinator) existing(ctx context.Context, j *store.Job) (SubmitResult, bool, error) {
-	var old *store.Job
-	err := c.store.View(ctx, func(tx *store.Tx) (err error) {
+func (c *Coordinator) existing(ctx context.Context, j *coorddb.Job) (api.SubmitResult, bool, error) {
+	var old *coorddb.Job
+	err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
 		old, err = sameJob(tx, j)
 		return err
 	})
 	if err != nil || old == nil {
-		return SubmitResult{}, false, err
+		return api.SubmitResult{}, false, err
 	}
 	st, err := c.Status(ctx, old.ID)
-	return SubmitResult{Status: st}, true, err
+	return api.SubmitResult{Status: st}, true, err
 }
 
 // Retry gives every failed frame of a job another go (see projection.retry) and reports how
@@ -302,7 +273,7 @@ func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 			if err != nil {
 				return err
 			}
-			if e.f.StateFor(j.Formats) != store.FrameFailed {
+			if e.f.StateFor(j.Formats) != coorddb.FrameFailed {
 				continue
 			}
 			ok, err := p.retry(e.f.Key, j)

@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/internal/store"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // A submission writes O(frames) records: its job, one record per frame and one outbox record
@@ -31,7 +34,7 @@ func TestSubmitWritesRecordsPerFrameNotPerTile(t *testing.T) {
 			t.Fatalf("tile size %d wrote %v; want 1 job, 5 frames, 5 outbox records and nothing per tile", size, c)
 		}
 		for _, r := range h.outbox(t) {
-			if r.Kind != store.OutboxTiles || r.Tiles != nil || r.JobID != res.Status.JobID {
+			if r.Kind != coorddb.OutboxTiles || r.Tiles != nil || r.JobID != res.Status.JobID {
 				t.Fatalf("outbox record %+v, want one for every tile of its frame", r)
 			}
 		}
@@ -71,7 +74,7 @@ func TestSubmitSameKeyDifferentPayloadConflicts(t *testing.T) {
 	h.submit(t, req)
 	req.Last = 3
 	_, err := h.c.Submit(h.ctx, req)
-	if !errors.Is(err, ErrConflict) || !strings.Contains(err.Error(), "shot-42") {
+	if !errors.Is(err, api.ErrConflict) || !strings.Contains(err.Error(), "shot-42") {
 		t.Fatalf("same key, other frames: %v, want a conflict naming the key", err)
 	}
 }
@@ -104,12 +107,12 @@ func TestSubmitReusesCompletedFrame(t *testing.T) {
 	h := newHarness(t, Config{})
 	_, fk := h.submitFrame(t, 32, 32, 16)
 	h.completeTiles(t, fk)
-	h.apply(t, farm.Event{ID: "done", Type: farm.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	h.apply(t, wire.Event{ID: "done", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
 	h.relay(t)
 	req := h.request(1, 1, 32, 32, 16)
 	req.IdempotencyKey = "again"
 	b := h.submit(t, req)
-	if !b.Created || b.Status.State != StateCompleted || b.Status.TilesCompleted != b.Status.TilesTotal {
+	if !b.Created || b.Status.State != api.JobCompleted || b.Status.TilesCompleted != b.Status.TilesTotal {
 		t.Fatalf("new job for a completed frame: %+v", b.Status)
 	}
 	if n := len(h.outbox(t)); n != 0 {
@@ -120,28 +123,28 @@ func TestSubmitReusesCompletedFrame(t *testing.T) {
 // Bad input is refused with a clear message and writes nothing.
 func TestSubmitBadInputWritesNothing(t *testing.T) {
 	h := newHarness(t, Config{})
-	cases := map[string]func(r *SubmitRequest){
-		"reversed":         func(r *SubmitRequest) { r.First, r.Last = 5, 2 },
-		"negative frame":   func(r *SubmitRequest) { r.First = -1 },
-		"too many frames":  func(r *SubmitRequest) { r.First, r.Last = 0, MaxFramesPerJob },
-		"unknown camera":   func(r *SubmitRequest) { r.Camera = "nope" },
-		"huge resolution":  func(r *SubmitRequest) { r.Width = 1 << 20 },
-		"zero spp":         func(r *SubmitRequest) { r.SPP = -3 },
-		"tile size":        func(r *SubmitRequest) { r.TileSize = -4 },
-		"too many tiles":   func(r *SubmitRequest) { r.Width, r.Height, r.TileSize, r.Last = 4096, 4096, 1, 1 },
-		"unknown format":   func(r *SubmitRequest) { r.Formats = []string{"gif"} },
-		"missing scene":    func(r *SubmitRequest) { r.SceneVersion = strings.Repeat("ab", 32) },
-		"not a version":    func(r *SubmitRequest) { r.SceneVersion = "../../etc/passwd" },
-		"huge idem key":    func(r *SubmitRequest) { r.IdempotencyKey = strings.Repeat("k", 1<<20) },
-		"huge project":     func(r *SubmitRequest) { r.Project = strings.Repeat("p", 4096) },
-		"empty everything": func(r *SubmitRequest) { *r = SubmitRequest{} },
+	cases := map[string]func(r *api.SubmitRequest){
+		"reversed":         func(r *api.SubmitRequest) { r.First, r.Last = 5, 2 },
+		"negative frame":   func(r *api.SubmitRequest) { r.First = -1 },
+		"too many frames":  func(r *api.SubmitRequest) { r.First, r.Last = 0, MaxFramesPerJob },
+		"unknown camera":   func(r *api.SubmitRequest) { r.Camera = "nope" },
+		"huge resolution":  func(r *api.SubmitRequest) { r.Width = 1 << 20 },
+		"zero spp":         func(r *api.SubmitRequest) { r.SPP = -3 },
+		"tile size":        func(r *api.SubmitRequest) { r.TileSize = -4 },
+		"too many tiles":   func(r *api.SubmitRequest) { r.Width, r.Height, r.TileSize, r.Last = 4096, 4096, 1, 1 },
+		"unknown format":   func(r *api.SubmitRequest) { r.Formats = []string{"gif"} },
+		"missing scene":    func(r *api.SubmitRequest) { r.SceneVersion = strings.Repeat("ab", 32) },
+		"not a version":    func(r *api.SubmitRequest) { r.SceneVersion = "../../etc/passwd" },
+		"huge idem key":    func(r *api.SubmitRequest) { r.IdempotencyKey = strings.Repeat("k", 1<<20) },
+		"huge project":     func(r *api.SubmitRequest) { r.Project = strings.Repeat("p", 4096) },
+		"empty everything": func(r *api.SubmitRequest) { *r = api.SubmitRequest{} },
 	}
 	for name, mod := range cases {
 		t.Run(name, func(t *testing.T) {
 			req := h.request(1, 2, 32, 32, 16)
 			mod(&req)
 			_, err := h.c.Submit(h.ctx, req)
-			if !errors.Is(err, ErrBadInput) {
+			if !errors.Is(err, api.ErrBadInput) {
 				t.Fatalf("Submit = %v, want bad input", err)
 			}
 			if len(err.Error()) > 600 {
@@ -167,7 +170,7 @@ func TestPutSceneRejectsBadBundles(t *testing.T) {
 	good := shotBundle(t)
 	extra := shotBundle(t)
 	extra.Assets["secrets.txt"] = []byte("not referenced")
-	broken := &farm.Bundle{Name: "x.json", Scene: []byte(`{"cameras": [`), Assets: map[string][]byte{}}
+	broken := &bundle.Bundle{Name: "x.json", Scene: []byte(`{"cameras": [`), Assets: map[string][]byte{}}
 	for name, c := range map[string]struct {
 		version string
 		raw     []byte
@@ -182,7 +185,7 @@ func TestPutSceneRejectsBadBundles(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			err := h.c.PutScene(h.ctx, c.version, c.raw)
-			if !errors.Is(err, ErrBadInput) || !strings.Contains(err.Error(), c.want) {
+			if !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("PutScene = %v, want bad input mentioning %q", err, c.want)
 			}
 			if ok, _ := h.c.HasScene(h.ctx, extra.Version()); ok {
@@ -199,14 +202,14 @@ func TestSubmitBusyRefusesNewWorkButAnswersResubmission(t *testing.T) {
 	a := h.submit(t, h.request(1, 2, 32, 32, 16)) // 2 frames of 4 tiles
 	h.relay(t)
 	_, err := h.c.Submit(h.ctx, h.request(3, 4, 32, 32, 16))
-	var busy *BusyError
-	if !errors.As(err, &busy) || !errors.Is(err, ErrBusy) {
+	var busy *api.BusyError
+	if !errors.As(err, &busy) || !errors.Is(err, api.ErrBusy) {
 		t.Fatalf("Submit while busy = %v, want a BusyError", err)
 	}
 	if busy.Pending != 8 || busy.Adding != 8 || busy.Limit != 10 || busy.RetryAfter < time.Second {
 		t.Errorf("busy = %+v, want 8 pending, 8 adding, limit 10 and a retry time", busy)
 	}
-	if _, err := h.c.Submit(h.ctx, h.request(5, 7, 32, 32, 16)); !errors.Is(err, ErrBadInput) {
+	if _, err := h.c.Submit(h.ctx, h.request(5, 7, 32, 32, 16)); !errors.Is(err, api.ErrBadInput) {
 		t.Errorf("a 12-tile job under a 10-tile limit = %v, want bad input", err)
 	}
 	again, err := h.c.Submit(h.ctx, h.request(1, 2, 32, 32, 16))
@@ -221,7 +224,7 @@ func TestCheckFrameRange(t *testing.T) {
 		ok          bool
 	}{{1, 1, true}, {0, 99999, true}, {0, 100000, false}, {3, 2, false}, {-1, 4, false}} {
 		err := CheckFrameRange(c.first, c.last)
-		if (err == nil) != c.ok || (err != nil && !errors.Is(err, ErrBadInput)) {
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, api.ErrBadInput)) {
 			t.Errorf("CheckFrameRange(%d, %d) = %v", c.first, c.last, err)
 		}
 	}
@@ -251,8 +254,8 @@ func TestPendingTilesCountsWhatWaits(t *testing.T) {
 	}
 	pending("job B cancelled: frame 3 dropped, frame 2 still A's", 4)
 	f2 := h.frame(t, ja.FrameKey(2))
-	ev := tileEvent(t, f2, 0, farm.EventTileFailed, 1, 1)
-	ev.Terminal, ev.Code, ev.Error = true, farm.CodeTerminal, "unknown material"
+	ev := tileEvent(t, f2, 0, wire.EventTileFailed, 1, 1)
+	ev.Terminal, ev.Code, ev.Error = true, failure.CodeTerminal, "unknown material"
 	h.apply(t, ev)
 	pending("frame 2 failed", 0)
 }

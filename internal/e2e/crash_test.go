@@ -12,10 +12,11 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -94,21 +95,21 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // anything the zombie would still do, it does now
 
-	objects, err := finalize.NewFSStore(filepath.Join(data, "store"))
+	objects, err := objstore.NewFSStore(filepath.Join(data, "store"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
 	tileKey := tileKeys(t, f, st.JobID)[0]
 	frameKey := st.Frames[0].FrameKey
-	m, err := finalize.ReadManifest(ctx, objects, farm.TileManifestKey(frameKey, tileKey))
+	m, err := finalize.ReadManifest(ctx, objects, layout.TileManifestKey(frameKey, tileKey))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if m.Meta["worker"] != "rescuer" {
 		t.Fatalf("tile manifest promoted by %q, want rescuer", m.Meta["worker"])
 	}
-	attempts, err := objects.List(ctx, "attempts/"+farm.TileManifestKey(frameKey, tileKey)+"/")
+	attempts, err := objects.List(ctx, "attempts/"+layout.TileManifestKey(frameKey, tileKey)+"/")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +332,7 @@ func TestLostTileMessagesAreDispatchedAgain(t *testing.T) {
 		t.Fatalf("%d tiles completed before any worker ran", now.TilesCompleted)
 	}
 	f.worker("w", t.TempDir())
-	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != coordinator.StateCompleted {
+	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != api.JobCompleted {
 		t.Fatalf("job after its tiles were lost: %+v\n%s", done, f.serve.Log())
 	}
 	if log := f.serve.Log(); !strings.Contains(log, "tiles lost from the queue") || !strings.Contains(log, fmt.Sprintf("tiles=%d", st.TilesTotal)) {

@@ -22,7 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
@@ -329,10 +329,10 @@ func (f *farmProc) cli(args ...string) result {
 }
 
 // submit submits and decodes the JSON status.
-func (f *farmProc) submit(args ...string) (coordinator.Status, result) {
+func (f *farmProc) submit(args ...string) (api.Status, result) {
 	f.t.Helper()
 	r := f.cli(append([]string{"submit", "--json"}, args...)...)
-	var st coordinator.Status
+	var st api.Status
 	if r.code != 1 && r.code != 2 && r.code != 75 {
 		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 			f.t.Fatalf("decoding submit output: %v\n%s", err, r)
@@ -341,10 +341,10 @@ func (f *farmProc) submit(args ...string) (coordinator.Status, result) {
 	return st, r
 }
 
-func (f *farmProc) status(job string) (coordinator.Status, result) {
+func (f *farmProc) status(job string) (api.Status, result) {
 	f.t.Helper()
 	r := f.cli("status", job, "--json")
-	var st coordinator.Status
+	var st api.Status
 	if r.code != 2 && r.code != 75 {
 		if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 			f.t.Fatalf("decoding status output: %v\n%s", err, r)
@@ -354,7 +354,7 @@ func (f *farmProc) status(job string) (coordinator.Status, result) {
 }
 
 // waitState polls status until the job reaches a terminal state or d passes.
-func (f *farmProc) waitDone(job string, d time.Duration) coordinator.Status {
+func (f *farmProc) waitDone(job string, d time.Duration) api.Status {
 	f.t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -443,7 +443,7 @@ func containsFold(s, sub string) bool {
 }
 
 // waitCode polls status until it exits with code.
-func (f *farmProc) waitCode(job string, code int, d time.Duration) coordinator.Status {
+func (f *farmProc) waitCode(job string, code int, d time.Duration) api.Status {
 	f.t.Helper()
 	deadline := time.Now().Add(d)
 	for {

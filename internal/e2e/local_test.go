@@ -9,16 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
-func renderJSON(t *testing.T, args ...string) coordinator.Status {
+func renderJSON(t *testing.T, args ...string) api.Status {
 	t.Helper()
 	r := run(t, "coordinator", append([]string{"render", "--json"}, args...)...)
 	if r.code != 0 {
 		t.Fatalf("coordinator render: %s", r)
 	}
-	var st coordinator.Status
+	var st api.Status
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil {
 		t.Fatalf("decoding --json output: %v\n%s", err, r)
 	}

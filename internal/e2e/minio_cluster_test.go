@@ -8,6 +8,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // A distributed, erasure-coded MinIO of four nodes loses one node to kill -9 while tiles are
@@ -55,7 +56,7 @@ func TestMinIOClusterFarmSurvivesANodeKill(t *testing.T) {
 	// The restarted node serves what was promoted while it was down: every manifest and every
 	// object it names, checksums verified.
 	ctx := context.Background()
-	objects, err := finalize.NewS3Store(ctx, victim.Endpoint, c.Bucket, false, c.AccessKey, c.SecretKey)
+	objects, err := objstore.NewS3Store(ctx, victim.Endpoint, c.Bucket, false, c.AccessKey, c.SecretKey)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,14 +13,16 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
+	"github.com/tilefarm/tilefarm/objstore"
+	"github.com/tilefarm/tilefarm/raster"
 )
 
-func s3Store(t *testing.T, m *miniotest.Server) finalize.Store {
+func s3Store(t *testing.T, m *miniotest.Server) objstore.Store {
 	t.Helper()
-	s, err := finalize.NewS3Store(context.Background(), m.Endpoint, m.Bucket, false, m.AccessKey, m.SecretKey)
+	s, err := objstore.NewS3Store(context.Background(), m.Endpoint, m.Bucket, false, m.AccessKey, m.SecretKey)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,12 +36,12 @@ func frameFile(pattern string, frame int) string {
 // sameEXR asserts two EXR files hold bit-identical float pixels.
 func sameEXR(t *testing.T, got, want string) {
 	t.Helper()
-	read := func(p string) *finalize.Frame {
+	read := func(p string) *raster.Frame {
 		data, err := os.ReadFile(p)
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := finalize.DecodeEXR(data)
+		f, err := raster.DecodeEXR(data)
 		if err != nil {
 			t.Fatalf("decoding %s: %v", p, err)
 		}
@@ -115,11 +117,11 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 	// Each output format has a manifest naming it with its checksum and the build fingerprint.
 	objects := s3Store(t, m)
 	for _, format := range []string{"png", "exr"} {
-		man, err := finalize.ReadManifest(context.Background(), objects, farm.FrameManifestKey(done.Frames[0].FrameKey, format))
+		man, err := finalize.ReadManifest(context.Background(), objects, layout.FrameManifestKey(done.Frames[0].FrameKey, format))
 		if err != nil {
 			t.Fatal(err)
 		}
-		name, _ := farm.FrameOutputName(format)
+		name, _ := layout.FrameOutputName(format)
 		o, ok := man.Object(name)
 		if !ok || len(o.SHA256) != 64 || o.Size == 0 || !strings.Contains(man.Build, "render/") {
 			t.Fatalf("%s manifest: %+v", format, man)
@@ -162,7 +164,7 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 	a.Kill()
 
 	objects := s3Store(t, m)
-	ckpts, err := objects.List(context.Background(), farm.CheckpointKey(""))
+	ckpts, err := objects.List(context.Background(), layout.CheckpointKey(""))
 	if err != nil || len(ckpts) != 1 {
 		t.Fatalf("remote checkpoints after the kill: %v %v", ckpts, err)
 	}
@@ -179,7 +181,7 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 		t.Fatalf("outputs: %s", r)
 	}
 	samePixels(t, frameFile(out, 10), reference(t, scene, 10, oneTile...))
-	if left, _ := objects.List(context.Background(), farm.CheckpointKey("")); len(left) != 0 {
+	if left, _ := objects.List(context.Background(), layout.CheckpointKey("")); len(left) != 0 {
 		t.Fatalf("remote checkpoint not deleted after the tile completed: %v", left)
 	}
 }
@@ -239,7 +241,7 @@ func TestMinIOOutageThenGC(t *testing.T) {
 	// gc: plant what crashed attempts leave behind, then collect with no grace period.
 	ctx := context.Background()
 	objects := s3Store(t, m)
-	orphans := []string{"attempts/tiles/" + strings.Repeat("ab", 32) + "/deadbeef/rgb.f32", farm.CheckpointKey(strings.Repeat("cd", 32))}
+	orphans := []string{"attempts/tiles/" + strings.Repeat("ab", 32) + "/deadbeef/rgb.f32", layout.CheckpointKey(strings.Repeat("cd", 32))}
 	for _, k := range orphans {
 		if err := objects.Put(ctx, k, []byte("orphan")); err != nil {
 			t.Fatal(err)

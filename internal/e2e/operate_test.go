@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 // framesCompleted sums the completed tiles of the given frames of a status.
-func tilesOfFrames(st coordinator.Status, frames ...int) int {
+func tilesOfFrames(st api.Status, frames ...int) int {
 	n := 0
 	for _, f := range st.Frames {
 		for _, want := range frames {
@@ -46,7 +46,7 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 	for {
 		st, _ := f.status(a.JobID)
 		if st.TilesCompleted >= 1 && st.ETASeconds != nil && *st.ETASeconds > 0 {
-			if st.State == coordinator.StateCompleted {
+			if st.State == api.JobCompleted {
 				t.Fatalf("job A finished before the cancel: %+v", st)
 			}
 			break
@@ -57,8 +57,8 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	r = f.cli("cancel", a.JobID, "--json")
-	var cancelled coordinator.Status
-	if err := json.Unmarshal([]byte(r.stdout), &cancelled); err != nil || r.code != 1 || cancelled.State != coordinator.StateCancelled {
+	var cancelled api.Status
+	if err := json.Unmarshal([]byte(r.stdout), &cancelled); err != nil || r.code != 1 || cancelled.State != api.JobCancelled {
 		t.Fatalf("cancel: %s", r)
 	}
 	atCancel := tilesOfFrames(cancelled, 1, 2)
@@ -66,7 +66,7 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 		t.Fatalf("frames 1-2 were done before the cancel (%d tiles): the cancel hit nothing", atCancel)
 	}
 	done := f.waitDone(b.JobID, 2*time.Minute)
-	if done.State != coordinator.StateCompleted {
+	if done.State != api.JobCompleted {
 		t.Fatalf("job B, sharing frame 3 with the cancelled job: %+v", done)
 	}
 	outputsEqualReference(t, f, b.JobID, scene, []int{3}, small...)
@@ -75,7 +75,7 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // anything still rendering for A would land now
 	st, r := f.status(a.JobID)
-	if r.code != 1 || st.State != coordinator.StateCancelled || !strings.Contains(f.cli("status", a.JobID).stdout, "cancelled") {
+	if r.code != 1 || st.State != api.JobCancelled || !strings.Contains(f.cli("status", a.JobID).stdout, "cancelled") {
 		t.Fatalf("status of the cancelled job: %s", r)
 	}
 	// With one slot, at most the tile rendering at the cancel may still finish (if it was on its
@@ -94,7 +94,7 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 	}
 	// A new job asking for a dropped frame gets it rendered after all.
 	c, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
-	if done := f.waitDone(c.JobID, 2*time.Minute); done.State != coordinator.StateCompleted {
+	if done := f.waitDone(c.JobID, 2*time.Minute); done.State != api.JobCompleted {
 		t.Fatalf("job asking again for a dropped frame: %+v", done)
 	}
 	outputsEqualReference(t, f, c.JobID, scene, []int{1}, small...)
@@ -110,7 +110,7 @@ func TestPriorityRendersTheLaterHighJobFirst(t *testing.T) {
 	high, _ := f.submit(append([]string{scene, "--frames", "5", "--priority", "50"}, small...)...)
 	moved, _ := f.submit(append([]string{scene, "--frames", "6", "--priority", "-50"}, small...)...)
 	r := f.cli("reprioritize", moved.JobID, "60", "--json")
-	var st coordinator.Status
+	var st api.Status
 	if err := json.Unmarshal([]byte(r.stdout), &st); err != nil || r.code != 0 || st.Priority != 60 {
 		t.Fatalf("reprioritize: %s", r)
 	}
@@ -138,7 +138,7 @@ func TestPriorityRendersTheLaterHighJobFirst(t *testing.T) {
 	}
 	w := f.worker("w", t.TempDir(), "--checkpoint-every", "0")
 	for _, job := range []string{high.JobID, moved.JobID, low.JobID} {
-		if done := f.waitDone(job, 3*time.Minute); done.State != coordinator.StateCompleted {
+		if done := f.waitDone(job, 3*time.Minute); done.State != api.JobCompleted {
 			t.Fatalf("job %s: %+v", job, done)
 		}
 	}
@@ -164,11 +164,11 @@ func TestPriorityRendersTheLaterHighJobFirst(t *testing.T) {
 }
 
 // workersList runs `workers --json`.
-func workersList(t *testing.T, f *farmProc) []queue.WorkerInfo {
+func workersList(t *testing.T, f *farmProc) []api.Worker {
 	t.Helper()
 	r := f.cli("workers", "--json")
 	var res struct {
-		Workers []queue.WorkerInfo `json:"workers"`
+		Workers []api.Worker `json:"workers"`
 	}
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &res) != nil || res.Workers == nil {
 		t.Fatalf("workers --json: %s", r)
@@ -176,7 +176,7 @@ func workersList(t *testing.T, f *farmProc) []queue.WorkerInfo {
 	return res.Workers
 }
 
-func names(ws []queue.WorkerInfo) string {
+func names(ws []api.Worker) string {
 	var out []string
 	for _, w := range ws {
 		out = append(out, w.Name)
@@ -185,7 +185,7 @@ func names(ws []queue.WorkerInfo) string {
 }
 
 // waitWorkers polls `workers` until the live names are want.
-func waitWorkers(t *testing.T, f *farmProc, want string, d time.Duration) []queue.WorkerInfo {
+func waitWorkers(t *testing.T, f *farmProc, want string, d time.Duration) []api.Worker {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
@@ -241,7 +241,7 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	for {
 		st, _ := f.status(q.JobID)
 		if strings.Join(st.BlocklistedWorkers, ",") == "w-bad" {
-			if st.State == coordinator.StateCompleted || st.State == coordinator.StateFailed {
+			if st.State == api.JobCompleted || st.State == api.JobFailed {
 				t.Fatalf("job ended while w-good was frozen: %+v", st)
 			}
 			break
@@ -261,7 +261,7 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 		t.Fatalf("workers shows w-bad blocklisting %v, want [%s]", blocked, q.JobID)
 	}
 	good.Signal(syscall.SIGCONT)
-	if done := f.waitDone(q.JobID, 2*time.Minute); done.State != coordinator.StateCompleted {
+	if done := f.waitDone(q.JobID, 2*time.Minute); done.State != api.JobCompleted {
 		t.Fatalf("job on the healthy worker: %+v", done)
 	}
 	outputsEqualReference(t, f, q.JobID, scene, []int{1}, small...)
@@ -283,7 +283,7 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	p, _ := f.submit(scene, "--frames", "1", "--spp", "4", "--width", "96", "--height", "54", "--tile", "32")
 	failed := f.waitDone(p.JobID, time.Minute)
 	text := f.cli("status", p.JobID)
-	if failed.State != coordinator.StateFailed || text.code != 1 || !strings.Contains(text.stdout, "every live worker (w-bad) blocklisted") {
+	if failed.State != api.JobFailed || text.code != 1 || !strings.Contains(text.stdout, "every live worker (w-bad) blocklisted") {
 		t.Fatalf("job every worker blocklisted: %s", text)
 	}
 }
@@ -304,7 +304,7 @@ func TestBackpressureRefusesWithRetryAfter(t *testing.T) {
 	if again, r := f.submit(append([]string{scene, "--frames", "1"}, small...)...); r.code != 42 || again.JobID != first.JobID {
 		t.Fatalf("resubmission of a known job while busy: %s", r)
 	}
-	body, _ := json.Marshal(coordinator.SubmitRequest{SceneVersion: first.SceneVersion, First: 3, Last: 3, Width: 96, Height: 54,
+	body, _ := json.Marshal(api.SubmitRequest{SceneVersion: first.SceneVersion, First: 3, Last: 3, Width: 96, Height: 54,
 		SPP: 8, TileSize: 32})
 	resp, err := http.Post("http://"+f.http+"/v1/jobs", "application/json", bytes.NewReader(body))
 	if err != nil {
@@ -328,7 +328,7 @@ func TestJSONLogsByDefault(t *testing.T) {
 	w := startEnv(t, []string{"TILEFARM_LOG_FORMAT="}, "tileworker", "--nats", f.natsURL(), "--store", f.store,
 		"--checkpoints", t.TempDir(), "--name", "wj", "--concurrency", "1", "--log-level", "debug", "--checkpoint-every", "0")
 	st, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
-	if done := f.waitDone(st.JobID, time.Minute); done.State != coordinator.StateCompleted {
+	if done := f.waitDone(st.JobID, time.Minute); done.State != api.JobCompleted {
 		t.Fatalf("job: %+v", done)
 	}
 	w.Signal(syscall.SIGTERM)

@@ -18,11 +18,11 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/checkpoint"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // outputsEqualReference downloads a job's frames and compares each with a local reference.
@@ -272,17 +272,17 @@ func TestNoDeliveryLostToLatency(t *testing.T) {
 // holds at least minSample samples.
 func waitRemoteCheckpoint(t *testing.T, f *farmProc, tileKey string, minSample int) {
 	t.Helper()
-	objects, err := finalize.NewFSStore(filepath.Join(f.data, "store"))
+	objects, err := objstore.NewFSStore(filepath.Join(f.data, "store"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	codec, err := tiles.NewCodec()
+	codec, err := checkpoint.NewCodec()
 	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(time.Minute)
 	for time.Now().Before(deadline) {
-		if data, err := objects.Get(context.Background(), farm.CheckpointKey(tileKey)); err == nil {
+		if data, err := objects.Get(context.Background(), layout.CheckpointKey(tileKey)); err == nil {
 			if c, err := codec.Decode(data); err == nil && c.Next >= minSample {
 				return
 			}

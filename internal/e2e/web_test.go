@@ -18,7 +18,7 @@ import (
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 
-	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // chromiumPath finds the headless browser the web tests drive: TILEFARM_CHROMIUM, or chromium
@@ -229,14 +229,14 @@ func (b *browser) canvasIsFrame(f *farmProc, job string) {
 }
 
 // apiStatus reads a job's status over HTTP, quicker than the CLI for polling.
-func apiStatus(t *testing.T, f *farmProc, job string) coordinator.Status {
+func apiStatus(t *testing.T, f *farmProc, job string) api.Status {
 	t.Helper()
 	resp, err := http.Get("http://" + f.http + "/v1/jobs/" + job)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var st coordinator.Status
+	var st api.Status
 	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
 		t.Fatalf("decoding status: %v", err)
 	}
@@ -269,7 +269,7 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	for {
 		drawn := eval[int](b, `Number(document.querySelector('#frame-canvas')?.dataset.tilesDrawn || 0)`)
 		now := apiStatus(t, f, st.JobID)
-		if now.Frames[0].State != coordinator.StateCompleted && (len(seen) == 0 || drawn > seen[len(seen)-1]) {
+		if now.Frames[0].State != api.FrameCompleted && (len(seen) == 0 || drawn > seen[len(seen)-1]) {
 			seen = append(seen, drawn)
 			if drawn >= 6 && !midShot {
 				b.screenshot("frame-rendering")
@@ -294,7 +294,7 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	if len(rising) < 2 {
 		t.Fatalf("the canvas did not fill in as tiles completed: tiles drawn seen before the frame completed %v", seen)
 	}
-	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != coordinator.StateCompleted {
+	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != api.JobCompleted {
 		t.Fatalf("job: %+v", done)
 	}
 	b.waitTrue(`document.querySelector('#downloads a[data-format=png]')`, 15*time.Second)
@@ -334,7 +334,7 @@ func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
 	}
 	b.route("#/jobs/" + st.JobID + "/frames/1")
 	b.waitTrue(`document.querySelector('#frame-note')?.textContent.includes("A Blender scene")`, 30*time.Second)
-	if done := f.waitDone(st.JobID, 3*time.Minute); done.State != coordinator.StateCompleted {
+	if done := f.waitDone(st.JobID, 3*time.Minute); done.State != api.JobCompleted {
 		t.Fatalf("job: %+v", done)
 	}
 	b.waitTrue(`document.querySelector('#frame-canvas')?.dataset.frameDrawn === '1'`, 30*time.Second)
@@ -377,7 +377,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	b.do(chromedp.Click(cancel))
 	b.waitTrue(fmt.Sprintf(`document.querySelector('#jobs tr[data-job=%q] [data-col=state]')?.textContent === 'cancelled'`, slow.JobID), 10*time.Second)
 	atCancel := apiStatus(t, f, slow.JobID)
-	if atCancel.State != coordinator.StateCancelled {
+	if atCancel.State != api.JobCancelled {
 		t.Fatalf("the job cancelled from the page is %s", atCancel.State)
 	}
 	if atCancel.TilesCompleted >= atCancel.TilesTotal {
@@ -385,7 +385,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second) // anything still rendering for it would land now
 	// With one slot, at most the tile rendering at the cancel may still finish.
-	if after := apiStatus(t, f, slow.JobID); after.TilesCompleted > atCancel.TilesCompleted+1 || after.State != coordinator.StateCancelled {
+	if after := apiStatus(t, f, slow.JobID); after.TilesCompleted > atCancel.TilesCompleted+1 || after.State != api.JobCancelled {
 		t.Fatalf("after the cancel: %d tiles completed (%d at the cancel), state %s", after.TilesCompleted, atCancel.TilesCompleted, after.State)
 	}
 
@@ -399,7 +399,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	b.waitTrue(`!document.querySelector('#dlq button[data-action=requeue]')`, 30*time.Second)
 	for deadline := time.Now().Add(2 * time.Minute); ; {
 		st := apiStatus(t, f, dead.JobID)
-		if st.State == coordinator.StateCompleted {
+		if st.State == api.JobCompleted {
 			break
 		}
 		if time.Now().After(deadline) {

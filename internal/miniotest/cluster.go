@@ -215,7 +215,7 @@ func (c *Cluster) Node(i int) *Node { return c.nodes[i] }
 // Len returns the number of nodes.
 func (c *Cluster) Len() int { return len(c.nodes) }
 
-// URL returns the store URL of the cluster's bucket on node 0, for finalize.OpenStore.
+// URL returns the store URL of the cluster's bucket on node 0, for objstore.OpenStore.
 func (c *Cluster) URL() string { return storeURL(c.Endpoint, c.Bucket) }
 
 // Env returns the credential variables OpenStore and child processes read;

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // TestClusterSurvivesANodeKill: a 4-node erasure-coded cluster keeps serving
@@ -38,7 +38,7 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	ctx := context.Background()
-	s, err := finalize.OpenStore(ctx, c.URL())
+	s, err := objstore.OpenStore(ctx, c.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 	if victim.Running() {
 		t.Fatal("node 2 still runs after Kill")
 	}
-	direct, err := finalize.OpenStore(ctx, victim.URL())
+	direct, err := objstore.OpenStore(ctx, victim.URL())
 	if err == nil {
 		if _, err = direct.Get(ctx, "before/kill"); err == nil {
 			t.Fatal("the killed node still answered")
@@ -69,7 +69,7 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 	if err := s.Put(ctx, "during/outage", []byte("written with node 2 down")); err != nil {
 		t.Fatalf("Put with one node down: %v", err)
 	}
-	if err := s.PutIfAbsent(ctx, "during/outage", []byte("again")); !errors.Is(err, finalize.ErrExists) {
+	if err := s.PutIfAbsent(ctx, "during/outage", []byte("again")); !errors.Is(err, objstore.ErrExists) {
 		t.Fatalf("PutIfAbsent over an existing key with one node down = %v, want ErrExists", err)
 	}
 	if got, err := s.Get(ctx, "before/kill"); err != nil || string(got) != "written by all four" {
@@ -90,14 +90,14 @@ func TestClusterSurvivesANodeKill(t *testing.T) {
 	if victim.Endpoint != endpoint || !victim.Running() {
 		t.Fatalf("restart moved node 2 from %s to %s (running %v)", endpoint, victim.Endpoint, victim.Running())
 	}
-	fromVictim, err := finalize.OpenStore(ctx, victim.URL())
+	fromVictim, err := objstore.OpenStore(ctx, victim.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, err := fromVictim.Get(ctx, "during/outage"); err != nil || string(got) != "written with node 2 down" {
 		t.Fatalf("Get through the restarted node of an object written while it was down = %q, %v", got, err)
 	}
-	if err := fromVictim.PutIfAbsent(ctx, "during/outage", []byte("again")); !errors.Is(err, finalize.ErrExists) {
+	if err := fromVictim.PutIfAbsent(ctx, "during/outage", []byte("again")); !errors.Is(err, objstore.ErrExists) {
 		t.Fatalf("PutIfAbsent through the restarted node = %v, want ErrExists", err)
 	}
 	if err := fromVictim.Put(ctx, "after/restart", []byte("through node 2")); err != nil {

@@ -113,7 +113,7 @@ func Launch(dir string) (*Server, error) {
 // Kill kills the server with SIGKILL; its data stays.
 func (s *Server) Kill() { s.proc.kill() }
 
-// URL returns the store URL of the server's bucket, for finalize.OpenStore.
+// URL returns the store URL of the server's bucket, for objstore.OpenStore.
 func (s *Server) URL() string { return storeURL(s.Endpoint, s.Bucket) }
 
 // Env returns the credential variables OpenStore and child processes read.

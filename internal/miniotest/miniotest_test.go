@@ -8,8 +8,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // TestStopRestartKeepsData writes through the store URL and credentials the
@@ -24,7 +24,7 @@ func TestStopRestartKeepsData(t *testing.T) {
 		t.Setenv(k, v)
 	}
 	ctx := context.Background()
-	s, err := finalize.OpenStore(ctx, srv.URL())
+	s, err := objstore.OpenStore(ctx, srv.URL())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,8 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // NATSClient says how a process reaches NATS: servers, credentials and TLS. Secrets come from
@@ -191,7 +191,7 @@ func ensureSeed(path string) (string, error) {
 	defer clear(seed)
 	data := []byte("-----BEGIN USER NKEY SEED-----\n" + string(seed) + "\n------END USER NKEY SEED------\n")
 	defer clear(data)
-	if err := finalize.WriteFileMode(path, data, 0o600); err != nil {
+	if err := objstore.WriteFileMode(path, data, 0o600); err != nil {
 		return "", fmt.Errorf("writing credentials: %w", err)
 	}
 	return kp.PublicKey()

@@ -19,14 +19,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/checkpoint"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/store"
 	"github.com/tilefarm/tilefarm/internal/web"
 	"github.com/tilefarm/tilefarm/internal/worker"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // CoordinatorOptions configure StartCoordinator.
@@ -96,7 +96,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	if err != nil {
 		return nil, fmt.Errorf("opening JetStream: %w", err)
 	}
-	var f *queue.Farm
+	var f *queue.Queue
 	err = waitSetUp(ctx, "setting up streams", log, func(ctx context.Context) (err error) {
 		f, err = queue.Setup(ctx, js, o.Queue)
 		return err
@@ -109,19 +109,19 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	if err != nil {
 		return nil, err
 	}
-	st, err := store.Open(filepath.Join(o.DataDir, "coordinator.db"))
+	st, err := coorddb.Open(filepath.Join(o.DataDir, "coordinator.db"))
 	if err != nil {
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { st.Close() })
-	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{Store: st, Farm: f, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
+	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{DB: st, Queue: f, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	n.goRun(func() { _ = n.Coord.Run(rctx) })
 
 	if o.Workers > 0 {
-		ckpts, err := tiles.OpenCheckpointStore(filepath.Join(o.DataDir, "checkpoints.db"))
+		ckpts, err := checkpoint.OpenLocal(filepath.Join(o.DataDir, "checkpoints.db"))
 		if err != nil {
 			return nil, err
 		}
@@ -130,7 +130,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		wc := o.Worker
 		wc.Name = hostname() + "-local"
 		wc.Concurrency = o.Workers
-		w, err := worker.New(wc, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
+		w, err := worker.New(wc, worker.Deps{Queue: f, Objects: objects, Checkpoints: ckpts,
 			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Blender, log), Metrics: metrics.NewWorker(reg), Log: log})
 		if err != nil {
 			return nil, err
@@ -249,15 +249,15 @@ func (n *Coordinator) Close() {
 	n.closers = nil
 }
 
-func openStore(ctx context.Context, url, dataDir string) (finalize.Store, error) {
+func openStore(ctx context.Context, url, dataDir string) (objstore.Store, error) {
 	if url == "" {
 		dir, err := filepath.Abs(filepath.Join(dataDir, "store"))
 		if err != nil {
 			return nil, err
 		}
-		return finalize.NewFSStore(dir)
+		return objstore.NewFSStore(dir)
 	}
-	return finalize.OpenStore(ctx, url)
+	return objstore.OpenStore(ctx, url)
 }
 
 func hostname() string {
@@ -298,14 +298,14 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		log = slog.Default()
 	}
 
-	objects, err := finalize.OpenStore(ctx, o.StoreURL)
+	objects, err := objstore.OpenStore(ctx, o.StoreURL)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(o.CheckpointDir, 0o755); err != nil {
 		return fmt.Errorf("creating checkpoint dir %q: %w", o.CheckpointDir, err)
 	}
-	ckpts, err := tiles.OpenCheckpointStore(filepath.Join(o.CheckpointDir, "checkpoints.db"))
+	ckpts, err := checkpoint.OpenLocal(filepath.Join(o.CheckpointDir, "checkpoints.db"))
 	if err != nil {
 		return err
 	}
@@ -319,7 +319,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if err != nil {
 		return fmt.Errorf("opening JetStream: %w", err)
 	}
-	var f *queue.Farm
+	var f *queue.Queue
 	for {
 		f, err = queue.Open(ctx, js)
 		if err == nil {
@@ -348,7 +348,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
-	w, err := worker.New(o.Worker, worker.Deps{Farm: f, Objects: objects, Checkpoints: ckpts,
+	w, err := worker.New(o.Worker, worker.Deps{Queue: f, Objects: objects, Checkpoints: ckpts,
 		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), o.Blender, log), Metrics: m, Log: log})
 	if err != nil {
 		return err

@@ -44,7 +44,7 @@ func WorkerPublish() []string {
 // requests and deliveries of its pulls.
 func WorkerSubscribe() []string { return []string{"_INBOX.>"} }
 
-// Event subjects the permissions name; they must agree with farm.Event.Subject.
+// Event subjects the permissions name; they must agree with wire.Event.Subject.
 const (
 	EventsTilePrefix           = "events.tile."
 	EventFrameAssembledSubject = "events.frame.assembled"

@@ -25,13 +25,6 @@ const (
 	NumBands
 )
 
-// Priority limits: a job's priority is an integer in [MinPriority, MaxPriority]; negative ones
-// are the low band, 0 the normal band, positive ones the high band.
-const (
-	MinPriority = -100
-	MaxPriority = 100
-)
-
 var bandNames = [NumBands]string{"low", "normal", "high"}
 
 func (b Band) String() string {
@@ -80,7 +73,7 @@ const bandIdle = 250 * time.Millisecond
 // FetchTile pulls one tile render job from the highest band that has one, waiting at most
 // wait; (nil, nil) when none arrived. One at a time, because a buffered message already burns
 // its ack-wait.
-func (f *Farm) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+func (f *Queue) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	if wait <= 0 {
 		return nil, fmt.Errorf("fetching a tile: wait must be positive, got %v", wait)
 	}

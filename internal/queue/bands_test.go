@@ -54,7 +54,7 @@ func TestBandOf(t *testing.T) {
 	for _, c := range []struct {
 		priority int
 		want     Band
-	}{{MinPriority, BandLow}, {-1, BandLow}, {0, BandNormal}, {1, BandHigh}, {MaxPriority, BandHigh}} {
+	}{{-100, BandLow}, {-1, BandLow}, {0, BandNormal}, {1, BandHigh}, {100, BandHigh}} {
 		if got := BandOf(c.priority); got != c.want {
 			t.Errorf("BandOf(%d) = %s, want %s", c.priority, got, c.want)
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // Buckets through which the coordinator and the workers tell each other what is live.
@@ -91,28 +92,6 @@ func (d *Dropped) Has(ctx context.Context, frameKey string) (bool, error) {
 	return false, fmt.Errorf("reading whether frame %.12s is dropped: %w", frameKey, err)
 }
 
-// WorkerInfo is a worker's heartbeat: who it is, what it renders now and how fast.
-type WorkerInfo struct {
-	Name             string       `json:"name"`
-	Host             string       `json:"host"`
-	Slots            int          `json:"slots"`
-	Tiles            []WorkerTile `json:"tiles"`
-	SamplesPerSecond float64      `json:"samples_per_second"`
-	LastSeen         time.Time    `json:"last_seen"`
-	// Blocklisted are the jobs whose tiles this worker no longer takes, after failing them
-	// repeatedly.
-	Blocklisted []string `json:"blocklisted_jobs"`
-}
-
-// WorkerTile is a tile a worker is rendering.
-type WorkerTile struct {
-	JobID        string `json:"job_id"`
-	Frame        int    `json:"frame"`
-	TileKey      string `json:"tile_key"`
-	SamplesDone  int    `json:"samples_done"`
-	SamplesTotal int    `json:"samples_total"`
-}
-
 // Workers is the heartbeat directory.
 type Workers struct{ kv jetstream.KeyValue }
 
@@ -120,7 +99,7 @@ type Workers struct{ kv jetstream.KeyValue }
 func workerKey(name string) string { return hex.EncodeToString([]byte(name)) }
 
 // Beat records info as the worker's current heartbeat.
-func (w *Workers) Beat(ctx context.Context, info WorkerInfo) error {
+func (w *Workers) Beat(ctx context.Context, info api.Worker) error {
 	data, err := json.Marshal(info)
 	if err != nil {
 		return err
@@ -141,12 +120,12 @@ func (w *Workers) Leave(ctx context.Context, name string) error {
 
 // List returns the live workers, by name. An entry that does not decode is skipped: it cannot
 // be a worker of this farm's version.
-func (w *Workers) List(ctx context.Context) ([]WorkerInfo, error) {
+func (w *Workers) List(ctx context.Context) ([]api.Worker, error) {
 	lister, err := w.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing workers: %w", err)
 	}
-	var out []WorkerInfo
+	var out []api.Worker
 	for k := range lister.Keys() {
 		e, err := w.kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
@@ -155,11 +134,11 @@ func (w *Workers) List(ctx context.Context) ([]WorkerInfo, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading worker %s: %w", k, err)
 		}
-		var info WorkerInfo
+		var info api.Worker
 		if json.Unmarshal(e.Value(), &info) == nil && info.Name != "" {
 			out = append(out, info)
 		}
 	}
-	slices.SortFunc(out, func(a, b WorkerInfo) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b api.Worker) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // Headers a dead letter carries in the DLQ stream. HeaderLastError may also be set by a publisher on the
@@ -32,26 +33,6 @@ const (
 // ErrDeadLetterNotFound is returned by RequeueDeadLetter for a DLQ sequence that holds no dead letter.
 var ErrDeadLetterNotFound = errors.New("dead letter not found")
 
-// DeadLetter is a message removed from TILES after it could not be processed, with its error context.
-type DeadLetter struct {
-	// DLQSeq is the dead letter's own sequence in the DLQ stream, the handle for RequeueDeadLetter; it is
-	// 0 in a DeadLetter that has not been stored yet.
-	DLQSeq uint64 `json:"dlq_seq"`
-	// StreamSeq is the original sequence in TILES.
-	StreamSeq uint64 `json:"stream_seq"`
-	// Subject is the original subject (a band's tiles.render subject, or tiles.assemble).
-	Subject string `json:"subject"`
-	// MsgID is the original Nats-Msg-Id.
-	MsgID string `json:"msg_id"`
-	Data  []byte `json:"data"`
-	// Header holds the original application headers (Nats-* and DLQ bookkeeping headers removed).
-	Header     nats.Header `json:"header,omitempty"`
-	Deliveries uint64      `json:"deliveries"`
-	Reason     string      `json:"reason"`
-	// Time is when the dead letter was stored.
-	Time time.Time `json:"time"`
-}
-
 // deadLetterMsgID is the DLQ publish id: a second copy of the same TILES message (a repeated advisory, two
 // watchers, a retry after a crash between copy and delete) is deduplicated.
 func deadLetterMsgID(streamSeq uint64, msgID string) string {
@@ -59,7 +40,7 @@ func deadLetterMsgID(streamSeq uint64, msgID string) string {
 }
 
 // storeDeadLetter copies dl into the DLQ stream and returns it with DLQSeq and Time filled in.
-func (f *Farm) storeDeadLetter(ctx context.Context, dl DeadLetter) (DeadLetter, error) {
+func (f *Queue) storeDeadLetter(ctx context.Context, dl api.DeadLetter) (api.DeadLetter, error) {
 	m := &nats.Msg{Subject: dlqPrefix + dl.Subject, Data: dl.Data, Header: nats.Header{}}
 	for k, v := range dl.Header {
 		if !strings.HasPrefix(k, natsHeaderPrefix) && !strings.HasPrefix(k, dlqHeaderPrefix) {
@@ -80,11 +61,9 @@ func (f *Farm) storeDeadLetter(ctx context.Context, dl DeadLetter) (DeadLetter, 
 	return dl, nil
 }
 
-// reasonFor picks the most specific failure reason known for a message about to be dead-lettered.
-func (f *Farm) reasonFor(msgID string, hdr nats.Header) string {
-	if r := f.notedError(msgID); r != "" {
-		return r
-	}
+// reasonFor is the failure reason of a message about to be dead-lettered: the one its
+// publisher set, else that it ran out of deliveries.
+func reasonFor(hdr nats.Header) string {
 	if r := hdr.Get(HeaderLastError); r != "" {
 		return r
 	}
@@ -93,32 +72,31 @@ func (f *Farm) reasonFor(msgID string, hdr nats.Header) string {
 
 // loadDeadLetter reads TILES message seq as a dead letter not stored yet. ok is false when the
 // message is already gone: dead-lettered before, or acked late by a worker that did finish it.
-func (f *Farm) loadDeadLetter(ctx context.Context, seq, deliveries uint64) (dl DeadLetter, ok bool, err error) {
+func (f *Queue) loadDeadLetter(ctx context.Context, seq, deliveries uint64) (dl api.DeadLetter, ok bool, err error) {
 	raw, err := f.Tiles.GetMsg(ctx, seq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return DeadLetter{}, false, nil
+			return api.DeadLetter{}, false, nil
 		}
-		return DeadLetter{}, false, fmt.Errorf("loading %s seq %d for dead-lettering: %w", StreamTiles, seq, err)
+		return api.DeadLetter{}, false, fmt.Errorf("loading %s seq %d for dead-lettering: %w", StreamTiles, seq, err)
 	}
 	msgID := raw.Header.Get(jetstream.MsgIDHeader)
-	return DeadLetter{
+	return api.DeadLetter{
 		StreamSeq:  seq,
 		Subject:    raw.Subject,
 		MsgID:      msgID,
 		Data:       raw.Data,
 		Header:     appHeaders(raw.Header),
 		Deliveries: deliveries,
-		Reason:     f.reasonFor(msgID, raw.Header),
+		Reason:     reasonFor(raw.Header),
 	}, true, nil
 }
 
 // removeDeadLetter deletes a dead letter's original from TILES once its copy is stored.
-func (f *Farm) removeDeadLetter(ctx context.Context, dl DeadLetter) error {
+func (f *Queue) removeDeadLetter(ctx context.Context, dl api.DeadLetter) error {
 	if err := f.Tiles.DeleteMsg(ctx, dl.StreamSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
 		return fmt.Errorf("deleting dead-lettered %s seq %d: %w", StreamTiles, dl.StreamSeq, err)
 	}
-	f.forgetError(dl.MsgID)
 	return nil
 }
 
@@ -138,15 +116,15 @@ type DeadLetterHandler interface {
 	// Promoted reports whether the message's work is done after all (its manifest exists; its
 	// last ack was lost) and, if so, records that. The message is then deleted from TILES
 	// without a dead letter: nothing promoted is ever dead-lettered.
-	Promoted(ctx context.Context, dl DeadLetter) (bool, error)
+	Promoted(ctx context.Context, dl api.DeadLetter) (bool, error)
 	// Record records a dead letter stored in the DLQ. It is called at least once per dead
 	// letter (a crash repeats it), so it must be idempotent.
-	Record(ctx context.Context, dl DeadLetter) error
+	Record(ctx context.Context, dl api.DeadLetter) error
 }
 
 // handleBatch handles a batch's advisories as they arrive; it returns false as soon as ctx
 // ends, without waiting for the pull to expire, so a coordinator stops at once.
-func (f *Farm) handleBatch(ctx context.Context, batch jetstream.MessageBatch, h DeadLetterHandler, log *slog.Logger) bool {
+func (f *Queue) handleBatch(ctx context.Context, batch jetstream.MessageBatch, h DeadLetterHandler, log *slog.Logger) bool {
 	msgs := batch.Messages()
 	for {
 		select {
@@ -170,7 +148,7 @@ func (f *Farm) handleBatch(ctx context.Context, batch jetstream.MessageBatch, h 
 // sequence repeats it from the start; the DLQ copy is deduplicated. An error from h leaves the message in
 // TILES and the advisory is redelivered with backoff. nc carries the watcher's traffic (nil means f.JS's
 // connection). It runs until ctx is done, then returns nil.
-func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, h DeadLetterHandler) error {
+func (f *Queue) WatchDeadLetters(ctx context.Context, nc *nats.Conn, h DeadLetterHandler) error {
 	js := f.JS
 	if nc != nil {
 		var err error
@@ -216,7 +194,7 @@ func (f *Farm) WatchDeadLetters(ctx context.Context, nc *nats.Conn, h DeadLetter
 }
 
 // handleAdvisory settles the TILES message one advisory names, then the advisory.
-func (f *Farm) handleAdvisory(ctx context.Context, m jetstream.Msg, h DeadLetterHandler, log *slog.Logger) {
+func (f *Queue) handleAdvisory(ctx context.Context, m jetstream.Msg, h DeadLetterHandler, log *slog.Logger) {
 	var adv server.JSConsumerDeliveryExceededAdvisory
 	if err := json.Unmarshal(m.Data(), &adv); err != nil || adv.StreamSeq == 0 {
 		log.Error("dropping undecodable max deliveries advisory", "err", err, "data", string(m.Data()))
@@ -290,7 +268,7 @@ func Sleep(ctx context.Context, d time.Duration) bool {
 // DeadLetterNow dead-letters msg at once with reason (terminal errors: invalid scene, deterministic panic).
 // It copies the payload to the DLQ first and only then Terms the message, because Term deletes a
 // work-queue message immediately.
-func (f *Farm) DeadLetterNow(ctx context.Context, msg jetstream.Msg, reason string) error {
+func (f *Queue) DeadLetterNow(ctx context.Context, msg jetstream.Msg, reason string) error {
 	meta, err := msg.Metadata()
 	if err != nil {
 		return fmt.Errorf("dead-lettering message on %q: reading metadata: %w", msg.Subject(), err)
@@ -298,9 +276,9 @@ func (f *Farm) DeadLetterNow(ctx context.Context, msg jetstream.Msg, reason stri
 	hdr := msg.Headers()
 	msgID := hdr.Get(jetstream.MsgIDHeader)
 	if reason == "" {
-		reason = f.reasonFor(msgID, hdr)
+		reason = reasonFor(hdr)
 	}
-	if _, err := f.storeDeadLetter(ctx, DeadLetter{
+	if _, err := f.storeDeadLetter(ctx, api.DeadLetter{
 		StreamSeq:  meta.Sequence.Stream,
 		Subject:    msg.Subject(),
 		MsgID:      msgID,
@@ -314,17 +292,16 @@ func (f *Farm) DeadLetterNow(ctx context.Context, msg jetstream.Msg, reason stri
 	if err := msg.Term(); err != nil {
 		return fmt.Errorf("terminating dead-lettered %s seq %d (%q): %w", StreamTiles, meta.Sequence.Stream, msgID, err)
 	}
-	f.forgetError(msgID)
 	return nil
 }
 
 // ListDeadLetters returns every dead letter in the DLQ, oldest first.
-func (f *Farm) ListDeadLetters(ctx context.Context) ([]DeadLetter, error) {
+func (f *Queue) ListDeadLetters(ctx context.Context) ([]api.DeadLetter, error) {
 	info, err := f.DLQ.Info(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing dead letters: %w", err)
 	}
-	var out []DeadLetter
+	var out []api.DeadLetter
 	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; {
 		raw, err := f.DLQ.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(dlqSubjects))
 		if err != nil {
@@ -342,33 +319,33 @@ func (f *Farm) ListDeadLetters(ctx context.Context) ([]DeadLetter, error) {
 // RequeueDeadLetter puts a dead letter back on its original subject with Msg-Id "<msgid>:requeue:<dlq seq>"
 // (a fresh id, since the original may still be blocked by the dedup window) and then deletes it from the DLQ.
 // A crash between the two repeats the publish, which the dedup window absorbs.
-func (f *Farm) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) (DeadLetter, error) {
+func (f *Queue) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadLetter, error) {
 	raw, err := f.DLQ.GetMsg(ctx, dlqSeq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, ErrDeadLetterNotFound)
+			return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, ErrDeadLetterNotFound)
 		}
-		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
+		return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
 	}
 	dl := decodeDeadLetter(raw)
 	if dl.Subject == "" || !strings.HasPrefix(dl.Subject, "tiles.") {
-		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: original subject %q is not a tiles subject", dlqSeq, dl.Subject)
+		return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: original subject %q is not a tiles subject", dlqSeq, dl.Subject)
 	}
 	hdr := appHeaders(dl.Header)
 	hdr.Del(HeaderLastError) // the requeued attempt starts with a clean slate
 	id := fmt.Sprintf("%s:requeue:%d", dl.MsgID, dlqSeq)
 	if _, err := f.Publish(ctx, dl.Subject, id, dl.Data, hdr); err != nil {
-		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
+		return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
 	}
 	if err := f.DLQ.DeleteMsg(ctx, dlqSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-		return DeadLetter{}, fmt.Errorf("requeueing dead letter %d: deleting it from %s: %w", dlqSeq, StreamDLQ, err)
+		return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: deleting it from %s: %w", dlqSeq, StreamDLQ, err)
 	}
 	return dl, nil
 }
 
 // decodeDeadLetter rebuilds a DeadLetter from its DLQ message.
-func decodeDeadLetter(raw *jetstream.RawStreamMsg) DeadLetter {
-	dl := DeadLetter{
+func decodeDeadLetter(raw *jetstream.RawStreamMsg) api.DeadLetter {
+	dl := api.DeadLetter{
 		DLQSeq:  raw.Sequence,
 		Subject: raw.Header.Get(HeaderDLQSubject),
 		MsgID:   raw.Header.Get(HeaderDLQMsgID),
@@ -377,7 +354,7 @@ func decodeDeadLetter(raw *jetstream.RawStreamMsg) DeadLetter {
 		Reason:  raw.Header.Get(HeaderLastError),
 		Time:    raw.Time,
 	}
-	dl.Header.Del(HeaderLastError)
+	nats.Header(dl.Header).Del(HeaderLastError)
 	if dl.Subject == "" {
 		dl.Subject = strings.TrimPrefix(raw.Subject, dlqPrefix)
 	}

@@ -10,18 +10,19 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // startWatcher runs WatchDeadLetters on its own connection and returns the channel of dead letters and a
 // stop function that asserts the watcher returned nil.
-func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, func()) {
+func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan api.DeadLetter, func()) {
 	t.Helper()
 	nc := tf.connect(t, name)
 	ctx, cancel := context.WithCancel(context.Background())
-	dead := make(chan DeadLetter, 16)
+	dead := make(chan api.DeadLetter, 16)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- tf.f.WatchDeadLetters(ctx, nc, recordFunc(func(dl DeadLetter) error { dead <- dl; return nil }))
+		errc <- tf.f.WatchDeadLetters(ctx, nc, recordFunc(func(dl api.DeadLetter) error { dead <- dl; return nil }))
 	}()
 	stopped := false
 	stop := func() {
@@ -44,9 +45,9 @@ func startWatcher(t *testing.T, tf *testFarm, name string) (<-chan DeadLetter, f
 	return dead, stop
 }
 
-// nakUntilDead fetches and Naks the only message until the consumer gives up on it (MaxDeliver 2), noting a
-// reason per attempt, and returns the first delivery's stream sequence.
-func nakUntilDead(t *testing.T, f *Farm, msgID string) uint64 {
+// nakUntilDead fetches and Naks the only message until the consumer gives up on it (MaxDeliver 2),
+// and returns the first delivery's stream sequence.
+func nakUntilDead(t *testing.T, f *Queue, msgID string) uint64 {
 	t.Helper()
 	var seq uint64
 	for attempt := 1; attempt <= f.Cfg.MaxDeliver; attempt++ {
@@ -59,7 +60,6 @@ func nakUntilDead(t *testing.T, f *Farm, msgID string) uint64 {
 		}
 		md, _ := m.Metadata()
 		seq = md.Sequence.Stream
-		f.NoteError(msgID, fmt.Sprintf("render failed on attempt %d", attempt))
 		if err := m.Nak(); err != nil {
 			t.Fatalf("Nak: %v", err)
 		}
@@ -82,7 +82,7 @@ func TestMaxDeliveriesGoToDLQAndRequeue(t *testing.T) {
 	seq := nakUntilDead(t, tf.f, "tile-dead")
 
 	// Keep pulling (as workers do) until the advisory has been handled; the message must not come back.
-	var dl DeadLetter
+	var dl api.DeadLetter
 	deadline := time.Now().Add(10 * time.Second)
 wait:
 	for {
@@ -99,11 +99,11 @@ wait:
 		}
 	}
 	if dl.Subject != SubjectRender || dl.MsgID != "tile-dead" || string(dl.Data) != "payload" ||
-		dl.Header.Get("Tile-Key") != "frame1.0_0_64_64" || dl.Deliveries != 2 || dl.StreamSeq != seq || dl.DLQSeq == 0 {
+		nats.Header(dl.Header).Get("Tile-Key") != "frame1.0_0_64_64" || dl.Deliveries != 2 || dl.StreamSeq != seq || dl.DLQSeq == 0 {
 		t.Fatalf("dead letter = %+v", dl)
 	}
-	if dl.Reason != "render failed on attempt 2" {
-		t.Fatalf("reason = %q, want the last noted error", dl.Reason)
+	if dl.Reason != reasonMaxDelivers {
+		t.Fatalf("reason = %q, want %q", dl.Reason, reasonMaxDelivers)
 	}
 	// onDead runs between the DLQ copy and the delete from TILES.
 	eventually(t, 5*time.Second, "dead message to leave TILES", func() bool { return tilesCount(t, tf.f) == 0 })
@@ -117,7 +117,7 @@ wait:
 	got := list[0]
 	if got.DLQSeq != dl.DLQSeq || got.StreamSeq != seq || got.MsgID != "tile-dead" || got.Subject != SubjectRender ||
 		got.Reason != dl.Reason || got.Deliveries != 2 || string(got.Data) != "payload" ||
-		got.Header.Get("Tile-Key") != "frame1.0_0_64_64" || got.Time.IsZero() {
+		nats.Header(got.Header).Get("Tile-Key") != "frame1.0_0_64_64" || got.Time.IsZero() {
 		t.Fatalf("listed dead letter = %+v", got)
 	}
 	if len(got.Header) != 1 {
@@ -194,7 +194,7 @@ func TestAdvisoryRaisedWhileNoWatcherRunsIsHandledLater(t *testing.T) {
 	// Two coordinators watch at once: the dead letter is produced exactly once.
 	dead1, _ := startWatcher(t, tf, "watcher-1")
 	dead2, _ := startWatcher(t, tf, "watcher-2")
-	var got []DeadLetter
+	var got []api.DeadLetter
 	timeout := time.After(10 * time.Second)
 	for len(got) == 0 {
 		select {
@@ -207,7 +207,7 @@ func TestAdvisoryRaisedWhileNoWatcherRunsIsHandledLater(t *testing.T) {
 		}
 	}
 	dl := got[0]
-	if dl.MsgID != "dead" || dl.Reason != "render failed on attempt 2" || string(dl.Data) != "dead" ||
+	if dl.MsgID != "dead" || dl.Reason != reasonMaxDelivers || string(dl.Data) != "dead" ||
 		dl.Subject != SubjectRender || dl.Deliveries != 2 {
 		t.Fatalf("dead letter = %+v", dl)
 	}
@@ -256,7 +256,7 @@ func TestDeadLetterNowCopiesThenTerms(t *testing.T) {
 	}
 	dl := list[0]
 	if dl.Subject != SubjectAssemble || dl.MsgID != "assemble:f1" || dl.Reason != "invalid scene: unknown material" ||
-		dl.Deliveries != 1 || dl.StreamSeq != md.Sequence.Stream || string(dl.Data) != "asm" || dl.Header.Get("Tile-Key") != "k" {
+		dl.Deliveries != 1 || dl.StreamSeq != md.Sequence.Stream || string(dl.Data) != "asm" || nats.Header(dl.Header).Get("Tile-Key") != "k" {
 		t.Fatalf("dead letter = %+v", dl)
 	}
 	raw, err := tf.f.DLQ.GetMsg(ctx, dl.DLQSeq)
@@ -297,7 +297,7 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		_ = tf.f.WatchDeadLetters(wctx, nc, recordFunc(func(dl DeadLetter) error {
+		_ = tf.f.WatchDeadLetters(wctx, nc, recordFunc(func(dl api.DeadLetter) error {
 			calls <- dl.StreamSeq
 			if n.Add(1) == 1 {
 				// Still in TILES while onDead runs.
@@ -352,11 +352,11 @@ func TestOnDeadFailureIsRetried(t *testing.T) {
 // promotedHandler reports every message promoted.
 type promotedHandler struct{ seen chan uint64 }
 
-func (h promotedHandler) Promoted(_ context.Context, dl DeadLetter) (bool, error) {
+func (h promotedHandler) Promoted(_ context.Context, dl api.DeadLetter) (bool, error) {
 	h.seen <- dl.StreamSeq
 	return true, nil
 }
-func (promotedHandler) Record(context.Context, DeadLetter) error {
+func (promotedHandler) Record(context.Context, api.DeadLetter) error {
 	return errors.New("a promoted message must not be recorded as dead")
 }
 

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -46,11 +45,9 @@ const (
 // silently stall dispatch on a big farm.
 const maxAckPending = 1 << 16
 
-// maxNotedErrors bounds the reason map so a farm that never dead-letters cannot grow it without limit.
-const maxNotedErrors = 8192
-
-// Farm is the set of JetStream objects one coordinator or worker uses. Create it with Setup.
-type Farm struct {
+// Queue is the set of JetStream objects one coordinator or worker uses. Create it with Setup
+// (the coordinator) or Open (a worker).
+type Queue struct {
 	JS     jetstream.JetStream
 	Tiles  jetstream.Stream
 	Events jetstream.Stream
@@ -65,14 +62,11 @@ type Farm struct {
 	Cfg        Config
 	// Log receives dead-letter watcher diagnostics; Setup sets slog.Default().
 	Log *slog.Logger
-
-	mu        sync.Mutex
-	lastError map[string]string // msg id -> last error reason, for dead letters
 }
 
 // Setup creates or updates, idempotently, the TILES work queue, EVENTS and DLQ streams, the shared durable
 // pull consumer "workers" and the "leases" bucket. Coordinators and workers may all call it at start-up.
-func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, error) {
+func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("setting up queue: %w", err)
 	}
@@ -185,7 +179,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Farm{
+	return &Queue{
 		Dropped:    dropped,
 		Workers:    workers,
 		JS:         js,
@@ -198,7 +192,6 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 		Failures:   &Failures{kv: fkv},
 		Cfg:        cfg,
 		Log:        slog.Default(),
-		lastError:  make(map[string]string),
 	}, nil
 }
 
@@ -206,7 +199,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Farm, erro
 // stream's dedup window already held msgID: nothing new was stored (count it, it is not an error).
 // An empty msgID publishes without dedup, for messages whose consumer is idempotent anyway (events):
 // the stream then keeps no dedup entry for them.
-func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, hdr nats.Header) (duplicate bool, err error) {
+func (f *Queue) Publish(ctx context.Context, subject, msgID string, data []byte, hdr nats.Header) (duplicate bool, err error) {
 	m := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{}}
 	maps.Copy(m.Header, hdr) // never mutate the caller's header map
 	var opts []jetstream.PublishOpt
@@ -221,7 +214,7 @@ func (f *Farm) Publish(ctx context.Context, subject, msgID string, data []byte, 
 }
 
 // FetchAssembly pulls one frame assembly job, waiting at most wait; (nil, nil) when none arrived.
-func (f *Farm) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+func (f *Queue) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	return fetchOne(ctx, f.Assemblers, wait)
 }
 
@@ -261,7 +254,7 @@ func fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) 
 }
 
 // Depth reports how many messages TILES holds and how old the oldest is, for the metrics.
-func (f *Farm) Depth(ctx context.Context) (msgs uint64, oldest time.Duration, err error) {
+func (f *Queue) Depth(ctx context.Context) (msgs uint64, oldest time.Duration, err error) {
 	info, err := f.Tiles.Info(ctx)
 	if err != nil {
 		return 0, 0, fmt.Errorf("reading %s depth: %w", StreamTiles, err)
@@ -272,46 +265,10 @@ func (f *Farm) Depth(ctx context.Context) (msgs uint64, oldest time.Duration, er
 	return info.State.Msgs, max(0, time.Since(info.State.FirstTime)), nil
 }
 
-// NoteError records the latest failure reason for msgID so a later dead letter carries it. An empty reason
-// forgets msgID (call it after a successful ack). The map is bounded; under pressure old reasons are dropped,
-// which only makes a dead letter's reason less specific.
-func (f *Farm) NoteError(msgID, reason string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if reason == "" {
-		delete(f.lastError, msgID)
-		return
-	}
-	if f.lastError == nil {
-		f.lastError = make(map[string]string)
-	}
-	if _, ok := f.lastError[msgID]; !ok && len(f.lastError) >= maxNotedErrors {
-		for k := range f.lastError { // drop an arbitrary entry
-			delete(f.lastError, k)
-			break
-		}
-	}
-	f.lastError[msgID] = reason
-}
-
-// logger returns f.Log, or the default logger for a Farm built by hand.
-func (f *Farm) logger() *slog.Logger {
+// logger returns f.Log, or the default logger for a Queue built by hand.
+func (f *Queue) logger() *slog.Logger {
 	if f.Log != nil {
 		return f.Log
 	}
 	return slog.Default()
-}
-
-// notedError returns the reason recorded by NoteError, or "".
-func (f *Farm) notedError(msgID string) string {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.lastError[msgID]
-}
-
-// forgetError drops msgID from the reason map once its dead letter is stored.
-func (f *Farm) forgetError(msgID string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	delete(f.lastError, msgID)
 }

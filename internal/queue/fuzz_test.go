@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // advisoryMsg is a MAX_DELIVERIES advisory as the dead-letter watcher fetches it, recording how
@@ -76,15 +77,15 @@ func (js *fakeJS) PublishMsg(_ context.Context, m *nats.Msg, _ ...jetstream.Publ
 // fakeHandler is the coordinator's side: work of seq%5 == 0 is promoted, and recording the
 // dead letter of seq%7 == 0 fails.
 type fakeHandler struct {
-	promoted, recorded []DeadLetter
+	promoted, recorded []api.DeadLetter
 }
 
-func (h *fakeHandler) Promoted(_ context.Context, dl DeadLetter) (bool, error) {
+func (h *fakeHandler) Promoted(_ context.Context, dl api.DeadLetter) (bool, error) {
 	h.promoted = append(h.promoted, dl)
 	return dl.StreamSeq%5 == 0, nil
 }
 
-func (h *fakeHandler) Record(_ context.Context, dl DeadLetter) error {
+func (h *fakeHandler) Record(_ context.Context, dl api.DeadLetter) error {
 	h.recorded = append(h.recorded, dl)
 	if dl.StreamSeq%7 == 0 {
 		return errors.New("database unavailable")
@@ -135,7 +136,7 @@ func FuzzDeadLetterAdvisory(f *testing.F) {
 	log := slog.New(slog.DiscardHandler)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		tiles, js, h := &fakeTiles{}, &fakeJS{}, &fakeHandler{}
-		farm := &Farm{JS: js, Tiles: tiles, Log: log}
+		farm := &Queue{JS: js, Tiles: tiles, Log: log}
 		m := &advisoryMsg{data: data}
 		farm.handleAdvisory(context.Background(), m, h, log)
 

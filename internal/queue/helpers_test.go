@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 )
 
@@ -16,7 +17,7 @@ import (
 type testFarm struct {
 	url string
 	nc  *nats.Conn
-	f   *Farm
+	f   *Queue
 }
 
 // connect opens another connection to the farm's server, as another process would.
@@ -69,7 +70,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 	}
 }
 
-func tilesCount(t *testing.T, f *Farm) uint64 {
+func tilesCount(t *testing.T, f *Queue) uint64 {
 	t.Helper()
 	n, _, err := f.Depth(testCtx(t))
 	if err != nil {
@@ -78,7 +79,7 @@ func tilesCount(t *testing.T, f *Farm) uint64 {
 	return n
 }
 
-func mustFetch(t *testing.T, f *Farm, wait time.Duration) jetstream.Msg {
+func mustFetch(t *testing.T, f *Queue, wait time.Duration) jetstream.Msg {
 	t.Helper()
 	m, err := f.FetchTile(testCtx(t), wait)
 	if err != nil {
@@ -91,10 +92,10 @@ func mustFetch(t *testing.T, f *Farm, wait time.Duration) jetstream.Msg {
 }
 
 // recordFunc is a DeadLetterHandler that finds nothing promoted and records with fn.
-type recordFunc func(DeadLetter) error
+type recordFunc func(api.DeadLetter) error
 
-func (recordFunc) Promoted(context.Context, DeadLetter) (bool, error) { return false, nil }
-func (fn recordFunc) Record(_ context.Context, dl DeadLetter) error   { return fn(dl) }
+func (recordFunc) Promoted(context.Context, api.DeadLetter) (bool, error) { return false, nil }
+func (fn recordFunc) Record(_ context.Context, dl api.DeadLetter) error   { return fn(dl) }
 
 func deliveries(t *testing.T, m jetstream.Msg) uint64 {
 	t.Helper()

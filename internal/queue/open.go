@@ -12,7 +12,7 @@ import (
 // Open binds to a farm the coordinator has already set up, without changing any of it, and
 // reads the settings (ack-wait, MaxDeliver, lease TTL) from the server. Workers use it so that
 // one operator setting on the coordinator governs the whole farm.
-func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
+func Open(ctx context.Context, js jetstream.JetStream) (*Queue, error) {
 	tiles, err := js.Stream(ctx, StreamTiles)
 	if err != nil {
 		return nil, fmt.Errorf("binding to stream %s (is the coordinator running?): %w", StreamTiles, err)
@@ -64,10 +64,9 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Farm, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Farm{
+	return &Queue{
 		Dropped: dropped, Workers: workers,
 		JS: js, Tiles: tiles, Events: events, DLQ: dlq, Bands: bands, Assemblers: assemblers,
 		Leases: &Leases{kv: kv, ttl: cfg.LeaseTTL}, Failures: &Failures{kv: fkv}, Cfg: cfg, Log: slog.Default(),
-		lastError: make(map[string]string),
 	}, nil
 }

@@ -8,9 +8,9 @@ import "github.com/nats-io/nats.go"
 const ProgressSubject = "progress.tiles"
 
 // PublishProgress sends one progress report; it never blocks on the server.
-func (f *Farm) PublishProgress(data []byte) error { return f.JS.Conn().Publish(ProgressSubject, data) }
+func (f *Queue) PublishProgress(data []byte) error { return f.JS.Conn().Publish(ProgressSubject, data) }
 
 // SubscribeProgress calls fn with every progress report until the subscription is drained.
-func (f *Farm) SubscribeProgress(fn func(data []byte)) (*nats.Subscription, error) {
+func (f *Queue) SubscribeProgress(fn func(data []byte)) (*nats.Subscription, error) {
 	return f.JS.Conn().Subscribe(ProgressSubject, func(m *nats.Msg) { fn(m.Data) })
 }

@@ -5,8 +5,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/checkpoint"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/layout"
 )
 
 // checkpointer saves a tile run's checkpoints one at a time in the background: after a pass
@@ -27,7 +28,7 @@ type checkpointer struct {
 
 // saveJob is one snapshot to save, locally and, if remote, in the object store.
 type saveJob struct {
-	c      tiles.Checkpoint
+	c      checkpoint.Checkpoint
 	remote bool
 	took   time.Duration // the snapshot's share of the save's cost
 }
@@ -108,8 +109,8 @@ func (w *Worker) snapshot(tile tileRenderer, r *tileRun, remote bool) (saveJob, 
 	}
 	start := time.Now()
 	st := tile.Export()
-	c := tiles.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
-		Attempt: r.attempt, Build: farm.BuildFor(r.job.Settings), SavedAt: time.Now().UTC()}
+	c := checkpoint.Checkpoint{TileKey: r.job.TileKey, FrameKey: r.job.FrameKey, InputHash: r.job.InputHash, Next: st.Next, Sum: st.Sum,
+		Attempt: r.attempt, Build: identity.BuildFor(r.job.Settings), SavedAt: time.Now().UTC()}
 	r.left.local = true
 	r.left.remote = r.left.remote || remote
 	return saveJob{c: c, remote: remote, took: time.Since(start)}, true
@@ -138,7 +139,7 @@ func (w *Worker) writeCheckpoint(ctx context.Context, r *tileRun, j saveJob) {
 		r.log.Warn("not uploading checkpoint: lease no longer ours", "err", err)
 		return
 	}
-	if err := w.objects.Put(ctx, farm.CheckpointKey(j.c.TileKey), data); err != nil {
+	if err := w.objects.Put(ctx, layout.CheckpointKey(j.c.TileKey), data); err != nil {
 		r.log.Warn("uploading remote checkpoint", "err", err)
 		return
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
@@ -29,18 +30,18 @@ var errDropped = errors.New("frame dropped: every job asking for it was cancelle
 // activity is what a worker is doing, for its heartbeat, and the jobs it blocklisted.
 type activity struct {
 	mu       sync.Mutex
-	tiles    map[string]queue.WorkerTile // by attempt id
-	failures map[string]int              // failed tiles by job id
-	blocked  []string                    // jobs whose tiles this worker no longer takes
-	samples  int64                       // samples rendered, ever
+	tiles    map[string]api.WorkerTile // by attempt id
+	failures map[string]int            // failed tiles by job id
+	blocked  []string                  // jobs whose tiles this worker no longer takes
+	samples  int64                     // samples rendered, ever
 }
 
 func newActivity() *activity {
-	return &activity{tiles: map[string]queue.WorkerTile{}, failures: map[string]int{}}
+	return &activity{tiles: map[string]api.WorkerTile{}, failures: map[string]int{}}
 }
 
 // start records a tile the worker renders.
-func (a *activity) start(attempt string, t queue.WorkerTile) {
+func (a *activity) start(attempt string, t api.WorkerTile) {
 	a.mu.Lock()
 	a.tiles[attempt] = t
 	a.mu.Unlock()
@@ -83,14 +84,14 @@ func (a *activity) isBlocked(job string) bool {
 }
 
 // snapshot is the heartbeat's view: the tiles rendering, the blocklist and the samples so far.
-func (a *activity) snapshot() ([]queue.WorkerTile, []string, int64) {
+func (a *activity) snapshot() ([]api.WorkerTile, []string, int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	tiles := make([]queue.WorkerTile, 0, len(a.tiles))
+	tiles := make([]api.WorkerTile, 0, len(a.tiles))
 	for _, t := range a.tiles {
 		tiles = append(tiles, t)
 	}
-	slices.SortFunc(tiles, func(x, y queue.WorkerTile) int {
+	slices.SortFunc(tiles, func(x, y api.WorkerTile) int {
 		if x.TileKey < y.TileKey {
 			return -1
 		}
@@ -118,15 +119,15 @@ func (w *Worker) beat(ctx context.Context) {
 			rate = float64(samples-lastSamples) / dt
 			lastTime, lastSamples = now, samples
 		}
-		info := queue.WorkerInfo{Name: w.cfg.Name, Host: host, Slots: w.cfg.Concurrency, Tiles: tiles,
+		info := api.Worker{Name: w.cfg.Name, Host: host, Slots: w.cfg.Concurrency, Tiles: tiles,
 			SamplesPerSecond: rate, LastSeen: now.UTC(), Blocklisted: blocked}
-		if err := w.farm.Workers.Beat(ctx, info); err != nil && ctx.Err() == nil {
+		if err := w.queue.Workers.Beat(ctx, info); err != nil && ctx.Err() == nil {
 			w.log.Warn("worker heartbeat", "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			if err := w.farm.Workers.Leave(lctx, w.cfg.Name); err != nil {
+			if err := w.queue.Workers.Leave(lctx, w.cfg.Name); err != nil {
 				w.log.Warn("leaving the worker directory", "err", err)
 			}
 			cancel()
@@ -140,7 +141,7 @@ func (w *Worker) beat(ctx context.Context) {
 // counts as not dropped: rendering a tile nobody wants wastes time, dropping one somebody
 // wants would strand its job.
 func (w *Worker) frameDropped(ctx context.Context, r *tileRun) bool {
-	dropped, err := w.farm.Dropped.Has(ctx, r.job.FrameKey)
+	dropped, err := w.queue.Dropped.Has(ctx, r.job.FrameKey)
 	if err != nil {
 		r.log.Debug("reading dropped frames", "err", err)
 		return false

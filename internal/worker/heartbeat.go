@@ -31,7 +31,7 @@ type heartbeat struct {
 
 func (w *Worker) startHeartbeat(ctx context.Context, msg jetstream.Msg, lease *queue.Lease, log *slog.Logger) *heartbeat {
 	hctx, cancel := context.WithCancelCause(ctx)
-	hb := &heartbeat{ctx: hctx, cancel: cancel, leases: w.farm.Leases, lease: lease,
+	hb := &heartbeat{ctx: hctx, cancel: cancel, leases: w.queue.Leases, lease: lease,
 		stopped: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(hb.done)

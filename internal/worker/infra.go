@@ -9,9 +9,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // errInjectedTimeout is what an injected publish failure looks like: a NATS timeout.
@@ -24,7 +24,7 @@ func isInfra(err error) bool {
 	if err == nil {
 		return false
 	}
-	if finalize.IsRetryable(err) {
+	if objstore.IsRetryable(err) {
 		return true
 	}
 	for _, e := range []error{nats.ErrTimeout, nats.ErrNoResponders, nats.ErrDisconnected, nats.ErrConnectionReconnecting,
@@ -43,7 +43,7 @@ func isInfra(err error) bool {
 func (w *Worker) retryStore(ctx context.Context, d *delivery, what string, op func(context.Context) error) error {
 	return w.retryInPlace(ctx, d, what, func(ctx context.Context) error {
 		err := op(ctx)
-		w.store.note(finalize.IsRetryable(err))
+		w.store.note(objstore.IsRetryable(err))
 		return err
 	})
 }
@@ -113,7 +113,7 @@ func (s *storeHealth) wait(ctx context.Context) bool {
 		}
 		// Any answer but an outage (a missing object included) means the store is back.
 		_, err := s.w.objects.Stat(ctx, "health/probe")
-		s.note(finalize.IsRetryable(err))
+		s.note(objstore.IsRetryable(err))
 	}
 	return ctx.Err() == nil
 }

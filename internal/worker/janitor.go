@@ -5,9 +5,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // PruneCheckpoints deletes local checkpoints of tiles that are promoted: a tile this node
@@ -15,7 +16,7 @@ import (
 // local checkpoint behind for good. A checkpoint written before checkpoints named their frame
 // (format version 3) cannot be matched with its manifest and is left alone. It runs now and
 // then every interval until ctx is done.
-func PruneCheckpoints(ctx context.Context, ckpts *tiles.CheckpointStore, objects finalize.Store, interval time.Duration, log *slog.Logger) {
+func PruneCheckpoints(ctx context.Context, ckpts *checkpoint.Local, objects objstore.Store, interval time.Duration, log *slog.Logger) {
 	for {
 		keys, err := ckpts.List(ctx)
 		if err != nil && ctx.Err() == nil {
@@ -27,7 +28,7 @@ func PruneCheckpoints(ctx context.Context, ckpts *tiles.CheckpointStore, objects
 			if err != nil || !ok || c.FrameKey == "" {
 				continue
 			}
-			done, err := finalize.ManifestExists(ctx, objects, farm.TileManifestKey(c.FrameKey, k))
+			done, err := finalize.ManifestExists(ctx, objects, layout.TileManifestKey(c.FrameKey, k))
 			if err != nil || !done {
 				continue
 			}

@@ -10,10 +10,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
-	"github.com/tilefarm/tilefarm/tiles"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // A tile resumed half-way from a checkpoint counts only the samples it rendered itself in
@@ -22,21 +24,21 @@ func TestSamplesRenderedOfAResumedTile(t *testing.T) {
 	h := newRunHarness(t)
 	job := h.job()
 	half := h.reference(t, job, job.Settings.SPP/2).Export()
-	codec, err := tiles.NewCodec()
+	codec, err := checkpoint.NewCodec()
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := codec.Encode(tiles.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
-		Next: half.Next, Sum: half.Sum, Build: farm.BuildFor(job.Settings), SavedAt: time.Now()})
+	data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
+		Next: half.Next, Sum: half.Sum, Build: identity.BuildFor(job.Settings), SavedAt: time.Now()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.objects.Put(h.ctx, farm.CheckpointKey(job.TileKey), data); err != nil {
+	if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
 		t.Fatal(err)
 	}
 	w, m := h.worker(t, Config{PassesPerTile: 4})
 	h.deliver(t, w, job)
-	if ok, err := finalize.ManifestExists(h.ctx, h.objects, farm.TileManifestKey(job.FrameKey, job.TileKey)); err != nil || !ok {
+	if ok, err := finalize.ManifestExists(h.ctx, h.objects, layout.TileManifestKey(job.FrameKey, job.TileKey)); err != nil || !ok {
 		t.Fatalf("tile not promoted (%v):\n%s", err, h.logs.String())
 	}
 	spp := job.Settings.SPP
@@ -94,7 +96,7 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 
 	// The Nak put the tile straight back; a second worker resumes it from the local checkpoint.
 	w2, m2 := h.worker(t, Config{PassesPerTile: 4})
-	msg, err = h.farm.FetchTile(h.ctx, 5*time.Second)
+	msg, err = h.queue.FetchTile(h.ctx, 5*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile after the shutdown = %v, %v", msg, err)
 	}
@@ -114,7 +116,7 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 	if _, ok, err := h.ckpts.Load(h.ctx, job.TileKey); ok || err != nil {
 		t.Errorf("local checkpoint after promotion: found %v, %v; want deleted", ok, err)
 	}
-	if _, err := h.objects.Stat(h.ctx, farm.CheckpointKey(job.TileKey)); !errors.Is(err, finalize.ErrNotFound) {
+	if _, err := h.objects.Stat(h.ctx, layout.CheckpointKey(job.TileKey)); !errors.Is(err, objstore.ErrNotFound) {
 		t.Errorf("remote checkpoint after promotion: %v, want deleted", err)
 	}
 }

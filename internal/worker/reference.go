@@ -6,8 +6,8 @@ import (
 	"sync"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -21,7 +21,7 @@ type Reference struct {
 
 // NewReference loads a scene bundle for local rendering. A Blender scene is unpacked under dir
 // and renders on pool's processes.
-func NewReference(b *farm.Bundle, dir string, pool *blender.Pool) (*Reference, error) {
+func NewReference(b *bundle.Bundle, dir string, pool *blender.Pool) (*Reference, error) {
 	sc, err := loadBundle(b, b.Version(), dir, pool)
 	if err != nil {
 		return nil, err
@@ -36,7 +36,7 @@ var ErrBadTiling = fmt.Errorf("bad tile size")
 // pass by pass as a worker renders it (one pass where the partition is the worker's choice:
 // the bits are the same). A tileSize of 0 is the scene kind's default. onTile, if set, is
 // called after every tile.
-func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame, tileSize, parallel int, onTile func(done, total int)) (*finalize.Frame, error) {
+func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame, tileSize, parallel int, onTile func(done, total int)) (*raster.Frame, error) {
 	if tileSize == 0 {
 		tileSize = ref.tileSize
 	}
@@ -44,7 +44,7 @@ func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTiling, err)
 	}
-	img := finalize.NewFrame(st.Width, st.Height)
+	img := raster.NewFrame(st.Width, st.Height)
 	next := make(chan render.Rect)
 	var (
 		mu    sync.Mutex
@@ -107,7 +107,7 @@ func (ref *Reference) renderTile(ctx context.Context, st render.Settings, frame 
 }
 
 // Encode encodes a frame in one format as the farm's assembler does.
-func (ref *Reference) Encode(ctx context.Context, f *finalize.Frame, st render.Settings, format string) ([]byte, error) {
+func (ref *Reference) Encode(ctx context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error) {
 	outs, err := encodeFrame(ctx, ref.sc, f, st, []string{format})
 	if err != nil {
 		return nil, err

@@ -7,7 +7,9 @@ import (
 
 	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -19,7 +21,7 @@ type scene interface {
 	newTile(ctx context.Context, st render.Settings, frame int, r render.Rect) (tileRenderer, error)
 	// encode encodes an assembled linear frame in one output format; an error no retry can
 	// fix is terminal.
-	encode(ctx context.Context, f *finalize.Frame, st render.Settings, format string) ([]byte, error)
+	encode(ctx context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error)
 }
 
 // tileRenderer renders one tile in sample ranges [from, to) that end on the ends of
@@ -39,26 +41,26 @@ type pathTracer struct{ s *render.Scene }
 func (p pathTracer) newTile(_ context.Context, st render.Settings, frame int, r render.Rect) (tileRenderer, error) {
 	t, err := render.NewTile(p.s, st, frame, r)
 	if err != nil {
-		return nil, farm.Terminalf("creating tile: %w", err)
+		return nil, failure.Terminalf("creating tile: %w", err)
 	}
 	return t, nil
 }
 
 // encode tone-maps PNGs with tilefarm's own curve (the scene's exposure). Its errors are
 // deterministic, so terminal.
-func (p pathTracer) encode(_ context.Context, f *finalize.Frame, st render.Settings, format string) ([]byte, error) {
+func (p pathTracer) encode(_ context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error) {
 	var data []byte
 	var err error
 	switch format {
 	case "png":
-		data, err = finalize.EncodePNG8(f, st.Exposure)
+		data, err = raster.EncodePNG8(f, st.Exposure)
 	case "png16":
-		data, err = finalize.EncodePNG16(f, st.Exposure)
+		data, err = raster.EncodePNG16(f, st.Exposure)
 	default:
 		return encodeLinear(f, format)
 	}
 	if err != nil {
-		return nil, farm.Terminalf("encoding %s: %w", format, err)
+		return nil, failure.Terminalf("encoding %s: %w", format, err)
 	}
 	return data, nil
 }
@@ -79,7 +81,7 @@ func (c cycles) newTile(ctx context.Context, st render.Settings, frame int, r re
 
 // encode has Blender encode PNGs through the scene's own colour management, so they look as
 // Blender's own renders of the scene do.
-func (c cycles) encode(ctx context.Context, f *finalize.Frame, _ render.Settings, format string) ([]byte, error) {
+func (c cycles) encode(ctx context.Context, f *raster.Frame, _ render.Settings, format string) ([]byte, error) {
 	depth := 0
 	switch format {
 	case "png":
@@ -110,30 +112,30 @@ func (t cyclesTile) Render(ctx context.Context, from, to int) error {
 // farm can render it. A crashed or hung Blender process is retried.
 func blenderErr(what string, err error) error {
 	if errors.Is(err, blender.ErrScene) || errors.Is(err, blender.ErrBuildMismatch) {
-		return farm.Terminalf("%s: %w", what, err)
+		return failure.Terminalf("%s: %w", what, err)
 	}
 	return fmt.Errorf("%s: %w", what, err)
 }
 
 // encodeLinear encodes the formats that hold the linear frame itself, whatever the renderer.
-func encodeLinear(f *finalize.Frame, format string) ([]byte, error) {
+func encodeLinear(f *raster.Frame, format string) ([]byte, error) {
 	if format != "exr" {
-		return nil, farm.Terminalf("unknown output format %q", format)
+		return nil, failure.Terminalf("unknown output format %q", format)
 	}
-	data, err := finalize.EncodeEXR(f, finalize.EXRZip)
+	data, err := raster.EncodeEXR(f, raster.EXRZip)
 	if err != nil {
-		return nil, farm.Terminalf("encoding exr: %w", err)
+		return nil, failure.Terminalf("encoding exr: %w", err)
 	}
 	return data, nil
 }
 
 // encodeFrame encodes a frame in each of formats, in order, as named outputs of a manifest.
-func encodeFrame(ctx context.Context, sc scene, f *finalize.Frame, st render.Settings, formats []string) ([]finalize.Output, error) {
+func encodeFrame(ctx context.Context, sc scene, f *raster.Frame, st render.Settings, formats []string) ([]finalize.Output, error) {
 	outs := make([]finalize.Output, 0, len(formats))
 	for _, format := range formats {
-		name, ok := farm.FrameOutputName(format)
+		name, ok := layout.FrameOutputName(format)
 		if !ok {
-			return nil, farm.Terminalf("unknown output format %q", format)
+			return nil, failure.Terminalf("unknown output format %q", format)
 		}
 		data, err := sc.encode(ctx, f, st, format)
 		if err != nil {

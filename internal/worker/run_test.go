@@ -15,24 +15,29 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // runHarness runs one worker against a real in-process JetStream and a filesystem store, one
 // delivery at a time, so a test can set the stage before a tile and look at everything after.
 type runHarness struct {
 	ctx     context.Context
-	farm    *queue.Farm
+	queue   *queue.Queue
 	js      jetstream.JetStream
-	objects *finalize.FSStore
-	ckpts   *tiles.CheckpointStore
-	bundle  *farm.Bundle
+	objects *objstore.FSStore
+	ckpts   *checkpoint.Local
+	bundle  *bundle.Bundle
 	scene   *render.Scene
 	st      render.Settings
 	logs    *syncBuffer
@@ -65,20 +70,20 @@ func newRunHarness(t *testing.T) *runHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objects, err := finalize.NewFSStore(t.TempDir())
+	objects, err := objstore.NewFSStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ckpts, err := tiles.OpenCheckpointStore(filepath.Join(t.TempDir(), "checkpoints.db"))
+	ckpts, err := checkpoint.OpenLocal(filepath.Join(t.TempDir(), "checkpoints.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ckpts.Close() })
-	b, err := farm.ReadBundle("../../examples/cornell/scene.json")
+	b, err := bundle.ReadBundle("../../examples/cornell/scene.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := objects.Put(ctx, farm.SceneKey(b.Version()), b.Encode()); err != nil {
+	if err := objects.Put(ctx, layout.SceneKey(b.Version()), b.Encode()); err != nil {
 		t.Fatal(err)
 	}
 	scene, err := b.Parse()
@@ -89,23 +94,23 @@ func newRunHarness(t *testing.T) *runHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &runHarness{ctx: ctx, farm: f, js: js, objects: objects, ckpts: ckpts, bundle: b, scene: scene, st: st, logs: &syncBuffer{}}
+	return &runHarness{ctx: ctx, queue: f, js: js, objects: objects, ckpts: ckpts, bundle: b, scene: scene, st: st, logs: &syncBuffer{}}
 }
 
 // job is the tile job of the frame's only 32 px tile, as the relay derives it.
-func (h *runHarness) job() farm.TileJob {
+func (h *runHarness) job() wire.TileJob {
 	r := render.Rect{X1: 32, Y1: 32}
 	sv := h.bundle.Version()
-	fk := tiles.FrameKey(sv, h.st.Camera, 1, tiles.SettingsHash(h.st))
-	return farm.TileJob{JobID: "job-test", TileKey: tiles.TileKey(fk, r), FrameKey: fk, Index: 0, SceneVersion: sv,
-		Settings: h.st, Frame: 1, Rect: r, InputHash: tiles.InputHash(sv, h.st, 1, r)}
+	fk := identity.FrameKey(sv, h.st.Camera, 1, identity.SettingsHash(h.st))
+	return wire.TileJob{JobID: "job-test", TileKey: identity.TileKey(fk, r), FrameKey: fk, Index: 0, SceneVersion: sv,
+		Settings: h.st, Frame: 1, Rect: r, InputHash: identity.InputHash(sv, h.st, 1, r)}
 }
 
 func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Worker) {
 	t.Helper()
 	m := metrics.NewWorker(metrics.NewRegistry())
 	cfg.Name = "w1"
-	w, err := New(cfg, Deps{Farm: h.farm, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
+	w, err := New(cfg, Deps{Queue: h.queue, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
 		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
@@ -114,16 +119,16 @@ func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Worker)
 }
 
 // publishAndFetch publishes job to TILES and takes its delivery.
-func (h *runHarness) publishAndFetch(t *testing.T, job farm.TileJob) jetstream.Msg {
+func (h *runHarness) publishAndFetch(t *testing.T, job wire.TileJob) jetstream.Msg {
 	t.Helper()
 	data, err := json.Marshal(job)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
+	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
 		t.Fatal(err)
 	}
-	msg, err := h.farm.FetchTile(h.ctx, 2*time.Second)
+	msg, err := h.queue.FetchTile(h.ctx, 2*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile = %v, %v", msg, err)
 	}
@@ -131,25 +136,25 @@ func (h *runHarness) publishAndFetch(t *testing.T, job farm.TileJob) jetstream.M
 }
 
 // deliver publishes job to TILES and has w handle its delivery.
-func (h *runHarness) deliver(t *testing.T, w *Worker, job farm.TileJob) {
+func (h *runHarness) deliver(t *testing.T, w *Worker, job wire.TileJob) {
 	t.Helper()
 	w.handle(h.ctx, h.publishAndFetch(t, job))
 }
 
 // events returns every event in EVENTS.
-func (h *runHarness) events(t *testing.T) []farm.Event {
+func (h *runHarness) events(t *testing.T) []wire.Event {
 	t.Helper()
-	info, err := h.farm.Events.Info(h.ctx)
+	info, err := h.queue.Events.Info(h.ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []farm.Event
+	var out []wire.Event
 	for seq := info.State.FirstSeq; seq > 0 && seq <= info.State.LastSeq; seq++ {
-		raw, err := h.farm.Events.GetMsg(h.ctx, seq)
+		raw, err := h.queue.Events.GetMsg(h.ctx, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var ev farm.Event
+		var ev wire.Event
 		if err := json.Unmarshal(raw.Data, &ev); err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +164,7 @@ func (h *runHarness) events(t *testing.T) []farm.Event {
 }
 
 // reference renders the job's tile from scratch.
-func (h *runHarness) reference(t *testing.T, job farm.TileJob, to int) *render.Tile {
+func (h *runHarness) reference(t *testing.T, job wire.TileJob, to int) *render.Tile {
 	t.Helper()
 	tile, err := render.NewTile(h.scene, job.Settings, job.Frame, job.Rect)
 	if err != nil {
@@ -172,17 +177,17 @@ func (h *runHarness) reference(t *testing.T, job farm.TileJob, to int) *render.T
 }
 
 // promoted returns the promoted float pixels of the job's tile.
-func (h *runHarness) promoted(t *testing.T, job farm.TileJob) []float32 {
+func (h *runHarness) promoted(t *testing.T, job wire.TileJob) []float32 {
 	t.Helper()
-	m, err := finalize.ReadManifest(h.ctx, h.objects, farm.TileManifestKey(job.FrameKey, job.TileKey))
+	m, err := finalize.ReadManifest(h.ctx, h.objects, layout.TileManifestKey(job.FrameKey, job.TileKey))
 	if err != nil {
 		t.Fatalf("tile manifest: %v", err)
 	}
-	data, err := finalize.ReadObject(h.ctx, h.objects, m, farm.TileOutputName)
+	data, err := finalize.ReadObject(h.ctx, h.objects, m, layout.TileOutputName)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pix, err := finalize.DecodeTile(data, 32*32*3)
+	pix, err := raster.DecodeTile(data, 32*32*3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,10 +214,10 @@ func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
 	job := h.job()
 	want := h.reference(t, job, job.Settings.SPP).Pixels()
 	holderDone := false
-	w, m := h.worker(t, Config{Faults: Faults{BeforeLease: func(j farm.TileJob) {
+	w, m := h.worker(t, Config{Faults: Faults{BeforeLease: func(j wire.TileJob) {
 		// The holder promotes between the duplicate's first manifest check and its lease.
-		if _, err := finalize.Promote(h.ctx, h.objects, farm.TileManifestKey(j.FrameKey, j.TileKey), "holder", farm.BuildFingerprint(),
-			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(want)}}, nil); err != nil {
+		if _, err := finalize.Promote(h.ctx, h.objects, layout.TileManifestKey(j.FrameKey, j.TileKey), "holder", identity.BuildFingerprint(),
+			[]finalize.Output{{Name: layout.TileOutputName, Data: raster.EncodeTile(want)}}, nil); err != nil {
 			t.Error(err)
 		}
 		holderDone = true
@@ -222,7 +227,7 @@ func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
 		t.Fatal("the fault never ran: the duplicate did not reach its lease")
 	}
 	for _, ev := range h.events(t) {
-		if ev.Type == farm.EventTileStarted {
+		if ev.Type == wire.EventTileStarted {
 			t.Fatalf("the duplicate started rendering a promoted tile: %+v", ev)
 		}
 	}
@@ -232,10 +237,10 @@ func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
 	if got := testutil.ToFloat64(m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck)); got != 1 {
 		t.Fatalf("manifest-check duplicates = %v, want 1", got)
 	}
-	if n, _, _ := h.farm.Depth(h.ctx); n != 0 {
+	if n, _, _ := h.queue.Depth(h.ctx); n != 0 {
 		t.Fatalf("TILES holds %d messages: the duplicate was not acked", n)
 	}
-	if owner, _, err := h.farm.Leases.Owner(h.ctx, job.TileKey); err != nil || owner != "" {
+	if owner, _, err := h.queue.Leases.Owner(h.ctx, job.TileKey); err != nil || owner != "" {
 		t.Fatalf("lease still held by %q (%v)", owner, err)
 	}
 	samePixels(t, h.promoted(t, job), want)
@@ -248,7 +253,7 @@ func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
 		name    string
 		build   string
 		resumed bool
-	}{{"other build", "go1.0 other/v9 render/pt-0", false}, {"same build", farm.BuildFingerprint(), true}} {
+	}{{"other build", "go1.0 other/v9 render/pt-0", false}, {"same build", identity.BuildFingerprint(), true}} {
 		t.Run(c.name, func(t *testing.T) {
 			h := newRunHarness(t)
 			job := h.job()
@@ -261,23 +266,23 @@ func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
 					sum[i] = 1e6
 				}
 			}
-			codec, err := tiles.NewCodec()
+			codec, err := checkpoint.NewCodec()
 			if err != nil {
 				t.Fatal(err)
 			}
-			data, err := codec.Encode(tiles.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
+			data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
 				Next: half.Next, Sum: sum, Build: c.build, SavedAt: time.Now()})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := h.objects.Put(h.ctx, farm.CheckpointKey(job.TileKey), data); err != nil {
+			if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
 				t.Fatal(err)
 			}
 			w, m := h.worker(t, Config{})
 			h.deliver(t, w, job)
-			var started *farm.Event
+			var started *wire.Event
 			for _, ev := range h.events(t) {
-				if ev.Type == farm.EventTileStarted {
+				if ev.Type == wire.EventTileStarted {
 					started = &ev
 				}
 			}
@@ -304,15 +309,15 @@ func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
 func TestUndecodableJobIsDeadLettered(t *testing.T) {
 	h := newRunHarness(t)
 	w, _ := h.worker(t, Config{})
-	if _, err := h.farm.Publish(h.ctx, queue.SubjectRender, "garbage", []byte("{not json"), nil); err != nil {
+	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, "garbage", []byte("{not json"), nil); err != nil {
 		t.Fatal(err)
 	}
-	msg, err := h.farm.FetchTile(h.ctx, 2*time.Second)
+	msg, err := h.queue.FetchTile(h.ctx, 2*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile = %v, %v", msg, err)
 	}
 	w.handle(h.ctx, msg)
-	dls, err := h.farm.ListDeadLetters(h.ctx)
+	dls, err := h.queue.ListDeadLetters(h.ctx)
 	if err != nil || len(dls) != 1 || !strings.Contains(dls[0].Reason, "decoding tile job") {
 		t.Fatalf("dead letters %+v (%v), want the undecodable job with its error", dls, err)
 	}

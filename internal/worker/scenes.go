@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/flight"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // maxCachedScenes bounds the parsed scenes (BVHs, meshes) a process keeps in memory.
@@ -22,7 +24,7 @@ const maxCachedScenes = 4
 // once, however many slots ask for it at the same moment. Bundles are also kept on disk (when
 // dir is set), so a restarted worker does not download them again.
 type Scenes struct {
-	objects finalize.Store
+	objects objstore.Store
 	dir     string
 	blender *blender.Pool
 	log     *slog.Logger
@@ -33,7 +35,7 @@ type Scenes struct {
 // NewScenes makes a scene cache reading bundles from objects, cached on disk under dir (""
 // keeps JSON scenes in memory only; Blender scenes need a directory to be unpacked in).
 // Blender scenes render on pool's processes; a nil pool renders JSON scenes only.
-func NewScenes(objects finalize.Store, dir string, pool *blender.Pool, log *slog.Logger) *Scenes {
+func NewScenes(objects objstore.Store, dir string, pool *blender.Pool, log *slog.Logger) *Scenes {
 	return &Scenes{objects: objects, dir: dir, blender: pool, log: log, parsed: flight.New[scene](maxCachedScenes)}
 }
 
@@ -47,15 +49,15 @@ func (s *Scenes) Get(ctx context.Context, version string) (scene, error) {
 func (s *Scenes) load(ctx context.Context, version string) (scene, error) {
 	b, err := s.cached(version)
 	if err != nil {
-		data, gerr := s.objects.Get(ctx, farm.SceneKey(version))
+		data, gerr := s.objects.Get(ctx, layout.SceneKey(version))
 		if gerr != nil {
-			if errors.Is(gerr, finalize.ErrNotFound) {
-				return nil, farm.Terminalf("scene %s is not in the object store: %w", version, gerr)
+			if errors.Is(gerr, objstore.ErrNotFound) {
+				return nil, failure.Terminalf("scene %s is not in the object store: %w", version, gerr)
 			}
 			return nil, fmt.Errorf("fetching scene %s: %w", version, gerr)
 		}
-		if b, err = farm.DecodeBundle(data); err != nil {
-			return nil, farm.Terminal(err)
+		if b, err = bundle.Decode(data); err != nil {
+			return nil, failure.Terminal(err)
 		}
 		if got := b.Version(); got != version {
 			return nil, fmt.Errorf("scene bundle %s has version %s: corrupt download", version, got)
@@ -63,7 +65,7 @@ func (s *Scenes) load(ctx context.Context, version string) (scene, error) {
 		if s.dir != "" {
 			err := os.MkdirAll(s.dir, 0o755)
 			if err == nil {
-				err = finalize.WriteFileAtomic(s.path(version), data)
+				err = objstore.WriteFileAtomic(s.path(version), data)
 			}
 			if err != nil {
 				s.log.Warn("caching scene", "scene_version", version, "err", err)
@@ -75,11 +77,11 @@ func (s *Scenes) load(ctx context.Context, version string) (scene, error) {
 
 // loadBundle makes a decoded bundle renderable: a JSON scene is parsed, a Blender scene's
 // files are unpacked under dir/blender for the pool's processes to open.
-func loadBundle(b *farm.Bundle, version, dir string, pool *blender.Pool) (scene, error) {
+func loadBundle(b *bundle.Bundle, version, dir string, pool *blender.Pool) (scene, error) {
 	if !b.IsBlender() {
 		sc, err := b.Parse()
 		if err != nil {
-			return nil, farm.Terminalf("parsing scene %s: %w", version, err)
+			return nil, failure.Terminalf("parsing scene %s: %w", version, err)
 		}
 		return pathTracer{sc}, nil
 	}
@@ -90,7 +92,7 @@ func loadBundle(b *farm.Bundle, version, dir string, pool *blender.Pool) (scene,
 		return nil, fmt.Errorf("scene %s is a Blender scene and this worker has no directory to unpack it in", version)
 	}
 	if err := b.Validate(); err != nil {
-		return nil, farm.Terminalf("scene %s: %w", version, err)
+		return nil, failure.Terminalf("scene %s: %w", version, err)
 	}
 	bs, err := b.Unpack(filepath.Join(dir, "blender"), version)
 	if err != nil {
@@ -104,7 +106,7 @@ func loadBundle(b *farm.Bundle, version, dir string, pool *blender.Pool) (scene,
 func (s *Scenes) path(version string) string { return filepath.Join(s.dir, version+".tfb") }
 
 // cached reads a bundle from the disk cache; one that does not hash to its name is ignored.
-func (s *Scenes) cached(version string) (*farm.Bundle, error) {
+func (s *Scenes) cached(version string) (*bundle.Bundle, error) {
 	if s.dir == "" {
 		return nil, os.ErrNotExist
 	}
@@ -112,7 +114,7 @@ func (s *Scenes) cached(version string) (*farm.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
-	b, err := farm.DecodeBundle(data)
+	b, err := bundle.Decode(data)
 	if err != nil || b.Version() != version {
 		s.log.Warn("ignoring corrupt cached scene", "scene_version", version)
 		return nil, errors.New("corrupt cached scene")

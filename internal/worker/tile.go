@@ -7,18 +7,24 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
+	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // tileRun is one delivery of one tile job being carried through the Render flow.
 type tileRun struct {
 	*delivery
-	job   farm.TileJob
+	job   wire.TileJob
 	lease *queue.Lease
 	hb    *heartbeat       // nil until the lease is held
 	ckpt  *checkpointer    // nil until the render begins
@@ -33,17 +39,17 @@ type tileRun struct {
 // had. One a zombie saved in between is removed by PruneCheckpoints locally and by GC remotely.
 type leftCheckpoints struct{ local, remote bool }
 
-func (r *tileRun) manifestKey() string { return farm.TileManifestKey(r.job.FrameKey, r.job.TileKey) }
+func (r *tileRun) manifestKey() string { return layout.TileManifestKey(r.job.FrameKey, r.job.TileKey) }
 
 // describeTile fills in how a tile delivery is announced when it fails or turns out done.
-func (w *Worker) describeTile(d *delivery, job farm.TileJob) {
+func (w *Worker) describeTile(d *delivery, job wire.TileJob) {
 	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
 	d.jobID = job.JobID
-	d.describe = func(ev farm.Event) farm.Event {
-		ev.Type, ev.JobID, ev.TileKey, ev.TileIndex, ev.FrameKey = farm.EventTileFailed, job.JobID, job.TileKey, job.Index, job.FrameKey
+	d.describe = func(ev wire.Event) wire.Event {
+		ev.Type, ev.JobID, ev.TileKey, ev.TileIndex, ev.FrameKey = wire.EventTileFailed, job.JobID, job.TileKey, job.Index, job.FrameKey
 		return ev
 	}
-	key := farm.TileManifestKey(job.FrameKey, job.TileKey)
+	key := layout.TileManifestKey(job.FrameKey, job.TileKey)
 	d.promoted = func(ctx context.Context) (bool, error) { return finalize.ManifestExists(ctx, w.objects, key) }
 	d.complete = func(ctx context.Context, d *delivery) error {
 		return w.complete(ctx, &tileRun{delivery: d, job: job}, 0, 0, true)
@@ -99,7 +105,7 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 		w.release(ctx, lease, r)
 	}
 	defer r.finish()
-	w.act.start(r.attempt, queue.WorkerTile{JobID: r.job.JobID, Frame: r.job.Frame, TileKey: r.job.TileKey, SamplesTotal: r.job.Settings.SPP})
+	w.act.start(r.attempt, api.WorkerTile{JobID: r.job.JobID, Frame: r.job.Frame, TileKey: r.job.TileKey, SamplesTotal: r.job.Settings.SPP})
 	defer w.act.end(r.attempt)
 	err = w.renderAndPromote(r.hb.ctx, r)
 	if errors.Is(err, errDropped) {
@@ -134,12 +140,12 @@ func (w *Worker) promotedNow(ctx context.Context, r *tileRun) (bool, error) {
 // checkIdentity recomputes the job's keys with this worker's renderer. A mismatch means the job
 // was made by a build with another render.Version: rendering it here would resume foreign
 // checkpoints and promote pixels under keys that promise other ones.
-func checkIdentity(job farm.TileJob) error {
-	sh := tiles.SettingsHash(job.Settings)
-	fk := tiles.FrameKey(job.SceneVersion, job.Settings.Camera, job.Frame, sh)
-	if fk != job.FrameKey || tiles.TileKey(fk, job.Rect) != job.TileKey ||
-		tiles.InputHashFor(job.SceneVersion, sh, job.Frame, job.Rect) != job.InputHash {
-		return farm.Terminalf("build mismatch: tile %s was not made for render version %s (all workers of a farm must run the coordinator's build)", job.TileKey, render.Version)
+func checkIdentity(job wire.TileJob) error {
+	sh := identity.SettingsHash(job.Settings)
+	fk := identity.FrameKey(job.SceneVersion, job.Settings.Camera, job.Frame, sh)
+	if fk != job.FrameKey || identity.TileKey(fk, job.Rect) != job.TileKey ||
+		identity.InputHashFor(job.SceneVersion, sh, job.Frame, job.Rect) != job.InputHash {
+		return failure.Terminalf("build mismatch: tile %s was not made for render version %s (all workers of a farm must run the coordinator's build)", job.TileKey, render.Version)
 	}
 	return nil
 }
@@ -151,7 +157,7 @@ func checkIdentity(job farm.TileJob) error {
 func (w *Worker) acquire(ctx context.Context, r *tileRun) (*queue.Lease, error) {
 	waiting := false
 	for try := 1; ; try++ {
-		lease, err := w.farm.Leases.Acquire(ctx, r.job.TileKey, w.cfg.Name+"/"+r.attempt)
+		lease, err := w.queue.Leases.Acquire(ctx, r.job.TileKey, w.cfg.Name+"/"+r.attempt)
 		if err == nil {
 			return lease, nil
 		}
@@ -202,7 +208,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	r.left = &leftCheckpoints{}
 	recovered := w.resume(ctx, tile, r)
 	if err := w.retryInPlace(ctx, r.delivery, "publishing start event", func(ctx context.Context) error {
-		return w.publishEvent(ctx, r.delivery, farm.Event{Type: farm.EventTileStarted, JobID: r.job.JobID, TileKey: r.job.TileKey,
+		return w.publishEvent(ctx, r.delivery, wire.Event{Type: wire.EventTileStarted, JobID: r.job.JobID, TileKey: r.job.TileKey,
 			TileIndex: r.job.Index, FrameKey: r.job.FrameKey, SamplesRecovered: recovered})
 	}); err != nil {
 		return err
@@ -246,8 +252,8 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	// The manifest was absent when the lease was taken: the first try skips reading it again.
 	opts := []finalize.PromoteOption{finalize.AfterUpload(func() { w.crashAt(r.log, "after-upload") }), finalize.Absent()}
 	err = w.retryStore(ctx, r.delivery, "promoting tile", func(ctx context.Context) (err error) {
-		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, farm.BuildFor(r.job.Settings),
-			[]finalize.Output{{Name: farm.TileOutputName, Data: finalize.EncodeTile(tile.Pixels())}},
+		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, identity.BuildFor(r.job.Settings),
+			[]finalize.Output{{Name: layout.TileOutputName, Data: raster.EncodeTile(tile.Pixels())}},
 			map[string]string{"tile_key": r.job.TileKey, "frame_key": r.job.FrameKey, "input_hash": r.job.InputHash, "worker": w.cfg.Name},
 			opts...)
 		opts = opts[:1] // a retry reads the manifest first, and may find its own promotion
@@ -257,7 +263,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		w.m.FinalizeFailures.Inc()
 		if errors.Is(err, finalize.ErrConflict) {
 			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestConflict).Inc()
-			return farm.Terminalf("promoting tile: %w", err)
+			return failure.Terminalf("promoting tile: %w", err)
 		}
 		return err
 	}
@@ -273,7 +279,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 func (w *Worker) release(ctx context.Context, lease *queue.Lease, r *tileRun) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := w.farm.Leases.Release(rctx, lease); err != nil {
+	if err := w.queue.Leases.Release(rctx, lease); err != nil {
 		r.log.Warn("releasing lease", "err", err)
 	}
 }
@@ -281,7 +287,7 @@ func (w *Worker) release(ctx context.Context, lease *queue.Lease, r *tileRun) {
 // complete publishes tile.completed (retrying a NATS outage in place), drops the checkpoints,
 // releases the lease and acks last.
 func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered int, duplicate bool) error {
-	ev := farm.Event{ID: farm.EventTileCompleted + ":" + r.job.TileKey, Type: farm.EventTileCompleted, JobID: r.job.JobID,
+	ev := wire.Event{ID: wire.EventTileCompleted + ":" + r.job.TileKey, Type: wire.EventTileCompleted, JobID: r.job.JobID,
 		TileKey: r.job.TileKey, TileIndex: r.job.Index, FrameKey: r.job.FrameKey,
 		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate}
 	if err := w.retryInPlace(ctx, r.delivery, "publishing completion event", func(ctx context.Context) error {
@@ -296,7 +302,7 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 		}
 	}
 	if r.left == nil || r.left.remote {
-		if err := w.objects.Delete(ctx, farm.CheckpointKey(r.job.TileKey)); err != nil {
+		if err := w.objects.Delete(ctx, layout.CheckpointKey(r.job.TileKey)); err != nil {
 			r.log.Warn("deleting remote checkpoint", "err", err)
 		}
 	}
@@ -317,8 +323,8 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 // resume imports the newest usable checkpoint, local first, then remote: one of this tile,
 // made from the same inputs by the same build. It returns the samples recovered.
 func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int {
-	candidates := []func() (tiles.Checkpoint, bool){
-		func() (tiles.Checkpoint, bool) {
+	candidates := []func() (checkpoint.Checkpoint, bool){
+		func() (checkpoint.Checkpoint, bool) {
 			c, ok, err := w.ckpts.Load(ctx, r.job.TileKey)
 			if err != nil {
 				r.log.Warn("loading local checkpoint", "err", err)
@@ -326,25 +332,25 @@ func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int 
 			r.left.local = ok || err != nil
 			return c, ok && err == nil
 		},
-		func() (tiles.Checkpoint, bool) {
-			data, err := w.objects.Get(ctx, farm.CheckpointKey(r.job.TileKey))
-			r.left.remote = !errors.Is(err, finalize.ErrNotFound)
+		func() (checkpoint.Checkpoint, bool) {
+			data, err := w.objects.Get(ctx, layout.CheckpointKey(r.job.TileKey))
+			r.left.remote = !errors.Is(err, objstore.ErrNotFound)
 			if err != nil {
-				if !errors.Is(err, finalize.ErrNotFound) {
+				if !errors.Is(err, objstore.ErrNotFound) {
 					r.log.Warn("loading remote checkpoint", "err", err)
 				}
-				return tiles.Checkpoint{}, false
+				return checkpoint.Checkpoint{}, false
 			}
 			c, err := w.codec.Decode(data)
 			if err != nil {
 				r.log.Warn("discarding corrupt remote checkpoint", "err", err)
-				return tiles.Checkpoint{}, false
+				return checkpoint.Checkpoint{}, false
 			}
 			return c, true
 		},
 	}
-	build := farm.BuildFor(r.job.Settings)
-	best := tiles.Checkpoint{}
+	build := identity.BuildFor(r.job.Settings)
+	best := checkpoint.Checkpoint{}
 	for _, load := range candidates {
 		c, ok := load()
 		if !ok {
@@ -463,10 +469,10 @@ func (w *Worker) renderRange(ctx context.Context, r *tileRun, tile tileRenderer,
 // reportProgress tells the coordinator how far a tile is, best effort: a lost report loses
 // nothing (docs/design.md, "Progress").
 func (w *Worker) reportProgress(r *tileRun, samples int) {
-	data, err := json.Marshal(farm.Progress{JobID: r.job.JobID, FrameKey: r.job.FrameKey, TileKey: r.job.TileKey,
+	data, err := json.Marshal(wire.Progress{JobID: r.job.JobID, FrameKey: r.job.FrameKey, TileKey: r.job.TileKey,
 		Samples: samples, SPP: r.job.Settings.SPP, Worker: w.cfg.Name, Time: time.Now().UTC()})
 	if err == nil {
-		err = w.farm.PublishProgress(data)
+		err = w.queue.PublishProgress(data)
 	}
 	if err != nil {
 		r.log.Debug("reporting progress", "err", err)

@@ -16,12 +16,14 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/checkpoint"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // Config tunes a worker. Zero values take the defaults.
@@ -62,7 +64,7 @@ type Faults struct {
 	FailPublish  string
 	FailPublishN int
 	// BeforeLease runs after the manifest check, right before the lease is taken.
-	BeforeLease func(job farm.TileJob)
+	BeforeLease func(job wire.TileJob)
 }
 
 // DefaultPasses is how many passes a JSON scene's tile is split into. A pass is what a kill
@@ -73,7 +75,7 @@ const DefaultPasses = 32
 // Seams of the Render and Finalize flows where Faults.CrashAt can kill a worker.
 var Seams = []string{"before-lease", "mid-pass", "after-checkpoint", "after-upload", "after-manifest", "after-event", "before-ack"}
 
-func (c *Config) normalize(f *queue.Farm) {
+func (c *Config) normalize(f *queue.Queue) {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 1
 	}
@@ -94,7 +96,7 @@ func (c *Config) normalize(f *queue.Farm) {
 		c.FetchWait = 2 * time.Second
 	}
 	if c.Name == "" {
-		c.Name = "worker-" + tiles.NewAttemptID()[:8]
+		c.Name = "worker-" + identity.NewAttemptID()[:8]
 	}
 	if c.BlocklistAfter <= 0 {
 		c.BlocklistAfter = DefaultBlocklistAfter
@@ -104,9 +106,9 @@ func (c *Config) normalize(f *queue.Farm) {
 // Deps are what a worker works with. Scenes and Checkpoints may be shared by the workers of
 // one process.
 type Deps struct {
-	Farm        *queue.Farm
-	Objects     finalize.Store
-	Checkpoints *tiles.CheckpointStore
+	Queue       *queue.Queue
+	Objects     objstore.Store
+	Checkpoints *checkpoint.Local
 	Scenes      *Scenes
 	Metrics     *metrics.Worker // shared by the workers of a process; nil: a registry of its own
 	Log         *slog.Logger
@@ -115,11 +117,11 @@ type Deps struct {
 // Worker renders tiles from the farm queue.
 type Worker struct {
 	cfg     Config
-	farm    *queue.Farm
-	objects finalize.Store
-	ckpts   *tiles.CheckpointStore
+	queue   *queue.Queue
+	objects objstore.Store
+	ckpts   *checkpoint.Local
 	scenes  *Scenes
-	codec   *tiles.Codec
+	codec   *checkpoint.Codec
 	log     *slog.Logger
 	m       *metrics.Worker
 	store   *storeHealth
@@ -137,13 +139,13 @@ type Worker struct {
 
 // New builds a worker.
 func New(cfg Config, d Deps) (*Worker, error) {
-	f := d.Farm
+	f := d.Queue
 	cfg.normalize(f)
 	if limit := min(f.Cfg.AckWait, f.Cfg.LeaseTTL) / 2; cfg.Heartbeat > limit {
 		return nil, fmt.Errorf("heartbeat %v is too slow for the farm's ack-wait %v and lease TTL %v: use at most %v",
 			cfg.Heartbeat, f.Cfg.AckWait, f.Cfg.LeaseTTL, limit)
 	}
-	codec, err := tiles.NewCodec()
+	codec, err := checkpoint.NewCodec()
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +162,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 		scenes = NewScenes(d.Objects, "", nil, log)
 	}
 	w := &Worker{
-		cfg: cfg, farm: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
+		cfg: cfg, queue: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
 		log: log, act: newActivity(),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x7f4a7c15)),
 	}
@@ -184,9 +186,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.beat(ctx)
 	}()
 	for i := 0; i <= w.cfg.Concurrency; i++ {
-		fetch := w.farm.FetchTile
+		fetch := w.queue.FetchTile
 		if i == w.cfg.Concurrency {
-			fetch = w.farm.FetchAssembly
+			fetch = w.queue.FetchAssembly
 		}
 		wg.Add(1)
 		go func() {
@@ -248,7 +250,7 @@ type delivery struct {
 	num      uint64 // delivery count, 1-based
 	attempt  string
 	log      *slog.Logger
-	describe func(farm.Event) farm.Event // fills in what a failure event says about the job
+	describe func(wire.Event) wire.Event // fills in what a failure event says about the job
 	promoted func(context.Context) (bool, error)
 	complete func(context.Context, *delivery) error // announces and acks work found promoted
 	// free lets the slot take its next job while this one finishes: called once a tile is
@@ -262,7 +264,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, m
 
 // serve is handle, calling free (if not nil) as soon as the slot may take its next job.
 func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
-	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: tiles.NewAttemptID(), num: 1, free: free}
+	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: identity.NewAttemptID(), num: 1, free: free}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
 	}
@@ -271,14 +273,14 @@ func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
 		defer func() {
 			// A panic anywhere in a job must not take the process (and its other slots) down.
 			if r := recover(); r != nil {
-				err = &farm.PanicError{Value: r}
+				err = &failure.PanicError{Value: r}
 			}
 		}()
 		switch subject := msg.Subject(); {
 		case queue.IsRenderSubject(subject):
-			var job farm.TileJob
+			var job wire.TileJob
 			if err := json.Unmarshal(msg.Data(), &job); err != nil {
-				return farm.Terminalf("decoding tile job: %w", err)
+				return failure.Terminalf("decoding tile job: %w", err)
 			}
 			w.describeTile(d, job)
 			if w.act.isBlocked(job.JobID) {
@@ -288,14 +290,14 @@ func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
 			}
 			return w.renderTile(ctx, &tileRun{delivery: d, job: job})
 		case subject == queue.SubjectAssemble:
-			var job farm.AssembleJob
+			var job wire.AssembleJob
 			if err := json.Unmarshal(msg.Data(), &job); err != nil {
-				return farm.Terminalf("decoding assemble job: %w", err)
+				return failure.Terminalf("decoding assemble job: %w", err)
 			}
 			w.describeAssembly(d, job)
 			return w.assemble(ctx, d, job)
 		}
-		return farm.Terminalf("unknown subject %q", msg.Subject())
+		return failure.Terminalf("unknown subject %q", msg.Subject())
 	}()
 	if err == nil || errors.Is(err, errSettled) {
 		return
@@ -314,7 +316,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 	// Cleanup must happen even while shutting down.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	if ctx.Err() != nil && !farm.IsTerminal(err) {
+	if ctx.Err() != nil && !failure.IsTerminal(err) {
 		// Graceful shutdown: give the message straight back so another worker resumes it. It
 		// is no failure of the tile's.
 		d.log.Info("shutting down: returning the job to the queue", "err", err)
@@ -338,9 +340,9 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 		}
 	}
 	failures := 0
-	terminal := farm.IsTerminal(err)
+	terminal := failure.IsTerminal(err)
 	if !terminal {
-		n, cerr := w.farm.Failures.Add(cctx, d.msgID)
+		n, cerr := w.queue.Failures.Add(cctx, d.msgID)
 		if cerr != nil {
 			d.log.Warn("counting failure; retrying without counting it", "err", err, "count_err", cerr)
 			w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
@@ -348,14 +350,14 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 			return
 		}
 		failures = n
-		terminal = n >= w.farm.Cfg.MaxFailures || d.num >= uint64(w.farm.Cfg.MaxDeliver)
+		terminal = n >= w.queue.Cfg.MaxFailures || d.num >= uint64(w.queue.Cfg.MaxDeliver)
 		if terminal {
-			err = fmt.Errorf("failed %d times (limit %d): %w", n, w.farm.Cfg.MaxFailures, err)
+			err = fmt.Errorf("failed %d times (limit %d): %w", n, w.queue.Cfg.MaxFailures, err)
 		}
 	}
 	if terminal {
 		d.log.Error("dead-lettering", "err", err, "failures", failures)
-		if dlErr := w.farm.DeadLetterNow(cctx, d.msg, err.Error()); dlErr != nil {
+		if dlErr := w.queue.DeadLetterNow(cctx, d.msg, err.Error()); dlErr != nil {
 			d.log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
 			return
 		}
@@ -363,7 +365,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
 	// or about to be retried). A message that did not even decode names nothing to report.
 	if d.describe != nil {
-		ev := d.describe(farm.Event{Error: err.Error(), Terminal: terminal, Code: farm.ErrorCode(err, finalize.IsRetryable)})
+		ev := d.describe(wire.Event{Error: err.Error(), Terminal: terminal, Code: failure.Classify(err, objstore.IsRetryable)})
 		if perr := w.publishEvent(cctx, d, ev); perr != nil {
 			d.log.Warn("publishing failure event", "err", perr)
 		}
@@ -389,10 +391,10 @@ func (w *Worker) jitter() float64 {
 }
 
 // publishEvent publishes an event about delivery d and waits for its PubAck. It goes out
-// without a dedup id: the coordinator's projection is idempotent (store.NextTileState), so a
+// without a dedup id: the coordinator's projection is idempotent (coorddb.NextTileState), so a
 // republished event changes nothing, and EVENTS keeps no dedup entry per event. Seq and
 // delivery give the event its causal order.
-func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev farm.Event) error {
+func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev wire.Event) error {
 	ev.Attempt, ev.Worker, ev.Seq, ev.Delivery = d.attempt, w.cfg.Name, d.seq, d.num
 	if ev.Time.IsZero() {
 		ev.Time = time.Now().UTC()
@@ -407,7 +409,7 @@ func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev farm.Event) e
 	if err != nil {
 		return err
 	}
-	_, err = w.farm.Publish(ctx, ev.Subject(), "", data, nil)
+	_, err = w.queue.Publish(ctx, ev.Subject(), "", data, nil)
 	return err
 }
 

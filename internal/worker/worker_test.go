@@ -13,35 +13,40 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/farm"
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
-func validJob(t *testing.T) farm.TileJob {
+func validJob(t *testing.T) wire.TileJob {
 	t.Helper()
 	st := render.Settings{Camera: "main", Width: 64, Height: 32, SPP: 4, MaxDepth: 4, Seed: 1}
-	fk := tiles.FrameKey("sv", st.Camera, 3, tiles.SettingsHash(st))
+	fk := identity.FrameKey("sv", st.Camera, 3, identity.SettingsHash(st))
 	r := render.Rect{X0: 32, X1: 64, Y1: 32}
-	return farm.TileJob{TileKey: tiles.TileKey(fk, r), FrameKey: fk, SceneVersion: "sv", Settings: st, Frame: 3,
-		Rect: r, InputHash: tiles.InputHash("sv", st, 3, r)}
+	return wire.TileJob{TileKey: identity.TileKey(fk, r), FrameKey: fk, SceneVersion: "sv", Settings: st, Frame: 3,
+		Rect: r, InputHash: identity.InputHash("sv", st, 3, r)}
 }
 
 func TestCheckIdentityRejectsForeignJobs(t *testing.T) {
 	if err := checkIdentity(validJob(t)); err != nil {
 		t.Fatalf("a job made by this build: %v", err)
 	}
-	for name, mutate := range map[string]func(*farm.TileJob){
-		"input hash": func(j *farm.TileJob) { j.InputHash = strings.Repeat("0", 64) },
-		"settings":   func(j *farm.TileJob) { j.Settings.SPP++ },
-		"rect":       func(j *farm.TileJob) { j.Rect.X1-- },
-		"frame":      func(j *farm.TileJob) { j.Frame++ },
-		"tile key":   func(j *farm.TileJob) { j.TileKey = strings.Repeat("1", 64) },
+	for name, mutate := range map[string]func(*wire.TileJob){
+		"input hash": func(j *wire.TileJob) { j.InputHash = strings.Repeat("0", 64) },
+		"settings":   func(j *wire.TileJob) { j.Settings.SPP++ },
+		"rect":       func(j *wire.TileJob) { j.Rect.X1-- },
+		"frame":      func(j *wire.TileJob) { j.Frame++ },
+		"tile key":   func(j *wire.TileJob) { j.TileKey = strings.Repeat("1", 64) },
 	} {
 		j := validJob(t)
 		mutate(&j)
-		if err := checkIdentity(j); !farm.IsTerminal(err) || !strings.Contains(err.Error(), "build mismatch") {
+		if err := checkIdentity(j); !failure.IsTerminal(err) || !strings.Contains(err.Error(), "build mismatch") {
 			t.Errorf("%s changed: %v, want a terminal build mismatch", name, err)
 		}
 	}
@@ -49,7 +54,7 @@ func TestCheckIdentityRejectsForeignJobs(t *testing.T) {
 
 // countingGets counts Get calls on a store.
 type countingGets struct {
-	finalize.Store
+	objstore.Store
 	mu   sync.Mutex
 	gets map[string]int
 }
@@ -67,12 +72,12 @@ func (c *countingGets) Get(ctx context.Context, key string) ([]byte, error) {
 // corrupt cached file.
 func TestScenes(t *testing.T) {
 	ctx := context.Background()
-	fs, err := finalize.NewFSStore(t.TempDir())
+	fs, err := objstore.NewFSStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
 	objects := &countingGets{Store: fs, gets: map[string]int{}}
-	base, err := farm.ReadBundle("../../examples/cornell/scene.json")
+	base, err := bundle.ReadBundle("../../examples/cornell/scene.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +85,7 @@ func TestScenes(t *testing.T) {
 	for i := range maxCachedScenes + 2 {
 		b := *base
 		b.Scene = append([]byte(strings.Repeat(" ", i)), base.Scene...) // same scene, another version
-		if err := objects.Put(ctx, farm.SceneKey(b.Version()), b.Encode()); err != nil {
+		if err := objects.Put(ctx, layout.SceneKey(b.Version()), b.Encode()); err != nil {
 			t.Fatal(err)
 		}
 		versions = append(versions, b.Version())
@@ -98,7 +103,7 @@ func TestScenes(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if n := objects.gets[farm.SceneKey(versions[0])]; n != 1 {
+	if n := objects.gets[layout.SceneKey(versions[0])]; n != 1 {
 		t.Fatalf("8 slots asking at once downloaded the scene %d times, want once", n)
 	}
 	for _, v := range versions {
@@ -115,7 +120,7 @@ func TestScenes(t *testing.T) {
 		}
 	}
 	// The evicted first scene comes back from disk even with the store gone.
-	if err := objects.Delete(ctx, farm.SceneKey(versions[0])); err != nil {
+	if err := objects.Delete(ctx, layout.SceneKey(versions[0])); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := scenes.Get(ctx, versions[0]); err != nil {
@@ -126,10 +131,10 @@ func TestScenes(t *testing.T) {
 		t.Fatal(err)
 	}
 	scenes.parsed.Forget(versions[1])
-	if err := objects.Delete(ctx, farm.SceneKey(versions[1])); err != nil {
+	if err := objects.Delete(ctx, layout.SceneKey(versions[1])); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := scenes.Get(ctx, versions[1]); !errors.Is(err, finalize.ErrNotFound) || !farm.IsTerminal(err) {
+	if _, err := scenes.Get(ctx, versions[1]); !errors.Is(err, objstore.ErrNotFound) || !failure.IsTerminal(err) {
 		t.Fatalf("corrupt cache and no stored scene: %v, want a terminal not-found", err)
 	}
 }
@@ -137,23 +142,23 @@ func TestScenes(t *testing.T) {
 func TestPruneCheckpointsDropsOnlyPromotedTiles(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	objects, err := finalize.NewFSStore(t.TempDir())
+	objects, err := objstore.NewFSStore(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
-	ckpts, err := tiles.OpenCheckpointStore(filepath.Join(t.TempDir(), "c.db"))
+	ckpts, err := checkpoint.OpenLocal(filepath.Join(t.TempDir(), "c.db"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ckpts.Close()
 	done, live, fk := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("f", 64)
 	for _, k := range []string{done, live} {
-		if err := ckpts.Save(ctx, tiles.Checkpoint{TileKey: k, FrameKey: fk, InputHash: "h", Next: 1, Sum: []float64{1, 2, 3}}); err != nil {
+		if err := ckpts.Save(ctx, checkpoint.Checkpoint{TileKey: k, FrameKey: fk, InputHash: "h", Next: 1, Sum: []float64{1, 2, 3}}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := finalize.Promote(ctx, objects, farm.TileManifestKey(fk, done), "att", "build",
-		[]finalize.Output{{Name: farm.TileOutputName, Data: []byte("px")}}, nil); err != nil {
+	if _, err := finalize.Promote(ctx, objects, layout.TileManifestKey(fk, done), "att", "build",
+		[]finalize.Output{{Name: layout.TileOutputName, Data: []byte("px")}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	go PruneCheckpoints(ctx, ckpts, objects, time.Hour, slog.New(slog.DiscardHandler))
@@ -171,18 +176,18 @@ func TestPruneCheckpointsDropsOnlyPromotedTiles(t *testing.T) {
 }
 
 func TestErrorCodeClassifiesFailures(t *testing.T) {
-	storage := finalize.IsRetryable
+	storage := objstore.IsRetryable
 	cases := map[string]struct {
 		err  error
 		want string
 	}{
-		"terminal": {farm.Terminalf("bad scene"), farm.CodeTerminal},
-		"panic":    {fmt.Errorf("rendering: %w", &farm.PanicError{Value: "boom"}), farm.CodePanic},
-		"storage":  {fmt.Errorf("promoting tile: %w", syscall.ECONNREFUSED), farm.CodeStorage},
-		"other":    {errors.New("publishing start event: timeout"), farm.CodeRetryable},
+		"terminal": {failure.Terminalf("bad scene"), failure.CodeTerminal},
+		"panic":    {fmt.Errorf("rendering: %w", &failure.PanicError{Value: "boom"}), failure.CodePanic},
+		"storage":  {fmt.Errorf("promoting tile: %w", syscall.ECONNREFUSED), failure.CodeStorage},
+		"other":    {errors.New("publishing start event: timeout"), failure.CodeRetryable},
 	}
 	for name, c := range cases {
-		if got := farm.ErrorCode(c.err, storage); got != c.want {
+		if got := failure.Classify(c.err, storage); got != c.want {
 			t.Errorf("%s: ErrorCode = %q, want %q", name, got, c.want)
 		}
 	}

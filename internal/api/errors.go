@@ -1,0 +1,127 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Exit codes of the command contract (docs/operations.md): scripts and cron jobs rely on them.
+const (
+	ExitOK         = 0
+	ExitFailed     = 1
+	ExitUsage      = 2
+	ExitInProgress = 3
+	ExitQueued     = 42
+	ExitBusy       = 75
+	ExitInterrupt  = 130
+)
+
+// ErrorKind names a class of errors on the wire: the kind of every error body.
+type ErrorKind string
+
+// Error is one entry of the catalogue: a class of errors with its kind on the wire, the HTTP
+// status the coordinator answers it with and the exit code a command ends with. Errors of the
+// farm wrap an entry (check with errors.Is); several entries may share a kind.
+type Error struct {
+	Kind   ErrorKind
+	Status int
+	Exit   int
+	msg    string
+}
+
+func (e *Error) Error() string { return e.msg }
+
+// The catalogue.
+var (
+	// ErrBadInput marks a request that can never succeed as given.
+	ErrBadInput = &Error{Kind: "bad_input", Status: 400, Exit: ExitFailed, msg: "bad input"}
+	// ErrConflict is an idempotency key reused with a different payload, or an operation the
+	// job's state refuses.
+	ErrConflict = &Error{Kind: "conflict", Status: 409, Exit: ExitFailed, msg: "idempotency conflict"}
+	// ErrNoTilePNG is asked for the PNG of a tile of a scene whose PNGs only its renderer's
+	// colour management can encode, from the whole frame.
+	ErrNoTilePNG = &Error{Kind: "conflict", Status: 409, Exit: ExitFailed,
+		msg: "its tiles have no PNG of their own, since Blender's colour management encodes its PNG"}
+	// ErrNotFound is a job, frame, scene, dead letter or object that does not exist.
+	ErrNotFound = &Error{Kind: "not_found", Status: 404, Exit: ExitFailed, msg: "not found"}
+	// ErrNotReady is an output of a frame that is not completed yet.
+	ErrNotReady = &Error{Kind: "not_ready", Status: 409, Exit: ExitFailed, msg: "frame not completed yet"}
+	// ErrTileNotReady is the PNG of a tile that is not completed yet.
+	ErrTileNotReady = &Error{Kind: "not_ready", Status: 409, Exit: ExitFailed, msg: "tile not completed yet"}
+	// ErrBusy is the farm refusing new work for now: retry later (a BusyError says when).
+	ErrBusy = &Error{Kind: "busy", Status: 429, Exit: ExitBusy, msg: "farm busy: too much work queued, retry later"}
+	// ErrUnauthorized is a missing or wrong API token.
+	ErrUnauthorized = &Error{Kind: "unauthorized", Status: 401, Exit: ExitFailed, msg: "unauthorized"}
+	// ErrCorrupt is stored data that no longer matches its manifest.
+	ErrCorrupt = &Error{Kind: "corrupt", Status: 500, Exit: ExitFailed, msg: "object corrupt"}
+	// ErrUnavailable is a coordinator that could not be reached; retrying later may work.
+	ErrUnavailable = &Error{Kind: "unavailable", Status: 503, Exit: ExitBusy, msg: "coordinator unavailable"}
+	// ErrInternal is everything else: the coordinator's own failure.
+	ErrInternal = &Error{Kind: "internal", Status: 500, Exit: ExitFailed, msg: "internal error"}
+)
+
+// catalogue lists every entry; the first of a kind is the one a client rebuilds it as.
+var catalogue = []*Error{ErrBadInput, ErrConflict, ErrNoTilePNG, ErrNotFound, ErrNotReady, ErrTileNotReady,
+	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal}
+
+// Classify returns the catalogue entry err wraps, or nil for an error outside the catalogue.
+func Classify(err error) *Error {
+	var e *Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
+}
+
+// OfKind returns the catalogue's entry for a kind received on the wire, nil for an unknown kind.
+func OfKind(kind ErrorKind) *Error {
+	for _, e := range catalogue {
+		if e.Kind == kind {
+			return e
+		}
+	}
+	return nil
+}
+
+// ExitCode is the exit code of a command that ended with err: 0 for none, 130 for an
+// interrupt, the catalogue's code for an error of the API and 1 for anything else.
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return ExitOK
+	case errors.Is(err, context.Canceled):
+		return ExitInterrupt
+	}
+	if e := Classify(err); e != nil {
+		return e.Exit
+	}
+	return ExitFailed
+}
+
+// BusyError is ErrBusy with when to retry: the farm has as many tiles pending as it takes.
+// The coordinator fills in the counts; a client, which receives only the coordinator's words
+// and a Retry-After, has them in Message.
+type BusyError struct {
+	Pending, Adding, Limit int
+	RetryAfter             time.Duration
+	Message                string
+}
+
+func (e *BusyError) Error() string {
+	if e.Message != "" {
+		return e.Message
+	}
+	return fmt.Sprintf("farm busy: %d tiles pending and %d more submitted exceed the limit of %d pending tiles; retry in %s",
+		e.Pending, e.Adding, e.Limit, e.RetryAfter)
+}
+
+// Unwrap makes a BusyError an ErrBusy.
+func (e *BusyError) Unwrap() error { return ErrBusy }
+
+// ErrorBody is the body of every error response.
+type ErrorBody struct {
+	Error string    `json:"error"`
+	Kind  ErrorKind `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, unauthorized, corrupt, internal
+}

@@ -1,0 +1,40 @@
+package api
+
+// TileRect is a tile's half-open rectangle [x0,x1) x [y0,y1) in frame pixels, y=0 at the top.
+type TileRect struct {
+	X0 int `json:"x0"`
+	Y0 int `json:"y0"`
+	X1 int `json:"x1"`
+	Y1 int `json:"y1"`
+}
+
+// TileInfo is one tile of a frame as the coordinator's tile table has it.
+type TileInfo struct {
+	Index   int       `json:"index"`
+	TileKey string    `json:"tile_key"`
+	Rect    TileRect  `json:"rect"`
+	State   TileState `json:"state"`
+}
+
+// FrameTiles is the body of GET /v1/jobs/{id}/frames/{frame}/tiles: where each tile of a
+// frame lies and where it stands, so a viewer knows where to draw each promoted tile.
+type FrameTiles struct {
+	JobID  string     `json:"job_id"`
+	Frame  int        `json:"frame"`
+	Width  int        `json:"width"`
+	Height int        `json:"height"`
+	State  FrameState `json:"state"` // the frame's state as the job sees it
+	// TilePNG says whether GET .../tiles/{index}/png serves the tiles: true for JSON scenes,
+	// false for Blender scenes, whose PNGs Blender's colour management encodes.
+	TilePNG bool       `json:"tile_png"`
+	Tiles   []TileInfo `json:"tiles"`
+}
+
+// FrameEvent is one frame whose tiles changed, in an `event: frame` message of GET /v1/events.
+type FrameEvent struct {
+	JobID          string     `json:"job_id"`
+	Frame          int        `json:"frame"`
+	State          FrameState `json:"state"`
+	TilesCompleted int        `json:"tiles_completed"`
+	TilesFailed    int        `json:"tiles_failed"`
+}

@@ -1,0 +1,142 @@
+package api
+
+import "time"
+
+// JobState is where a job stands as a whole.
+type JobState string
+
+// The states of a job; they map onto the exit codes of submit and status (ExitCode).
+const (
+	JobQueued    JobState = "queued"
+	JobRendering JobState = "rendering"
+	JobCompleted JobState = "completed"
+	JobFailed    JobState = "failed"
+	JobCancelled JobState = "cancelled"
+)
+
+// Finished reports whether the job will change no more by itself: completed, failed or cancelled.
+func (s JobState) Finished() bool { return s != JobQueued && s != JobRendering }
+
+// ExitCode is the exit code of submit and status for a job in this state: 0 completed, 42
+// queued, 3 rendering, 1 failed or cancelled.
+func (s JobState) ExitCode() int {
+	switch s {
+	case JobCompleted:
+		return ExitOK
+	case JobQueued:
+		return ExitQueued
+	case JobRendering:
+		return ExitInProgress
+	}
+	return ExitFailed
+}
+
+// FrameState is where one frame of a job stands.
+type FrameState string
+
+// The states of a frame.
+const (
+	FrameQueued     FrameState = "queued"
+	FrameRendering  FrameState = "rendering"
+	FrameAssembling FrameState = "assembling"
+	FrameCompleted  FrameState = "completed"
+	FrameFailed     FrameState = "failed"
+)
+
+// TileState is where one tile stands.
+type TileState string
+
+// The states of a tile.
+const (
+	TileQueued          TileState = "queued"
+	TileRendering       TileState = "rendering"
+	TileFailedRetryable TileState = "failed_retryable"
+	TileDeadLettered    TileState = "dead_lettered"
+	TileCompleted       TileState = "completed"
+)
+
+// Priority limits of a job: an integer in [MinPriority, MaxPriority]; negative ones render in
+// the low band, 0 in the normal band, positive ones in the high band.
+const (
+	MinPriority = -100
+	MaxPriority = 100
+)
+
+// SubmitRequest is what a client sends to submit a job. The scene is uploaded before, once,
+// under its scene version (PUT /v1/scenes/{version}).
+type SubmitRequest struct {
+	SceneVersion   string   `json:"scene_version"`
+	Project        string   `json:"project,omitempty"`
+	Camera         string   `json:"camera,omitempty"`
+	First          int      `json:"first"`
+	Last           int      `json:"last"`
+	SceneFrames    bool     `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
+	SPP            int      `json:"spp,omitempty"`
+	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
+	Width          int      `json:"width,omitempty"`
+	Height         int      `json:"height,omitempty"`
+	TileSize       int      `json:"tile_size,omitempty"` // default 64, 256 for Blender scenes
+	Priority       int      `json:"priority,omitempty"`
+	Formats        []string `json:"formats,omitempty"`
+	IdempotencyKey string   `json:"idempotency_key,omitempty"`
+}
+
+// SubmitResult says which job holds the request and whether this call created it.
+type SubmitResult struct {
+	Status  Status `json:"status"`
+	Created bool   `json:"created"`
+}
+
+// PriorityRequest is the body of PUT /v1/jobs/{id}/priority.
+type PriorityRequest struct {
+	Priority *int `json:"priority"`
+}
+
+// FrameStatus is one frame of a job.
+type FrameStatus struct {
+	Frame          int        `json:"frame"`
+	FrameKey       string     `json:"frame_key"`
+	State          FrameState `json:"state"`
+	TilesTotal     int        `json:"tiles_total"`
+	TilesCompleted int        `json:"tiles_completed"`
+	TilesFailed    int        `json:"tiles_failed"`
+	SamplesTotal   int64      `json:"samples_total"` // tiles_total x spp
+	SamplesDone    int64      `json:"samples_done"`  // completed tiles whole, tiles in progress as reported ("Progress")
+	Error          string     `json:"error,omitempty"`
+}
+
+// Status is where a job stands. It is what `status --json` prints.
+type Status struct {
+	JobID            string   `json:"job_id"`
+	State            JobState `json:"state"`
+	Scene            string   `json:"scene"`
+	SceneVersion     string   `json:"scene_version"`
+	Camera           string   `json:"camera"`
+	Formats          []string `json:"formats"`
+	FirstFrame       int      `json:"first_frame"`
+	LastFrame        int      `json:"last_frame"`
+	FramesTotal      int      `json:"frames_total"`
+	FramesCompleted  int      `json:"frames_completed"`
+	FramesFailed     int      `json:"frames_failed"`
+	TilesTotal       int      `json:"tiles_total"`
+	TilesCompleted   int      `json:"tiles_completed"`
+	TilesFailed      int      `json:"tiles_failed"`
+	TileAttempts     int      `json:"tile_attempts"`
+	SamplesRecovered int      `json:"samples_recovered"`
+	SamplesTotal     int64    `json:"samples_total"` // the frames' sums: they move while a long tile renders
+	SamplesDone      int64    `json:"samples_done"`
+	Priority         int      `json:"priority"`
+	// Created is when the job was submitted.
+	Created time.Time `json:"created"`
+	// ETASeconds is the estimated time left, from the samples per second measured over the
+	// last minute; absent while unknown (too early, nothing moving) and once the job ended.
+	ETASeconds *float64 `json:"eta_seconds,omitempty"`
+	// BlocklistedWorkers are the live workers that no longer take this job's tiles.
+	BlocklistedWorkers []string      `json:"blocklisted_workers,omitempty"`
+	Frames             []FrameStatus `json:"frames"`
+	Failures           []string      `json:"failures,omitempty"`
+	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
+	TilesRendered int      `json:"tiles_rendered"`
+	TilesReused   int      `json:"tiles_reused"`
+	Outputs       []string `json:"outputs"`
+}

@@ -1,0 +1,153 @@
+package bundle
+
+import (
+	"bytes"
+	"encoding/binary"
+	"maps"
+	"slices"
+	"testing"
+	"unsafe"
+)
+
+// fuzzBundleScenes are the example scenes whose encoded bundles seed FuzzDecodeBundle.
+var fuzzBundleScenes = []string{"../../examples/shot/scene.json", "../../examples/cornell/scene.json"}
+
+// smallShotBundle is a bundle shaped like the shot's (a scene referencing one mesh) but a few
+// hundred bytes long, so the mutator works on the header rather than on 100 KiB of OBJ text.
+func smallShotBundle() *Bundle {
+	scene := `{"settings": {"camera": "c", "width": 8, "height": 6}, "cameras": [{"name": "c", "position": [0,0,3], "look_at": [0,0,0]}],` +
+		` "materials": [{"name": "m", "type": "diffuse"}], "objects": [{"type": "mesh", "file": "meshes/tri.obj", "material": "m"}]}`
+	return &Bundle{Name: "scene.json", Scene: []byte(scene),
+		Assets: map[string][]byte{"meshes/tri.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")}}
+}
+
+// FuzzDecodeBundle: DecodeBundle never panics on an uploaded body; a bundle it accepts is made
+// of full-capacity slices of data that lie inside it and do not overlap (so an append to one can
+// never write into another, or past data), it re-encodes to bytes that decode to the same name,
+// scene and assets, and CheckAssets, Validate and Version run on it without panicking.
+func FuzzDecodeBundle(f *testing.F) {
+	var seeds [][]byte
+	for _, p := range fuzzBundleScenes {
+		b, err := ReadBundle(p)
+		if err != nil {
+			f.Fatalf("ReadBundle(%s): %v", p, err)
+		}
+		seeds = append(seeds, b.Encode())
+	}
+	small := smallShotBundle()
+	if err := small.CheckAssets(); err != nil {
+		f.Fatal(err)
+	}
+	if err := small.Validate(); err != nil {
+		f.Fatal(err)
+	}
+	seeds = append(seeds, small.Encode(),
+		(&Bundle{Scene: []byte(`{}`)}).Encode(),
+		(&Bundle{Name: "x", Assets: map[string][]byte{"a": nil, "b/c": {1}}}).Encode())
+	for _, s := range seeds {
+		f.Add(s)
+		// Truncated in the header and in the content, one byte too long, and with a flipped
+		// bit in the version, the first header varint and the content. The shot's bundle is
+		// 118 KiB of mesh: its full-length variants would only slow the fuzzer down (every
+		// interesting input found in one is minimised byte by byte), so it gets the short ones.
+		f.Add(s[:len(bundleMagic)+4])
+		f.Add(s[:min(len(s)-1, 512)])
+		if len(s) > 4096 {
+			continue
+		}
+		f.Add(s[:len(s)-1])
+		f.Add(append(slices.Clone(s), 0))
+		for _, at := range []int{len(bundleMagic), len(bundleMagic) + 1, len(s) - 1} {
+			flipped := slices.Clone(s)
+			flipped[at] ^= 0x01
+			f.Add(flipped)
+		}
+	}
+	// Hand-made headers: nothing but the magic, an unknown version, a non-minimal varint, a
+	// size over the limit, too many assets, an unsorted and an unclean asset name.
+	hdr := func(parts ...[]byte) []byte {
+		return bytes.Join(append([][]byte{[]byte(bundleMagic), {bundleV1}}, parts...), nil)
+	}
+	uv := func(v uint64) []byte { return binary.AppendUvarint(nil, v) }
+	f.Add([]byte(bundleMagic))
+	f.Add(append([]byte(bundleMagic), 2))
+	f.Add(hdr([]byte{0x80, 0x00}, uv(2), uv(0), []byte("{}")))
+	f.Add(hdr(uv(0), uv(MaxBytes+1), uv(0)))
+	f.Add(hdr(uv(0), uv(0), uv(MaxAssets+1)))
+	f.Add(hdr(uv(0), uv(0), uv(1<<63)))
+	f.Add(hdr(uv(0), uv(0), uv(2), uv(1), []byte("b"), uv(0), uv(1), []byte("a"), uv(0)))
+	f.Add(hdr(uv(0), uv(0), uv(1), uv(4), []byte("../a"), uv(0)))
+	f.Add(hdr(uv(1<<62), uv(0), uv(0)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := Decode(data)
+		if err != nil {
+			if b != nil {
+				t.Fatal("DecodeBundle returned a bundle with an error")
+			}
+			return
+		}
+		checkInside(t, data, b)
+		again, err := Decode(b.Encode())
+		if err != nil {
+			t.Fatalf("re-encoded bundle does not decode: %v", err)
+		}
+		if again.Name != b.Name || !bytes.Equal(again.Scene, b.Scene) || !maps.EqualFunc(again.Assets, b.Assets, bytes.Equal) {
+			t.Fatalf("re-encoding changed the bundle: name %q -> %q, scene %d -> %d bytes, assets %v -> %v",
+				b.Name, again.Name, len(b.Scene), len(again.Scene), slices.Sorted(maps.Keys(b.Assets)), slices.Sorted(maps.Keys(again.Assets)))
+		}
+		if again.Version() != b.Version() {
+			t.Fatal("re-encoding changed the scene version")
+		}
+		for n := range b.Assets {
+			if err := checkAssetName(n); err != nil {
+				t.Fatalf("accepted asset name: %v", err)
+			}
+		}
+		_ = b.CheckAssets()
+		_ = b.Validate()
+	})
+}
+
+// checkInside asserts that the scene and every asset of b are full-capacity slices of data that
+// do not overlap, and that they and the header account for every byte of data.
+func checkInside(t *testing.T, data []byte, b *Bundle) {
+	t.Helper()
+	type span struct {
+		what       string
+		start, end int
+	}
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(data)))
+	var spans []span
+	content := 0
+	add := func(what string, s []byte) {
+		if cap(s) != len(s) {
+			t.Fatalf("%s: capacity %d beyond its length %d: an append would overwrite what follows it", what, cap(s), len(s))
+		}
+		content += len(s)
+		if len(s) == 0 {
+			return // a zero-capacity slice points nowhere in particular
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(s)))
+		if p < base || p-base > uintptr(len(data)) || uintptr(len(s)) > uintptr(len(data))-(p-base) {
+			t.Fatalf("%s (%d bytes) reaches outside the %d bytes decoded", what, len(s), len(data))
+		}
+		spans = append(spans, span{what, int(p - base), int(p-base) + len(s)})
+	}
+	add("scene", b.Scene)
+	for _, n := range slices.Sorted(maps.Keys(b.Assets)) {
+		add("asset "+n, b.Assets[n])
+	}
+	slices.SortFunc(spans, func(x, y span) int { return x.start - y.start })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].start < spans[i-1].end {
+			t.Fatalf("%s [%d,%d) overlaps %s [%d,%d)", spans[i].what, spans[i].start, spans[i].end,
+				spans[i-1].what, spans[i-1].start, spans[i-1].end)
+		}
+	}
+	if len(spans) > 0 && spans[len(spans)-1].end != len(data) {
+		t.Fatalf("content ends at %d, data at %d: trailing bytes were accepted", spans[len(spans)-1].end, len(data))
+	}
+	if header := len(bundleMagic) + 1; content > len(data)-header {
+		t.Fatalf("%d content bytes in %d bytes of data", content, len(data))
+	}
+}

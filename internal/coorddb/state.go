@@ -1,0 +1,222 @@
+package coorddb
+
+import (
+	"fmt"
+	"math"
+)
+
+// TileState is where one tile stands. It is one byte in its frame's tile table (see TileTable),
+// so a frame of any size costs a few bytes per tile, never a record per tile.
+type TileState uint8
+
+// Tile states. Leasing and finalizing happen inside one attempt of a worker; the coordinator
+// learns of an attempt when it starts (rendering) and when its manifest exists (completed).
+const (
+	TileQueued          TileState = iota // dispatched (or about to be), no attempt seen yet
+	TileRendering                        // an attempt started
+	TileFailedRetryable                  // an attempt failed; the queue delivers the tile again
+	TileDeadLettered                     // its message left the queue for the DLQ
+	TileCompleted                        // its manifest exists: final
+)
+
+var tileStateNames = [...]string{"queued", "rendering", "failed_retryable", "dead_lettered", "completed"}
+
+func (s TileState) String() string { return enumName(tileStateNames[:], s, "tile_state") }
+
+// MarshalText makes the state read as its name in JSON.
+func (s TileState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// TileChange is something that happened to a tile, reported by an event, the dead-letter
+// watcher, the reconciler or an operator.
+type TileChange uint8
+
+// Tile changes.
+const (
+	TileStarted    TileChange = iota + 1 // a worker holds the lease and renders
+	TileFailed                           // an attempt failed and the message will be retried
+	TileDeadLetter                       // the message was moved to the DLQ
+	TileDone                             // the tile's manifest exists
+	TileRequeued                         // a new message was dispatched for a dead-lettered tile
+	TileLost                             // its message left the queue unrendered; a new one was dispatched
+)
+
+var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued", "lost"}
+
+func (c TileChange) String() string { return enumName(tileChangeNames[:], c, "tile_change") }
+
+// Order places a change of one tile in causal order: the TILES stream sequence of the message
+// it is about, then the rank of the change within that message (delivery, then phase). Every
+// redelivery, retry or requeue of a tile is a later sequence or a later delivery, so ordering
+// by Order makes the projection independent of the order events are applied in: an event about
+// an older message or delivery can never overwrite what a newer one said.
+type Order struct {
+	Seq  uint64
+	Rank uint32
+}
+
+// rankDeadLetter is the rank of a dead letter: nothing about the same message comes after it.
+const rankDeadLetter = math.MaxUint32
+
+// StartedOrder is the order of an attempt starting on the given delivery of message seq.
+func StartedOrder(seq, delivery uint64) Order { return Order{Seq: seq, Rank: clampRank(2 * delivery)} }
+
+// FailedOrder is the order of an attempt failing on the given delivery of message seq; it
+// follows the same delivery's start.
+func FailedOrder(seq, delivery uint64) Order {
+	return Order{Seq: seq, Rank: clampRank(2*delivery + 1)}
+}
+
+// DeadLetterOrder is the order of message seq leaving the queue: after every delivery of it.
+func DeadLetterOrder(seq uint64) Order { return Order{Seq: seq, Rank: rankDeadLetter} }
+
+func clampRank(r uint64) uint32 { return uint32(min(r, rankDeadLetter-1)) }
+
+// After reports whether o comes strictly after p.
+func (o Order) After(p Order) bool {
+	return o.Seq > p.Seq || (o.Seq == p.Seq && o.Rank > p.Rank)
+}
+
+// NextTileState is the tile state machine, the one place a tile's state changes. Given the
+// tile's state and the order of the newest change recorded for it, it returns the state and
+// order after ch (made at order ord), and whether either changed.
+//
+// Rules (docs/design.md, "States"):
+//   - done completes a tile from any state, in any order (manifests are the truth), and
+//     completed is final: nothing moves a completed tile to another state;
+//   - started, failed and dead_letter apply only when they come after what the tile recorded,
+//     so a stale event about an older message or delivery changes nothing. On a completed
+//     tile they still advance its order, so an attempt whose start arrives after the
+//     reconciler completed the tile is counted once, like any other;
+//   - requeued turns a dead-lettered tile back into a queued one; the dead letter's order is
+//     kept, so events about the old message stay stale while the new message's are newer;
+//   - lost turns a tile neither completed nor dead-lettered back into a queued one and forgets
+//     its order: its message is gone, every event about it was applied, and the new message
+//     may come from a stream whose sequence went back (one that lost its unsynced tail, or was
+//     made anew), so its events must apply whatever their sequence.
+func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (TileState, Order, bool) {
+	switch ch {
+	case TileDone:
+		return TileCompleted, curOrder, cur != TileCompleted
+	case TileRequeued:
+		if cur != TileDeadLettered {
+			return cur, curOrder, false
+		}
+		return TileQueued, curOrder, true
+	case TileLost:
+		if cur == TileCompleted || cur == TileDeadLettered {
+			return cur, curOrder, false
+		}
+		return TileQueued, Order{}, cur != TileQueued || curOrder != (Order{})
+	case TileStarted, TileFailed, TileDeadLetter:
+		if !ord.After(curOrder) {
+			return cur, curOrder, false
+		}
+		if cur == TileCompleted {
+			return cur, ord, true
+		}
+		next := TileRendering
+		switch ch {
+		case TileFailed:
+			next = TileFailedRetryable
+		case TileDeadLetter:
+			next = TileDeadLettered
+		}
+		return next, ord, true
+	}
+	return cur, curOrder, false
+}
+
+// FrameState is where one frame stands. It is derived from the frame's counters (see
+// Frame.Derive), so it can never disagree with its tiles.
+type FrameState uint8
+
+// Frame states.
+const (
+	FrameQueued     FrameState = iota // no tile started
+	FrameRendering                    // tiles started, not all completed
+	FrameAssembling                   // every tile completed; formats still to promote
+	FrameCompleted                    // every format asked for is promoted
+	FrameFailed                       // a tile or the assembly was dead-lettered
+)
+
+var frameStateNames = [...]string{"queued", "rendering", "assembling", "completed", "failed"}
+
+func (s FrameState) String() string { return enumName(frameStateNames[:], s, "frame_state") }
+
+// MarshalText makes the state read as its name in JSON.
+func (s FrameState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a state name.
+func (s *FrameState) UnmarshalText(b []byte) error {
+	return enumParse(frameStateNames[:], b, s, "frame state")
+}
+
+// JobState is where a job stands as its artist sees it; it maps onto the exit codes of
+// `submit` and `status`.
+type JobState uint8
+
+// Job states.
+const (
+	JobQueued    JobState = iota // nothing started
+	JobRendering                 // some frame in progress
+	JobCompleted                 // every frame completed in every format the job asked for
+	JobFailed                    // every frame finished and one of them failed, or the farm gave up on it
+	JobCancelled                 // cancelled before it completed
+)
+
+var jobStateNames = [...]string{"queued", "rendering", "completed", "failed", "cancelled"}
+
+func (s JobState) String() string { return enumName(jobStateNames[:], s, "job_state") }
+
+// MarshalText makes the state read as its name in JSON.
+func (s JobState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a state name.
+func (s *JobState) UnmarshalText(b []byte) error {
+	return enumParse(jobStateNames[:], b, s, "job state")
+}
+
+// enumName is the name of an enumerated value, or kind_N for a value with none.
+func enumName[T ~uint8](names []string, v T, kind string) string {
+	if int(v) < len(names) && names[v] != "" {
+		return names[v]
+	}
+	return fmt.Sprintf("%s_%d", kind, v)
+}
+
+// enumParse sets *v to the value named b.
+func enumParse[T ~uint8](names []string, b []byte, v *T, kind string) error {
+	for i, n := range names {
+		if n != "" && n == string(b) {
+			*v = T(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown %s %q", kind, b)
+}
+
+// DeriveJobState folds the states of a job's frames (each as seen with the job's own formats)
+// into the job's state.
+func DeriveJobState(frames []FrameState) JobState {
+	completed, failed, started := 0, 0, false
+	for _, s := range frames {
+		switch s {
+		case FrameCompleted:
+			completed++
+		case FrameFailed:
+			failed++
+		}
+		if s != FrameQueued {
+			started = true
+		}
+	}
+	switch {
+	case failed > 0 && completed+failed == len(frames):
+		return JobFailed
+	case completed == len(frames):
+		return JobCompleted
+	case started:
+		return JobRendering
+	}
+	return JobQueued
+}

@@ -1,0 +1,52 @@
+package layout
+
+import (
+	"fmt"
+	"slices"
+)
+
+// SceneKey is where a scene bundle is stored, content-addressed by its scene version.
+func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".tfb" }
+
+// TileManifestKey is the logical key of a tile's manifest. A frame's tile manifests share the
+// prefix TileManifestPrefix(frameKey), so the reconciler lists them in one call.
+func TileManifestKey(frameKey, tileKey string) string { return TileManifestPrefix(frameKey) + tileKey }
+
+// TileManifestPrefix is the logical key prefix of every tile manifest of a frame.
+func TileManifestPrefix(frameKey string) string { return "tiles/" + frameKey + "/" }
+
+// FrameManifestPrefix is the logical key prefix of every output manifest of a frame.
+func FrameManifestPrefix(frameKey string) string { return "frames/" + frameKey + "/" }
+
+// FrameManifestKey is the logical key of one output format of a frame. Each format has its own
+// manifest, so a later job can ask for another format of a finished frame without touching the
+// manifests readers already trust.
+func FrameManifestKey(frameKey, format string) string { return FrameManifestPrefix(frameKey) + format }
+
+// Formats are the frame output formats and their object names inside a frame manifest.
+var formatNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr"}
+
+// FrameOutputName returns the manifest object name of a frame format, or false for an unknown one.
+func FrameOutputName(format string) (string, bool) {
+	n, ok := formatNames[format]
+	return n, ok
+}
+
+// NormalizeFormats validates formats and returns them sorted, de-duplicated, with "png" always in.
+func NormalizeFormats(formats []string) ([]string, error) {
+	out := []string{"png"}
+	for _, f := range formats {
+		if _, ok := formatNames[f]; !ok {
+			return nil, fmt.Errorf("unknown output format %q (want png, png16 or exr)", f)
+		}
+		out = append(out, f)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
+// CheckpointKey is where a worker uploads a tile's remote checkpoint.
+func CheckpointKey(tileKey string) string { return "checkpoints/" + tileKey }
+
+// TileOutputName is the name of a tile's float buffer inside its manifest.
+const TileOutputName = "rgb.f32"

@@ -1,0 +1,88 @@
+// Package wire holds the messages the coordinator and the tile workers exchange over NATS:
+// tile and assembly jobs on TILES, the events workers publish to EVENTS, and progress reports
+// on core NATS. It has no behaviour of its own, so both sides depend on it and never on each
+// other.
+package wire
+
+import (
+	"time"
+
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// TileJob asks a worker to render one tile. Everything a worker needs to reproduce the tile's
+// pixels is in it, so any worker can take it and any retry renders the same bits.
+type TileJob struct {
+	JobID        string          `json:"job_id"` // the submission that first asked; for logs only
+	TileKey      string          `json:"tile_key"`
+	FrameKey     string          `json:"frame_key"`
+	Index        int             `json:"index"` // position in tiles.FrameTiles of the frame
+	SceneVersion string          `json:"scene_version"`
+	Settings     render.Settings `json:"settings"`
+	Frame        int             `json:"frame"`
+	Rect         render.Rect     `json:"rect"`
+	InputHash    string          `json:"input_hash"`
+}
+
+// AssembleJob asks a worker to assemble a frame from its promoted tiles.
+type AssembleJob struct {
+	JobID        string          `json:"job_id"`
+	FrameKey     string          `json:"frame_key"`
+	SceneVersion string          `json:"scene_version"`
+	Settings     render.Settings `json:"settings"`
+	Frame        int             `json:"frame"`
+	TileSize     int             `json:"tile_size"` // the tiles are derived with tiles.FrameTiles
+	Formats      []string        `json:"formats"`   // sorted; always has "png"; "png16", "exr" on request
+}
+
+// Event types published by workers to the EVENTS stream.
+const (
+	EventTileStarted   = "tile.started"
+	EventTileCompleted = "tile.completed"
+	EventTileFailed    = "tile.failed"
+	// EventFrameAssembled claims formats of a frame promoted; the coordinator believes it
+	// only once it finds their manifests (a worker cannot complete a frame by saying so).
+	EventFrameAssembled = "frame.assembled"
+	EventFrameFailed    = "frame.failed"
+)
+
+// Event reports progress from a worker. ID is unique per logical event so a republished event is
+// deduplicated by JetStream. Seq and Delivery name the TILES message (stream sequence) and the
+// delivery of it the event is about: the coordinator orders a tile's events by them, so an event
+// applied late can never overwrite a newer state (docs/design.md, "States").
+type Event struct {
+	ID               string    `json:"id"`
+	Type             string    `json:"type"`
+	JobID            string    `json:"job_id,omitempty"`
+	TileKey          string    `json:"tile_key,omitempty"`
+	TileIndex        int       `json:"tile_index,omitempty"`
+	FrameKey         string    `json:"frame_key"`
+	Seq              uint64    `json:"seq,omitempty"`
+	Delivery         uint64    `json:"delivery,omitempty"`
+	Attempt          string    `json:"attempt"`
+	Worker           string    `json:"worker"`
+	SamplesRendered  int       `json:"samples_rendered,omitempty"`
+	SamplesRecovered int       `json:"samples_recovered,omitempty"`
+	Duplicate        bool      `json:"duplicate,omitempty"` // the tile was already promoted by someone else
+	Terminal         bool      `json:"terminal,omitempty"`
+	Code             string    `json:"code,omitempty"`    // tile.failed, frame.failed: see ErrorCode
+	Formats          []string  `json:"formats,omitempty"` // frame.completed: the formats now promoted
+	Error            string    `json:"error,omitempty"`
+	Time             time.Time `json:"time"`
+}
+
+// Progress reports the samples a tile has rendered so far, after each pass of a tile that has
+// more to go, so a long tile (a Blender tile can take minutes) shows progress. It travels on
+// core NATS, not a stream: it is advisory, and a lost report loses nothing.
+type Progress struct {
+	JobID    string    `json:"job_id"`
+	FrameKey string    `json:"frame_key"`
+	TileKey  string    `json:"tile_key"`
+	Samples  int       `json:"samples"` // rendered so far, those recovered from a checkpoint included
+	SPP      int       `json:"spp"`
+	Worker   string    `json:"worker"`
+	Time     time.Time `json:"time"`
+}
+
+// Subject returns the EVENTS subject for an event type.
+func (e Event) Subject() string { return "events." + e.Type }

@@ -1,0 +1,95 @@
+package raster
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+)
+
+// maxFramePixels bounds a frame so that a bad header or setting cannot make
+// the assembler allocate without limit (16384 x 16384).
+const maxFramePixels = 1 << 28
+
+// Frame is an assembled, linear, untonemapped RGB image: Pix holds
+// Width*Height*3 float32 values, interleaved, row-major, y=0 at the top.
+type Frame struct {
+	Width, Height int
+	Pix           []float32
+}
+
+// NewFrame returns a black frame of w x h pixels. It panics on sizes that
+// could not have passed scene validation; use ValidateSize for user input.
+func NewFrame(w, h int) *Frame {
+	if err := ValidateSize(w, h); err != nil {
+		panic(err)
+	}
+	return &Frame{Width: w, Height: h, Pix: make([]float32, w*h*3)}
+}
+
+// ValidateSize checks that w x h is a frame size the package can hold.
+func ValidateSize(w, h int) error {
+	if w <= 0 || h <= 0 {
+		return fmt.Errorf("frame size %dx%d: width and height must be positive", w, h)
+	}
+	if int64(w)*int64(h) > maxFramePixels {
+		return fmt.Errorf("frame size %dx%d: more than %d pixels", w, h, maxFramePixels)
+	}
+	return nil
+}
+
+// check reports whether the frame's buffer matches its size.
+func (f *Frame) check() error {
+	if f == nil {
+		return errors.New("nil frame")
+	}
+	if err := ValidateSize(f.Width, f.Height); err != nil {
+		return err
+	}
+	if len(f.Pix) != f.Width*f.Height*3 {
+		return fmt.Errorf("frame %dx%d: %d values, want %d", f.Width, f.Height, len(f.Pix), f.Width*f.Height*3)
+	}
+	return nil
+}
+
+// Place copies a tile's RGB buffer (interleaved, row-major, (x1-x0)*(y1-y0)*3
+// values) into the half-open rectangle [x0,x1) x [y0,y1) of the frame.
+func (f *Frame) Place(x0, y0, x1, y1 int, pix []float32) error {
+	if err := f.check(); err != nil {
+		return fmt.Errorf("placing tile: %w", err)
+	}
+	if x0 < 0 || y0 < 0 || x1 > f.Width || y1 > f.Height || x0 >= x1 || y0 >= y1 {
+		return fmt.Errorf("placing tile [%d,%d)x[%d,%d): outside the %dx%d frame or empty", x0, x1, y0, y1, f.Width, f.Height)
+	}
+	w, h := x1-x0, y1-y0
+	if len(pix) != w*h*3 {
+		return fmt.Errorf("placing tile [%d,%d)x[%d,%d): %d values, want %d", x0, x1, y0, y1, len(pix), w*h*3)
+	}
+	for y := 0; y < h; y++ {
+		dst := ((y0+y)*f.Width + x0) * 3
+		copy(f.Pix[dst:dst+w*3], pix[y*w*3:(y+1)*w*3])
+	}
+	return nil
+}
+
+// EncodeTile serialises a tile's float32 buffer as little-endian IEEE 754
+// values, the layout tile objects are stored in (bit-exact, no conversion).
+func EncodeTile(pix []float32) []byte {
+	b := make([]byte, 4*len(pix))
+	for i, v := range pix {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(v))
+	}
+	return b
+}
+
+// DecodeTile parses a buffer written by EncodeTile that must hold exactly n values.
+func DecodeTile(b []byte, n int) ([]float32, error) {
+	if n < 0 || n > math.MaxInt/4 || len(b) != 4*n {
+		return nil, fmt.Errorf("decoding tile: %d bytes, want %d for %d values", len(b), 4*n, n)
+	}
+	pix := make([]float32, n)
+	for i := range pix {
+		pix[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return pix, nil
+}
