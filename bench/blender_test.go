@@ -12,11 +12,14 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/blendertest"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -34,21 +37,26 @@ type blenderWorkload struct {
 // loadBlender inspects the example Blender scene into a bundle, outside any timed region.
 func loadBlender(tb testing.TB, ctx context.Context) *bundle.Bundle {
 	tb.Helper()
-	pool := blender.NewPool(blender.Options{Binary: blendertest.Binary(tb), Dir: tb.TempDir()})
-	defer pool.Close()
-	in, err := blender.Inspect(ctx, pool, blendertest.Example(tb))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	b, err := bundle.BlendBundle(in)
+	k := blendscene.New(blendscene.Options{Binary: blendertest.Binary(tb)}, scene.Env{Dir: tb.TempDir()})
+	defer k.Close()
+	b, _, err := k.Read(ctx, blendertest.Example(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return b
 }
 
+// unpack writes a Blender scene bundle's files under dir, for Blender to open.
+func unpack(b *bundle.Bundle, dir string) (*blender.Scene, error) {
+	d, err := blender.ParseDescription(b.Scene)
+	if err != nil {
+		return nil, err
+	}
+	return blender.Unpack(dir, b.Version(), d, b.Asset)
+}
+
 func (w blenderWorkload) settings(b *bundle.Bundle) (render.Settings, error) {
-	d, err := b.Blender()
+	d, err := blender.ParseDescription(b.Scene)
 	if err != nil {
 		return render.Settings{}, err
 	}
@@ -90,10 +98,11 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *bundle.Bundle,
 	if err != nil {
 		return blenderRun{}, err
 	}
-	pool := blender.NewPool(blender.Options{Binary: w.binary, Dir: filepath.Join(dir, "worker"), Size: w.workers})
-	defer pool.Close()
+	ks := kinds.Builtin(kinds.Options{Blender: blendscene.Options{Binary: w.binary}},
+		scene.Env{Dir: filepath.Join(dir, "worker"), Slots: w.workers})
+	defer ks.Close()
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: filepath.Join(dir, "farm"), Queue: queue.DefaultConfig(),
-		Workers: w.workers, Blender: pool, Log: quietLogger()})
+		Workers: w.workers, Kinds: ks, Log: quietLogger()})
 	if err != nil {
 		return blenderRun{}, err
 	}
@@ -149,7 +158,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *bundle.Bundle,
 // printed (scene sync, render and save of each frame, without start-up and scene load), and
 // where the frames are.
 func blendersOwn(ctx context.Context, dir string, bundle *bundle.Bundle, st render.Settings, w blenderWorkload) (total, frames time.Duration, out string, err error) {
-	sc, err := bundle.Unpack(filepath.Join(dir, "own-scene"), bundle.Version())
+	sc, err := unpack(bundle, filepath.Join(dir, "own-scene"))
 	if err != nil {
 		return 0, 0, "", err
 	}
@@ -212,7 +221,7 @@ func reportBlenderFarm(r reporter, run blenderRun) {
 func passSetup(tb testing.TB, ctx context.Context, spp int) (*blender.Pool, *blender.Scene, render.Settings) {
 	tb.Helper()
 	bundle := loadBlender(tb, ctx)
-	sc, err := bundle.Unpack(tb.TempDir(), bundle.Version())
+	sc, err := unpack(bundle, tb.TempDir())
 	if err != nil {
 		tb.Fatal(err)
 	}

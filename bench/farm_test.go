@@ -58,7 +58,7 @@ type run struct {
 // timed too: every farm worker parses it as well.
 func renderLocal(ctx context.Context, bundle *bundle.Bundle, w workload) (run, error) {
 	start := time.Now()
-	scene, err := bundle.Parse()
+	scene, err := render.ParseScene(bundle.Scene, bundle.Asset)
 	if err != nil {
 		return run{}, fmt.Errorf("parsing scene: %w", err)
 	}
@@ -66,7 +66,7 @@ func renderLocal(ctx context.Context, bundle *bundle.Bundle, w workload) (run, e
 	if err != nil {
 		return run{}, err
 	}
-	ref, err := worker.NewReference(bundle, "", nil)
+	ref, err := worker.NewReference(ctx, jsonKinds, bundle, "")
 	if err != nil {
 		return run{}, err
 	}
@@ -103,7 +103,7 @@ type farmRun struct {
 func renderFarm(ctx context.Context, dir string, bundle *bundle.Bundle, w workload) (farmRun, error) {
 	start := time.Now()
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{
-		DataDir: dir, Queue: queue.DefaultConfig(), Workers: w.parallel, Worker: w.worker, Log: quietLogger(),
+		DataDir: dir, Queue: queue.DefaultConfig(), Workers: w.parallel, Worker: w.worker, Kinds: jsonKinds, Log: quietLogger(),
 	})
 	if err != nil {
 		return farmRun{}, fmt.Errorf("starting farm in %q: %w", dir, err)

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // errMismatch means the farm (or a resumed tile) produced other pixels than the reference: the
@@ -27,7 +29,7 @@ func examplePath(name string) string {
 // loadBundle reads an example's scene bundle once, outside any timed region.
 func loadBundle(tb testing.TB, name string) *bundle.Bundle {
 	tb.Helper()
-	b, err := bundle.ReadBundle(examplePath(name))
+	b, err := jsonscene.ReadFile(examplePath(name))
 	if err != nil {
 		tb.Fatalf("loading example %q: %v", name, err)
 	}
@@ -94,3 +96,6 @@ func samePixels(g, w image.Image) error {
 	}
 	return nil
 }
+
+// jsonKinds are the scene kinds of the benchmarks that render tilefarm JSON scenes.
+var jsonKinds = scene.Kinds{jsonscene.Kind{}}

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/bench/farmbench"
-	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
 

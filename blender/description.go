@@ -104,8 +104,8 @@ func (d *Description) validate() error {
 // Frames returns the scene's own frame range.
 func (d *Description) Frames() (first, last int) { return d.FrameStart, d.FrameEnd }
 
-// AssetPaths lists the bundle's assets, the .blend included.
-func (d *Description) AssetPaths() []string { return d.Files }
+// Assets lists the bundle's files, the .blend included.
+func (d *Description) Assets() []string { return d.Files }
 
 // Resolve returns the settings a job of this scene renders with: the .blend's own, with the
 // overrides applied. The pass partition is fixed here, at submit, because Cycles' bits depend

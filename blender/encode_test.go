@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
 )
 
 func TestInspectExample(t *testing.T) {

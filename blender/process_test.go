@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
 

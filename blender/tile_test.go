@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
-	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
 

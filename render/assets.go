@@ -17,6 +17,11 @@ func AssetPaths(data []byte) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
+	return s.assetPaths(), nil
+}
+
+// assetPaths lists the scene's asset paths, sorted and de-duplicated.
+func (s *Scene) assetPaths() []string {
 	var paths []string
 	for i := range s.objects {
 		if s.objects[i].kind == objMesh {
@@ -24,7 +29,7 @@ func AssetPaths(data []byte) ([]string, error) {
 		}
 	}
 	slices.Sort(paths)
-	return slices.Compact(paths), nil
+	return slices.Compact(paths)
 }
 
 // validateAssetPath accepts only clean, relative, slash-separated paths that

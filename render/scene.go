@@ -123,6 +123,9 @@ func (i *SceneInfo) Resolve(o Overrides) (Settings, error) { return i.s.Resolve(
 // Frames is Scene.Frames.
 func (i *SceneInfo) Frames() (first, last int) { return i.s.Frames() }
 
+// Assets are the relative asset paths the scene references (AssetPaths).
+func (i *SceneInfo) Assets() []string { return i.s.assetPaths() }
+
 // LoadSceneFile reads a scene file and its assets from the file's directory.
 func LoadSceneFile(path string) (*Scene, error) {
 	data, err := readLimited(path, MaxSceneBytes)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/proctest"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // Config sizes every measurement of a run.
@@ -132,7 +133,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		return res, err
 	}
 	scene := filepath.Join(root, "examples", "shot", "scene.json")
-	b, err := bundle.ReadBundle(scene)
+	b, err := jsonscene.ReadFile(scene)
 	if err != nil {
 		return res, fmt.Errorf("reading the shot: %w", err)
 	}

@@ -7,13 +7,10 @@ import (
 	"fmt"
 	"os"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 
-	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/identity"
-	"github.com/tilefarm/tilefarm/render"
 )
 
 // Limits of a scene bundle, so a bad submission cannot exhaust the coordinator.
@@ -23,63 +20,36 @@ const (
 	maxPath   = 1024
 )
 
-// ErrBadBundle is wrapped by every error about a bundle's content or encoding.
+// ErrInvalid is wrapped by every error about a bundle's content or encoding.
 var ErrInvalid = errors.New("bad scene bundle")
 
-// Bundle is a scene file with every asset it references, as the coordinator stores it once,
-// content-addressed by its scene version, and as workers fetch it.
+// Bundle is a scene document with every file it references, as the coordinator stores it
+// once, content-addressed by its scene version, and as workers fetch it.
 type Bundle struct {
 	Name   string            // base name of the scene file, for display only
-	Scene  []byte            // the scene file
+	Scene  []byte            // the scene document (a tilefarm JSON scene, a Blender scene description, ...)
 	Assets map[string][]byte // by the relative, slash-separated name the scene uses
 }
 
-// bundleMagic starts every encoded bundle; the byte after it is the format version.
-const bundleMagic = "TFBUNDLE"
+// magic starts every encoded bundle; the byte after it is the format version.
+const magic = "TFBUNDLE"
 
-const bundleV1 = 1
+const formatV1 = 1
 
-// ReadBundle reads a scene file and the assets it names from the file's directory.
-func ReadBundle(scenePath string) (*Bundle, error) {
-	data, err := os.ReadFile(scenePath)
-	if err != nil {
-		return nil, fmt.Errorf("reading scene %q: %w", scenePath, err)
-	}
-	paths, err := render.AssetPaths(data)
-	if err != nil {
-		return nil, fmt.Errorf("scene %q: %w", scenePath, err)
-	}
-	b := &Bundle{Name: filepath.Base(scenePath), Scene: data, Assets: make(map[string][]byte, len(paths))}
-	dir := filepath.Dir(scenePath)
-	total := len(data)
-	for _, rel := range paths {
-		asset, err := os.ReadFile(filepath.Join(dir, filepath.FromSlash(rel)))
+// FromFiles makes the bundle of a scene document named name and the files it needs: each of
+// names, read from where path says it is on disk, within MaxBytes in all.
+func FromFiles(name string, scene []byte, names []string, path func(name string) string) (*Bundle, error) {
+	b := &Bundle{Name: name, Scene: scene, Assets: make(map[string][]byte, len(names))}
+	total := len(scene)
+	for _, n := range names {
+		data, err := os.ReadFile(path(n))
 		if err != nil {
-			return nil, fmt.Errorf("scene %q: reading asset %q: %w", scenePath, rel, err)
-		}
-		total += len(asset)
-		if total > MaxBytes {
-			return nil, fmt.Errorf("scene %q: scene and assets exceed %d MiB", scenePath, MaxBytes>>20)
-		}
-		b.Assets[rel] = asset
-	}
-	return b, nil
-}
-
-// BlendBundle reads the .blend and every file it depends on, as Inspect found them, into a
-// bundle whose scene document is the description.
-func BlendBundle(in *blender.Inspection) (*Bundle, error) {
-	b := &Bundle{Name: path.Base(in.Desc.Blend), Scene: in.Desc.Encode(), Assets: make(map[string][]byte, len(in.Desc.Files))}
-	total := len(b.Scene)
-	for _, name := range in.Desc.Files {
-		data, err := os.ReadFile(in.Paths[name])
-		if err != nil {
-			return nil, fmt.Errorf("reading %s: %w", name, err)
+			return nil, fmt.Errorf("reading asset %q: %w", n, err)
 		}
 		if total += len(data); total > MaxBytes {
-			return nil, fmt.Errorf("scene %s: the .blend and its files exceed %d MiB", b.Name, MaxBytes>>20)
+			return nil, fmt.Errorf("the scene and its files exceed %d MiB", MaxBytes>>20)
 		}
-		b.Assets[name] = data
+		b.Assets[n] = data
 	}
 	return b, nil
 }
@@ -87,109 +57,14 @@ func BlendBundle(in *blender.Inspection) (*Bundle, error) {
 // Version is the bundle's scene_version.
 func (b *Bundle) Version() string { return identity.SceneVersion(b.Scene, b.Assets) }
 
-// Default tile sizes, in pixels, when a submission gives none. Tile size never changes a
-// pixel; it trades parallelism against per-tile cost, and a Blender tile pays a scene sync and
-// a render call per pass, so Blender tiles are larger (a 1920x1080 frame is still 40 of them).
-const (
-	DefaultTileSize = 64
-	BlenderTileSize = 256
-)
-
-// TileSize is the default tile size of the bundle's kind of scene.
-func (b *Bundle) TileSize() int {
-	if b.IsBlender() {
-		return BlenderTileSize
-	}
-	return DefaultTileSize
-}
-
-// IsBlender reports whether the bundle is a Blender scene (its scene document is a
-// blender.Description) rather than a tilefarm JSON scene.
-func (b *Bundle) IsBlender() bool { return blender.IsDescription(b.Scene) }
-
-// Parse parses a tilefarm JSON scene with its assets read from the bundle.
-func (b *Bundle) Parse() (*render.Scene, error) { return render.ParseScene(b.Scene, b.read) }
-
-// Blender returns a Blender scene's description.
-func (b *Bundle) Blender() (*blender.Description, error) { return blender.ParseDescription(b.Scene) }
-
-// SceneSettings is what a submission needs of a scene of either kind: its settings with a
-// request's overrides applied, and its own frame range.
-type SceneSettings interface {
-	Resolve(render.Overrides) (render.Settings, error)
-	Frames() (first, last int)
-}
-
-// Settings reads what a submission needs from the scene document alone, assets unread.
-func (b *Bundle) Settings() (SceneSettings, error) {
-	if b.IsBlender() {
-		return b.Blender()
-	}
-	return render.ParseSceneInfo(b.Scene)
-}
-
-// Validate checks the scene and every asset it references, with the errors Parse gives, but
-// builds nothing: it is how a submission is checked where nothing is rendered. A Blender
-// scene's files must all be there and its .blend must look like one; only Blender itself can
-// check more, which Inspect did where the bundle was made.
-func (b *Bundle) Validate() error {
-	if !b.IsBlender() {
-		return render.ValidateScene(b.Scene, b.read)
-	}
-	d, err := b.Blender()
-	if err != nil {
-		return err
-	}
-	for _, name := range d.Files {
-		if _, err := b.read(name); err != nil {
-			return err
-		}
-	}
-	if !blender.IsBlend(b.Assets[d.Blend]) {
-		return fmt.Errorf("%s is not a .blend file", d.Blend)
-	}
-	return nil
-}
-
-// Unpack writes a Blender scene's files under dir/version for Blender to open, once.
-func (b *Bundle) Unpack(dir, version string) (*blender.Scene, error) {
-	d, err := b.Blender()
-	if err != nil {
-		return nil, err
-	}
-	return blender.Unpack(dir, version, d, b.read)
-}
-
-func (b *Bundle) read(rel string) ([]byte, error) {
+// Asset returns the content of the bundle file the scene names rel; one the bundle does not
+// carry wraps os.ErrNotExist. It is the asset reader a scene is parsed and unpacked with.
+func (b *Bundle) Asset(rel string) ([]byte, error) {
 	data, ok := b.Assets[rel]
 	if !ok {
 		return nil, fmt.Errorf("asset %q is not in the scene bundle: %w", rel, os.ErrNotExist)
 	}
 	return data, nil
-}
-
-// CheckAssets rejects a bundle carrying a file its scene does not reference: a bundle holds
-// exactly what renders the scene, nothing an attacker or a stray directory could add.
-func (b *Bundle) CheckAssets() error {
-	var refs []string
-	if b.IsBlender() {
-		d, err := b.Blender()
-		if err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-		refs = d.AssetPaths()
-	} else {
-		var err error
-		if refs, err = render.AssetPaths(b.Scene); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-	}
-	for name := range b.Assets {
-		if !slices.Contains(refs, name) {
-			return fmt.Errorf("%w: asset %q is not referenced by the scene", ErrInvalid, name)
-		}
-	}
-	return nil
 }
 
 // Encode serialises the bundle:
@@ -199,18 +74,18 @@ func (b *Bundle) CheckAssets() error {
 //	then the scene's bytes, then each asset's bytes in the same order.
 //
 // The header comes first so a decoder knows every size before it touches the content, and the
-// content is stored raw so decoding needs no copy (see DecodeBundle).
+// content is stored raw so decoding needs no copy (see Decode).
 func (b *Bundle) Encode() []byte {
 	names := make([]string, 0, len(b.Assets))
-	size := len(bundleMagic) + 1 + 3*binary.MaxVarintLen64 + len(b.Name) + len(b.Scene)
+	size := len(magic) + 1 + 3*binary.MaxVarintLen64 + len(b.Name) + len(b.Scene)
 	for n, a := range b.Assets {
 		names = append(names, n)
 		size += 2*binary.MaxVarintLen64 + len(n) + len(a)
 	}
 	slices.Sort(names)
 	out := make([]byte, 0, size)
-	out = append(out, bundleMagic...)
-	out = append(out, bundleV1)
+	out = append(out, magic...)
+	out = append(out, formatV1)
 	out = binary.AppendUvarint(out, uint64(len(b.Name)))
 	out = append(out, b.Name...)
 	out = binary.AppendUvarint(out, uint64(len(b.Scene)))
@@ -227,20 +102,20 @@ func (b *Bundle) Encode() []byte {
 	return out
 }
 
-// DecodeBundle parses an encoded bundle. The bundle's Scene and Assets are slices of data, not
+// Decode parses an encoded bundle. The bundle's Scene and Assets are slices of data, not
 // copies, so a submission holds its bundle in memory once. Every size is checked against the
 // limits and against what data holds before anything is sliced.
 func Decode(data []byte) (*Bundle, error) {
 	if len(data) > MaxBytes+64*1024 {
 		return nil, fmt.Errorf("%w: %d bytes exceed the %d MiB limit", ErrInvalid, len(data), MaxBytes>>20)
 	}
-	if !bytes.HasPrefix(data, []byte(bundleMagic)) || len(data) < len(bundleMagic)+1 {
+	if !bytes.HasPrefix(data, []byte(magic)) || len(data) < len(magic)+1 {
 		return nil, fmt.Errorf("%w: not a tilefarm scene bundle", ErrInvalid)
 	}
-	if v := data[len(bundleMagic)]; v != bundleV1 {
+	if v := data[len(magic)]; v != formatV1 {
 		return nil, fmt.Errorf("%w: unknown bundle format version %d", ErrInvalid, v)
 	}
-	r := bundleReader{data: data, off: len(bundleMagic) + 1}
+	r := bundleReader{data: data, off: len(magic) + 1}
 	name := r.str("scene name", 255)
 	sceneSize := r.size("scene")
 	count := r.uvarint("asset count")

@@ -1,4 +1,4 @@
-package bundle
+package bundle_test
 
 import (
 	"bytes"
@@ -7,57 +7,63 @@ import (
 	"slices"
 	"testing"
 	"unsafe"
+
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	farmkinds "github.com/tilefarm/tilefarm/internal/kinds"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // fuzzBundleScenes are the example scenes whose encoded bundles seed FuzzDecodeBundle.
+// kinds check decoded bundles as a coordinator does; checking starts no renderer process.
+var kinds = farmkinds.Builtin(farmkinds.Options{}, scene.Env{})
+
 var fuzzBundleScenes = []string{"../../examples/shot/scene.json", "../../examples/cornell/scene.json"}
 
 // smallShotBundle is a bundle shaped like the shot's (a scene referencing one mesh) but a few
 // hundred bytes long, so the mutator works on the header rather than on 100 KiB of OBJ text.
-func smallShotBundle() *Bundle {
+func smallShotBundle() *bundle.Bundle {
 	scene := `{"settings": {"camera": "c", "width": 8, "height": 6}, "cameras": [{"name": "c", "position": [0,0,3], "look_at": [0,0,0]}],` +
 		` "materials": [{"name": "m", "type": "diffuse"}], "objects": [{"type": "mesh", "file": "meshes/tri.obj", "material": "m"}]}`
-	return &Bundle{Name: "scene.json", Scene: []byte(scene),
+	return &bundle.Bundle{Name: "scene.json", Scene: []byte(scene),
 		Assets: map[string][]byte{"meshes/tri.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")}}
 }
 
 // FuzzDecodeBundle: DecodeBundle never panics on an uploaded body; a bundle it accepts is made
 // of full-capacity slices of data that lie inside it and do not overlap (so an append to one can
 // never write into another, or past data), it re-encodes to bytes that decode to the same name,
-// scene and assets, and CheckAssets, Validate and Version run on it without panicking.
+// scene and assets, and the coordinator's check of a bundle (scene.Kinds.Check: its kind, its assets, its
+// scene) and Version run on it without panicking.
 func FuzzDecodeBundle(f *testing.F) {
 	var seeds [][]byte
 	for _, p := range fuzzBundleScenes {
-		b, err := ReadBundle(p)
+		b, err := jsonscene.ReadFile(p)
 		if err != nil {
-			f.Fatalf("ReadBundle(%s): %v", p, err)
+			f.Fatalf("jsonscene.ReadFile(%s): %v", p, err)
 		}
 		seeds = append(seeds, b.Encode())
 	}
 	small := smallShotBundle()
-	if err := small.CheckAssets(); err != nil {
-		f.Fatal(err)
-	}
-	if err := small.Validate(); err != nil {
+	if _, _, err := kinds.Check(small); err != nil {
 		f.Fatal(err)
 	}
 	seeds = append(seeds, small.Encode(),
-		(&Bundle{Scene: []byte(`{}`)}).Encode(),
-		(&Bundle{Name: "x", Assets: map[string][]byte{"a": nil, "b/c": {1}}}).Encode())
+		(&bundle.Bundle{Scene: []byte(`{}`)}).Encode(),
+		(&bundle.Bundle{Name: "x", Assets: map[string][]byte{"a": nil, "b/c": {1}}}).Encode())
 	for _, s := range seeds {
 		f.Add(s)
 		// Truncated in the header and in the content, one byte too long, and with a flipped
 		// bit in the version, the first header varint and the content. The shot's bundle is
 		// 118 KiB of mesh: its full-length variants would only slow the fuzzer down (every
 		// interesting input found in one is minimised byte by byte), so it gets the short ones.
-		f.Add(s[:len(bundleMagic)+4])
+		f.Add(s[:len(bundle.Magic)+4])
 		f.Add(s[:min(len(s)-1, 512)])
 		if len(s) > 4096 {
 			continue
 		}
 		f.Add(s[:len(s)-1])
 		f.Add(append(slices.Clone(s), 0))
-		for _, at := range []int{len(bundleMagic), len(bundleMagic) + 1, len(s) - 1} {
+		for _, at := range []int{len(bundle.Magic), len(bundle.Magic) + 1, len(s) - 1} {
 			flipped := slices.Clone(s)
 			flipped[at] ^= 0x01
 			f.Add(flipped)
@@ -66,20 +72,20 @@ func FuzzDecodeBundle(f *testing.F) {
 	// Hand-made headers: nothing but the magic, an unknown version, a non-minimal varint, a
 	// size over the limit, too many assets, an unsorted and an unclean asset name.
 	hdr := func(parts ...[]byte) []byte {
-		return bytes.Join(append([][]byte{[]byte(bundleMagic), {bundleV1}}, parts...), nil)
+		return bytes.Join(append([][]byte{[]byte(bundle.Magic), {bundle.FormatV1}}, parts...), nil)
 	}
 	uv := func(v uint64) []byte { return binary.AppendUvarint(nil, v) }
-	f.Add([]byte(bundleMagic))
-	f.Add(append([]byte(bundleMagic), 2))
+	f.Add([]byte(bundle.Magic))
+	f.Add(append([]byte(bundle.Magic), 2))
 	f.Add(hdr([]byte{0x80, 0x00}, uv(2), uv(0), []byte("{}")))
-	f.Add(hdr(uv(0), uv(MaxBytes+1), uv(0)))
-	f.Add(hdr(uv(0), uv(0), uv(MaxAssets+1)))
+	f.Add(hdr(uv(0), uv(bundle.MaxBytes+1), uv(0)))
+	f.Add(hdr(uv(0), uv(0), uv(bundle.MaxAssets+1)))
 	f.Add(hdr(uv(0), uv(0), uv(1<<63)))
 	f.Add(hdr(uv(0), uv(0), uv(2), uv(1), []byte("b"), uv(0), uv(1), []byte("a"), uv(0)))
 	f.Add(hdr(uv(0), uv(0), uv(1), uv(4), []byte("../a"), uv(0)))
 	f.Add(hdr(uv(1<<62), uv(0), uv(0)))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		b, err := Decode(data)
+		b, err := bundle.Decode(data)
 		if err != nil {
 			if b != nil {
 				t.Fatal("DecodeBundle returned a bundle with an error")
@@ -87,7 +93,7 @@ func FuzzDecodeBundle(f *testing.F) {
 			return
 		}
 		checkInside(t, data, b)
-		again, err := Decode(b.Encode())
+		again, err := bundle.Decode(b.Encode())
 		if err != nil {
 			t.Fatalf("re-encoded bundle does not decode: %v", err)
 		}
@@ -99,18 +105,17 @@ func FuzzDecodeBundle(f *testing.F) {
 			t.Fatal("re-encoding changed the scene version")
 		}
 		for n := range b.Assets {
-			if err := checkAssetName(n); err != nil {
+			if err := bundle.CheckAssetName(n); err != nil {
 				t.Fatalf("accepted asset name: %v", err)
 			}
 		}
-		_ = b.CheckAssets()
-		_ = b.Validate()
+		_, _, _ = kinds.Check(b)
 	})
 }
 
 // checkInside asserts that the scene and every asset of b are full-capacity slices of data that
 // do not overlap, and that they and the header account for every byte of data.
-func checkInside(t *testing.T, data []byte, b *Bundle) {
+func checkInside(t *testing.T, data []byte, b *bundle.Bundle) {
 	t.Helper()
 	type span struct {
 		what       string
@@ -147,7 +152,7 @@ func checkInside(t *testing.T, data []byte, b *Bundle) {
 	if len(spans) > 0 && spans[len(spans)-1].end != len(data) {
 		t.Fatalf("content ends at %d, data at %d: trailing bytes were accepted", spans[len(spans)-1].end, len(data))
 	}
-	if header := len(bundleMagic) + 1; content > len(data)-header {
+	if header := len(bundle.Magic) + 1; content > len(data)-header {
 		t.Fatalf("%d content bytes in %d bytes of data", content, len(data))
 	}
 }

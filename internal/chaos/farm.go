@@ -32,6 +32,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // config is one run of the harness.
@@ -132,7 +133,7 @@ func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name strin
 		return nil, err
 	}
 	f.scene = filepath.Join(root, "examples", "shot", "scene.json")
-	if f.bundle, err = bundle.ReadBundle(f.scene); err != nil {
+	if f.bundle, err = jsonscene.ReadFile(f.scene); err != nil {
 		f.close()
 		return nil, err
 	}

@@ -21,7 +21,6 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/buildinfo"
-	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/render"
@@ -251,7 +250,7 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-func isNotFound(err error) bool { return errors.Is(err, coorddb.ErrNotFound) }
+func isNotFound(err error) bool { return errors.Is(err, api.ErrNotFound) }
 
 // killSelf is the crash hook of fault tests: it kills this process with SIGKILL at a seam, so
 // the test sees exactly what a real crash there leaves behind.

@@ -17,13 +17,14 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/worker"
 )
 
@@ -95,7 +96,7 @@ frames. '####' in --out is the zero-padded frame number.`)
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
 	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
 	rf := addRenderFlags(fs)
-	bf := addBlenderFlags(fs, false)
+	kf := kinds.AddFlags(fs, false)
 	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers (for Blender scenes, one Blender process each)")
 	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
@@ -114,16 +115,16 @@ frames. '####' in --out is the zero-padded frame number.`)
 		if err != nil {
 			return 0, err
 		}
-		pool := bf.workerPool(filepath.Join(*data, "worker"), *workers, log)
-		defer pool.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, []string{fmtName}, pool, stderr)
+		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
+		defer ks.Close()
+		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, []string{fmtName}, ks, stderr)
 		if err != nil {
 			return 0, err
 		}
 		// Short pulls: a pull cancelled at exit waits out its expiry (see queue.fetchOne), and a
 		// finished local render should not linger seconds for it.
 		n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers,
-			Worker: worker.Config{FetchWait: 250 * time.Millisecond}, Blender: pool, Log: log})
+			Worker: worker.Config{FetchWait: 250 * time.Millisecond}, Kinds: ks, Log: log})
 		if err != nil {
 			return 0, err
 		}
@@ -160,7 +161,7 @@ frames. '####' in --out is the zero-padded frame number.`)
 
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
 // submit.
-func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, out string, formats []string, pool *blender.Pool, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
+func submitRequest(ctx context.Context, path, frames string, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
 	var req api.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
@@ -172,11 +173,11 @@ func submitRequest(ctx context.Context, scene, frames string, rf *renderFlags, o
 	if err := rf.check(); err != nil {
 		return req, nil, err
 	}
-	b, err := readScene(ctx, scene, pool, stderr)
+	b, k, err := readScene(ctx, path, ks, stderr)
 	if err != nil {
 		return req, nil, err
 	}
-	s, err := b.Settings()
+	s, err := k.Describe(b.Scene)
 	if err != nil {
 		return req, nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
@@ -250,7 +251,7 @@ are this process's client certificate and the servers' CA.`)
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
-	bf := addBlenderFlags(fs, true)
+	kf := kinds.AddFlags(fs, true)
 	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
@@ -308,10 +309,8 @@ are this process's client certificate and the servers' CA.`)
 		opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
 			StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
 			Coordinator: ccfg, Workers: *workers, Log: log}
-		if *workers > 0 {
-			opts.Blender = bf.workerPool(filepath.Join(*data, "worker"), *workers, log)
-			defer opts.Blender.Close()
-		}
+		opts.Kinds = kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
+		defer opts.Kinds.Close()
 		if embedded {
 			// The TLS flags are the embedded server's own certificate.
 			opts.NATSTLSCert, opts.NATSTLSKey, opts.NATSTLSCA = nf.Cert, nf.Key, nf.CA
@@ -416,7 +415,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	fs := c.Flags()
 	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
 	rf := addRenderFlags(fs)
-	bf := addBlenderFlags(fs, false)
+	kf := kinds.AddFlags(fs, false)
 	format := fs.String("format", "png", "output formats, comma-separated: png, png16, exr (png is always produced)")
 	priority := fs.Int("priority", 0, "priority from -100 to 100: tiles of higher-priority jobs are rendered first (bands: negative, 0, positive)")
 	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
@@ -432,9 +431,9 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 			return 0, err
 		}
 		defer os.RemoveAll(tmp)
-		pool := bf.pool(tmp, 1, slog.New(slog.DiscardHandler))
-		defer pool.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, "", formats, pool, stderr)
+		ks := kf.Open(scene.Env{Dir: tmp, Slots: 1, Log: slog.New(slog.DiscardHandler)})
+		defer ks.Close()
+		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, "", formats, ks, stderr)
 		if err != nil {
 			return 0, err
 		}

@@ -15,7 +15,9 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -49,7 +51,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto, 0 (with every checkpoint) or a duration")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
-	bf := addBlenderFlags(fs, true)
+	kf := kinds.AddFlags(fs, true)
 	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
 	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
 	faultSampleDelay := fs.Duration("fault-sample-delay", 0, "testing only: sleep before each sample, rendering and counting samples one at a time")
@@ -98,10 +100,10 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 			}
 			wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
 		}
-		pool := bf.workerPool(*ckptDir, *concurrency, log)
-		defer pool.Close()
+		ks := kf.Open(scene.Env{Dir: *ckptDir, Slots: *concurrency, Log: log})
+		defer ks.Close()
 		return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
-			MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Blender: pool, Log: log})
+			MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Kinds: ks, Log: log})
 	})
 	c.AddCommand(p.localRenderCommand())
 	return c
@@ -134,7 +136,7 @@ worker count never change a pixel. A .blend renders with one Blender process per
 	out := fs.String("out", "", "output file (.png, or .exr for 32-bit float OpenEXR)")
 	format := fs.String("format", "", "png, png16 or exr (default from --out's extension)")
 	rf := addRenderFlags(fs)
-	bf := addBlenderFlags(fs, false)
+	kf := kinds.AddFlags(fs, false)
 	jobs := fs.IntP("jobs", "j", runtime.NumCPU(), "tiles rendered in parallel")
 	quiet := fs.BoolP("quiet", "q", false, "no progress bar")
 	p.runErr(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
@@ -156,13 +158,13 @@ worker count never change a pixel. A .blend renders with one Blender process per
 			return err
 		}
 		defer os.RemoveAll(tmp)
-		pool := bf.pool(tmp, *jobs, slog.New(slog.DiscardHandler))
-		defer pool.Close()
-		bundle, err := readScene(ctx, pos[0], pool, stderr)
+		ks := kf.Open(scene.Env{Dir: tmp, Slots: *jobs, Log: slog.New(slog.DiscardHandler)})
+		defer ks.Close()
+		bundle, k, err := readScene(ctx, pos[0], ks, stderr)
 		if err != nil {
 			return err
 		}
-		info, err := bundle.Settings()
+		info, err := k.Describe(bundle.Scene)
 		if err != nil {
 			return fmt.Errorf("%w: %v", api.ErrBadInput, err)
 		}
@@ -174,7 +176,7 @@ worker count never change a pixel. A .blend renders with one Blender process per
 		if fr == 0 {
 			fr, _ = info.Frames()
 		}
-		ref, err := worker.NewReference(bundle, tmp, pool)
+		ref, err := worker.NewReference(ctx, ks, bundle, tmp)
 		if err != nil {
 			return err
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/objstore"
 )
 
@@ -74,7 +75,8 @@ func (f Faults) at(seam string, armed bool) {
 type Deps struct {
 	DB      *coorddb.DB
 	Queue   *queue.Queue
-	NATS    *nats.Conn // carries the dead-letter watcher and the relay's asynchronous publishes
+	Kinds   scene.Kinds // the kinds of scene submissions may be of
+	NATS    *nats.Conn  // carries the dead-letter watcher and the relay's asynchronous publishes
 	Objects objstore.Store
 	Metrics *metrics.Coordinator // nil: a registry of its own
 	Log     *slog.Logger
@@ -85,6 +87,7 @@ type Coordinator struct {
 	cfg     Config
 	db      *coorddb.DB
 	queue   *queue.Queue
+	kinds   scene.Kinds
 	nc      *nats.Conn
 	objects objstore.Store
 	m       *metrics.Coordinator
@@ -125,7 +128,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		d.Metrics = metrics.NewCoordinator(metrics.NewRegistry())
 	}
 	c := &Coordinator{
-		cfg: cfg, db: d.DB, queue: d.Queue, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
+		cfg: cfg, db: d.DB, queue: d.Queue, kinds: d.Kinds, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
 		now:       func() time.Time { return time.Now().UTC() },
 		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),

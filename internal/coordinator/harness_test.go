@@ -20,9 +20,11 @@ import (
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/raster"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -88,11 +90,11 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 	}
 	tb.Cleanup(func() { _ = st.Close() })
 	m := metrics.NewCoordinator(metrics.NewRegistry())
-	h := &harness{c: New(cfg, Deps{DB: st, Queue: f, NATS: nc, Objects: objects, Metrics: m, Log: log}),
+	h := &harness{c: New(cfg, Deps{DB: st, Queue: f, Kinds: scene.Kinds{jsonscene.Kind{}}, NATS: nc, Objects: objects, Metrics: m, Log: log}),
 		st: st, objects: objects, queue: f, js: js, m: m, ctx: ctx}
-	b, err := bundle.ReadBundle(shotScene)
+	b, err := jsonscene.ReadFile(shotScene)
 	if err != nil {
-		tb.Fatalf("ReadBundle: %v", err)
+		tb.Fatalf("ReadFile: %v", err)
 	}
 	h.version = b.Version()
 	if err := h.c.PutScene(ctx, h.version, b.Encode()); err != nil {
@@ -104,9 +106,9 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 // shotBundle reads the example scene with its mesh.
 func shotBundle(t *testing.T) *bundle.Bundle {
 	t.Helper()
-	b, err := bundle.ReadBundle(shotScene)
+	b, err := jsonscene.ReadFile(shotScene)
 	if err != nil {
-		t.Fatalf("ReadBundle: %v", err)
+		t.Fatalf("ReadFile: %v", err)
 	}
 	return b
 }

@@ -25,10 +25,12 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
+	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 )
@@ -494,7 +496,7 @@ func TestOpenAPIResponses(t *testing.T) {
 					t.Fatal(err)
 				}
 				blend := *info
-				blend.blender = true
+				blend.kind = blendscene.New(blendscene.Options{}, scene.Env{Dir: t.TempDir()})
 				h.c.scenes.Put(h.version, &blend)
 				return func() { h.c.scenes.Put(h.version, info) }
 			}},

@@ -7,19 +7,19 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // ErrSceneMissing is returned for a submission naming a scene that was never uploaded.
 var ErrSceneMissing = errors.New("scene not uploaded")
 
-// sceneInfo is what a submission needs of a stored scene: its name and what its file says
-// about settings, cameras and frames. It is small: assets are never kept.
+// sceneInfo is what a submission needs of a stored scene: its name, its kind, and what its
+// document says about settings, cameras and frames. It is small: assets are never kept.
 type sceneInfo struct {
-	name     string
-	info     bundle.SceneSettings
-	tileSize int  // the default for the scene's kind
-	blender  bool // a Blender scene, whose PNGs Blender encodes
+	name string
+	kind scene.Kind
+	info scene.Description
 }
 
 // HasScene reports whether a scene bundle is stored under version.
@@ -39,8 +39,9 @@ func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error
 
 // PutScene validates an encoded scene bundle and stores it, once, under its scene version.
 // raw is kept by the store call and parsed in place, so an upload holds its bundle in memory
-// once. A bundle whose content does not hash to version, that carries assets its scene does
-// not reference, or whose scene does not parse is bad input; nothing is stored then.
+// once. A bundle whose content does not hash to version, of no kind this coordinator knows,
+// that carries assets its scene does not reference, or whose scene does not parse is bad
+// input (scene.Kinds.Check); nothing is stored then.
 func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) error {
 	if !validHash(version) {
 		return badInput("scene version %q is not a sha256 hex digest", version)
@@ -52,24 +53,18 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 	if got := b.Version(); got != version {
 		return badInput("scene bundle hashes to %s, not %s", got, version)
 	}
-	if err := b.CheckAssets(); err != nil {
-		return badInput("%v", err)
-	}
-	if err := b.Validate(); err != nil {
-		return badInput("%v", err)
-	}
-	info, err := b.Settings()
+	kind, info, err := c.kinds.Check(b)
 	if err != nil {
 		return badInput("%v", err)
 	}
 	if ok, err := c.HasScene(ctx, version); err != nil || ok {
-		c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()})
+		c.scenes.Put(version, &sceneInfo{name: b.Name, kind: kind, info: info})
 		return err
 	}
 	if err := c.objects.Put(ctx, layout.SceneKey(version), raw); err != nil {
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
-	c.scenes.Put(version, &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()})
+	c.scenes.Put(version, &sceneInfo{name: b.Name, kind: kind, info: info})
 	return nil
 }
 
@@ -90,11 +85,15 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}
-		info, err := b.Settings()
+		kind, err := c.kinds.ForDocument(b.Scene)
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}
-		return &sceneInfo{name: b.Name, info: info, tileSize: b.TileSize(), blender: b.IsBlender()}, nil
+		info, err := kind.Describe(b.Scene)
+		if err != nil {
+			return nil, fmt.Errorf("stored scene %s: %w", version, err)
+		}
+		return &sceneInfo{name: b.Name, kind: kind, info: info}, nil
 	})
 }
 

@@ -86,7 +86,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	}
 	size := req.TileSize
 	if size == 0 {
-		size = sc.tileSize
+		size = sc.kind.TileSize()
 	}
 	rects, err := tiles.Split(st.Width, st.Height, size)
 	if err != nil {

@@ -7,8 +7,6 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
-	"github.com/tilefarm/tilefarm/raster"
-	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -28,11 +26,11 @@ func jobFrame(tx *coorddb.Tx, jobID string, n int) (*coorddb.Job, *coorddb.Frame
 	return j, f, nil
 }
 
-// TilePNG returns tile index of a job's frame, read through its manifest, tone-mapped and
-// encoded exactly as the frame's 8-bit PNG is (raster.EncodePNG8 with the frame's exposure,
-// pixel by pixel), so tiles drawn at their rectangles reproduce the frame's PNG. A tile not
-// completed yet is ErrTileNotReady; every tile of a Blender scene is a conflict, since its PNG
-// is encoded by Blender's colour management and cannot be reproduced tile by tile.
+// TilePNG returns tile index of a job's frame, read through its manifest and encoded by the
+// scene's kind exactly as the frame's 8-bit PNG holds it (scene.Kind.EncodeTilePreview), so
+// tiles drawn at their rectangles reproduce the frame's PNG. A tile not completed yet is
+// api.ErrTileNotReady; every tile of a kind without tile previews (a Blender scene, whose PNG
+// Blender's colour management encodes from the whole frame) is api.ErrNoTilePNG.
 func (c *Coordinator) TilePNG(ctx context.Context, jobID string, frame, index int) ([]byte, error) {
 	var f *coorddb.Frame
 	var tile tiles.FrameTile
@@ -65,19 +63,14 @@ func (c *Coordinator) TilePNG(ctx context.Context, jobID string, frame, index in
 	if err != nil {
 		return nil, err
 	}
-	if sc.blender {
-		return nil, fmt.Errorf("frame %d is of a Blender scene: %w; fetch the finished frame (GET /v1/jobs/%s/frames/%d/png)", frame, api.ErrNoTilePNG, jobID, frame)
+	if !sc.kind.TilePreviews() {
+		return nil, fmt.Errorf("frame %d is of a %s: %w; fetch the finished frame (GET /v1/jobs/%s/frames/%d/png)", frame, sc.kind.Name(), api.ErrNoTilePNG, jobID, frame)
 	}
 	pix, err := layout.ReadTile(ctx, c.objects, f.Key, tile, f.Settings)
 	if err != nil {
 		return nil, fmt.Errorf("reading tile %d of frame %d: %w", index, frame, err)
 	}
-	return encodeTilePNG(tile.Rect, pix, f.Settings)
-}
-
-// encodeTilePNG encodes a tile's buffer as the frame PNG encodes its pixels.
-func encodeTilePNG(r render.Rect, pix []float32, st render.Settings) ([]byte, error) {
-	data, err := raster.EncodePNG8(&raster.Frame{Width: r.Dx(), Height: r.Dy(), Pix: pix}, st.Exposure)
+	data, err := sc.kind.EncodeTilePreview(tile.Rect, pix, f.Settings)
 	if err != nil {
 		return nil, fmt.Errorf("encoding tile: %w", err)
 	}
@@ -118,6 +111,6 @@ func (c *Coordinator) FrameTiles(ctx context.Context, jobID string, frame int) (
 	if err != nil {
 		return out, err
 	}
-	out.TilePNG = !sc.blender
+	out.TilePNG = sc.kind.TilePreviews()
 	return out, nil
 }

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )

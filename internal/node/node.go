@@ -18,12 +18,12 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/web"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -51,10 +51,10 @@ type CoordinatorOptions struct {
 	Coordinator coordinator.Config
 	Workers     int // in-process workers
 	Worker      worker.Config
-	// Blender runs the in-process workers' Blender scenes; nil renders JSON scenes only. The
-	// caller closes it.
-	Blender *blender.Pool
-	Log     *slog.Logger
+	// Kinds are the kinds of scene the coordinator accepts and its in-process workers render;
+	// the caller closes them.
+	Kinds scene.Kinds
+	Log   *slog.Logger
 }
 
 // Coordinator is a running coordinator process.
@@ -114,7 +114,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { st.Close() })
-	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{DB: st, Queue: f, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
+	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{DB: st, Queue: f, Kinds: o.Kinds, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
@@ -131,7 +131,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		wc.Name = hostname() + "-local"
 		wc.Concurrency = o.Workers
 		w, err := worker.New(wc, worker.Deps{Queue: f, Objects: objects, Checkpoints: ckpts,
-			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Blender, log), Metrics: metrics.NewWorker(reg), Log: log})
+			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Kinds, log), Metrics: metrics.NewWorker(reg), Log: log})
 		if err != nil {
 			return nil, err
 		}
@@ -286,7 +286,7 @@ type WorkerOptions struct {
 	MetricsListen string
 	DebugListen   string // Go profiles (/debug/pprof/); empty means none
 	Worker        worker.Config
-	Blender       *blender.Pool // renders Blender scenes; nil renders JSON scenes only; the caller closes it
+	Kinds         scene.Kinds // the kinds of scene the worker renders; the caller closes them
 	Log           *slog.Logger
 }
 
@@ -349,7 +349,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		defer srv.Close()
 	}
 	w, err := worker.New(o.Worker, worker.Deps{Queue: f, Objects: objects, Checkpoints: ckpts,
-		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), o.Blender, log), Metrics: m, Log: log})
+		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), o.Kinds, log), Metrics: m, Log: log})
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/scene"
 )
 
 // checkpointer saves a tile run's checkpoints one at a time in the background: after a pass
@@ -56,7 +57,7 @@ func (w *Worker) startCheckpointer(ctx context.Context, r *tileRun, start time.T
 }
 
 // afterPass hands a snapshot of the tile to the saver when a save is due.
-func (k *checkpointer) afterPass(tile tileRenderer) {
+func (k *checkpointer) afterPass(tile scene.Tile) {
 	now := time.Now()
 	if k.stopped || k.busy.Load() || !k.local.due(now) {
 		return
@@ -94,7 +95,7 @@ func (k *checkpointer) stop() {
 }
 
 // saveNow stops the saver and saves the tile's state at once, remotely too if remote.
-func (k *checkpointer) saveNow(ctx context.Context, tile tileRenderer, remote bool) {
+func (k *checkpointer) saveNow(ctx context.Context, tile scene.Tile, remote bool) {
 	k.stop()
 	if j, ok := k.w.snapshot(tile, k.r, remote); ok {
 		k.w.writeCheckpoint(ctx, k.r, j)
@@ -103,7 +104,7 @@ func (k *checkpointer) saveNow(ctx context.Context, tile tileRenderer, remote bo
 
 // snapshot copies the tile's state into a checkpoint of the run, and marks in the run which
 // checkpoints it may leave (leftCheckpoints). ok is false before the first sample.
-func (w *Worker) snapshot(tile tileRenderer, r *tileRun, remote bool) (saveJob, bool) {
+func (w *Worker) snapshot(tile scene.Tile, r *tileRun, remote bool) (saveJob, bool) {
 	if tile.Next() == 0 {
 		return saveJob{}, false
 	}

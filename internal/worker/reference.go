@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
@@ -15,18 +15,18 @@ import (
 // Reference renders frames of a scene on this machine with no farm, through the renderer seam,
 // tiles, passes and encoders the farm's workers use: the pixels every farm frame must equal.
 type Reference struct {
-	sc       scene
+	sc       scene.Renderer
 	tileSize int // the default for the scene's kind
 }
 
-// NewReference loads a scene bundle for local rendering. A Blender scene is unpacked under dir
-// and renders on pool's processes.
-func NewReference(b *bundle.Bundle, dir string, pool *blender.Pool) (*Reference, error) {
-	sc, err := loadBundle(b, b.Version(), dir, pool)
+// NewReference loads a scene bundle for local rendering with its kind among kinds; a kind
+// that unpacks files (Blender's) does so under dir.
+func NewReference(ctx context.Context, kinds scene.Kinds, b *bundle.Bundle, dir string) (*Reference, error) {
+	sc, k, err := kinds.Load(ctx, b, b.Version(), dir)
 	if err != nil {
 		return nil, err
 	}
-	return &Reference{sc: sc, tileSize: b.TileSize()}, nil
+	return &Reference{sc: sc, tileSize: k.TileSize()}, nil
 }
 
 // ErrBadTiling is returned for a tile size that cannot split the frame.
@@ -94,7 +94,7 @@ func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame
 }
 
 func (ref *Reference) renderTile(ctx context.Context, st render.Settings, frame int, r render.Rect) ([]float32, error) {
-	t, err := ref.sc.newTile(ctx, st, frame, r)
+	t, err := ref.sc.NewTile(ctx, st, frame, r)
 	if err != nil {
 		return nil, err
 	}

@@ -23,10 +23,12 @@ import (
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // runHarness runs one worker against a real in-process JetStream and a filesystem store, one
@@ -79,14 +81,14 @@ func newRunHarness(t *testing.T) *runHarness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ckpts.Close() })
-	b, err := bundle.ReadBundle("../../examples/cornell/scene.json")
+	b, err := jsonscene.ReadFile("../../examples/cornell/scene.json")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := objects.Put(ctx, layout.SceneKey(b.Version()), b.Encode()); err != nil {
 		t.Fatal(err)
 	}
-	scene, err := b.Parse()
+	scene, err := render.ParseScene(b.Scene, b.Asset)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +113,8 @@ func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Worker)
 	m := metrics.NewWorker(metrics.NewRegistry())
 	cfg.Name = "w1"
 	w, err := New(cfg, Deps{Queue: h.queue, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
-		Log: slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+		Scenes: NewScenes(h.objects, "", scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler)),
+		Log:    slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -8,11 +8,11 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/objstore"
 )
 
@@ -20,33 +20,33 @@ import (
 const maxCachedScenes = 4
 
 // Scenes is a process's cache of loaded scenes by scene version: every slot and every worker
-// of the process shares one, and a scene is downloaded and parsed (or, for Blender, unpacked)
-// once, however many slots ask for it at the same moment. Bundles are also kept on disk (when
-// dir is set), so a restarted worker does not download them again.
+// of the process shares one, and a scene is downloaded and loaded by its kind (parsed, or
+// unpacked for Blender) once, however many slots ask for it at the same moment. Bundles are
+// also kept on disk (when dir is set), so a restarted worker does not download them again.
 type Scenes struct {
 	objects objstore.Store
 	dir     string
-	blender *blender.Pool
+	kinds   scene.Kinds
 	log     *slog.Logger
 	// parsed keeps the newest loaded scenes: a long-lived worker sees many shots.
-	parsed *flight.Cache[scene]
+	parsed *flight.Cache[scene.Renderer]
 }
 
 // NewScenes makes a scene cache reading bundles from objects, cached on disk under dir (""
-// keeps JSON scenes in memory only; Blender scenes need a directory to be unpacked in).
-// Blender scenes render on pool's processes; a nil pool renders JSON scenes only.
-func NewScenes(objects objstore.Store, dir string, pool *blender.Pool, log *slog.Logger) *Scenes {
-	return &Scenes{objects: objects, dir: dir, blender: pool, log: log, parsed: flight.New[scene](maxCachedScenes)}
+// keeps them in memory only, and leaves kinds that unpack their files, such as Blender's,
+// nowhere to do it), loading them with their kind among kinds.
+func NewScenes(objects objstore.Store, dir string, kinds scene.Kinds, log *slog.Logger) *Scenes {
+	return &Scenes{objects: objects, dir: dir, kinds: kinds, log: log, parsed: flight.New[scene.Renderer](maxCachedScenes)}
 }
 
 // Get returns the loaded scene of version. Concurrent callers asking for the same version
 // share one load.
-func (s *Scenes) Get(ctx context.Context, version string) (scene, error) {
-	return s.parsed.Get(ctx, version, func(ctx context.Context) (scene, error) { return s.load(ctx, version) })
+func (s *Scenes) Get(ctx context.Context, version string) (scene.Renderer, error) {
+	return s.parsed.Get(ctx, version, func(ctx context.Context) (scene.Renderer, error) { return s.load(ctx, version) })
 }
 
 // load reads the bundle from the disk cache, else from the object store, and loads it.
-func (s *Scenes) load(ctx context.Context, version string) (scene, error) {
+func (s *Scenes) load(ctx context.Context, version string) (scene.Renderer, error) {
 	b, err := s.cached(version)
 	if err != nil {
 		data, gerr := s.objects.Get(ctx, layout.SceneKey(version))
@@ -72,35 +72,8 @@ func (s *Scenes) load(ctx context.Context, version string) (scene, error) {
 			}
 		}
 	}
-	return loadBundle(b, version, s.dir, s.blender)
-}
-
-// loadBundle makes a decoded bundle renderable: a JSON scene is parsed, a Blender scene's
-// files are unpacked under dir/blender for the pool's processes to open.
-func loadBundle(b *bundle.Bundle, version, dir string, pool *blender.Pool) (scene, error) {
-	if !b.IsBlender() {
-		sc, err := b.Parse()
-		if err != nil {
-			return nil, failure.Terminalf("parsing scene %s: %w", version, err)
-		}
-		return pathTracer{sc}, nil
-	}
-	switch {
-	case pool == nil:
-		return nil, fmt.Errorf("scene %s is a Blender scene and this worker runs no Blender", version)
-	case dir == "":
-		return nil, fmt.Errorf("scene %s is a Blender scene and this worker has no directory to unpack it in", version)
-	}
-	if err := b.Validate(); err != nil {
-		return nil, failure.Terminalf("scene %s: %w", version, err)
-	}
-	bs, err := b.Unpack(filepath.Join(dir, "blender"), version)
-	if err != nil {
-		return nil, fmt.Errorf("scene %s: %w", version, err)
-	}
-	// Tiles of this scene are coming: every slot will want its Blender process.
-	pool.Warm(context.Background())
-	return cycles{s: bs, pool: pool}, nil
+	r, _, err := s.kinds.Load(ctx, b, version, s.dir)
+	return r, err
 }
 
 func (s *Scenes) path(version string) string { return filepath.Join(s.dir, version+".tfb") }

@@ -15,6 +15,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/raster"
@@ -191,7 +192,7 @@ func (w *Worker) acquire(ctx context.Context, r *tileRun) (*queue.Lease, error) 
 
 // renderAndPromote is steps 3-5 of the Render flow, run under a live lease.
 func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
-	var sc scene
+	var sc scene.Renderer
 	err := w.retryStore(ctx, r.delivery, "fetching scene", func(ctx context.Context) (err error) {
 		sc, err = w.scenes.Get(ctx, r.job.SceneVersion)
 		return err
@@ -199,7 +200,7 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	if err != nil {
 		return err
 	}
-	tile, err := sc.newTile(ctx, r.job.Settings, r.job.Frame, r.job.Rect)
+	tile, err := sc.NewTile(ctx, r.job.Settings, r.job.Frame, r.job.Rect)
 	if err != nil {
 		return err
 	}
@@ -322,7 +323,7 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 
 // resume imports the newest usable checkpoint, local first, then remote: one of this tile,
 // made from the same inputs by the same build. It returns the samples recovered.
-func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int {
+func (w *Worker) resume(ctx context.Context, tile scene.Tile, r *tileRun) int {
 	candidates := []func() (checkpoint.Checkpoint, bool){
 		func() (checkpoint.Checkpoint, bool) {
 			c, ok, err := w.ckpts.Load(ctx, r.job.TileKey)
@@ -383,7 +384,7 @@ func (w *Worker) resume(ctx context.Context, tile tileRenderer, r *tileRun) int 
 
 // renderPasses renders the remaining samples pass by pass (the partition the settings fix, or
 // the worker's), checkpointing after passes and reporting progress while passes remain.
-func (w *Worker) renderPasses(ctx context.Context, tile tileRenderer, r *tileRun) error {
+func (w *Worker) renderPasses(ctx context.Context, tile scene.Tile, r *tileRun) error {
 	spp := r.job.Settings.SPP
 	var lastDropCheck time.Time
 	for passes, to := range r.job.Settings.PassEnds(w.cfg.PassesPerTile) {
@@ -440,7 +441,7 @@ const dropCheckEvery = 250 * time.Millisecond
 // With Faults.SampleDelay the samples render one at a time, each after the delay and counted as
 // it lands, the way a slow real render gains them: a kill then loses the samples rendered since
 // the last checkpoint, and the counter shows them.
-func (w *Worker) renderSamples(ctx context.Context, r *tileRun, tile tileRenderer, to int) error {
+func (w *Worker) renderSamples(ctx context.Context, r *tileRun, tile scene.Tile, to int) error {
 	if d := w.cfg.Faults.SampleDelay; d > 0 {
 		for tile.Next() < to {
 			if !queue.Sleep(ctx, d) {
@@ -456,7 +457,7 @@ func (w *Worker) renderSamples(ctx context.Context, r *tileRun, tile tileRendere
 }
 
 // renderRange renders the tile up to sample to in one call and counts what it gained.
-func (w *Worker) renderRange(ctx context.Context, r *tileRun, tile tileRenderer, to int) error {
+func (w *Worker) renderRange(ctx context.Context, r *tileRun, tile scene.Tile, to int) error {
 	from := tile.Next()
 	err := tile.Render(ctx, from, to)
 	if n := tile.Next() - from; n > 0 {

@@ -159,7 +159,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	}
 	scenes := d.Scenes
 	if scenes == nil {
-		scenes = NewScenes(d.Objects, "", nil, log)
+		return nil, errors.New("worker: no scene cache (Deps.Scenes) to load scenes with")
 	}
 	w := &Worker{
 		cfg: cfg, queue: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,

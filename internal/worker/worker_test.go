@@ -16,12 +16,13 @@ import (
 	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
-	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/render"
+	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 func validJob(t *testing.T) wire.TileJob {
@@ -77,7 +78,7 @@ func TestScenes(t *testing.T) {
 		t.Fatal(err)
 	}
 	objects := &countingGets{Store: fs, gets: map[string]int{}}
-	base, err := bundle.ReadBundle("../../examples/cornell/scene.json")
+	base, err := jsonscene.ReadFile("../../examples/cornell/scene.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +92,7 @@ func TestScenes(t *testing.T) {
 		versions = append(versions, b.Version())
 	}
 	cache := t.TempDir()
-	scenes := NewScenes(objects, cache, nil, slog.New(slog.DiscardHandler))
+	scenes := NewScenes(objects, cache, scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler))
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)

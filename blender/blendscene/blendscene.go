@@ -1,0 +1,220 @@
+// Package blendscene is the Blender .blend as a kind of scene of the farm (scene.Kind):
+// Blender inspects it where it is submitted, and persistent Blender processes (a blender.Pool
+// the kind owns) render its tiles pass by pass and encode its PNGs through the scene's own
+// colour management (docs/design.md, "Blender scenes").
+package blendscene
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/tilefarm/tilefarm/blender"
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/raster"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// TileSize is the default tile edge of a Blender scene. A Blender tile pays a scene sync and a
+// render call per pass, so its tiles are larger (a 1920x1080 frame is still 40 of them).
+const TileSize = 256
+
+// EnvBinary names the variable that chooses the Blender executable.
+const EnvBinary = "TILEFARM_BLENDER"
+
+// Options say which Blender renders on this machine; the rest of a pool's options (its
+// directory, its size, its log) are the process's.
+type Options struct {
+	Binary      string
+	HangTimeout time.Duration
+}
+
+// AddFlags adds --blender (default $TILEFARM_BLENDER, else blender) and, for the commands
+// that render for a farm, --blender-hang-timeout.
+func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
+	o := &Options{Binary: os.Getenv(EnvBinary), HangTimeout: blender.DefaultHangTimeout}
+	if o.Binary == "" {
+		o.Binary = "blender"
+	}
+	fs.StringVar(&o.Binary, "blender", o.Binary, "Blender 3.4 executable for .blend scenes (env "+EnvBinary+"); every machine of a farm must run the same build")
+	if renders {
+		fs.DurationVar(&o.HangTimeout, "blender-hang-timeout", o.HangTimeout, "kill and restart a Blender process that shows no sign of life for this long")
+	}
+	return o
+}
+
+// Kind is the Blender .blend scene, with the pool of Blender processes that inspect and render
+// it on this machine; none starts until one is needed.
+type Kind struct{ pool *blender.Pool }
+
+var _ scene.Kind = (*Kind)(nil)
+
+// New makes the kind with a pool of Blender processes in env.Dir: one per slot, since a process
+// serves one request (a pass, an encoding) at a time and the assembly loop's encodings take
+// turns with the slots' passes.
+func New(o Options, env scene.Env) *Kind {
+	return &Kind{pool: blender.NewPool(blender.Options{Binary: o.Binary, HangTimeout: o.HangTimeout,
+		Dir: env.Dir, Size: env.Slots, Log: env.Log})}
+}
+
+// Close stops the kind's Blender processes.
+func (k *Kind) Close() error { return k.pool.Close() }
+
+// Name names the kind.
+func (k *Kind) Name() string { return "Blender scene" }
+
+// ClaimsFile claims a .blend by its extension or by its first bytes.
+func (k *Kind) ClaimsFile(p string) bool {
+	if strings.EqualFold(filepath.Ext(p), ".blend") {
+		return true
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var head [8]byte
+	n, _ := f.Read(head[:])
+	return blender.IsBlend(head[:n])
+}
+
+// ClaimsDocument claims a Blender scene description.
+func (k *Kind) ClaimsDocument(doc []byte) bool { return blender.IsDescription(doc) }
+
+// Read has Blender inspect the .blend (blender.Inspect) and bundles the description as the
+// scene document with the .blend and every file it depends on, by their paths under a common
+// root. The notes are the settings that cannot be split by tile and are switched off.
+func (k *Kind) Read(ctx context.Context, p string) (*bundle.Bundle, []string, error) {
+	in, err := blender.Inspect(ctx, k.pool, p)
+	if err != nil {
+		if errors.Is(err, blender.ErrScene) {
+			return nil, nil, failure.Terminal(err)
+		}
+		return nil, nil, err
+	}
+	b, err := bundle.FromFiles(path.Base(in.Desc.Blend), in.Desc.Encode(), in.Desc.Files, func(name string) string { return in.Paths[name] })
+	if err != nil {
+		return nil, nil, failure.Terminalf("scene %s: %w", path.Base(in.Desc.Blend), err)
+	}
+	return b, in.Desc.SwitchedOff, nil
+}
+
+// Describe parses the scene description.
+func (k *Kind) Describe(doc []byte) (scene.Description, error) {
+	d, err := blender.ParseDescription(doc)
+	if err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Validate checks that every file the description names is in the bundle and that the .blend
+// looks like one; only Blender itself can check more, which Read did where the bundle was made.
+func (k *Kind) Validate(b *bundle.Bundle) error {
+	d, err := blender.ParseDescription(b.Scene)
+	if err != nil {
+		return err
+	}
+	for _, name := range d.Files {
+		if _, err := b.Asset(name); err != nil {
+			return err
+		}
+	}
+	if !blender.IsBlend(b.Assets[d.Blend]) {
+		return fmt.Errorf("%s is not a .blend file", d.Blend)
+	}
+	return nil
+}
+
+// Load unpacks the scene's files under dir/blender/<version> for Blender to open, once, and
+// starts the pool's processes: every slot will want one for the tiles that are coming.
+func (k *Kind) Load(_ context.Context, b *bundle.Bundle, version, dir string) (scene.Renderer, error) {
+	if dir == "" {
+		return nil, fmt.Errorf("scene %s is a Blender scene and this worker has no directory to unpack it in", version)
+	}
+	if err := k.Validate(b); err != nil {
+		return nil, failure.Terminalf("scene %s: %w", version, err)
+	}
+	d, err := blender.ParseDescription(b.Scene)
+	if err != nil {
+		return nil, failure.Terminalf("scene %s: %w", version, err)
+	}
+	s, err := blender.Unpack(filepath.Join(dir, "blender"), version, d, b.Asset)
+	if err != nil {
+		return nil, fmt.Errorf("scene %s: %w", version, err)
+	}
+	k.pool.Warm(context.Background())
+	return cycles{s: s, pool: k.pool}, nil
+}
+
+// TileSize is the default tile edge.
+func (k *Kind) TileSize() int { return TileSize }
+
+// TilePreviews is false: Blender's colour management encodes a PNG from the whole frame.
+func (k *Kind) TilePreviews() bool { return false }
+
+// EncodeTilePreview refuses: see TilePreviews.
+func (k *Kind) EncodeTilePreview(render.Rect, []float32, render.Settings) ([]byte, error) {
+	return nil, failure.Terminalf("a tile of a Blender scene has no PNG of its own: Blender's colour management encodes the frame's")
+}
+
+// cycles is a loaded Blender scene, rendered by Blender's Cycles on the kind's pool.
+type cycles struct {
+	s    *blender.Scene
+	pool *blender.Pool
+}
+
+func (c cycles) NewTile(ctx context.Context, st render.Settings, frame int, r render.Rect) (scene.Tile, error) {
+	t, err := blender.NewTile(ctx, c.pool, c.s, st, frame, r)
+	if err != nil {
+		return nil, classify("creating tile", err)
+	}
+	return cyclesTile{t}, nil
+}
+
+// Encode has Blender encode PNGs through the scene's own colour management, so they look as
+// Blender's own renders of the scene do.
+func (c cycles) Encode(ctx context.Context, f *raster.Frame, _ render.Settings, format string) ([]byte, error) {
+	depth := 0
+	switch format {
+	case "png":
+		depth = 8
+	case "png16":
+		depth = 16
+	default:
+		return scene.EncodeLinear(f, format)
+	}
+	data, err := blender.EncodePNG(ctx, c.pool, c.s, f, depth)
+	if err != nil {
+		return nil, classify("encoding "+format, err)
+	}
+	return data, nil
+}
+
+// cyclesTile classifies the errors of a Blender tile for the farm.
+type cyclesTile struct{ *blender.Tile }
+
+func (t cyclesTile) Render(ctx context.Context, from, to int) error {
+	if err := t.Tile.Render(ctx, from, to); err != nil {
+		return classify("rendering", err)
+	}
+	return nil
+}
+
+// classify makes an error of the scene or of a build mismatch terminal: no worker of this
+// farm can render it. A crashed or hung Blender process is retried.
+func classify(what string, err error) error {
+	if errors.Is(err, blender.ErrScene) || errors.Is(err, blender.ErrBuildMismatch) {
+		return failure.Terminalf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}

@@ -1,0 +1,126 @@
+// Package jsonscene is the tilefarm JSON scene as a kind of scene of the farm (scene.Kind): a
+// scene file with the OBJ meshes it names, rendered by the built-in path tracer (package
+// render) and tone-mapped with tilefarm's own curve (docs/design.md, "Scene kinds").
+package jsonscene
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+
+	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/raster"
+	"github.com/tilefarm/tilefarm/render"
+)
+
+// TileSize is the default tile edge of a JSON scene: a tile costs the path tracer little
+// beyond its samples, so small tiles spread a frame over many slots.
+const TileSize = 64
+
+// Kind is the tilefarm JSON scene. It claims every file and document: registered last, it is
+// what a file no other kind claims is read as, so a file that is no scene at all is refused in
+// the JSON parser's words.
+type Kind struct{}
+
+var _ scene.Kind = Kind{}
+
+// Name names the kind.
+func (Kind) Name() string { return "tilefarm JSON scene" }
+
+// ClaimsFile claims any file.
+func (Kind) ClaimsFile(string) bool { return true }
+
+// ClaimsDocument claims any document.
+func (Kind) ClaimsDocument([]byte) bool { return true }
+
+// Read reads the scene file and the meshes it names from the file's directory (ReadFile).
+func (Kind) Read(_ context.Context, path string) (*bundle.Bundle, []string, error) {
+	b, err := ReadFile(path)
+	return b, nil, err
+}
+
+// ReadFile reads a JSON scene file and the meshes it names, from the file's directory, into a
+// bundle. Its errors are the scene's: terminal.
+func ReadFile(path string) (*bundle.Bundle, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, failure.Terminalf("reading scene %q: %w", path, err)
+	}
+	paths, err := render.AssetPaths(data)
+	if err != nil {
+		return nil, failure.Terminalf("scene %q: %w", path, err)
+	}
+	dir := filepath.Dir(path)
+	b, err := bundle.FromFiles(filepath.Base(path), data, paths, func(rel string) string {
+		return filepath.Join(dir, filepath.FromSlash(rel))
+	})
+	if err != nil {
+		return nil, failure.Terminalf("scene %q: %w", path, err)
+	}
+	return b, nil
+}
+
+// Describe parses the scene file's settings, cameras and frames, meshes unread.
+func (Kind) Describe(doc []byte) (scene.Description, error) {
+	info, err := render.ParseSceneInfo(doc)
+	if err != nil {
+		return nil, err
+	}
+	return info, nil
+}
+
+// Validate checks the scene and every mesh with the errors parsing gives, building nothing.
+func (Kind) Validate(b *bundle.Bundle) error { return render.ValidateScene(b.Scene, b.Asset) }
+
+// Load parses the scene and its meshes; the BVH is built on the first tile.
+func (Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.Renderer, error) {
+	s, err := render.ParseScene(b.Scene, b.Asset)
+	if err != nil {
+		return nil, failure.Terminalf("parsing scene %s: %w", version, err)
+	}
+	return pathTracer{s}, nil
+}
+
+// TileSize is the default tile edge.
+func (Kind) TileSize() int { return TileSize }
+
+// TilePreviews is true: a tile tone-maps on its own exactly as the frame's PNG does.
+func (Kind) TilePreviews() bool { return true }
+
+// EncodeTilePreview encodes a tile as the frame's 8-bit PNG holds it (raster.EncodePNG8 with
+// the frame's exposure), so tiles drawn at their rectangles reproduce the frame's PNG.
+func (Kind) EncodeTilePreview(r render.Rect, pix []float32, st render.Settings) ([]byte, error) {
+	return raster.EncodePNG8(&raster.Frame{Width: r.Dx(), Height: r.Dy(), Pix: pix}, st.Exposure)
+}
+
+// pathTracer is a loaded JSON scene.
+type pathTracer struct{ s *render.Scene }
+
+func (p pathTracer) NewTile(_ context.Context, st render.Settings, frame int, r render.Rect) (scene.Tile, error) {
+	t, err := render.NewTile(p.s, st, frame, r)
+	if err != nil {
+		return nil, failure.Terminalf("creating tile: %w", err)
+	}
+	return t, nil
+}
+
+// Encode tone-maps PNGs with tilefarm's own curve (the scene's exposure). Its errors are
+// deterministic, so terminal.
+func (p pathTracer) Encode(_ context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error) {
+	var data []byte
+	var err error
+	switch format {
+	case "png":
+		data, err = raster.EncodePNG8(f, st.Exposure)
+	case "png16":
+		data, err = raster.EncodePNG16(f, st.Exposure)
+	default:
+		return scene.EncodeLinear(f, format)
+	}
+	if err != nil {
+		return nil, failure.Terminalf("encoding %s: %w", format, err)
+	}
+	return data, nil
+}
