@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tilefarm/tilefarm/internal/worker"
+	"github.com/tilefarm/tilefarm/internal/faults"
 )
 
 // logWriter sends the harness's progress to the test log.
@@ -40,7 +40,7 @@ func TestCISchedule(t *testing.T) {
 		}
 	}
 	all := strings.Join(names, "\n")
-	for _, seam := range worker.Seams {
+	for _, seam := range faults.WorkerSeams {
 		if !strings.Contains(all, "worker killed at "+seam+"\n") && !strings.HasSuffix(all, "worker killed at "+seam) {
 			t.Errorf("the schedule does not cover the %s seam", seam)
 		}

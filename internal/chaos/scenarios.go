@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/internal/worker"
 )
 
 // row is one scenario's outcome, a line of the table.
@@ -365,7 +365,7 @@ func randomSchedule(seed uint64, length time.Duration) func(context.Context, *at
 			a.faults++
 			switch k := rng.IntN(4); {
 			case k == 0:
-				seam := worker.Seams[rng.IntN(len(worker.Seams))]
+				seam := faults.WorkerSeams[rng.IntN(len(faults.WorkerSeams))]
 				v, err := a.f.startWorker(fmt.Sprintf("random-%d-%s", a.faults, seam), "--fault-crash", seam)
 				if err != nil {
 					return err
@@ -411,7 +411,7 @@ func randomSchedule(seed uint64, length time.Duration) func(context.Context, *at
 // each of its seams, NATS and MinIO node restarts and outages, then a random schedule.
 func schedule(cfg config) []scenario {
 	var out []scenario
-	for _, seam := range worker.Seams {
+	for _, seam := range faults.WorkerSeams {
 		out = append(out, scenario{name: "worker killed at " + seam, farm: "cluster", run: killAtSeam(seam)})
 	}
 	out = append(out,

@@ -36,15 +36,6 @@ const (
 // Version is what --version prints: the build, and the Go release it was built with.
 func Version() string { return buildinfo.Version() + " (" + buildinfo.GoVersion() + ")" }
 
-// hideFaultFlags keeps the fault-injection flags, which exist for the crash tests, out of help.
-func hideFaultFlags(fs *pflag.FlagSet) {
-	fs.VisitAll(func(f *pflag.Flag) {
-		if strings.HasPrefix(f.Name, "fault-") {
-			f.Hidden = true
-		}
-	})
-}
-
 // usageError is a command-line mistake (exit 2).
 type usageError struct{ msg string }
 

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,6 +22,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -256,10 +258,9 @@ are this process's client certificate and the servers' CA.`)
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
 	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
-	crash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: submit-after-commit, outbox-before-publish, outbox-mid-publish or outbox-after-publish")
+	ff := faults.AddFlags(fs, append(slices.Clone(faults.CoordinatorSeams), faults.WorkerSeams...))
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	qcfg := farmFlags(fs)
-	hideFaultFlags(fs)
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		log, err := newLogger(stderr, *logLevel, p.logFormat)
 		if err != nil {
@@ -292,23 +293,15 @@ are this process's client certificate and the servers' CA.`)
 			return usagef("--reconcile-every %v: must be positive", *reconcile)
 		}
 		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile}
-		switch *crash {
-		case "":
-		case "submit-after-commit":
-			ccfg.Faults.CrashAfterSubmit = true
-		case "outbox-before-publish":
-			ccfg.Faults.CrashBeforePublish = true
-		case "outbox-mid-publish":
-			ccfg.Faults.CrashMidPublish = true
-		case "outbox-after-publish":
-			ccfg.Faults.CrashAfterPublish = true
-		default:
-			return usagef("--fault-crash %q: want submit-after-commit, outbox-before-publish, outbox-mid-publish or outbox-after-publish", *crash)
+		plan, err := ff.Plan(func(seam string) { killSelf(log, "coordinator", seam) })
+		if err != nil {
+			return usagef("%v", err)
 		}
-		ccfg.Faults.Crash = func(seam string) { killSelf(log, "coordinator", seam) }
+		// The coordinator and its in-process workers break as the plan says, each at its seams.
+		ccfg.Faults = plan
 		opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
 			StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
-			Coordinator: ccfg, Workers: *workers, Log: log}
+			Coordinator: ccfg, Workers: *workers, Worker: worker.Config{Faults: plan}, Log: log}
 		opts.Kinds = kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
 		defer opts.Kinds.Close()
 		if embedded {

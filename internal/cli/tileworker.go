@@ -8,18 +8,15 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/worker"
-	"github.com/tilefarm/tilefarm/render"
 )
 
 // Tileworker runs the tileworker command with args (without the program name).
@@ -52,13 +49,8 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
 	kf := kinds.AddFlags(fs, true)
-	faultTile := fs.String("fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
-	faultDelay := fs.Duration("fault-pass-delay", 0, "testing only: sleep after each pass")
-	faultSampleDelay := fs.Duration("fault-sample-delay", 0, "testing only: sleep before each sample, rendering and counting samples one at a time")
-	faultCrash := fs.String("fault-crash", "", "testing only: kill -9 this process at a seam: "+strings.Join(worker.Seams, ", "))
-	faultPublish := fs.String("fault-fail-publish", "", "testing only: TYPE:N fails the first N publishes of events of TYPE (e.g. tile.completed:3)")
+	ff := faults.AddFlags(fs, faults.WorkerSeams)
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
-	hideFaultFlags(fs)
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		if *storeURL == "" {
 			return usagef("--store is required: the object store the coordinator uses (file:///DIR or s3://HOST:PORT/BUCKET)")
@@ -72,33 +64,8 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		}
 		wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: ckptEvery.config(),
 			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist}
-		wc.Faults.PassDelay, wc.Faults.SampleDelay = *faultDelay, *faultSampleDelay
-		if *faultCrash != "" {
-			if !slices.Contains(worker.Seams, *faultCrash) {
-				return usagef("--fault-crash %q: want one of %s", *faultCrash, strings.Join(worker.Seams, ", "))
-			}
-			wc.Faults.CrashAt = *faultCrash
-			wc.Faults.Crash = func(seam string) { killSelf(log, "tileworker", seam) }
-		}
-		if *faultPublish != "" {
-			typ, n, ok := strings.Cut(*faultPublish, ":")
-			count, err := strconv.Atoi(n)
-			if !ok || err != nil || count < 1 {
-				return usagef("--fault-fail-publish %q: want TYPE:N, e.g. tile.completed:3", *faultPublish)
-			}
-			wc.Faults.FailPublish, wc.Faults.FailPublishN = typ, count
-		}
-		if *faultTile != "" {
-			fr, rect, _ := strings.Cut(*faultTile, ":")
-			n, err := strconv.Atoi(fr)
-			if err != nil {
-				return usagef("--fault-panic-tile %q: want FRAME:X0,Y0,X1,Y1", *faultTile)
-			}
-			r, err := parseRect(rect)
-			if err != nil {
-				return err
-			}
-			wc.Faults.PanicFrame, wc.Faults.PanicTile, wc.Faults.PanicTileSet = n, r, true
+		if wc.Faults, err = ff.Plan(func(seam string) { killSelf(log, "tileworker", seam) }); err != nil {
+			return usagef("%v", err)
 		}
 		ks := kf.Open(scene.Env{Dir: *ckptDir, Slots: *concurrency, Log: log})
 		defer ks.Close()
@@ -107,22 +74,6 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	})
 	c.AddCommand(p.localRenderCommand())
 	return c
-}
-
-func parseRect(s string) (render.Rect, error) {
-	parts := strings.Split(s, ",")
-	if len(parts) != 4 {
-		return render.Rect{}, usagef("rectangle %q: want X0,Y0,X1,Y1", s)
-	}
-	var v [4]int
-	for i, p := range parts {
-		n, err := strconv.Atoi(strings.TrimSpace(p))
-		if err != nil {
-			return render.Rect{}, usagef("rectangle %q: want X0,Y0,X1,Y1", s)
-		}
-		v[i] = n
-	}
-	return render.Rect{X0: v[0], Y0: v[1], X1: v[2], Y1: v[3]}, nil
 }
 
 func (p *program) localRenderCommand() *cobra.Command {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -34,8 +35,9 @@ type Config struct {
 	StaleAssembly time.Duration
 	// MaxUploads bounds scene uploads handled at once, each holding its bundle in memory; default 2.
 	MaxUploads int
-	// Faults are crash hooks for fault tests.
-	Faults Faults
+	// Faults is what the coordinator breaks for fault tests (faults.Plan: a crash at one of
+	// faults.CoordinatorSeams); zero breaks nothing.
+	Faults faults.Plan
 }
 
 func (c *Config) normalize() {
@@ -47,27 +49,6 @@ func (c *Config) normalize() {
 	}
 	if c.MaxUploads <= 0 {
 		c.MaxUploads = 2
-	}
-}
-
-// Faults name seams at which a coordinator kills itself with SIGKILL, so crash tests hit the
-// exact window the outbox protocol guards in a real process.
-type Faults struct {
-	// CrashAfterSubmit: after a submission's transaction commits, before it is answered.
-	CrashAfterSubmit bool
-	// CrashBeforePublish: after reading an outbox record, before publishing it.
-	CrashBeforePublish bool
-	// CrashMidPublish: after publishing half of an outbox record's messages.
-	CrashMidPublish bool
-	// CrashAfterPublish: after the PubAcks, before deleting the outbox record.
-	CrashAfterPublish bool
-	// Crash is called at a seam; the command sets it to kill the process.
-	Crash func(seam string)
-}
-
-func (f Faults) at(seam string, armed bool) {
-	if armed && f.Crash != nil {
-		f.Crash(seam)
 	}
 }
 
@@ -96,6 +77,7 @@ type Coordinator struct {
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
 	uploads chan struct{}             // one token per scene upload in progress
 
+	faults    *faults.Injector // nil unless a fault test asked for a crash
 	progress  *progressTracker // tiles in progress, in memory only (progress.go)
 	directory workerDirectory  // live workers, refreshed by watchWorkers (operate.go)
 	eta       *etaTracker      // samples per second of unfinished jobs (operate.go)
@@ -130,6 +112,7 @@ func New(cfg Config, d Deps) *Coordinator {
 	c := &Coordinator{
 		cfg: cfg, db: d.DB, queue: d.Queue, kinds: d.Kinds, nc: d.NATS, objects: d.Objects, m: d.Metrics, log: log,
 		now:       func() time.Time { return time.Now().UTC() },
+		faults:    faults.New(cfg.Faults, log),
 		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),
 		relayKick: make(chan struct{}, 1),

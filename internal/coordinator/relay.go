@@ -13,6 +13,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
@@ -88,13 +89,13 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 		if err != nil {
 			return fmt.Errorf("outbox record %d (%s of frame %s): %w", r.Seq, r.Kind, r.FrameKey, err)
 		}
-		c.cfg.Faults.at("outbox-before-publish", c.cfg.Faults.CrashBeforePublish)
+		c.faults.At(c.log, faults.OutboxBeforePublish)
 		for i, m := range msgs {
-			if c.cfg.Faults.CrashMidPublish && i == len(msgs)/2 && i > 0 {
+			if c.faults.Armed(faults.OutboxMidPublish) && i == len(msgs)/2 && i > 0 {
 				if err := settle(len(window)); err != nil {
 					return err
 				}
-				c.cfg.Faults.at("outbox-mid-publish", c.cfg.Faults.CrashMidPublish)
+				c.faults.At(c.log, faults.OutboxMidPublish)
 			}
 			id := m.Header.Get(jetstream.MsgIDHeader)
 			fut, err := js.PublishMsgAsync(m, jetstream.WithMsgID(id))
@@ -113,7 +114,7 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 	if err := settle(len(window)); err != nil {
 		return err
 	}
-	c.cfg.Faults.at("outbox-after-publish", c.cfg.Faults.CrashAfterPublish)
+	c.faults.At(c.log, faults.OutboxAfterPublish)
 	if err := c.db.DeleteOutbox(ctx, seqs...); err != nil {
 		return fmt.Errorf("deleting %d outbox records: %w", len(seqs), err)
 	}

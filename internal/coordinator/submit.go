@@ -10,6 +10,7 @@ import (
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/render"
@@ -173,8 +174,8 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 	if err != nil {
 		return api.SubmitResult{}, err
 	}
-	c.cfg.Faults.at("submit-after-commit", c.cfg.Faults.CrashAfterSubmit && created)
 	if created {
+		c.faults.At(c.log, faults.SubmitAfterCommit)
 		c.counted(p)
 		c.kickRelay()
 		c.notify()

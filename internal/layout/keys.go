@@ -3,6 +3,9 @@ package layout
 import (
 	"fmt"
 	"slices"
+	"strings"
+
+	"github.com/tilefarm/tilefarm/finalize"
 )
 
 // SceneKey is where a scene bundle is stored, content-addressed by its scene version.
@@ -13,7 +16,10 @@ func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".
 func TileManifestKey(frameKey, tileKey string) string { return TileManifestPrefix(frameKey) + tileKey }
 
 // TileManifestPrefix is the logical key prefix of every tile manifest of a frame.
-func TileManifestPrefix(frameKey string) string { return "tiles/" + frameKey + "/" }
+func TileManifestPrefix(frameKey string) string { return tileManifests + frameKey + "/" }
+
+// tileManifests is the logical key prefix of every tile manifest.
+const tileManifests = "tiles/"
 
 // FrameManifestPrefix is the logical key prefix of every output manifest of a frame.
 func FrameManifestPrefix(frameKey string) string { return "frames/" + frameKey + "/" }
@@ -50,3 +56,26 @@ func CheckpointKey(tileKey string) string { return "checkpoints/" + tileKey }
 
 // TileOutputName is the name of a tile's float buffer inside its manifest.
 const TileOutputName = "rgb.f32"
+
+// CheckpointTile returns the tile key of a remote checkpoint's object key.
+func CheckpointTile(objectKey string) (tileKey string, ok bool) {
+	tileKey, ok = strings.CutPrefix(objectKey, CheckpointKey(""))
+	return tileKey, ok && tileKey != ""
+}
+
+// TileManifestTile returns the tile key of a tile manifest's object key (finalize.ManifestKey
+// of a TileManifestKey).
+func TileManifestTile(objectKey string) (tileKey string, ok bool) {
+	logical, ok := strings.CutPrefix(objectKey, finalize.ManifestPrefix)
+	if !ok {
+		return "", false
+	}
+	if logical, ok = strings.CutSuffix(logical, ".json"); !ok {
+		return "", false
+	}
+	if logical, ok = strings.CutPrefix(logical, tileManifests); !ok {
+		return "", false
+	}
+	_, tileKey, ok = strings.Cut(logical, "/")
+	return tileKey, ok && tileKey != "" && !strings.Contains(tileKey, "/")
+}

@@ -16,26 +16,45 @@ import (
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
-// describeAssembly fills in how an assembly delivery is announced when it fails or turns
-// out done.
-func (w *Worker) describeAssembly(d *delivery, job wire.AssembleJob) {
-	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey)
-	d.describe = func(ev wire.Event) wire.Event {
-		ev.Type, ev.JobID, ev.FrameKey, ev.Formats = wire.EventFrameFailed, job.JobID, job.FrameKey, job.Formats
-		return ev
-	}
-	d.promoted = func(ctx context.Context) (bool, error) {
-		missing, err := w.missingFormats(ctx, job)
-		return err == nil && len(missing) == 0, err
-	}
-	d.complete = func(ctx context.Context, d *delivery) error { return w.frameCompleted(ctx, d, job, true) }
+// assembly is one delivery of an assemble job: a frame built from its promoted tiles and
+// promoted in every format still missing.
+type assembly struct {
+	*delivery
+	w   *Worker
+	job wire.AssembleJob
 }
 
-// missingFormats returns the formats of job whose frame manifest does not exist yet.
-func (w *Worker) missingFormats(ctx context.Context, job wire.AssembleJob) ([]string, error) {
+var _ run = (*assembly)(nil)
+
+// newAssembly prepares the run of an assembly delivery.
+func (w *Worker) newAssembly(d *delivery, job wire.AssembleJob) *assembly {
+	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey)
+	return &assembly{delivery: d, w: w, job: job}
+}
+
+// blocklistJob is none: an assembly's failure is the frame's, not a job's to blocklist.
+func (a *assembly) blocklistJob() string { return "" }
+
+// failureEvent is frame.failed about this frame's formats.
+func (a *assembly) failureEvent(ev wire.Event) wire.Event {
+	ev.Type, ev.JobID, ev.FrameKey, ev.Formats = wire.EventFrameFailed, a.job.JobID, a.job.FrameKey, a.job.Formats
+	return ev
+}
+
+// promoted reports whether every format asked for is promoted.
+func (a *assembly) promoted(ctx context.Context) (bool, error) {
+	missing, err := a.missingFormats(ctx)
+	return err == nil && len(missing) == 0, err
+}
+
+// completePromoted announces the frame's formats found promoted and acks.
+func (a *assembly) completePromoted(ctx context.Context) error { return a.frameCompleted(ctx, true) }
+
+// missingFormats returns the formats of the job whose frame manifest does not exist yet.
+func (a *assembly) missingFormats(ctx context.Context) ([]string, error) {
 	var missing []string
-	for _, format := range job.Formats {
-		done, err := finalize.ManifestExists(ctx, w.objects, layout.FrameManifestKey(job.FrameKey, format))
+	for _, format := range a.job.Formats {
+		done, err := finalize.ManifestExists(ctx, a.w.objects, layout.FrameManifestKey(a.job.FrameKey, format))
 		if err != nil {
 			return nil, err
 		}
@@ -46,16 +65,17 @@ func (w *Worker) missingFormats(ctx context.Context, job wire.AssembleJob) ([]st
 	return missing, nil
 }
 
-// assemble builds a frame from its promoted tiles and promotes the frame manifest of every
+// perform builds the frame from its promoted tiles and promotes the frame manifest of every
 // format still missing. It needs no lease: the output is a pure function of the tiles, so a
 // racing assembler promotes identical bytes and gets idempotent success.
-func (w *Worker) assemble(ctx context.Context, d *delivery, job wire.AssembleJob) error {
+func (a *assembly) perform(ctx context.Context) error {
+	w, job := a.w, a.job
 	// Reading thousands of tiles and encoding EXR can outlast the ack-wait: keep the message alive.
-	hb := w.startHeartbeat(ctx, d.msg, nil, d.log)
+	hb := w.startHeartbeat(ctx, a.msg, nil, a.log)
 	defer hb.stop()
 	var missing []string
-	err := w.retryStore(ctx, d, "checking frame manifests", func(ctx context.Context) (err error) {
-		missing, err = w.missingFormats(ctx, job)
+	err := w.retryStore(ctx, a.delivery, "checking frame manifests", func(ctx context.Context) (err error) {
+		missing, err = a.missingFormats(ctx)
 		return err
 	})
 	if err != nil {
@@ -63,11 +83,11 @@ func (w *Worker) assemble(ctx context.Context, d *delivery, job wire.AssembleJob
 	}
 	if len(missing) == 0 {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
-		return w.frameCompleted(ctx, d, job, true)
+		return a.frameCompleted(ctx, true)
 	}
 	var outputs []finalize.Output
-	err = w.retryStore(ctx, d, "reading tiles", func(ctx context.Context) (err error) {
-		outputs, err = w.assembleOutputs(ctx, job, missing)
+	err = w.retryStore(ctx, a.delivery, "reading tiles", func(ctx context.Context) (err error) {
+		outputs, err = a.outputs(ctx, missing)
 		return err
 	})
 	if err != nil {
@@ -75,8 +95,8 @@ func (w *Worker) assemble(ctx context.Context, d *delivery, job wire.AssembleJob
 	}
 	for i, out := range outputs {
 		var p finalize.Promotion
-		err = w.retryStore(ctx, d, "promoting frame", func(ctx context.Context) (err error) {
-			p, err = finalize.Promote(ctx, w.objects, layout.FrameManifestKey(job.FrameKey, missing[i]), d.attempt,
+		err = w.retryStore(ctx, a.delivery, "promoting frame", func(ctx context.Context) (err error) {
+			p, err = finalize.Promote(ctx, w.objects, layout.FrameManifestKey(job.FrameKey, missing[i]), a.attempt,
 				identity.BuildFor(job.Settings), []finalize.Output{out},
 				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
 			return err
@@ -94,31 +114,33 @@ func (w *Worker) assemble(ctx context.Context, d *delivery, job wire.AssembleJob
 		}
 	}
 	w.m.FramesAssembled.Inc()
-	d.log.Info("frame assembled", "frame", job.Frame, "formats", job.Formats, "promoted", missing)
-	return w.frameCompleted(ctx, d, job, false)
+	a.log.Info("frame assembled", "frame", job.Frame, "formats", job.Formats, "promoted", missing)
+	return a.frameCompleted(ctx, false)
 }
 
 // frameCompleted announces the frame's formats promoted (retrying a NATS outage in place) and
 // acks; the coordinator checks the claim against the manifests.
-func (w *Worker) frameCompleted(ctx context.Context, d *delivery, job wire.AssembleJob, duplicate bool) error {
+func (a *assembly) frameCompleted(ctx context.Context, duplicate bool) error {
+	job := a.job
 	ev := wire.Event{ID: wire.EventFrameAssembled + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
 		Type: wire.EventFrameAssembled, JobID: job.JobID, FrameKey: job.FrameKey, Duplicate: duplicate, Formats: job.Formats}
-	if err := w.retryInPlace(ctx, d, "publishing frame event", func(ctx context.Context) error {
-		return w.publishEvent(ctx, d, ev)
+	if err := a.w.retryInPlace(ctx, a.delivery, "publishing frame event", func(ctx context.Context) error {
+		return a.w.publishEvent(ctx, a.delivery, ev)
 	}); err != nil {
 		return fmt.Errorf("publishing frame event: %w", err)
 	}
-	if err := d.msg.DoubleAck(ctx); err != nil {
-		d.log.Warn("ack failed after frame promotion", "err", err)
+	if err := a.msg.DoubleAck(ctx); err != nil {
+		a.log.Warn("ack failed after frame promotion", "err", err)
 	}
 	return nil
 }
 
-// assembleOutputs reads the frame's tiles through their manifests and encodes the formats asked
-// for, with the scene's renderer (a Blender scene's PNGs are encoded by Blender).
-func (w *Worker) assembleOutputs(ctx context.Context, job wire.AssembleJob, formats []string) ([]finalize.Output, error) {
+// outputs reads the frame's tiles through their manifests and encodes the formats asked for,
+// with the scene's renderer (a Blender scene's PNGs are encoded by Blender).
+func (a *assembly) outputs(ctx context.Context, formats []string) ([]finalize.Output, error) {
+	job := a.job
 	st := job.Settings
-	sc, err := w.scenes.Get(ctx, job.SceneVersion)
+	sc, err := a.w.scenes.Get(ctx, job.SceneVersion)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +150,7 @@ func (w *Worker) assembleOutputs(ctx context.Context, job wire.AssembleJob, form
 		return nil, failure.Terminalf("tiling frame: %w", err)
 	}
 	for _, t := range frameTiles {
-		pix, err := layout.ReadTile(ctx, w.objects, job.FrameKey, t, st)
+		pix, err := layout.ReadTile(ctx, a.w.objects, job.FrameKey, t, st)
 		if err != nil {
 			return nil, err
 		}

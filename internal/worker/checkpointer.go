@@ -17,11 +17,9 @@ import (
 // in flight and the cadences allow it (cadence.go); the last one in flight is waited for
 // before the run saves on its own (finished, dropped, shutting down) or deletes its checkpoints.
 type checkpointer struct {
-	w             *Worker
 	r             *tileRun
 	local, remote cadence
 	busy          atomic.Bool
-	uploaded      atomic.Int64 // next sample of the last checkpoint in the store, 0: none yet
 	jobs          chan saveJob
 	done          chan struct{}
 	stopped       bool
@@ -36,21 +34,21 @@ type saveJob struct {
 
 // startCheckpointer starts the saver of a tile run whose render begins at start; ctx is the
 // lease's, so a lost lease ends a save in flight.
-func (w *Worker) startCheckpointer(ctx context.Context, r *tileRun, start time.Time) *checkpointer {
+func (r *tileRun) startCheckpointer(ctx context.Context, start time.Time) *checkpointer {
+	w := r.w
 	// Remote checkpoints ride along with every local one unless an interval is set: the upload
 	// costs the render nothing, and it is what another node resumes from.
 	remoteEvery := w.cfg.RemoteEvery
 	if remoteEvery == 0 {
 		remoteEvery = -1
 	}
-	k := &checkpointer{w: w, r: r, local: newCadence(w.cfg.CheckpointEvery, &w.saveCost, start),
+	k := &checkpointer{r: r, local: newCadence(w.cfg.CheckpointEvery, &w.saveCost, start),
 		remote: newCadence(remoteEvery, &w.saveCost, start), jobs: make(chan saveJob, 1), done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
 		for j := range k.jobs {
-			w.writeCheckpoint(ctx, r, j)
+			r.writeCheckpoint(ctx, j)
 			k.busy.Store(false)
-			w.crashAt(r.log, "after-checkpoint")
 		}
 	}()
 	return k
@@ -62,7 +60,7 @@ func (k *checkpointer) afterPass(tile scene.Tile) {
 	if k.stopped || k.busy.Load() || !k.local.due(now) {
 		return
 	}
-	j, ok := k.w.snapshot(tile, k.r, k.remote.due(now))
+	j, ok := k.r.snapshot(tile, k.remote.due(now))
 	if !ok {
 		return
 	}
@@ -72,16 +70,6 @@ func (k *checkpointer) afterPass(tile scene.Tile) {
 	}
 	k.busy.Store(true)
 	k.jobs <- j
-}
-
-// settle waits until no save is in flight and reports whether a checkpoint of this run is in
-// the store, for the fault seam that kills a worker inside a pass once another node could
-// resume it (renderPasses); the saver keeps running.
-func (k *checkpointer) settle(ctx context.Context) bool {
-	for k.busy.Load() && ctx.Err() == nil {
-		time.Sleep(time.Millisecond)
-	}
-	return k.uploaded.Load() > 0
 }
 
 // stop waits for the save in flight and ends the saver. It is safe to call twice.
@@ -97,14 +85,14 @@ func (k *checkpointer) stop() {
 // saveNow stops the saver and saves the tile's state at once, remotely too if remote.
 func (k *checkpointer) saveNow(ctx context.Context, tile scene.Tile, remote bool) {
 	k.stop()
-	if j, ok := k.w.snapshot(tile, k.r, remote); ok {
-		k.w.writeCheckpoint(ctx, k.r, j)
+	if j, ok := k.r.snapshot(tile, remote); ok {
+		k.r.writeCheckpoint(ctx, j)
 	}
 }
 
 // snapshot copies the tile's state into a checkpoint of the run, and marks in the run which
 // checkpoints it may leave (leftCheckpoints). ok is false before the first sample.
-func (w *Worker) snapshot(tile scene.Tile, r *tileRun, remote bool) (saveJob, bool) {
+func (r *tileRun) snapshot(tile scene.Tile, remote bool) (saveJob, bool) {
 	if tile.Next() == 0 {
 		return saveJob{}, false
 	}
@@ -120,7 +108,8 @@ func (w *Worker) snapshot(tile scene.Tile, r *tileRun, remote bool) (saveJob, bo
 // writeCheckpoint encodes j once, saves it locally and, if j.remote, uploads it as the remote
 // checkpoint, but only while the lease is still ours: a worker that slept through losing its
 // lease must not overwrite the new holder's newer checkpoint.
-func (w *Worker) writeCheckpoint(ctx context.Context, r *tileRun, j saveJob) {
+func (r *tileRun) writeCheckpoint(ctx context.Context, j saveJob) {
+	w := r.w
 	start := time.Now()
 	data, err := w.codec.Encode(j.c)
 	w.saveCost.set(j.took+time.Since(start), len(data))
@@ -144,6 +133,5 @@ func (w *Worker) writeCheckpoint(ctx context.Context, r *tileRun, j saveJob) {
 		r.log.Warn("uploading remote checkpoint", "err", err)
 		return
 	}
-	r.ckpt.uploaded.Store(int64(j.c.Next))
 	r.log.Debug("remote checkpoint uploaded", "next_sample", j.c.Next)
 }

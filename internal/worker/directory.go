@@ -12,8 +12,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
-// What a worker tells the farm about itself and decides for itself (docs/design.md,
-// "Operating"): its heartbeat in the worker directory, the jobs it blocklisted, and the tiles
+// What a worker tells the farm about itself and decides for itself: its heartbeat in the worker directory, the jobs it blocklisted, and the tiles
 // of cancelled jobs it drops.
 
 // DefaultBlocklistAfter is how many failed tiles of one job make a worker stop taking that
@@ -140,8 +139,8 @@ func (w *Worker) beat(ctx context.Context) {
 // frameDropped reports whether the tile's frame was dropped. A directory that cannot be read
 // counts as not dropped: rendering a tile nobody wants wastes time, dropping one somebody
 // wants would strand its job.
-func (w *Worker) frameDropped(ctx context.Context, r *tileRun) bool {
-	dropped, err := w.queue.Dropped.Has(ctx, r.job.FrameKey)
+func (r *tileRun) frameDropped(ctx context.Context) bool {
+	dropped, err := r.w.queue.Dropped.Has(ctx, r.job.FrameKey)
 	if err != nil {
 		r.log.Debug("reading dropped frames", "err", err)
 		return false
@@ -151,7 +150,7 @@ func (w *Worker) frameDropped(ctx context.Context, r *tileRun) bool {
 
 // drop settles the delivery of a tile of a dropped frame: acked, so it leaves the queue. Its
 // checkpoints stay, so a job asking for the frame again resumes it.
-func (w *Worker) drop(ctx context.Context, r *tileRun) error {
+func (r *tileRun) drop(ctx context.Context) error {
 	r.log.Info("dropping tile: every job asking for its frame was cancelled")
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

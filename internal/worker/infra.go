@@ -14,9 +14,6 @@ import (
 	"github.com/tilefarm/tilefarm/objstore"
 )
 
-// errInjectedTimeout is what an injected publish failure looks like: a NATS timeout.
-var errInjectedTimeout = fmt.Errorf("injected fault: %w", nats.ErrTimeout)
-
 // isInfra reports whether err is an outage of the infrastructure (object store or NATS) rather
 // than a failure of the job: retried in place for as long as it lasts, never counted against
 // the tile's failure budget.

@@ -13,6 +13,7 @@ import (
 	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -64,7 +65,7 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 	h := newRunHarness(t)
 	job := h.job()
 	spp := job.Settings.SPP
-	w1, m1 := h.worker(t, Config{PassesPerTile: 4, CheckpointEvery: -1, Faults: Faults{PassDelay: 300 * time.Millisecond}})
+	w1, m1 := h.worker(t, Config{PassesPerTile: 4, CheckpointEvery: -1, Faults: faults.Plan{PassDelay: 300 * time.Millisecond}})
 	msg := h.publishAndFetch(t, job)
 	ctx1, stop := context.WithCancel(h.ctx)
 	done := make(chan struct{})
@@ -135,7 +136,7 @@ func histogramCount(t *testing.T, m *metrics.Worker) uint64 {
 func TestPanickingTileLeavesNothingInFlight(t *testing.T) {
 	h := newRunHarness(t)
 	job := h.job()
-	w, m := h.worker(t, Config{Faults: Faults{PanicTileSet: true, PanicFrame: job.Frame, PanicTile: job.Rect}})
+	w, m := h.worker(t, Config{Faults: faults.Plan{PanicTile: &faults.TileAt{Frame: job.Frame, Rect: job.Rect}}})
 	h.deliver(t, w, job)
 	if got := testutil.ToFloat64(m.TilesInFlight); got != 0 {
 		t.Fatalf("tiles in flight after a panicking attempt = %v, want 0", got)
@@ -157,7 +158,7 @@ func TestSampleDelayCountsSamplesInsideAPass(t *testing.T) {
 	if spp < 3 {
 		t.Fatalf("the harness job has %d spp, want at least 3 to see a pass part-way", spp)
 	}
-	w, m := h.worker(t, Config{PassesPerTile: 1, CheckpointEvery: time.Hour, Faults: Faults{SampleDelay: 40 * time.Millisecond}})
+	w, m := h.worker(t, Config{PassesPerTile: 1, CheckpointEvery: time.Hour, Faults: faults.Plan{SampleDelay: 40 * time.Millisecond}})
 	msg := h.publishAndFetch(t, job)
 	done := make(chan struct{})
 	go func() {

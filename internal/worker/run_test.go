@@ -19,6 +19,7 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/natstest"
@@ -217,7 +218,7 @@ func TestManifestCheckedAgainAfterTheLease(t *testing.T) {
 	job := h.job()
 	want := h.reference(t, job, job.Settings.SPP).Pixels()
 	holderDone := false
-	w, m := h.worker(t, Config{Faults: Faults{BeforeLease: func(j wire.TileJob) {
+	w, m := h.worker(t, Config{Faults: faults.Plan{BeforeLease: func(j wire.TileJob) {
 		// The holder promotes between the duplicate's first manifest check and its lease.
 		if _, err := finalize.Promote(h.ctx, h.objects, layout.TileManifestKey(j.FrameKey, j.TileKey), "holder", identity.BuildFingerprint(),
 			[]finalize.Output{{Name: layout.TileOutputName, Data: raster.EncodeTile(want)}}, nil); err != nil {

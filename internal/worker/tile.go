@@ -12,6 +12,7 @@ import (
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -22,17 +23,22 @@ import (
 	"github.com/tilefarm/tilefarm/render"
 )
 
-// tileRun is one delivery of one tile job being carried through the Render flow.
+// tileRun is one delivery of one tile job carried through the Render flow (docs/design.md,
+// "Flows"): one value per delivery, holding what the flow has taken (the lease, its heartbeat,
+// the checkpoints it saves) so every step can settle it.
 type tileRun struct {
 	*delivery
+	w     *Worker
 	job   wire.TileJob
 	lease *queue.Lease
 	hb    *heartbeat       // nil until the lease is held
 	ckpt  *checkpointer    // nil until the render begins
 	left  *leftCheckpoints // nil: unknown, complete deletes both
-	// finish ends the heartbeat and releases the lease; after a lost lease it only stops.
-	finish func()
+	// released is set once finish has ended the heartbeat and let the lease go.
+	released bool
 }
+
+var _ run = (*tileRun)(nil)
 
 // leftCheckpoints says which checkpoints of a tile may exist once a run has rendered it: those
 // its resume found (or could not rule out) and those it saved. complete deletes only those, so a
@@ -40,25 +46,34 @@ type tileRun struct {
 // had. One a zombie saved in between is removed by PruneCheckpoints locally and by GC remotely.
 type leftCheckpoints struct{ local, remote bool }
 
-func (r *tileRun) manifestKey() string { return layout.TileManifestKey(r.job.FrameKey, r.job.TileKey) }
-
-// describeTile fills in how a tile delivery is announced when it fails or turns out done.
-func (w *Worker) describeTile(d *delivery, job wire.TileJob) {
+// newTileRun prepares the run of a tile delivery.
+func (w *Worker) newTileRun(d *delivery, job wire.TileJob) *tileRun {
 	d.log = d.log.With("job_id", job.JobID, "frame_key", job.FrameKey, "tile_key", job.TileKey)
-	d.jobID = job.JobID
-	d.describe = func(ev wire.Event) wire.Event {
-		ev.Type, ev.JobID, ev.TileKey, ev.TileIndex, ev.FrameKey = wire.EventTileFailed, job.JobID, job.TileKey, job.Index, job.FrameKey
-		return ev
-	}
-	key := layout.TileManifestKey(job.FrameKey, job.TileKey)
-	d.promoted = func(ctx context.Context) (bool, error) { return finalize.ManifestExists(ctx, w.objects, key) }
-	d.complete = func(ctx context.Context, d *delivery) error {
-		return w.complete(ctx, &tileRun{delivery: d, job: job}, 0, 0, true)
-	}
+	return &tileRun{delivery: d, w: w, job: job}
 }
 
-// renderTile carries one tile job through the Render flow (docs/design.md, "Flows").
-func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
+func (r *tileRun) manifestKey() string { return layout.TileManifestKey(r.job.FrameKey, r.job.TileKey) }
+
+// blocklistJob is the tile's job: its failures count toward this worker blocklisting it.
+func (r *tileRun) blocklistJob() string { return r.job.JobID }
+
+// failureEvent is tile.failed about this tile.
+func (r *tileRun) failureEvent(ev wire.Event) wire.Event {
+	ev.Type, ev.JobID, ev.TileKey, ev.TileIndex, ev.FrameKey = wire.EventTileFailed, r.job.JobID, r.job.TileKey, r.job.Index, r.job.FrameKey
+	return ev
+}
+
+// promoted reports whether the tile's manifest exists.
+func (r *tileRun) promoted(ctx context.Context) (bool, error) {
+	return finalize.ManifestExists(ctx, r.w.objects, r.manifestKey())
+}
+
+// completePromoted announces the tile found promoted and acks.
+func (r *tileRun) completePromoted(ctx context.Context) error { return r.complete(ctx, 0, 0, true) }
+
+// perform carries the tile through the Render flow.
+func (r *tileRun) perform(ctx context.Context) error {
+	w := r.w
 	if err := checkIdentity(r.job); err != nil {
 		return err
 	}
@@ -66,21 +81,19 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 	// delivery skips this read, a store request per tile: the check under the lease below
 	// catches a duplicate all the same, at the cost of a lease taken and released.
 	if r.num > 1 {
-		if done, err := w.promotedNow(ctx, r); err != nil || done {
+		if done, err := r.promotedNow(ctx); err != nil || done {
 			return err
 		}
 	}
-	if f := w.cfg.Faults.BeforeLease; f != nil {
-		f(r.job)
-	}
-	w.crashAt(r.log, "before-lease")
-	if w.frameDropped(ctx, r) {
-		return w.drop(ctx, r)
+	w.faults.BeforeLease(r.job)
+	w.faults.At(r.log, faults.BeforeLease)
+	if r.frameDropped(ctx) {
+		return r.drop(ctx)
 	}
 
 	// 2. Lease with fencing token; from here on the heartbeat keeps lease and message alive
 	// until the tile is settled.
-	lease, err := w.acquire(ctx, r)
+	lease, err := r.acquire(ctx)
 	if err != nil || lease == nil {
 		return err
 	}
@@ -88,29 +101,17 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 	r.log = r.log.With("fencing_token", lease.Token)
 	// The holder may have promoted the tile just before its lease went: check again, or a
 	// duplicate would render the whole tile a second time.
-	if done, err := w.promotedNow(ctx, r); err != nil || done {
-		w.release(ctx, lease, r)
+	if done, err := r.promotedNow(ctx); err != nil || done {
+		r.release(ctx)
 		return err
 	}
 	r.hb = w.startHeartbeat(ctx, r.msg, lease, r.log)
-	released := false
-	r.finish = func() {
-		if released {
-			return
-		}
-		released = true
-		if lost := r.hb.stop(); lost != nil {
-			r.log.Warn("lease lost; abandoning tile", "err", lost)
-			return
-		}
-		w.release(ctx, lease, r)
-	}
-	defer r.finish()
+	defer r.finish(ctx)
 	w.act.start(r.attempt, api.WorkerTile{JobID: r.job.JobID, Frame: r.job.Frame, TileKey: r.job.TileKey, SamplesTotal: r.job.Settings.SPP})
 	defer w.act.end(r.attempt)
-	err = w.renderAndPromote(r.hb.ctx, r)
+	err = r.renderAndPromote(r.hb.ctx)
 	if errors.Is(err, errDropped) {
-		return w.drop(ctx, r)
+		return r.drop(ctx)
 	}
 	if errors.Is(context.Cause(r.hb.ctx), queue.ErrLeaseLost) || errors.Is(err, queue.ErrLeaseLost) {
 		// No finalize, no ack: the new lease holder owns the tile now.
@@ -122,20 +123,33 @@ func (w *Worker) renderTile(ctx context.Context, r *tileRun) error {
 	return err
 }
 
+// finish ends the heartbeat and releases the lease, once; after a lost lease it only stops.
+func (r *tileRun) finish(ctx context.Context) {
+	if r.hb == nil || r.released {
+		return
+	}
+	r.released = true
+	if lost := r.hb.stop(); lost != nil {
+		r.log.Warn("lease lost; abandoning tile", "err", lost)
+		return
+	}
+	r.release(ctx)
+}
+
 // promotedNow checks the tile's manifest (retrying a store outage in place); when it exists
 // it announces the tile completed and acks the duplicate delivery.
-func (w *Worker) promotedNow(ctx context.Context, r *tileRun) (bool, error) {
+func (r *tileRun) promotedNow(ctx context.Context) (bool, error) {
 	var done bool
-	err := w.retryStore(ctx, r.delivery, "checking tile manifest", func(ctx context.Context) (err error) {
-		done, err = finalize.ManifestExists(ctx, w.objects, r.manifestKey())
+	err := r.w.retryStore(ctx, r.delivery, "checking tile manifest", func(ctx context.Context) (err error) {
+		done, err = r.promoted(ctx)
 		return err
 	})
 	if err != nil || !done {
 		return false, err
 	}
-	w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
+	r.w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
 	r.log.Info("tile already promoted; acking duplicate delivery")
-	return true, w.complete(ctx, r, 0, 0, true)
+	return true, r.complete(ctx, 0, 0, true)
 }
 
 // checkIdentity recomputes the job's keys with this worker's renderer. A mismatch means the job
@@ -155,7 +169,8 @@ func checkIdentity(job wire.TileJob) error {
 // of a tile still rendering elsewhere) it waits for as long as that owner keeps renewing,
 // keeping the message alive, instead of spending deliveries: until the tile is promoted (then
 // it acks the duplicate) or the lease is free. A nil lease means the message is settled.
-func (w *Worker) acquire(ctx context.Context, r *tileRun) (*queue.Lease, error) {
+func (r *tileRun) acquire(ctx context.Context) (*queue.Lease, error) {
+	w := r.w
 	waiting := false
 	for try := 1; ; try++ {
 		lease, err := w.queue.Leases.Acquire(ctx, r.job.TileKey, w.cfg.Name+"/"+r.attempt)
@@ -182,16 +197,17 @@ func (w *Worker) acquire(ctx context.Context, r *tileRun) (*queue.Lease, error) 
 		if !waiting {
 			continue
 		}
-		if done, err := finalize.ManifestExists(ctx, w.objects, r.manifestKey()); err == nil && done {
+		if done, err := r.promoted(ctx); err == nil && done {
 			w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
 			r.log.Info("tile promoted by the lease holder; acking duplicate delivery")
-			return nil, w.complete(ctx, r, 0, 0, true)
+			return nil, r.complete(ctx, 0, 0, true)
 		}
 	}
 }
 
 // renderAndPromote is steps 3-5 of the Render flow, run under a live lease.
-func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
+func (r *tileRun) renderAndPromote(ctx context.Context) error {
+	w := r.w
 	var sc scene.Renderer
 	err := w.retryStore(ctx, r.delivery, "fetching scene", func(ctx context.Context) (err error) {
 		sc, err = w.scenes.Get(ctx, r.job.SceneVersion)
@@ -200,14 +216,15 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	if err != nil {
 		return err
 	}
-	tile, err := sc.NewTile(ctx, r.job.Settings, r.job.Frame, r.job.Rect)
+	t, err := sc.NewTile(ctx, r.job.Settings, r.job.Frame, r.job.Rect)
 	if err != nil {
 		return err
 	}
+	tile := w.faults.Tile(counted{Tile: t, r: r}, r.job.TileKey, r.job.Frame, r.job.Rect, r.job.Settings, r.log)
 
 	// 3. Resume from a checkpoint made from the same inputs by the same build.
 	r.left = &leftCheckpoints{}
-	recovered := w.resume(ctx, tile, r)
+	recovered := r.resume(ctx, tile)
 	if err := w.retryInPlace(ctx, r.delivery, "publishing start event", func(ctx context.Context) error {
 		return w.publishEvent(ctx, r.delivery, wire.Event{Type: wire.EventTileStarted, JobID: r.job.JobID, TileKey: r.job.TileKey,
 			TileIndex: r.job.Index, FrameKey: r.job.FrameKey, SamplesRecovered: recovered})
@@ -217,13 +234,13 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
 	start := time.Now()
-	r.ckpt = w.startCheckpointer(ctx, r, start)
+	r.ckpt = r.startCheckpointer(ctx, start)
 	defer r.ckpt.stop()
 	err = func() error {
-		// Deferred: a panic in a pass (recovered by handle) must not leave the tile in flight.
+		// Deferred: a panic in a pass (recovered by serve) must not leave the tile in flight.
 		w.m.TilesInFlight.Inc()
 		defer w.m.TilesInFlight.Dec()
-		return w.renderPasses(ctx, tile, r)
+		return r.renderPasses(ctx, tile)
 	}()
 	if err != nil {
 		if ctx.Err() != nil && context.Cause(ctx) == ctx.Err() {
@@ -251,13 +268,13 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 	}
 	var p finalize.Promotion
 	// The manifest was absent when the lease was taken: the first try skips reading it again.
-	opts := []finalize.PromoteOption{finalize.AfterUpload(func() { w.crashAt(r.log, "after-upload") }), finalize.Absent()}
+	opts := []finalize.PromoteOption{finalize.Absent()}
 	err = w.retryStore(ctx, r.delivery, "promoting tile", func(ctx context.Context) (err error) {
 		p, err = finalize.Promote(ctx, w.objects, r.manifestKey(), r.attempt, identity.BuildFor(r.job.Settings),
 			[]finalize.Output{{Name: layout.TileOutputName, Data: raster.EncodeTile(tile.Pixels())}},
 			map[string]string{"tile_key": r.job.TileKey, "frame_key": r.job.FrameKey, "input_hash": r.job.InputHash, "worker": w.cfg.Name},
 			opts...)
-		opts = opts[:1] // a retry reads the manifest first, and may find its own promotion
+		opts = nil // a retry reads the manifest first, and may find its own promotion
 		return err
 	})
 	if err != nil {
@@ -268,26 +285,26 @@ func (w *Worker) renderAndPromote(ctx context.Context, r *tileRun) error {
 		}
 		return err
 	}
-	w.crashAt(r.log, "after-manifest")
 	if p.Existing {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 	} else {
 		w.m.TilesCompleted.Inc()
 	}
-	return w.complete(ctx, r, r.job.Settings.SPP-recovered, recovered, p.Existing)
+	return r.complete(ctx, r.job.Settings.SPP-recovered, recovered, p.Existing)
 }
 
-func (w *Worker) release(ctx context.Context, lease *queue.Lease, r *tileRun) {
+func (r *tileRun) release(ctx context.Context) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := w.queue.Leases.Release(rctx, lease); err != nil {
+	if err := r.w.queue.Leases.Release(rctx, r.lease); err != nil {
 		r.log.Warn("releasing lease", "err", err)
 	}
 }
 
 // complete publishes tile.completed (retrying a NATS outage in place), drops the checkpoints,
 // releases the lease and acks last.
-func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered int, duplicate bool) error {
+func (r *tileRun) complete(ctx context.Context, rendered, recovered int, duplicate bool) error {
+	w := r.w
 	ev := wire.Event{ID: wire.EventTileCompleted + ":" + r.job.TileKey, Type: wire.EventTileCompleted, JobID: r.job.JobID,
 		TileKey: r.job.TileKey, TileIndex: r.job.Index, FrameKey: r.job.FrameKey,
 		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate}
@@ -296,7 +313,7 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 	}); err != nil {
 		return fmt.Errorf("publishing completion event: %w", err)
 	}
-	w.crashAt(r.log, "after-event")
+	w.faults.At(r.log, faults.AfterEvent)
 	if r.left == nil || r.left.local {
 		if err := w.ckpts.Delete(ctx, r.job.TileKey); err != nil {
 			r.log.Warn("deleting local checkpoint", "err", err)
@@ -307,10 +324,8 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 			r.log.Warn("deleting remote checkpoint", "err", err)
 		}
 	}
-	if r.finish != nil {
-		r.finish()
-	}
-	w.crashAt(r.log, "before-ack")
+	r.finish(ctx)
+	w.faults.At(r.log, faults.BeforeAck)
 	// The lease release above ends the heartbeat context; the ack must still go out.
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -323,7 +338,8 @@ func (w *Worker) complete(ctx context.Context, r *tileRun, rendered, recovered i
 
 // resume imports the newest usable checkpoint, local first, then remote: one of this tile,
 // made from the same inputs by the same build. It returns the samples recovered.
-func (w *Worker) resume(ctx context.Context, tile scene.Tile, r *tileRun) int {
+func (r *tileRun) resume(ctx context.Context, tile scene.Tile) int {
+	w := r.w
 	candidates := []func() (checkpoint.Checkpoint, bool){
 		func() (checkpoint.Checkpoint, bool) {
 			c, ok, err := w.ckpts.Load(ctx, r.job.TileKey)
@@ -384,42 +400,27 @@ func (w *Worker) resume(ctx context.Context, tile scene.Tile, r *tileRun) int {
 
 // renderPasses renders the remaining samples pass by pass (the partition the settings fix, or
 // the worker's), checkpointing after passes and reporting progress while passes remain.
-func (w *Worker) renderPasses(ctx context.Context, tile scene.Tile, r *tileRun) error {
+func (r *tileRun) renderPasses(ctx context.Context, tile scene.Tile) error {
 	spp := r.job.Settings.SPP
 	var lastDropCheck time.Time
-	for passes, to := range r.job.Settings.PassEnds(w.cfg.PassesPerTile) {
+	for _, to := range r.job.Settings.PassEnds(r.w.cfg.PassesPerTile) {
 		if to <= tile.Next() {
 			continue
 		}
-		if f := w.cfg.Faults; f.PanicTileSet && r.job.Frame == f.PanicFrame && r.job.Rect == f.PanicTile {
-			panic(fmt.Sprintf("injected fault in frame %d tile %v", r.job.Frame, r.job.Rect))
-		}
-		// Half a pass rendered and not checkpointed: the state a kill inside a pass leaves. A real
-		// pass outlasts the background save of the one before; this one renders in milliseconds,
-		// so it waits for that save first, and strikes only once a checkpoint is in the store.
-		if passes >= 1 && w.cfg.Faults.CrashAt == "mid-pass" && to-tile.Next() > 1 && r.job.Settings.Passes == 0 && r.ckpt.settle(ctx) {
-			if err := w.renderSamples(ctx, r, tile, tile.Next()+(to-tile.Next())/2); err != nil {
-				return err
-			}
-			w.crashAt(r.log, "mid-pass")
-		}
-		if err := w.renderSamples(ctx, r, tile, to); err != nil {
+		if err := tile.Render(ctx, tile.Next(), to); err != nil {
 			return err
-		}
-		if w.cfg.Faults.PassDelay > 0 {
-			queue.Sleep(ctx, w.cfg.Faults.PassDelay)
 		}
 		if to == spp {
 			break
 		}
-		w.reportProgress(r, to)
+		r.reportProgress(to)
 		r.ckpt.afterPass(tile)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
 		if now := time.Now(); now.Sub(lastDropCheck) >= dropCheckEvery {
 			lastDropCheck = now
-			if w.frameDropped(ctx, r) {
+			if r.frameDropped(ctx) {
 				r.ckpt.saveNow(ctx, tile, true) // a job asking for the frame again resumes here
 				return errDropped
 			}
@@ -433,47 +434,31 @@ func (w *Worker) renderPasses(ctx context.Context, tile scene.Tile, r *tileRun) 
 // have dozens of short passes.
 const dropCheckEvery = 250 * time.Millisecond
 
-// renderSamples renders the tile's samples from its next one up to to, and counts in
-// tilefarm_samples_rendered_total the samples the tile really gained, even when the render
-// stops early (cancelled, lease lost): samples recovered from a checkpoint are never counted,
-// and samples rendered by an attempt that fails later always are.
-//
-// With Faults.SampleDelay the samples render one at a time, each after the delay and counted as
-// it lands, the way a slow real render gains them: a kill then loses the samples rendered since
-// the last checkpoint, and the counter shows them.
-func (w *Worker) renderSamples(ctx context.Context, r *tileRun, tile scene.Tile, to int) error {
-	if d := w.cfg.Faults.SampleDelay; d > 0 {
-		for tile.Next() < to {
-			if !queue.Sleep(ctx, d) {
-				return ctx.Err()
-			}
-			if err := w.renderRange(ctx, r, tile, tile.Next()+1); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return w.renderRange(ctx, r, tile, to)
+// counted is a tile of a run that counts in tilefarm_samples_rendered_total, and in the
+// worker's activity, the samples the tile really gains, even when a render stops early
+// (cancelled, lease lost): samples recovered from a checkpoint are never counted, and samples
+// rendered by an attempt that fails later always are.
+type counted struct {
+	scene.Tile
+	r *tileRun
 }
 
-// renderRange renders the tile up to sample to in one call and counts what it gained.
-func (w *Worker) renderRange(ctx context.Context, r *tileRun, tile scene.Tile, to int) error {
-	from := tile.Next()
-	err := tile.Render(ctx, from, to)
-	if n := tile.Next() - from; n > 0 {
-		w.m.SamplesRendered.Add(float64(n))
-		w.act.pass(r.attempt, tile.Next(), n)
+func (t counted) Render(ctx context.Context, from, to int) error {
+	err := t.Tile.Render(ctx, from, to)
+	if n := t.Next() - from; n > 0 {
+		t.r.w.m.SamplesRendered.Add(float64(n))
+		t.r.w.act.pass(t.r.attempt, t.Next(), n)
 	}
 	return err
 }
 
 // reportProgress tells the coordinator how far a tile is, best effort: a lost report loses
 // nothing (docs/design.md, "Progress").
-func (w *Worker) reportProgress(r *tileRun, samples int) {
+func (r *tileRun) reportProgress(samples int) {
 	data, err := json.Marshal(wire.Progress{JobID: r.job.JobID, FrameKey: r.job.FrameKey, TileKey: r.job.TileKey,
-		Samples: samples, SPP: r.job.Settings.SPP, Worker: w.cfg.Name, Time: time.Now().UTC()})
+		Samples: samples, SPP: r.job.Settings.SPP, Worker: r.w.cfg.Name, Time: time.Now().UTC()})
 	if err == nil {
-		err = w.queue.PublishProgress(data)
+		err = r.w.queue.PublishProgress(data)
 	}
 	if err != nil {
 		r.log.Debug("reporting progress", "err", err)

@@ -19,11 +19,11 @@ import (
 	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
-	"github.com/tilefarm/tilefarm/render"
 )
 
 // Config tunes a worker. Zero values take the defaults.
@@ -45,35 +45,14 @@ type Config struct {
 	// BlocklistAfter is how many failed tiles of one job make this worker stop taking the
 	// job's tiles; default DefaultBlocklistAfter.
 	BlocklistAfter int
-	Faults         Faults
-}
-
-// Faults are test hooks that make the worker misbehave at named seams, so fault tests can
-// exercise real processes without special builds.
-type Faults struct {
-	PanicFrame   int           // with PanicTile: the frame whose tile panics in every attempt
-	PanicTile    render.Rect   // the rectangle of that tile
-	PanicTileSet bool          // PanicFrame and PanicTile are set
-	PassDelay    time.Duration // sleep after each pass, so a test can kill a worker mid-tile
-	SampleDelay  time.Duration // sleep before each sample, rendering them one at a time (renderSamples)
-	// CrashAt names a seam (see Seams) at which Crash is called, once.
-	CrashAt string
-	Crash   func(seam string)
-	// FailPublish makes the first FailPublishN publishes of events of this type fail as a
-	// NATS timeout would.
-	FailPublish  string
-	FailPublishN int
-	// BeforeLease runs after the manifest check, right before the lease is taken.
-	BeforeLease func(job wire.TileJob)
+	// Faults is what the worker breaks for fault tests (faults.Plan); zero breaks nothing.
+	Faults faults.Plan
 }
 
 // DefaultPasses is how many passes a JSON scene's tile is split into. A pass is what a kill
 // loses at most, so finer is better while a pass costs little: its progress report and, when
 // due, a snapshot for the background checkpointer (checkpointer.go).
 const DefaultPasses = 32
-
-// Seams of the Render and Finalize flows where Faults.CrashAt can kill a worker.
-var Seams = []string{"before-lease", "mid-pass", "after-checkpoint", "after-upload", "after-manifest", "after-event", "before-ack"}
 
 func (c *Config) normalize(f *queue.Queue) {
 	if c.Concurrency <= 0 {
@@ -125,16 +104,14 @@ type Worker struct {
 	log     *slog.Logger
 	m       *metrics.Worker
 	store   *storeHealth
-	act     *activity // what it renders and what it blocklisted (directory.go)
+	act     *activity        // what it renders and what it blocklisted (directory.go)
+	faults  *faults.Injector // nil unless a fault test asked for some
+	publish faults.Publish   // publishes an event: the queue's, wrapped by the faults
 
 	saveCost saveCost // what the last checkpoint cost the render (cadence.go)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
-
-	faultMu      sync.Mutex
-	crashed      bool
-	publishFails int
 }
 
 // New builds a worker.
@@ -161,9 +138,14 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	if scenes == nil {
 		return nil, errors.New("worker: no scene cache (Deps.Scenes) to load scenes with")
 	}
+	inj := faults.New(cfg.Faults, log)
 	w := &Worker{
-		cfg: cfg, queue: f, objects: d.Objects, ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
-		log: log, act: newActivity(),
+		cfg: cfg, queue: f, objects: inj.Store(d.Objects), ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
+		log: log, act: newActivity(), faults: inj,
+		publish: inj.Publisher(func(ctx context.Context, subject string, data []byte) error {
+			_, err := f.Publish(ctx, subject, "", data, nil)
+			return err
+		}),
 		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x7f4a7c15)),
 	}
 	w.store = &storeHealth{w: w, available: true}
@@ -243,19 +225,30 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 // delivery is one delivery of one message: what a job's run needs to settle it and to place
 // its events in causal order.
 type delivery struct {
-	msg      jetstream.Msg
-	msgID    string
-	jobID    string // the job of a tile delivery, for blocklisting
-	seq      uint64 // TILES stream sequence
-	num      uint64 // delivery count, 1-based
-	attempt  string
-	log      *slog.Logger
-	describe func(wire.Event) wire.Event // fills in what a failure event says about the job
-	promoted func(context.Context) (bool, error)
-	complete func(context.Context, *delivery) error // announces and acks work found promoted
+	msg     jetstream.Msg
+	msgID   string
+	seq     uint64 // TILES stream sequence
+	num     uint64 // delivery count, 1-based
+	attempt string
+	log     *slog.Logger
 	// free lets the slot take its next job while this one finishes: called once a tile is
 	// rendered (loop). Nil when nothing waits for it.
 	free func()
+}
+
+// run is one delivery carried through its flow: a tileRun (the Render flow) or an assembly.
+// What differs between the two is this interface; how a failure is settled (fail) is the same.
+type run interface {
+	// perform carries the delivery through its flow; errSettled means it settled the message.
+	perform(ctx context.Context) error
+	// failureEvent fills in what a failure event says about the work.
+	failureEvent(ev wire.Event) wire.Event
+	// promoted reports whether the work is promoted already: the manifests are the truth.
+	promoted(ctx context.Context) (bool, error)
+	// completePromoted announces and acks work found promoted after all.
+	completePromoted(ctx context.Context) error
+	// blocklistJob is the job whose failures count toward blocklisting it, "" for none.
+	blocklistJob() string
 }
 
 // handle dispatches one message and settles it: ack on success, NakWithDelay on a retryable
@@ -269,50 +262,58 @@ func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
 		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
 	}
 	d.log = w.log.With("attempt_id", d.attempt, "subject", msg.Subject(), "stream_seq", d.seq, "delivery", d.num)
+	var r run
 	err := func() (err error) {
 		defer func() {
 			// A panic anywhere in a job must not take the process (and its other slots) down.
-			if r := recover(); r != nil {
-				err = &failure.PanicError{Value: r}
+			if p := recover(); p != nil {
+				err = &failure.PanicError{Value: p}
 			}
 		}()
-		switch subject := msg.Subject(); {
-		case queue.IsRenderSubject(subject):
-			var job wire.TileJob
-			if err := json.Unmarshal(msg.Data(), &job); err != nil {
-				return failure.Terminalf("decoding tile job: %w", err)
-			}
-			w.describeTile(d, job)
-			if w.act.isBlocked(job.JobID) {
-				d.log.Debug("handing back a tile of a blocklisted job")
-				_ = msg.NakWithDelay(blocklistNakDelay)
-				return errSettled
-			}
-			return w.renderTile(ctx, &tileRun{delivery: d, job: job})
-		case subject == queue.SubjectAssemble:
-			var job wire.AssembleJob
-			if err := json.Unmarshal(msg.Data(), &job); err != nil {
-				return failure.Terminalf("decoding assemble job: %w", err)
-			}
-			w.describeAssembly(d, job)
-			return w.assemble(ctx, d, job)
+		if r, err = w.runOf(d); err != nil {
+			return err
 		}
-		return failure.Terminalf("unknown subject %q", msg.Subject())
+		if job := r.blocklistJob(); job != "" && w.act.isBlocked(job) {
+			d.log.Debug("handing back a tile of a blocklisted job")
+			_ = msg.NakWithDelay(blocklistNakDelay)
+			return errSettled
+		}
+		return r.perform(ctx)
 	}()
 	if err == nil || errors.Is(err, errSettled) {
 		return
 	}
-	w.fail(ctx, d, err)
+	w.fail(ctx, d, r, err)
+}
+
+// runOf decodes a delivery's message into the run of its flow.
+func (w *Worker) runOf(d *delivery) (run, error) {
+	switch subject := d.msg.Subject(); {
+	case queue.IsRenderSubject(subject):
+		var job wire.TileJob
+		if err := json.Unmarshal(d.msg.Data(), &job); err != nil {
+			return nil, failure.Terminalf("decoding tile job: %w", err)
+		}
+		return w.newTileRun(d, job), nil
+	case subject == queue.SubjectAssemble:
+		var job wire.AssembleJob
+		if err := json.Unmarshal(d.msg.Data(), &job); err != nil {
+			return nil, failure.Terminalf("decoding assemble job: %w", err)
+		}
+		return w.newAssembly(d, job), nil
+	}
+	return nil, failure.Terminalf("unknown subject %q", d.msg.Subject())
 }
 
 // errSettled means the handler already acked or nakked the message itself.
 var errSettled = errors.New("message settled")
 
-// fail settles a delivery that failed with err. Work that is promoted after all is
-// announced and acked, never failed. A shutdown hands the message back. Anything else is a
-// classified failure: counted against the message's failure budget and retried with
-// backoff, or dead-lettered when terminal or when the budget is spent.
-func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
+// fail settles a delivery that failed with err; r is its run, nil when the message did not
+// even decode. Work that is promoted after all is announced and acked, never failed. A
+// shutdown hands the message back. Anything else is a classified failure: counted against the
+// message's failure budget and retried with backoff, or dead-lettered when terminal or when
+// the budget is spent.
+func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
 	// Cleanup must happen even while shutting down.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -323,10 +324,10 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 		_ = d.msg.Nak()
 		return
 	}
-	if d.promoted != nil {
-		if done, perr := d.promoted(cctx); perr == nil && done {
+	if r != nil {
+		if done, perr := r.promoted(cctx); perr == nil && done {
 			d.log.Warn("attempt failed after its work was promoted; completing it", "err", err)
-			if cerr := d.complete(cctx, d); cerr != nil {
+			if cerr := r.completePromoted(cctx); cerr != nil {
 				// The reconciler finds the manifest; a redelivery acks it.
 				d.log.Warn("completing promoted work", "err", cerr)
 			}
@@ -364,15 +365,15 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
 	// or about to be retried). A message that did not even decode names nothing to report.
-	if d.describe != nil {
-		ev := d.describe(wire.Event{Error: err.Error(), Terminal: terminal, Code: failure.Classify(err, objstore.IsRetryable)})
+	if r != nil {
+		ev := r.failureEvent(wire.Event{Error: err.Error(), Terminal: terminal, Code: failure.Classify(err, objstore.IsRetryable)})
 		if perr := w.publishEvent(cctx, d, ev); perr != nil {
 			d.log.Warn("publishing failure event", "err", perr)
 		}
 	}
 	// Only failures a retry might cure count against the job here: a dead-lettered tile is the
 	// farm's verdict on the tile, not on this worker.
-	if !terminal && d.jobID != "" && w.act.failed(d.jobID, w.cfg.BlocklistAfter) {
+	if job := blocklistJob(r); !terminal && job != "" && w.act.failed(job, w.cfg.BlocklistAfter) {
 		d.log.Warn("blocklisting job: this worker takes none of its tiles any more", "failed_tiles", w.cfg.BlocklistAfter)
 	}
 	if terminal {
@@ -382,6 +383,14 @@ func (w *Worker) fail(ctx context.Context, d *delivery, err error) {
 	d.log.Warn("retrying later", "err", err, "failures", failures, "delay", delay)
 	w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
 	_ = d.msg.NakWithDelay(delay)
+}
+
+// blocklistJob is r's job for blocklisting, "" for none.
+func blocklistJob(r run) string {
+	if r == nil {
+		return ""
+	}
+	return r.blocklistJob()
 }
 
 func (w *Worker) jitter() float64 {
@@ -402,42 +411,9 @@ func (w *Worker) publishEvent(ctx context.Context, d *delivery, ev wire.Event) e
 	if ev.ID == "" {
 		ev.ID = ev.Type + ":" + d.attempt
 	}
-	if w.injectPublishFailure(ev.Type) {
-		return fmt.Errorf("publishing %s (injected fault): %w", ev.ID, errInjectedTimeout)
-	}
 	data, err := json.Marshal(ev)
 	if err != nil {
 		return err
 	}
-	_, err = w.queue.Publish(ctx, ev.Subject(), "", data, nil)
-	return err
-}
-
-// crashAt calls the crash hook when seam is the armed one, saying first which tile it hits.
-func (w *Worker) crashAt(log *slog.Logger, seam string) {
-	f := w.cfg.Faults
-	if f.CrashAt != seam || f.Crash == nil {
-		return
-	}
-	w.faultMu.Lock()
-	first := !w.crashed
-	w.crashed = true
-	w.faultMu.Unlock()
-	if first {
-		log.Warn("fault injection: crashing at a seam", "seam", seam)
-		f.Crash(seam)
-	}
-}
-
-func (w *Worker) injectPublishFailure(eventType string) bool {
-	if w.cfg.Faults.FailPublish == "" || w.cfg.Faults.FailPublish != eventType {
-		return false
-	}
-	w.faultMu.Lock()
-	defer w.faultMu.Unlock()
-	if w.publishFails >= w.cfg.Faults.FailPublishN {
-		return false
-	}
-	w.publishFails++
-	return true
+	return w.publish(ctx, ev.Subject(), data)
 }

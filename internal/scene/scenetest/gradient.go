@@ -227,7 +227,9 @@ func (t *tile) Render(ctx context.Context, from, to int) error {
 	return nil
 }
 
-func (t *tile) Export() render.State { return render.State{Next: t.next, Sum: append([]float64(nil), t.sum...)} }
+func (t *tile) Export() render.State {
+	return render.State{Next: t.next, Sum: append([]float64(nil), t.sum...)}
+}
 
 func (t *tile) Import(st render.State) error {
 	if err := st.Check(len(t.sum), t.st.SPP); err != nil {
