@@ -23,6 +23,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/buildinfo"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -294,4 +295,19 @@ func (rf *renderFlags) check() error {
 // overrides are the settings the flags change.
 func (rf *renderFlags) overrides() render.Overrides {
 	return render.Overrides{Camera: rf.camera, Width: rf.width, Height: rf.height, SPP: rf.spp, Passes: rf.passes}
+}
+
+// natsFlags are how a process reaches NATS: --nats (default NATS_URL), --nats-creds and the TLS
+// files. A user name, password or token come from NATS_USER, NATS_PASSWORD and NATS_TOKEN only.
+func natsFlags(fs *pflag.FlagSet, def string) *node.NATSClient {
+	c := &node.NATSClient{User: os.Getenv("NATS_USER"), Password: os.Getenv("NATS_PASSWORD"), Token: os.Getenv("NATS_TOKEN")}
+	if env := os.Getenv("NATS_URL"); env != "" {
+		def = env
+	}
+	fs.StringVar(&c.URLs, "nats", def, "NATS URL, or several comma-separated (the nodes of a cluster) (env NATS_URL)")
+	fs.StringVar(&c.Creds, "nats-creds", "", "NATS credentials file: an nkey seed such as serve's worker.creds, or a JWT .creds file")
+	fs.StringVar(&c.CA, "nats-ca", "", "CA certificate file for NATS TLS")
+	fs.StringVar(&c.Cert, "nats-cert", "", "certificate file for NATS TLS")
+	fs.StringVar(&c.Key, "nats-key", "", "key file of --nats-cert")
+	return c
 }

@@ -11,9 +11,9 @@ import (
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 )
 
-// Lost tiles (docs/design.md, "Reconcile"): a tile's message can leave TILES without the tile
-// being rendered. JetStream acknowledges a publish before it syncs it to disk, so an OS crash
-// or power loss of its server can lose the dispatches of the last sync interval
+// Lost tiles (docs/design.md, "Flows": Reconcile): a tile's message can leave TILES without
+// the tile being rendered. JetStream acknowledges a publish before it syncs it to disk, so an
+// OS crash or power loss of its server can lose the dispatches of the last sync interval
 // (queue.DefaultSync), and an operator can purge the stream. Nothing would deliver those tiles
 // again. The reconciler notices: when the outbox is empty, TILES holds no message at all and
 // the coordinator has applied every event, a tile not completed of a frame a live job waits

@@ -1,7 +1,7 @@
 // Package kinds is where every kind of scene the farm renders is registered: the one list of
 // scene kinds the commands hand to the coordinator and to the workers, with the options of
 // those that have any as command-line flags. Adding a renderer is a package implementing
-// scene.Kind and a line here (docs/design.md, "Scene kinds").
+// scene.Kind and a line here (docs/design.md, "Renderers").
 package kinds
 
 import (

@@ -23,7 +23,7 @@ import (
 // registered, and only then: read by its kind, stored and resolved by the coordinator, its
 // tiles dispatched over a real JetStream and rendered and assembled by a worker, every pixel of
 // every frame what the kind says it is. This is the property that a renderer is one package
-// and one registration (docs/design.md, "Scene kinds").
+// and one registration (docs/design.md, "Renderers").
 func TestARegisteredKindRendersThroughTheFarm(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()

@@ -4,7 +4,7 @@
 // coordinator checks a bundle, resolves a submission's settings and tile size from it and
 // encodes tile previews; the worker loads it, renders its tiles pass by pass and encodes its
 // frames. The kinds a process knows are one Kinds value, made in one place (internal/kinds),
-// so adding a renderer is one package and one registration (docs/design.md, "Scene kinds").
+// so adding a renderer is one package and one registration (docs/design.md, "Renderers").
 package scene
 
 import (

@@ -12,8 +12,9 @@ import (
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
-// What a worker tells the farm about itself and decides for itself: its heartbeat in the worker directory, the jobs it blocklisted, and the tiles
-// of cancelled jobs it drops.
+// What a worker tells the farm about itself and decides for itself (docs/design.md, "Flows":
+// Workers, Blocklist and Cancel): its heartbeat in the worker directory, the jobs it
+// blocklisted, and the tiles of cancelled jobs it drops.
 
 // DefaultBlocklistAfter is how many failed tiles of one job make a worker stop taking that
 // job's tiles.

@@ -1,6 +1,6 @@
 // Package jsonscene is the tilefarm JSON scene as a kind of scene of the farm (scene.Kind): a
 // scene file with the OBJ meshes it names, rendered by the built-in path tracer (package
-// render) and tone-mapped with tilefarm's own curve (docs/design.md, "Scene kinds").
+// render) and tone-mapped with tilefarm's own curve (docs/design.md, "Renderers").
 package jsonscene
 
 import (

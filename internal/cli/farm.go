@@ -1,0 +1,266 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/faults"
+	"github.com/tilefarm/tilefarm/internal/kinds"
+	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/internal/worker"
+)
+
+// The coordinator's commands for running a farm: render (a whole farm in this process), serve
+// (the daemon) and credentials (the NATS identities for an external cluster).
+
+func (p *program) renderCommand() *cobra.Command {
+	c := newCommand("render SCENE --frames A-B --out PATTERN", "render on this machine, nothing else needed", `
+Render frames of SCENE on this machine: an embedded JetStream server, a filesystem store and
+in-process workers, all under --data. Nothing else needs to run. A re-run with the same --data
+after Ctrl-C resumes from checkpoints and skips finished tiles; a re-run of a finished render
+renders nothing and writes the outputs again; a re-run of a failed render retries its failed
+frames. '####' in --out is the zero-padded frame number.`)
+	fs := c.Flags()
+	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
+	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
+	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
+	rf := addRenderFlags(fs)
+	kf := kinds.AddFlags(fs, false)
+	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers (for Blender scenes, one Blender process each)")
+	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
+	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
+	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		if *workers < 1 || *workers > 1024 {
+			return 0, usagef("--workers %d: want 1-1024", *workers)
+		}
+		log, err := newLogger(stderr, *logLevel, p.logFormat)
+		if err != nil {
+			return 0, err
+		}
+		if *out == "" {
+			return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
+		}
+		fmtName, err := formatFor(*format, *out)
+		if err != nil {
+			return 0, err
+		}
+		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
+		defer ks.Close()
+		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, []string{fmtName}, ks, stderr)
+		if err != nil {
+			return 0, err
+		}
+		// Short pulls: a pull cancelled at exit waits out its expiry (see queue.fetchOne), and a
+		// finished local render should not linger seconds for it.
+		n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers,
+			Worker: worker.Config{FetchWait: 250 * time.Millisecond}, Kinds: ks, Log: log})
+		if err != nil {
+			return 0, err
+		}
+		defer n.Close()
+		if err := n.Coord.PutScene(ctx, req.SceneVersion, bundle.Encode()); err != nil {
+			return 0, err
+		}
+		res, err := n.Coord.Submit(ctx, req)
+		if err != nil {
+			return 0, err
+		}
+		if res.Status.State == api.JobFailed {
+			// Re-running a failed render tries its failed frames again; finished tiles are reused.
+			retried, err := n.Coord.Retry(ctx, res.Status.JobID)
+			if err != nil {
+				return 0, err
+			}
+			fmt.Fprintf(stderr, "retrying %d failed frames of job %s\n", retried, res.Status.JobID)
+		}
+		before := res.Status.TilesCompleted
+		st, err := waitJob(ctx, n.Coord, res.Status.JobID, newProgress(stderr, p.jsonOut), n.Coord.Changed)
+		if err != nil {
+			return 0, err
+		}
+		countReuse(&st, before)
+		if err := writeOutputs(ctx, n.Coord, &st, *out, fmtName); err != nil {
+			return 0, err
+		}
+		printStatus(stdout, st, p.jsonOut)
+		return st.State.ExitCode(), nil
+	})
+	return c
+}
+
+func (p *program) serveCommand() *cobra.Command {
+	c := newCommand("serve", "run the coordinator daemon (HTTP API, embedded NATS)", `
+Run the coordinator daemon: the HTTP API for submit/status/jobs/outputs and /metrics on --listen,
+the outbox relay, the event consumer, the dead-letter watcher and the reconciler. Without --nats
+it embeds a JetStream server on --nats-listen so tileworkers can join; without --store it keeps
+objects under --data/store. Stops cleanly on SIGINT/SIGTERM.
+
+Security: beyond loopback, the embedded JetStream always requires credentials (serve writes the
+workers' to --data/worker.creds: copy it to render nodes for 'tileworker --nats-creds'), and the
+HTTP API needs a token (--api-token-file, or TILEFARM_API_TOKEN); serve refuses to start
+without one unless --insecure says so. When embedding, --nats-cert/--nats-key are the server's
+TLS certificate and --nats-ca the CA client certificates must chain to; with --nats URL they
+are this process's client certificate and the servers' CA.`)
+	fs := c.Flags()
+	data := fs.String("data", ".tilefarm", "directory for the coordinator database (and embedded JetStream, store)")
+	nf := natsFlags(fs, "")
+	natsListen := fs.String("nats-listen", "127.0.0.1:4222", "client address of the embedded JetStream server")
+	natsAuth := fs.Bool("nats-auth", false, "require credentials on the embedded JetStream even on loopback (always on beyond loopback)")
+	tokenFile := fs.String("api-token-file", "", "file holding the HTTP API's bearer token (or set TILEFARM_API_TOKEN)")
+	insecure := fs.Bool("insecure", false, "allow the HTTP API or the embedded JetStream beyond loopback without authentication")
+	replicas := fs.Int("replicas", 1, "replicas of every stream and bucket: 3 on a JetStream cluster of three or more nodes")
+	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
+	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
+	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
+	kf := kinds.AddFlags(fs, true)
+	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
+	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
+	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
+	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
+	ff := faults.AddFlags(fs, append(slices.Clone(faults.CoordinatorSeams), faults.WorkerSeams...))
+	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
+	qcfg := farmFlags(fs)
+	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+		log, err := newLogger(stderr, *logLevel, p.logFormat)
+		if err != nil {
+			return err
+		}
+		qcfg.Replicas = *replicas
+		if err := qcfg.Validate(); err != nil {
+			return usagef("%v", err)
+		}
+		token, err := apiToken(*tokenFile)
+		if err != nil {
+			return err
+		}
+		embedded := nf.URLs == ""
+		if !*insecure {
+			if token == "" && !isLoopback(*listen) {
+				return usagef("refusing to serve the HTTP API on %s without a token: anyone who can reach it could submit and cancel jobs; set --api-token-file or %s, or pass --insecure", *listen, client.EnvToken)
+			}
+			if embedded && !isLoopback(*natsListen) {
+				*natsAuth = true // beyond loopback, JetStream is never open to anyone
+			}
+		} else if token == "" && !isLoopback(*listen) {
+			log.Warn("serving the HTTP API beyond loopback without a token (--insecure)", "listen", *listen)
+		}
+		sync, err := queue.ParseSync(*natsSync)
+		if err != nil {
+			return usagef("--nats-sync: %v", err)
+		}
+		if *reconcile <= 0 {
+			return usagef("--reconcile-every %v: must be positive", *reconcile)
+		}
+		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile}
+		plan, err := ff.Plan(func(seam string) { killSelf(log, "coordinator", seam) })
+		if err != nil {
+			return usagef("%v", err)
+		}
+		// The coordinator and its in-process workers break as the plan says, each at its seams.
+		ccfg.Faults = plan
+		opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
+			StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
+			Coordinator: ccfg, Workers: *workers, Worker: worker.Config{Faults: plan}, Log: log}
+		opts.Kinds = kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
+		defer opts.Kinds.Close()
+		if embedded {
+			// The TLS flags are the embedded server's own certificate.
+			opts.NATSTLSCert, opts.NATSTLSKey, opts.NATSTLSCA = nf.Cert, nf.Key, nf.CA
+		}
+		n, err := node.StartCoordinator(ctx, opts)
+		if err != nil {
+			return err
+		}
+		nurl := node.RedactURL(nf.URLs)
+		if n.Embedded != nil {
+			nurl = n.Embedded.ClientURL()
+		}
+		log.Info("coordinator serving", "http", n.HTTPAddr, "nats", nurl, "data", mustAbs(*data))
+		<-ctx.Done()
+		log.Info("coordinator stopping")
+		n.Close()
+		log.Info("coordinator stopped")
+		return nil
+	})
+	return c
+}
+
+// farmFlags are the queue settings an operator may tune, with queue.DefaultConfig's defaults.
+func farmFlags(fs *pflag.FlagSet) *queue.Config {
+	cfg := queue.DefaultConfig()
+	fs.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "how long a delivered tile may go without a heartbeat before redelivery")
+	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long an abandoned tile lease lives")
+	fs.IntVar(&cfg.MaxFailures, "max-failures", cfg.MaxFailures, "failed attempts of a tile (render errors, panics) before it is dead-lettered")
+	fs.IntVar(&cfg.MaxDeliver, "max-deliver", cfg.MaxDeliver, "safety net: deliveries of a tile, whatever their cause (kills, handbacks, outages), before it is dead-lettered")
+	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow, "JetStream publish dedup window")
+	return &cfg
+}
+
+// apiToken reads the HTTP API token from a file, else from TILEFARM_API_TOKEN.
+func apiToken(file string) (string, error) {
+	if file == "" {
+		return os.Getenv(client.EnvToken), nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("reading the API token: %w", err)
+	}
+	token := strings.TrimSpace(string(data))
+	if len(token) < 16 {
+		return "", fmt.Errorf("the API token in %s is shorter than 16 characters", file)
+	}
+	return token, nil
+}
+
+// isLoopback reports whether a listen address only accepts this host's connections.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func (p *program) credentialsCommand() *cobra.Command {
+	c := newCommand("credentials", "NATS identities and the account config for an external cluster", `
+Create (or reuse) the farm's two NATS identities in --data, as serve does when it embeds NATS
+with authentication: coordinator.creds (for 'serve --nats URL --nats-creds') and worker.creds
+(for 'tileworker --nats-creds' on render nodes), both mode 0600. Then print the nats-server
+configuration that grants them their permissions, to add to every node of an external JetStream
+cluster. Only public keys are printed; the seeds stay in the files.`)
+	fs := c.Flags()
+	data := fs.String("data", ".tilefarm", "directory for the credential files")
+	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+		if err := os.MkdirAll(*data, 0o700); err != nil {
+			return err
+		}
+		coord, work, err := node.EnsureCredentials(*data)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "# tilefarm account for nats-server; identities in %s (%s, %s)\n", mustAbs(*data),
+			node.CoordinatorCredsFile, node.WorkerCredsFile)
+		fmt.Fprint(stdout, queue.AccountConfig(coord, work))
+		return nil
+	})
+	return c
+}

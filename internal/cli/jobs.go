@@ -1,0 +1,206 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/kinds"
+	"github.com/tilefarm/tilefarm/internal/scene"
+)
+
+// The coordinator's client commands for jobs: submit, status, watch, jobs, outputs, cancel and
+// reprioritize.
+
+func (p *program) submitCommand() *cobra.Command {
+	c := newCommand("submit SCENE --frames A-B", "submit a job to a running coordinator", `
+Submit SCENE to a running coordinator. Safe to re-run from cron: the same request (or the same
+--idempotency-key) returns the same job and enqueues nothing new; the same key with a different
+request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued, 3 in progress,
+1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
+	fs := c.Flags()
+	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
+	rf := addRenderFlags(fs)
+	kf := kinds.AddFlags(fs, false)
+	format := fs.String("format", "png", "output formats, comma-separated: png, png16, exr (png is always produced)")
+	priority := fs.Int("priority", 0, "priority from -100 to 100: tiles of higher-priority jobs are rendered first (bands: negative, 0, positive)")
+	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
+	project := fs.String("project", "", "project name (part of the derived idempotency key)")
+	wait := fs.Bool("wait", false, "wait until the job completes or fails")
+	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		formats, err := formatList(*format)
+		if err != nil {
+			return 0, err
+		}
+		tmp, err := os.MkdirTemp("", "tilefarm-submit-")
+		if err != nil {
+			return 0, err
+		}
+		defer os.RemoveAll(tmp)
+		ks := kf.Open(scene.Env{Dir: tmp, Slots: 1, Log: slog.New(slog.DiscardHandler)})
+		defer ks.Close()
+		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, "", formats, ks, stderr)
+		if err != nil {
+			return 0, err
+		}
+		req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
+		api := p.client()
+		res, err := api.Submit(ctx, bundle, req)
+		if err != nil {
+			return 0, err
+		}
+		st := res.Status
+		before := st.TilesCompleted
+		if *wait {
+			if st, err = waitJob(ctx, api, st.JobID, newProgress(stderr, p.jsonOut), nil); err != nil {
+				return 0, err
+			}
+		}
+		countReuse(&st, before)
+		printStatus(stdout, st, p.jsonOut)
+		return st.State.ExitCode(), nil
+	})
+	return c
+}
+
+func (p *program) statusCommand() *cobra.Command {
+	return p.jobCommand("status JOB", "where a job stands (exit 0 done, 42 queued, 3 running, 1 failed or cancelled)", `
+Show where JOB stands: frames, tiles, samples, the estimated time left, failures. Exit codes:
+0 completed, 42 queued, 3 in progress, 1 failed or cancelled (the failing frames and tiles are
+named), 2 usage error, 75 coordinator unreachable.`,
+		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
+			return api.Status(ctx, job)
+		})
+}
+
+func (p *program) watchCommand() *cobra.Command {
+	return p.jobCommand("watch JOB", "follow a job with a progress bar until it ends", `
+Follow JOB with a progress bar until it completes, fails or is cancelled, then print its status.
+Exits like status: 0 completed, 1 failed or cancelled, 75 coordinator unreachable, 130
+interrupted.`,
+		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
+			return waitJob(ctx, api, job, newProgress(p.stderr, false), nil)
+		})
+}
+
+func (p *program) jobsCommand() *cobra.Command {
+	c := newCommand("jobs", "list jobs", "List every job, oldest first.")
+	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
+		jobs, err := p.client().Jobs(ctx)
+		if err != nil {
+			return err
+		}
+		if p.jsonOut {
+			if jobs == nil {
+				jobs = []api.Status{}
+			}
+			return writeJSON(stdout, jobs)
+		}
+		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "JOB\tSTATE\tPRIORITY\tSCENE\tFRAMES\tDONE\tTILES\tETA")
+		for _, j := range jobs {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d-%d\t%d/%d\t%d/%d\t%s\n", j.JobID, j.State, j.Priority, j.Scene, j.FirstFrame, j.LastFrame,
+				j.FramesCompleted, j.FramesTotal, j.TilesCompleted, j.TilesTotal, eta(j))
+		}
+		return tw.Flush()
+	})
+	return c
+}
+
+func (p *program) outputsCommand() *cobra.Command {
+	c := newCommand("outputs JOB --out PATTERN", "download a job's finished frames", `
+Download the finished frames of JOB, verified against their manifests, into files named by
+PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.`)
+	fs := c.Flags()
+	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png")
+	format := fs.String("format", "", "png, png16 or exr (default from --out's extension; png16/exr only if submitted with it)")
+	p.runErr(c, exactArgs(1, "one JOB"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
+		f, err := formatFor(*format, *out)
+		if err != nil {
+			return err
+		}
+		api := p.client()
+		st, err := api.Status(ctx, pos[0])
+		if err != nil {
+			return err
+		}
+		if err := checkPattern(*out, st.FirstFrame, st.LastFrame); err != nil {
+			return err
+		}
+		if err := writeOutputs(ctx, api, &st, *out, f); err != nil {
+			return err
+		}
+		if p.jsonOut {
+			if err := writeJSON(stdout, map[string]any{"job_id": st.JobID, "outputs": st.Outputs}); err != nil {
+				return err
+			}
+		} else {
+			for _, o := range st.Outputs {
+				fmt.Fprintln(stdout, o)
+			}
+		}
+		if missing := st.FramesTotal - len(st.Outputs); missing > 0 {
+			return fmt.Errorf("%d of %d frames are not finished yet (job is %s)", missing, st.FramesTotal, st.State)
+		}
+		return nil
+	})
+	return c
+}
+
+func (p *program) cancelCommand() *cobra.Command {
+	return p.jobCommand("cancel JOB", "stop rendering a job's tiles", `
+Cancel JOB: no further tile of it is rendered (workers drop its tiles before leasing them and
+between passes), frames another job also asked for keep rendering for that job, and nothing is
+half-published. Prints the job's status; exit 1 (cancelled), or 1 with a message when the job
+had already finished.`,
+		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
+			return api.Cancel(ctx, job)
+		})
+}
+
+// jobCommand is status, watch and cancel: one JOB argument, a status obtained by get, printed,
+// and the job's state as the exit code.
+func (p *program) jobCommand(use, short, long string, get func(ctx context.Context, api *client.Client, job string) (api.Status, error)) *cobra.Command {
+	c := newCommand(use, short, long)
+	p.run(c, exactArgs(1, "one JOB"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		st, err := get(ctx, p.client(), pos[0])
+		if err != nil {
+			if isNotFound(err) {
+				return 0, fmt.Errorf("no job %q", pos[0])
+			}
+			return 0, err
+		}
+		printStatus(stdout, st, p.jsonOut)
+		return st.State.ExitCode(), nil
+	})
+	return c
+}
+
+func (p *program) reprioritizeCommand() *cobra.Command {
+	c := newCommand("reprioritize JOB PRIORITY", "change the priority of a job's tiles not started yet", `
+Give JOB a new priority (-100 to 100; higher renders first). Tiles of the job not yet started
+are dispatched in their new band; tiles already rendering finish where they are.`)
+	p.run(c, exactArgs(2, "JOB and PRIORITY"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		prio, err := strconv.Atoi(pos[1])
+		if err != nil {
+			return 0, usagef("priority %q: want an integer from %d to %d", pos[1], api.MinPriority, api.MaxPriority)
+		}
+		st, err := p.client().Reprioritize(ctx, pos[0], prio)
+		if err != nil {
+			if isNotFound(err) {
+				return 0, fmt.Errorf("no job %q", pos[0])
+			}
+			return 0, err
+		}
+		printStatus(stdout, st, p.jsonOut)
+		return api.ExitOK, nil
+	})
+	return c
+}
