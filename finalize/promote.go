@@ -127,9 +127,6 @@ func Promote(ctx context.Context, s objstore.Store, key, attempt, build string, 
 			return Promotion{}, fmt.Errorf("promoting %q: %w", key, err)
 		}
 	}
-	if po.afterUpload != nil {
-		po.afterUpload()
-	}
 	body, err := json.MarshalIndent(want, "", "  ")
 	if err != nil {
 		return Promotion{}, fmt.Errorf("promoting %q: encoding manifest: %w", key, err)
@@ -163,8 +160,7 @@ func Promote(ctx context.Context, s objstore.Store, key, attempt, build string, 
 type PromoteOption func(*promoteOptions)
 
 type promoteOptions struct {
-	afterUpload func()
-	absent      bool
+	absent bool
 }
 
 // Absent tells Promote the caller found no manifest for the key just before, so it skips
@@ -173,12 +169,6 @@ type promoteOptions struct {
 // settles with it as it would have.
 func Absent() PromoteOption {
 	return func(o *promoteOptions) { o.absent = true }
-}
-
-// AfterUpload calls fn once the attempt objects are uploaded and verified, before the manifest
-// is created: the seam where fault tests kill a worker.
-func AfterUpload(fn func()) PromoteOption {
-	return func(o *promoteOptions) { o.afterUpload = fn }
 }
 
 // settle compares a stored manifest with the one we wanted to promote.
