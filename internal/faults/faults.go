@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -268,7 +269,7 @@ func (t *tile) Render(ctx context.Context, from, to int) error {
 		return err
 	}
 	if d := t.i.plan.PassDelay; d > 0 {
-		sleep(ctx, d)
+		queue.Sleep(ctx, d)
 	}
 	return nil
 }
@@ -280,7 +281,7 @@ func (t *tile) render(ctx context.Context, from, to int) error {
 		return t.Tile.Render(ctx, from, to)
 	}
 	for s := from; s < to; s++ {
-		if !sleep(ctx, d) {
+		if !queue.Sleep(ctx, d) {
 			return ctx.Err()
 		}
 		if err := t.Tile.Render(ctx, s, s+1); err != nil {
@@ -288,16 +289,4 @@ func (t *tile) render(ctx context.Context, from, to int) error {
 		}
 	}
 	return nil
-}
-
-// sleep waits d or until ctx ends, and reports whether the wait was whole.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
