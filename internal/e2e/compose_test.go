@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 )
@@ -1166,7 +1167,7 @@ func TestComposeStackRunsWithoutDocker(t *testing.T) {
 		exe, args := executable(t, "credentials", cc.s)
 		ep := cc.s.Entrypoint
 		cmd := exec.Command(ep[0], append([]string{ep[1], cc.rewriteScript(ep[2]), ep[3], exe}, cc.rewriteArgs(args)...)...)
-		cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+		cmd.Env = append(os.Environ(), "PATH="+bins.Dir+string(os.PathListSeparator)+os.Getenv("PATH"))
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("the credentials step failed: %v\n%s", err, out)
 		}
@@ -1279,7 +1280,7 @@ func TestComposeStackRunsWithoutDocker(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &farmProc{t: t, http: coord.listens[port(flagOr(coord.s.Command, "listen"))], env: []string{"TILEFARM_API_TOKEN=" + strings.TrimSpace(string(token))}}
+	f := &farmProc{t: t, Farm: &farmtest.Farm{HTTP: coord.listens[port(flagOr(coord.s.Command, "listen"))], Env: []string{"TILEFARM_API_TOKEN=" + strings.TrimSpace(string(token))}}}
 	scene := example("shot")
 	st, r := f.submit(append([]string{scene, "--frames", "1-2"}, small...)...)
 	if st.JobID == "" {
