@@ -2,62 +2,43 @@ package bench
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sync"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/bench/farmbench"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 var (
 	binOnce sync.Once
-	binDir  string
+	bins    farmtest.Binaries
 	binErr  error
 )
 
 // coordinatorBinary builds cmd/coordinator once per test binary.
-func coordinatorBinary() (string, error) {
+func coordinatorBinary() (farmtest.Binaries, error) {
 	binOnce.Do(func() {
-		binDir, binErr = os.MkdirTemp("", "tilefarm-bench-bin")
-		if binErr != nil {
+		dir, err := os.MkdirTemp("", "tilefarm-bench-bin")
+		if err != nil {
+			binErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", binDir, "./cmd/coordinator")
-		cmd.Dir = ".."
-		if out, err := cmd.CombinedOutput(); err != nil {
-			binErr = fmt.Errorf("building coordinator: %v\n%s", err, out)
-		}
+		bins, binErr = farmtest.Build(dir, farmtest.BuildOptions{Commands: []string{"coordinator"}})
 	})
-	return filepath.Join(binDir, "coordinator"), binErr
+	return bins, binErr
 }
-
-// coordinatorProcess is a `coordinator serve --workers 0` process with its data in a directory.
-type coordinatorProcess struct{ *farmbench.Coordinator }
 
 // startCoordinatorProcess starts `coordinator serve --workers 0` with its data under dir and
-// its log in dir/serve.log, and waits until it is healthy.
-func startCoordinatorProcess(ctx context.Context, dir string, extra ...string) (*coordinatorProcess, error) {
-	bin, err := coordinatorBinary()
+// its log there too, and waits until it is healthy.
+func startCoordinatorProcess(ctx context.Context, dir string, extra ...string) (*farmtest.Farm, error) {
+	bins, err := coordinatorBinary()
 	if err != nil {
 		return nil, err
 	}
-	c, err := farmbench.StartCoordinator(ctx, bin, dir, nil, append([]string{"--workers", "0"}, extra...)...)
-	if err != nil {
-		return nil, err
-	}
-	return &coordinatorProcess{c}, nil
+	return farmbench.StartCoordinator(ctx, bins, dir, extra...)
 }
-
-func (p *coordinatorProcess) pid() int { return p.Pid() }
-
-func (p *coordinatorProcess) stop() { p.Kill() }
-
-// peakRSS reads a process's peak resident set (VmHWM) from /proc.
-func peakRSS(pid int) (int64, error) { return farmbench.PeakRSS(pid) }
 
 func reportShot(r reporter, d farmbench.ShotDispatch, prefix string) {
 	r.ReportMetric(d.SubmitN.Seconds(), prefix+"submit-s")
@@ -78,11 +59,11 @@ func BenchmarkShotDispatch(b *testing.B) {
 	for _, sync := range []string{string(queue.DefaultSync), string(queue.SyncAlways)} {
 		b.Run("sync="+sync, func(b *testing.B) {
 			for range b.N {
-				bin, err := coordinatorBinary()
+				bins, err := coordinatorBinary()
 				if err != nil {
 					b.Fatal(err)
 				}
-				d, err := farmbench.MeasureShotDispatch(b.Context(), bin, b.TempDir(), bundle, farmbench.DispatchShot{Frames: 240, Width: 1920, Height: 1080, TileSize: 64, Sync: sync})
+				d, err := farmbench.MeasureShotDispatch(b.Context(), bins, b.TempDir(), bundle, farmbench.DispatchShot{Frames: 240, Width: 1920, Height: 1080, TileSize: 64, Sync: sync})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -93,12 +93,12 @@ func TestBenchSmoke(t *testing.T) {
 	})
 
 	t.Run("ShotDispatch", func(t *testing.T) {
-		bin, err := coordinatorBinary()
+		bins, err := coordinatorBinary()
 		if err != nil {
 			t.Fatal(err)
 		}
 		w := farmbench.DispatchShot{Frames: 4, Width: 96, Height: 64, TileSize: 16, Sync: "1s"}
-		d, err := farmbench.MeasureShotDispatch(ctx, bin, t.TempDir(), bundle, w)
+		d, err := farmbench.MeasureShotDispatch(ctx, bins, t.TempDir(), bundle, w)
 		if err != nil {
 			t.Fatal(err)
 		}

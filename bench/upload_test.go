@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/bench/farmbench"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 )
@@ -47,10 +48,10 @@ func measureUpload(ctx context.Context, dir string, b *bundle.Bundle) (uploadCos
 	if err != nil {
 		return res, err
 	}
-	defer srv.stop()
+	defer srv.Close()
 	raw := b.Encode()
 	res.bundleBytes = len(raw)
-	before, err := peakRSS(srv.pid())
+	before, err := farmbench.PeakRSS(srv.Coord.Pid())
 	if err != nil {
 		return res, err
 	}
@@ -59,7 +60,7 @@ func measureUpload(ctx context.Context, dir string, b *bundle.Bundle) (uploadCos
 		return res, fmt.Errorf("uploading a %d-byte bundle: %w", len(raw), err)
 	}
 	res.elapsed = time.Since(start)
-	after, err := peakRSS(srv.pid())
+	after, err := farmbench.PeakRSS(srv.Coord.Pid())
 	if err != nil {
 		return res, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/tiles"
@@ -41,19 +42,19 @@ type ShotDispatch struct {
 // oneFrameSubmits is how many one-frame submissions the median is taken over.
 const oneFrameSubmits = 5
 
-// MeasureShotDispatch starts a coordinator process (binary bin) in dir, submits five one-frame
+// MeasureShotDispatch starts a coordinator process (StartCoordinator) in dir, submits five one-frame
 // jobs, then w.Frames other frames, and measures how long each submission takes to be accepted
 // and how fast the big one's tiles become durable in TILES, with the process's peak memory and
 // database size; then it publishes a tile.completed event for every tile, as workers would, and
 // measures how fast the coordinator applies them.
-func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *bundle.Bundle, w DispatchShot) (ShotDispatch, error) {
+func MeasureShotDispatch(ctx context.Context, bins farmtest.Binaries, dir string, bundle *bundle.Bundle, w DispatchShot) (ShotDispatch, error) {
 	var res ShotDispatch
-	srv, err := StartCoordinator(ctx, bin, dir, nil, "--workers", "0", "--nats-sync", w.Sync)
+	srv, err := StartCoordinator(ctx, bins, dir, "--nats-sync", w.Sync)
 	if err != nil {
 		return res, err
 	}
-	defer srv.Kill()
-	nc, err := nats.Connect("nats://" + srv.NATS)
+	defer srv.Close()
+	nc, err := nats.Connect(srv.NATSURL())
 	if err != nil {
 		return res, fmt.Errorf("connecting to the coordinator's jetstream: %w", err)
 	}
@@ -99,7 +100,7 @@ func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *bundle.Bu
 		return res, err
 	}
 	res.Durable = time.Since(start)
-	if res.PeakRSS, err = PeakRSS(srv.Pid()); err != nil {
+	if res.PeakRSS, err = PeakRSS(srv.Coord.Pid()); err != nil {
 		return res, err
 	}
 	dbPath := filepath.Join(srv.Data, "coordinator.db")
@@ -128,7 +129,7 @@ func MeasureShotDispatch(ctx context.Context, bin, dir string, bundle *bundle.Bu
 		}
 	}
 	res.Applied = time.Since(start)
-	if res.PeakRSS, err = PeakRSS(srv.Pid()); err != nil {
+	if res.PeakRSS, err = PeakRSS(srv.Coord.Pid()); err != nil {
 		return res, err
 	}
 	if fi, err = os.Stat(dbPath); err != nil {

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -33,55 +33,46 @@ type FarmSpec struct {
 	DebugListen bool     // serve /debug/pprof on every process
 }
 
-// Farm is a running farm.
+// Farm is a running farm (farmtest.Farm) and what the measurements read it with.
 type Farm struct {
-	dir     string
-	bins    Binaries
-	spec    FarmSpec
-	store   string
-	env     []string
-	minio   *miniotest.Server
-	Coord   *Coordinator
-	Workers []*Proc
-	metrics map[*Proc]string
-	debug   map[string]string // process name to its pprof address
-	API     *client.Client
-	started int
+	*farmtest.Farm
+	spec  FarmSpec
+	minio *miniotest.Server
+	debug map[string]string // process name to its pprof address
+	API   *client.Client
 }
 
 // StartFarm starts a coordinator and spec.Workers workers under dir, with checkpoints on, and
 // uploads the scene b every measurement renders.
-func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec, b *bundle.Bundle) (*Farm, error) {
-	f := &Farm{dir: dir, bins: bins, spec: spec, metrics: map[*Proc]string{}, debug: map[string]string{}}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	args := append([]string{}, spec.ServeArgs...)
+func StartFarm(ctx context.Context, bins farmtest.Binaries, dir string, spec FarmSpec, b *bundle.Bundle) (*Farm, error) {
+	f := &Farm{Farm: &farmtest.Farm{Bins: bins, Dir: dir, LogLevel: "warn", ServeArgs: []string{"--workers", "0"}}, spec: spec,
+		debug: map[string]string{}}
 	if spec.MinIO {
-		var err error
-		if f.minio, err = miniotest.Launch(filepath.Join(dir, "minio")); err != nil {
-			f.Close()
+		m, err := miniotest.Launch(filepath.Join(dir, "minio"))
+		if err != nil {
+			if m != nil {
+				m.Kill()
+			}
 			return nil, fmt.Errorf("starting minio: %w", err)
 		}
-		f.store, f.env = f.minio.URL(), f.minio.Env()
-		args = append(args, "--store", f.store)
-	} else {
-		f.store = "file://" + filepath.Join(dir, "coordinator", "data", "store")
+		f.minio = m
+		f.UseMinIO(m)
 	}
 	if spec.DebugListen {
 		addr, err := proctest.FreeAddr()
 		if err != nil {
+			f.Close()
 			return nil, err
 		}
 		f.debug["coordinator"] = addr
-		args = append(args, "--debug-listen", addr)
+		f.ServeArgs = append(f.ServeArgs, "--debug-listen", addr)
 	}
-	var err error
-	if f.Coord, err = StartCoordinator(ctx, bins.Coordinator, filepath.Join(dir, "coordinator"), f.env, append([]string{"--workers", "0"}, args...)...); err != nil {
+	f.ServeArgs = append(f.ServeArgs, spec.ServeArgs...)
+	if err := f.StartCoordinator(ctx); err != nil {
 		f.Close()
 		return nil, err
 	}
-	f.API = client.New(f.Coord.HTTP, "")
+	f.API = client.New(f.HTTP, "")
 	for i := range spec.Workers {
 		if _, err := f.StartWorker(fmt.Sprintf("w%d", i+1)); err != nil {
 			f.Close()
@@ -97,13 +88,8 @@ func StartFarm(ctx context.Context, bins Binaries, dir string, spec FarmSpec, b 
 
 // StartWorker starts a tileworker named name (its checkpoints in a directory of that name, so a
 // restarted worker finds its local checkpoints) and adds it to the farm's workers.
-func (f *Farm) StartWorker(name string) (*Proc, error) {
-	maddr, err := proctest.FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	args := []string{"--nats", "nats://" + f.Coord.NATS, "--store", f.store, "--checkpoints", filepath.Join(f.dir, "ckpt-"+name),
-		"--name", name, "--concurrency", strconv.Itoa(f.spec.Slots), "--metrics-listen", maddr, "--log-level", "debug"}
+func (f *Farm) StartWorker(name string) (*farmtest.Worker, error) {
+	var args []string
 	if f.spec.DebugListen {
 		addr, err := proctest.FreeAddr()
 		if err != nil {
@@ -112,39 +98,30 @@ func (f *Farm) StartWorker(name string) (*Proc, error) {
 		f.debug[name] = addr
 		args = append(args, "--debug-listen", addr)
 	}
-	f.started++
-	p, err := proctest.Start(name, f.bins.Tileworker, filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.started, name)),
-		append([]string{textLogs}, f.env...), append(args, f.spec.WorkerArgs...)...)
-	if err != nil {
-		return nil, err
-	}
-	f.metrics[p] = maddr
-	f.Workers = append(f.Workers, p)
-	return p, nil
+	return f.Farm.StartWorker(farmtest.WorkerSpec{Name: name, Concurrency: f.spec.Slots, Metrics: true, Args: append(args, f.spec.WorkerArgs...)})
 }
 
-// Close kills every process of the farm.
-func (f *Farm) Close() {
-	for p := range f.metrics {
-		p.Kill()
-	}
-	if f.Coord != nil {
-		f.Coord.Kill()
-	}
-	if f.minio != nil {
-		f.minio.Kill()
-	}
-}
-
-// Live are the processes of the farm still running: the coordinator and the live workers.
-func (f *Farm) Live() []*Proc {
-	ps := []*Proc{f.Coord.Proc}
+// LiveWorkers are the farm's workers still running.
+func (f *Farm) LiveWorkers() []*farmtest.Worker {
+	var ws []*farmtest.Worker
 	for _, w := range f.Workers {
 		if !w.Exited() {
-			ps = append(ps, w)
+			ws = append(ws, w)
 		}
 	}
-	return ps
+	return ws
+}
+
+// StartCoordinator starts `coordinator serve --workers 0` with its data under dir/data and
+// extra flags, and waits until it is healthy: a farm of the coordinator alone, whose own cost a
+// measurement takes. Close kills it.
+func StartCoordinator(ctx context.Context, bins farmtest.Binaries, dir string, extra ...string) (*farmtest.Farm, error) {
+	f := &farmtest.Farm{Bins: bins, Dir: dir, Data: filepath.Join(dir, "data"), LogLevel: "warn",
+		ServeArgs: append([]string{"--workers", "0"}, extra...)}
+	if err := f.StartCoordinator(ctx); err != nil {
+		return nil, err
+	}
+	return f, nil
 }
 
 // CPUTimes is the CPU time of a farm's processes by role.
@@ -169,7 +146,7 @@ func (f *Farm) CPU() (CPUTimes, error) {
 	if err := add(&c.Coordinator, f.Coord.Pid()); err != nil {
 		return c, err
 	}
-	for _, w := range f.Live()[1:] {
+	for _, w := range f.LiveWorkers() {
 		if err := add(&c.Workers, w.Pid()); err != nil {
 			return c, err
 		}
@@ -183,8 +160,8 @@ func (f *Farm) CPU() (CPUTimes, error) {
 }
 
 // Metric reads one counter from a worker's /metrics, summed over its label sets.
-func (f *Farm) Metric(ctx context.Context, w *Proc, name string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.metrics[w]+"/metrics", nil)
+func (f *Farm) Metric(ctx context.Context, w *farmtest.Worker, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.Metrics+"/metrics", nil)
 	if err != nil {
 		return 0, err
 	}
@@ -224,7 +201,7 @@ func (f *Farm) Upload(ctx context.Context, b *bundle.Bundle) error {
 // once a second meanwhile (a failure, a missed event): polling the status all along would
 // cost the coordinator CPU growing with the job's frames, on the cores the farm renders on.
 func (f *Farm) Wait(ctx context.Context, job string, d time.Duration) (api.Status, error) {
-	nc, err := nats.Connect("nats://" + f.Coord.NATS)
+	nc, err := nats.Connect(f.NATSURL())
 	if err != nil {
 		return api.Status{}, fmt.Errorf("connecting to the farm's NATS: %w", err)
 	}
@@ -312,5 +289,3 @@ func (f *Farm) Profile(name, path string, d time.Duration) <-chan error {
 	}()
 	return ch
 }
-
-func clientFor(c *Coordinator) *client.Client { return client.New(c.HTTP, "") }

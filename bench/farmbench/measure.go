@@ -6,7 +6,6 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 )
 
 // Shot is what a job renders: frames of examples/shot at a resolution, samples and tile size.
@@ -95,18 +96,16 @@ func (r FarmRun) perTile(d time.Duration) float64 {
 
 // renderLocal renders every frame of s with `tileworker render -j slots` and returns the
 // summed wall time and CPU time.
-func renderLocal(ctx context.Context, bins Binaries, scene, dir string, s Shot, slots int) (wall, cpu time.Duration, err error) {
+func renderLocal(ctx context.Context, bins farmtest.Binaries, scene, dir string, s Shot, slots int) (wall, cpu time.Duration, err error) {
 	for fr := s.First; fr <= s.Last; fr++ {
-		args := append([]string{"render", scene, "--frame", strconv.Itoa(fr), "--out", filepath.Join(dir, fmt.Sprintf("ref_%04d.png", fr)),
-			"-q", "-j", strconv.Itoa(slots)}, s.renderArgs()...)
-		cmd := exec.CommandContext(ctx, bins.Tileworker, args...)
 		start := time.Now()
-		out, err := cmd.CombinedOutput()
+		ps, err := bins.RenderReference(ctx, farmtest.Reference{Scene: scene, Frame: fr, Out: filepath.Join(dir, fmt.Sprintf("ref_%04d.png", fr)),
+			Args: append([]string{"-j", strconv.Itoa(slots)}, s.renderArgs()...)})
 		if err != nil {
-			return 0, 0, fmt.Errorf("rendering frame %d locally: %w\n%s", fr, err, out)
+			return 0, 0, err
 		}
 		wall += time.Since(start)
-		cpu += cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		cpu += ps.UserTime() + ps.SystemTime()
 	}
 	return wall, cpu, nil
 }
@@ -114,7 +113,7 @@ func renderLocal(ctx context.Context, bins Binaries, scene, dir string, s Shot, 
 // MeasureFarm renders s locally with as many tiles at once as the farm has slots, then on a
 // fresh farm, timing the job from submit to completed and taking the CPU of every farm process
 // over that time (start-up excluded: a farm runs for days).
-func MeasureFarm(ctx context.Context, bins Binaries, scene string, b *bundle.Bundle, dir string, s Shot, spec FarmSpec, prof *Profiles) (FarmRun, error) {
+func MeasureFarm(ctx context.Context, bins farmtest.Binaries, scene string, b *bundle.Bundle, dir string, s Shot, spec FarmSpec, prof *Profiles) (FarmRun, error) {
 	r := FarmRun{Slots: spec.Workers * spec.Slots}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return r, err
@@ -198,7 +197,7 @@ var (
 
 // MeasureRecovery kills a worker with SIGKILL in the middle of a long tile reps times and
 // measures, each time, how long until the other worker resumes the tile from its checkpoint.
-func MeasureRecovery(ctx context.Context, bins Binaries, b *bundle.Bundle, dir string, reps int, serveArgs []string, minio bool) ([]time.Duration, error) {
+func MeasureRecovery(ctx context.Context, bins farmtest.Binaries, b *bundle.Bundle, dir string, reps int, serveArgs []string, minio bool) ([]time.Duration, error) {
 	spec := FarmSpec{Workers: 2, Slots: 1, MinIO: minio, ServeArgs: serveArgs, WorkerArgs: slowWorker(250*time.Millisecond, 16)}
 	f, err := StartFarm(ctx, bins, dir, spec, b)
 	if err != nil {
@@ -209,8 +208,8 @@ func MeasureRecovery(ctx context.Context, bins Binaries, b *bundle.Bundle, dir s
 	for rep := range reps {
 		// One tile a frame; a new frame (or size) each time, so no tile is already done.
 		s := Shot{First: rep%24 + 1, Last: rep%24 + 1, Width: 64 + 8*(rep/24), Height: 36, SPP: 32, TileSize: 128}
-		offsets := map[*Proc]int{}
-		live := f.Live()[1:]
+		offsets := map[*farmtest.Worker]int{}
+		live := f.LiveWorkers()
 		for _, w := range live {
 			offsets[w] = len(w.Log())
 		}
@@ -220,7 +219,7 @@ func MeasureRecovery(ctx context.Context, bins Binaries, b *bundle.Bundle, dir s
 		}
 		// The victim is killed once its checkpoint is in the store, where another worker can
 		// resume from it (a kill between the local save and the upload leaves nothing to resume).
-		var victim *Proc
+		var victim *farmtest.Worker
 		for victim == nil {
 			for _, w := range live {
 				if checkpointUploaded.MatchString(w.Log()[offsets[w]:]) {
@@ -234,7 +233,7 @@ func MeasureRecovery(ctx context.Context, bins Binaries, b *bundle.Bundle, dir s
 				}
 			}
 		}
-		from := map[*Proc]int{}
+		from := map[*farmtest.Worker]int{}
 		for _, w := range live {
 			from[w] = len(w.Log())
 		}
@@ -291,7 +290,7 @@ func (r ResumeRun) Again() float64 { return max(r.Rendered-float64(r.Needed), 0)
 // MeasureResume renders a job on workers while killing one with SIGKILL at seeded moments
 // (and restarting it on its own checkpoint directory), reading each worker's
 // tilefarm_samples_rendered_total just before it is killed and at the end.
-func MeasureResume(ctx context.Context, bins Binaries, b *bundle.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
+func MeasureResume(ctx context.Context, bins farmtest.Binaries, b *bundle.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
 	var r ResumeRun
 	// The workers keep their default checkpoint cadence. Each sample waits 12 ms, so a tile of
 	// 64 samples takes about a second, and is counted as it lands: a kill loses the samples since
@@ -319,7 +318,7 @@ func MeasureResume(ctx context.Context, bins Binaries, b *bundle.Bundle, dir str
 		if st.State == api.JobCompleted {
 			break
 		}
-		live := f.Live()[1:]
+		live := f.LiveWorkers()
 		victim := live[rng.IntN(len(live))]
 		n, err := f.Metric(ctx, victim, "tilefarm_samples_rendered_total")
 		if err != nil {
@@ -336,7 +335,7 @@ func MeasureResume(ctx context.Context, bins Binaries, b *bundle.Bundle, dir str
 	if err != nil {
 		return r, err
 	}
-	for _, w := range f.Live()[1:] {
+	for _, w := range f.LiveWorkers() {
 		n, err := f.Metric(ctx, w, "tilefarm_samples_rendered_total")
 		if err != nil {
 			return r, err
@@ -350,14 +349,13 @@ func MeasureResume(ctx context.Context, bins Binaries, b *bundle.Bundle, dir str
 // MeasureCoordinatorRSS submits a job of at least tiles tiles (1920x1080 in 16 px tiles, 8160
 // a frame) to `coordinator serve --workers 0`, waits until they are all durable and returns
 // the job's tiles and the coordinator's peak resident set.
-func MeasureCoordinatorRSS(ctx context.Context, bins Binaries, b *bundle.Bundle, dir string, tiles int) (int, int64, error) {
-	srv, err := StartCoordinator(ctx, bins.Coordinator, dir, nil, "--workers", "0")
+func MeasureCoordinatorRSS(ctx context.Context, bins farmtest.Binaries, b *bundle.Bundle, dir string, tiles int) (int, int64, error) {
+	srv, err := StartCoordinator(ctx, bins, dir)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer srv.Kill()
-	f := &Farm{Coord: srv}
-	f.API = clientFor(srv)
+	defer srv.Close()
+	f := &Farm{Farm: srv, API: client.New(srv.HTTP, "")}
 	if err := f.Upload(ctx, b); err != nil {
 		return 0, 0, err
 	}
@@ -366,7 +364,7 @@ func MeasureCoordinatorRSS(ctx context.Context, bins Binaries, b *bundle.Bundle,
 	if err != nil {
 		return 0, 0, fmt.Errorf("submitting %d frames: %w", frames, err)
 	}
-	nc, err := nats.Connect("nats://" + srv.NATS)
+	nc, err := nats.Connect(srv.NATSURL())
 	if err != nil {
 		return 0, 0, fmt.Errorf("connecting to the coordinator's jetstream: %w", err)
 	}
@@ -378,7 +376,7 @@ func MeasureCoordinatorRSS(ctx context.Context, bins Binaries, b *bundle.Bundle,
 	if err := waitDurable(ctx, js, uint64(res.Status.TilesTotal)); err != nil {
 		return 0, 0, err
 	}
-	rss, err := PeakRSS(srv.Pid())
+	rss, err := PeakRSS(srv.Coord.Pid())
 	return res.Status.TilesTotal, rss, err
 }
 

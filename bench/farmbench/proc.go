@@ -1,29 +1,13 @@
 package farmbench
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/tilefarm/tilefarm/internal/proctest"
-	"github.com/tilefarm/tilefarm/internal/queue"
 )
-
-// Binaries are the farm's two commands (proctest.Build).
-type Binaries = proctest.Binaries
-
-// Proc is one farm process (proctest.Proc), so measurements can read what it logged and its
-// CPU and memory from /proc while it lives.
-type Proc = proctest.Proc
-
-// textLogs makes a farm process log key=value lines, the form the measurements read.
-const textLogs = "TILEFARM_LOG_FORMAT=text"
 
 // clockTicks is USER_HZ, the unit of /proc/PID/stat times: 100 on every Linux this runs on.
 const clockTicks = 100
@@ -64,57 +48,4 @@ func PeakRSS(pid int) (int64, error) {
 		}
 	}
 	return 0, errors.New("no VmHWM in /proc status")
-}
-
-// WaitHealthy polls a coordinator's /healthz until it answers 200.
-func WaitHealthy(ctx context.Context, addr string, p *Proc) error {
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + addr + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if p != nil && p.Exited() {
-			return fmt.Errorf("coordinator exited:\n%s", p.Log())
-		}
-		if !queue.Sleep(ctx, 50*time.Millisecond) {
-			return ctx.Err()
-		}
-	}
-	return errors.New("coordinator did not become healthy")
-}
-
-// Coordinator is a `coordinator serve` process with its data in a directory.
-type Coordinator struct {
-	*Proc
-	Data, HTTP, NATS string
-}
-
-// StartCoordinator starts `coordinator serve` (embedded JetStream on a free port) with its data
-// under dir and its log in dir/serve.log, and waits until it is healthy.
-func StartCoordinator(ctx context.Context, bin, dir string, env []string, extra ...string) (*Coordinator, error) {
-	httpAddr, err := proctest.FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	natsAddr, err := proctest.FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, err
-	}
-	c := &Coordinator{Data: filepath.Join(dir, "data"), HTTP: httpAddr, NATS: natsAddr}
-	args := append([]string{"serve", "--data", c.Data, "--listen", httpAddr, "--nats-listen", natsAddr, "--log-level", "warn"}, extra...)
-	if c.Proc, err = proctest.Start("coordinator", bin, filepath.Join(dir, "serve.log"), append([]string{textLogs}, env...), args...); err != nil {
-		return nil, err
-	}
-	if err := WaitHealthy(ctx, httpAddr, c.Proc); err != nil {
-		c.Kill()
-		return nil, err
-	}
-	return c, nil
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
@@ -128,7 +129,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	defer os.RemoveAll(dir)
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Log, "farmbench: "+format+"\n", args...) }
 	logf("building the farm")
-	bins, err := proctest.Build(root, filepath.Join(dir, "bin"))
+	bins, err := farmtest.Build(filepath.Join(dir, "bin"), farmtest.BuildOptions{})
 	if err != nil {
 		return res, err
 	}
@@ -190,7 +191,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		},
 		"dispatch": func() error {
 			logf("dispatch: %d frames", c.DispatchFrames)
-			d, err := MeasureShotDispatch(ctx, bins.Coordinator, filepath.Join(dir, "dispatch"), b,
+			d, err := MeasureShotDispatch(ctx, bins, filepath.Join(dir, "dispatch"), b,
 				DispatchShot{Frames: c.DispatchFrames, Width: 1920, Height: 1080, TileSize: 64, Sync: "1s"})
 			if err != nil {
 				return fmt.Errorf("dispatch: %w", err)
@@ -247,7 +248,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 
 // growth measures the key figures at three sizes of tiles per frame, frames per job and
 // workers, each from the realistic shot scaled down to a fraction of a second per tile.
-func growth(ctx context.Context, c Config, bins Binaries, scene string, b *bundle.Bundle, dir string, logf func(string, ...any)) ([]GrowthRow, error) {
+func growth(ctx context.Context, c Config, bins farmtest.Binaries, scene string, b *bundle.Bundle, dir string, logf func(string, ...any)) ([]GrowthRow, error) {
 	base := Shot{First: 1, Last: 2, Width: 320, Height: 180, SPP: 8, TileSize: 64}
 	var rows []GrowthRow
 	run := func(table string, value int, s Shot, spec FarmSpec) error {

@@ -10,9 +10,9 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +25,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/internal/natstest"
@@ -58,38 +59,25 @@ var jobSettings = []string{"--width", "96", "--height", "54", "--spp", "8", "--t
 // so a fault always finds tiles in progress with samples to recover.
 var workerSlow = []string{"--fault-pass-delay", "120ms", "--passes", "8", "--checkpoint-every", "0", "--remote-checkpoint-every", "0"}
 
-func buildBinaries(dir string) (proctest.Binaries, error) {
-	root, err := proctest.ModuleRoot()
-	if err != nil {
-		return proctest.Binaries{}, err
-	}
-	return proctest.Build(root, filepath.Join(dir, "bin"))
-}
-
-// theFarm is one farm under test: its NATS and MinIO servers, coordinator, workers, and the
-// local references its frames are compared with.
+// theFarm is one farm under test (farmtest.Farm): its NATS and MinIO servers, coordinator and
+// workers, the clients the checks read it with, and the local references its frames are
+// compared with.
 type theFarm struct {
-	cfg      config
-	bins     proctest.Binaries
-	name     string
-	dir      string
-	nats     *natstest.Cluster
-	minio    *miniotest.Deployment
-	objects  objstore.Store
-	nc       *nats.Conn
-	js       jetstream.JetStream
-	http     string
-	coord    *proctest.Proc
-	workers  []*proctest.Proc
-	metrics  map[*proctest.Proc]string // metrics address of each worker
-	api      *client.Client
-	bundle   *bundle.Bundle
-	scene    string
-	mu       sync.Mutex
-	refs     map[int]string // reference PNG by frame
-	frame    int            // the last frame number handed out
-	procs    int
-	sequence int
+	*farmtest.Farm
+	cfg     config
+	name    string
+	nats    *natstest.Cluster
+	minio   *miniotest.Deployment
+	objects objstore.Store
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	workers []*farmtest.Worker // the workers started without extra flags, which random faults freeze
+	api     *client.Client
+	bundle  *bundle.Bundle
+	scene   string
+	mu      sync.Mutex
+	refs    map[int]string // reference PNG by frame
+	frame   int            // the last frame number handed out
 }
 
 func (f *theFarm) logf(format string, args ...any) {
@@ -97,20 +85,24 @@ func (f *theFarm) logf(format string, args ...any) {
 }
 
 // newFarm starts NATS (natsNodes), MinIO (minioNodes), a coordinator and workers workers.
-func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name string, natsNodes, minioNodes, workers int) (*theFarm, error) {
-	f := &theFarm{cfg: cfg, bins: bins, name: name, dir: filepath.Join(cfg.dir, name), metrics: map[*proctest.Proc]string{}, refs: map[int]string{}}
-	if err := os.MkdirAll(f.dir, 0o755); err != nil {
+func newFarm(ctx context.Context, cfg config, bins farmtest.Binaries, name string, natsNodes, minioNodes, workers int) (*theFarm, error) {
+	f := &theFarm{cfg: cfg, name: name, refs: map[int]string{},
+		Farm: &farmtest.Farm{Bins: bins, Dir: filepath.Join(cfg.dir, name), LogLevel: "info", HealthTimeout: 90 * time.Second}}
+	if err := os.MkdirAll(f.Dir, 0o755); err != nil {
 		return nil, err
 	}
 	var err error
-	if f.nats, err = natstest.Launch(filepath.Join(f.dir, "nats"), natsNodes, natstest.Options{}); err != nil {
-		f.close()
+	if f.nats, err = natstest.Launch(filepath.Join(f.Dir, "nats"), natsNodes, natstest.Options{}); err != nil {
 		return nil, fmt.Errorf("starting NATS: %w", err)
 	}
-	if f.minio, err = miniotest.LaunchDeployment(filepath.Join(f.dir, "minio"), minioNodes); err != nil {
+	f.UseNATS(f.nats)
+	if f.minio, err = miniotest.LaunchDeployment(filepath.Join(f.Dir, "minio"), minioNodes); err != nil {
 		f.close()
 		return nil, fmt.Errorf("starting MinIO: %w", err)
 	}
+	f.UseMinIO(f.minio)
+	f.ServeArgs = []string{"--replicas", strconv.Itoa(min(3, len(f.nats.Servers))), "--ack-wait", ackWait, "--lease-ttl", leaseTTL,
+		"--reconcile-every", "5s"}
 	for _, kv := range f.minio.Env() {
 		k, v, _ := strings.Cut(kv, "=")
 		os.Setenv(k, v) // the harness opens the store like the farm does
@@ -137,15 +129,11 @@ func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name strin
 		f.close()
 		return nil, err
 	}
-	if f.http, err = proctest.FreeAddr(); err != nil {
+	if err := f.StartCoordinator(ctx); err != nil {
 		f.close()
 		return nil, err
 	}
-	f.api = client.New(f.http, "")
-	if err := f.startCoordinator(); err != nil {
-		f.close()
-		return nil, err
-	}
+	f.api = client.New(f.HTTP, "")
 	for i := range workers {
 		if _, err := f.startWorker(fmt.Sprintf("w%d", i+1)); err != nil {
 			f.close()
@@ -155,80 +143,21 @@ func newFarm(ctx context.Context, cfg config, bins proctest.Binaries, name strin
 	return f, nil
 }
 
-func (f *theFarm) replicas() string { return strconv.Itoa(min(3, len(f.nats.Servers))) }
-
-// startCoordinator starts `coordinator serve` on the farm's NATS and store, with extra flags
-// (a fault seam), and waits until it is healthy.
-func (f *theFarm) startCoordinator(extra ...string) error {
-	args := append([]string{"serve", "--data", filepath.Join(f.dir, "coordinator"), "--listen", f.http, "--nats", f.nats.URLs(),
-		"--store", f.minio.URL(), "--replicas", f.replicas(), "--ack-wait", ackWait, "--lease-ttl", leaseTTL,
-		"--reconcile-every", "5s", "--log-level", "info"}, extra...)
-	p, err := f.start("coordinator", f.bins.Coordinator, args...)
-	if err != nil {
-		return err
+// startWorker starts a tileworker, slowed (workerSlow) and serving its metrics, with extra
+// flags.
+func (f *theFarm) startWorker(name string, extra ...string) (*farmtest.Worker, error) {
+	w, err := f.StartWorker(farmtest.WorkerSpec{Name: name, Metrics: true, Args: append(slices.Clone(workerSlow), extra...)})
+	if err == nil && len(extra) == 0 {
+		f.workers = append(f.workers, w)
 	}
-	f.coord = p
-	deadline := time.Now().Add(90 * time.Second)
-	for time.Now().Before(deadline) {
-		if resp, err := http.Get("http://" + f.http + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if p.Exited() && len(extra) == 0 {
-			return fmt.Errorf("coordinator exited:\n%s", p.Log())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("coordinator did not become healthy:\n%s", p.Log())
-}
-
-// startWorker starts a tileworker (slowed, see workerSlow) with extra flags.
-func (f *theFarm) startWorker(name string, extra ...string) (*proctest.Proc, error) {
-	maddr, err := proctest.FreeAddr()
-	if err != nil {
-		return nil, err
-	}
-	args := append(append([]string{"--nats", f.nats.URLs(), "--store", f.minio.URL(), "--checkpoints", filepath.Join(f.dir, "ckpt-"+name),
-		"--name", name, "--concurrency", "1", "--metrics-listen", maddr, "--log-level", "debug"}, workerSlow...), extra...)
-	p, err := f.start(name, f.bins.Tileworker, args...)
-	if err != nil {
-		return nil, err
-	}
-	f.metrics[p] = maddr
-	if len(extra) == 0 {
-		f.workers = append(f.workers, p)
-	}
-	return p, nil
-}
-
-// start starts a farm process with its log numbered in the order the farm started them, so
-// the work directory reads as the run went.
-func (f *theFarm) start(name, bin string, args ...string) (*proctest.Proc, error) {
-	f.procs++
-	logPath := filepath.Join(f.dir, fmt.Sprintf("%02d-%s.log", f.procs, name))
-	// The scenarios read the processes' logs as key=value lines.
-	env := append([]string{"TILEFARM_LOG_FORMAT=text"}, f.minio.Env()...)
-	return proctest.Start(name, bin, logPath, env, args...)
+	return w, err
 }
 
 func (f *theFarm) close() {
-	if f.coord != nil {
-		f.coord.Kill()
-	}
-	for p := range f.metrics {
-		p.Kill()
-	}
 	if f.nc != nil {
 		f.nc.Close()
 	}
-	if f.nats != nil {
-		f.nats.Kill()
-	}
-	if f.minio != nil {
-		f.minio.Kill()
-	}
+	f.Close()
 }
 
 // nextFrames hands out n frame numbers no earlier job of this farm used, so no job shares a
@@ -287,9 +216,8 @@ func (f *theFarm) reference(ctx context.Context, frame int) (string, error) {
 	}
 	f.mu.Unlock()
 	out := filepath.Join(f.cfg.dir, fmt.Sprintf("ref_%04d.png", frame))
-	args := append([]string{"render", f.scene, "--frame", strconv.Itoa(frame), "--out", out, "-q"}, jobSettings...)
-	if b, err := exec.CommandContext(ctx, f.bins.Tileworker, args...).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("reference of frame %d: %v\n%s", frame, err, b)
+	if _, err := f.Bins.RenderReference(ctx, farmtest.Reference{Scene: f.scene, Frame: frame, Out: out, Args: jobSettings}); err != nil {
+		return "", err
 	}
 	f.mu.Lock()
 	f.refs[frame] = out
@@ -353,10 +281,10 @@ func (f *theFarm) deliveries(ctx context.Context) uint64 {
 // live workers.
 func (f *theFarm) duplicates() map[string]float64 {
 	out := map[string]float64{}
-	addrs := []string{f.http}
-	for p, a := range f.metrics {
-		if !p.Exited() {
-			addrs = append(addrs, a)
+	addrs := []string{f.HTTP}
+	for _, w := range f.Workers {
+		if !w.Exited() {
+			addrs = append(addrs, w.Metrics)
 		}
 	}
 	rx := regexp.MustCompile(`^tilefarm_duplicates_suppressed_total\{layer="([a-z_]+)"\} ([0-9.e+]+)$`)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
@@ -161,8 +163,8 @@ func freeze(ctx context.Context, a *attempt) error {
 // it again normally.
 func killCoordinatorAt(seam string) func(context.Context, *attempt) error {
 	return func(ctx context.Context, a *attempt) error {
-		a.f.coord.Kill()
-		if err := a.f.startCoordinator("--fault-crash", seam); err != nil {
+		a.f.Coord.Kill()
+		if err := a.f.StartCoordinator(ctx, "--fault-crash", seam); err != nil {
 			return err
 		}
 		first, last := a.f.nextFrames(2)
@@ -170,15 +172,15 @@ func killCoordinatorAt(seam string) func(context.Context, *attempt) error {
 			a.frames = append(a.frames, fr)
 		}
 		st, submitErr := a.f.submit(ctx, first, last)
-		if !a.f.coord.WaitExit(30 * time.Second) {
+		if !a.f.Coord.WaitExit(30 * time.Second) {
 			return fmt.Errorf("%w: the coordinator did not die at %s", errInvalid, seam)
 		}
 		a.faults++
-		a.landed = strings.Contains(a.f.coord.Log(), "seam="+seam)
+		a.landed = strings.Contains(a.f.Coord.Log(), "seam="+seam)
 		if seam == "submit-after-commit" && submitErr == nil {
 			a.landed = false // the crash came after the answer
 		}
-		if err := a.f.startCoordinator(); err != nil {
+		if err := a.f.StartCoordinator(ctx); err != nil {
 			return err
 		}
 		// A cron job re-running the same submission gets the job the crash left behind.
@@ -203,7 +205,7 @@ func killCoordinatorApplying(ctx context.Context, a *attempt) error {
 	if err := a.waitTiles(ctx, 2); err != nil {
 		return err
 	}
-	a.f.coord.Kill()
+	a.f.Coord.Kill()
 	a.faults++
 	// Landed: the job still had tiles when the coordinator died, and the events of tiles
 	// finished while it was down waited for it in EVENTS. Checked at the kill, since the
@@ -219,7 +221,7 @@ func killCoordinatorApplying(ctx context.Context, a *attempt) error {
 		return err
 	}
 	a.landed = a.landed && info.NumPending > 0
-	return a.f.startCoordinator()
+	return a.f.StartCoordinator(ctx)
 }
 
 // inProgressNoAPI reports whether TILES still holds work, for when the coordinator is down.
@@ -381,8 +383,8 @@ func randomSchedule(seed uint64, length time.Duration) func(context.Context, *at
 				time.Sleep(4 * time.Second)
 				w.Signal(syscall.SIGCONT)
 			case k == 2:
-				a.f.coord.Kill()
-				if err := a.f.startCoordinator(); err != nil {
+				a.f.Coord.Kill()
+				if err := a.f.StartCoordinator(ctx); err != nil {
 					return err
 				}
 			default:
@@ -439,7 +441,7 @@ func schedule(cfg config) []scenario {
 
 // runSchedule runs every scenario of the schedule and returns their rows.
 func runSchedule(ctx context.Context, cfg config) ([]row, error) {
-	bins, err := buildBinaries(cfg.dir)
+	bins, err := farmtest.Build(filepath.Join(cfg.dir, "bin"), farmtest.BuildOptions{})
 	if err != nil {
 		return nil, err
 	}

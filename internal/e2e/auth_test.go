@@ -62,7 +62,8 @@ func TestAuthenticatedFarm(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), env: []string{"TILEFARM_API_TOKEN=" + token}}
+	f := newFarm(t, data)
+	f.Env = []string{"TILEFARM_API_TOKEN=" + token}
 	f.restart("--nats-auth", "--api-token-file", tokenFile)
 	workerCreds := filepath.Join(data, "worker.creds")
 	for _, name := range []string{"worker.creds", "coordinator.creds"} {
@@ -84,7 +85,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 	outputsEqualReference(t, f, st.JobID, scene, []int{2}, small...)
 
 	// The API refuses a missing token with 401, and the CLI says why.
-	resp, err := http.Get("http://" + f.http + "/v1/jobs/" + st.JobID)
+	resp, err := http.Get("http://" + f.HTTP + "/v1/jobs/" + st.JobID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,14 +93,14 @@ func TestAuthenticatedFarm(t *testing.T) {
 	if resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("GET without a token = %d, want 401", resp.StatusCode)
 	}
-	noToken := runEnv(t, []string{"TILEFARM_API_TOKEN="}, "coordinator", "status", st.JobID, "--server", f.http)
+	noToken := runEnv(t, []string{"TILEFARM_API_TOKEN="}, "coordinator", "status", st.JobID, "--server", f.HTTP)
 	outputs = append(outputs, noToken.stdout+noToken.stderr)
 	if noToken.code != 1 || !strings.Contains(noToken.stderr, "TILEFARM_API_TOKEN") {
 		t.Fatalf("status without a token: %s", noToken)
 	}
 
 	// NATS refuses a client without credentials.
-	if nc, err := nats.Connect(f.natsURL(), nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
+	if nc, err := nats.Connect(f.NATSURL(), nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()
 		t.Fatal("NATS accepted a client without credentials")
 	} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
@@ -112,7 +113,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wnc, err := nats.Connect(f.natsURL(), seedOpt, nats.ErrorHandler(v.handler), nats.NoReconnect())
+	wnc, err := nats.Connect(f.NATSURL(), seedOpt, nats.ErrorHandler(v.handler), nats.NoReconnect())
 	if err != nil {
 		t.Fatalf("connecting with the worker credential: %v", err)
 	}
@@ -172,7 +173,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cnc, err := nats.Connect(f.natsURL(), copt)
+	cnc, err := nats.Connect(f.NATSURL(), copt)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +193,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 	}
 
 	// Credentials are reused on restart, and the same worker goes on rendering.
-	f.serve.Kill()
+	f.Coord.Kill()
 	f.restart("--nats-auth", "--api-token-file", tokenFile)
 	if credsAfter, _ := os.ReadFile(workerCreds); string(credsAfter) != string(credsBefore) {
 		t.Fatal("the worker credentials changed on restart")
@@ -205,7 +206,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 
 	// No secret in any log or output.
 	seeds := secretLines(t, workerCreds, filepath.Join(data, "coordinator.creds"))
-	logs := append(outputs, f.serve.Log(), w.Log())
+	logs := append(outputs, f.Coord.Log(), w.Log())
 	for _, l := range logs {
 		for _, secret := range append(seeds, token) {
 			if strings.Contains(l, secret) {
@@ -250,14 +251,14 @@ func TestServeRefusesAnOpenAPIBeyondLoopback(t *testing.T) {
 func TestEmbeddedNATSBeyondLoopbackRequiresCredentials(t *testing.T) {
 	data := t.TempDir()
 	port := strings.Split(freePort(t), ":")[1]
-	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), natsAddr: "0.0.0.0:" + port}
-	f.http = freePort(t)
+	f := newFarm(t, data)
+	f.NATSListen = "0.0.0.0:" + port
 	f.restart()
 	if _, err := os.Stat(filepath.Join(data, "worker.creds")); err != nil {
 		t.Fatalf("no worker credentials written: %v", err)
 	}
-	if !strings.Contains(f.serve.Log(), "auth=true") {
-		t.Fatalf("the embedded server does not say it requires credentials:\n%s", f.serve.Log())
+	if !strings.Contains(f.Coord.Log(), "auth=true") {
+		t.Fatalf("the embedded server does not say it requires credentials:\n%s", f.Coord.Log())
 	}
 	if nc, err := nats.Connect("nats://127.0.0.1:"+port, nats.NoReconnect(), nats.Timeout(2*time.Second)); err == nil {
 		nc.Close()

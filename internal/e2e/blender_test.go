@@ -258,7 +258,7 @@ func TestBlenderBadInputIsRefused(t *testing.T) {
 	if r := f.cli("jobs", "--json"); r.code != 0 || strings.Contains(r.stdout, "job-") {
 		t.Fatalf("refused submissions left jobs: %s", r)
 	}
-	if scenes, _ := filepath.Glob(filepath.Join(f.data, "store", "scenes", "*")); len(scenes) > 0 {
+	if scenes, _ := filepath.Glob(filepath.Join(f.Data, "store", "scenes", "*")); len(scenes) > 0 {
 		t.Fatalf("refused submissions stored scenes: %v", scenes)
 	}
 

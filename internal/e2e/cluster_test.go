@@ -23,9 +23,9 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 	c := natstest.StartCluster(t, 3)
 	f := startServeNATS(t, t.TempDir(), c.URLs(), "--replicas", "3", "--ack-wait", "5s", "--lease-ttl", "5s")
 	slow := []string{"--fault-pass-delay", "50ms", "--checkpoint-every", "0"}
-	w1 := startEnv(t, nil, "tileworker", append([]string{"--nats", c.URLs(), "--store", f.store, "--checkpoints", t.TempDir(),
+	w1 := startEnv(t, nil, "tileworker", append([]string{"--nats", c.URLs(), "--store", f.Store, "--checkpoints", t.TempDir(),
 		"--name", "w1", "--concurrency", "1", "--log-level", "debug"}, slow...)...)
-	w2 := startEnv(t, nil, "tileworker", append([]string{"--nats", c.URLs(), "--store", f.store, "--checkpoints", t.TempDir(),
+	w2 := startEnv(t, nil, "tileworker", append([]string{"--nats", c.URLs(), "--store", f.Store, "--checkpoints", t.TempDir(),
 		"--name", "w2", "--concurrency", "1", "--log-level", "debug"}, slow...)...)
 	// Twelve frames of six tiles: long enough that the job is still rendering at the second
 	// fault, however long the killed node takes to come back.
@@ -109,7 +109,7 @@ func TestExternalClusterWithCredentials(t *testing.T) {
 		t.Fatal("the cluster accepted a client without credentials")
 	}
 	f := startServeNATS(t, t.TempDir(), c.URLs(), "--replicas", "3", "--nats-creds", filepath.Join(creds, "coordinator.creds"))
-	startEnv(t, nil, "tileworker", "--nats", c.URLs(), "--nats-creds", filepath.Join(creds, "worker.creds"), "--store", f.store,
+	startEnv(t, nil, "tileworker", "--nats", c.URLs(), "--nats-creds", filepath.Join(creds, "worker.creds"), "--store", f.Store,
 		"--checkpoints", t.TempDir(), "--name", "w", "--concurrency", "1")
 	st, _ := f.submit(append([]string{scene, "--frames", "2"}, small...)...)
 	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != "completed" {

@@ -123,7 +123,7 @@ func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
 	if r.code != 0 || after.TilesCompleted != after.TilesTotal {
 		t.Fatalf("job after the zombie woke: %s", r)
 	}
-	if n := tilesInQueue(t, f.natsURL()); n != 0 {
+	if n := tilesInQueue(t, f.NATSURL()); n != 0 {
 		t.Fatalf("%d messages left in TILES", n)
 	}
 	out := filepath.Join(t.TempDir(), "z_####.png")
@@ -166,11 +166,11 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 			if r.code != 42 && r.code != 75 {
 				t.Fatalf("submit to a coordinator about to crash: %s", r)
 			}
-			if !f.serve.WaitExit(30 * time.Second) {
-				t.Fatalf("coordinator did not crash at %s:\n%s", seam, f.serve.Log())
+			if !f.Coord.WaitExit(30 * time.Second) {
+				t.Fatalf("coordinator did not crash at %s:\n%s", seam, f.Coord.Log())
 			}
-			if !strings.Contains(f.serve.Log(), "fault injection: killing coordinator") {
-				t.Fatalf("coordinator exited without reaching the seam:\n%s", f.serve.Log())
+			if !strings.Contains(f.Coord.Log(), "fault injection: killing coordinator") {
+				t.Fatalf("coordinator exited without reaching the seam:\n%s", f.Coord.Log())
 			}
 
 			f.restart("--workers", "2")
@@ -186,8 +186,8 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 				t.Fatalf("%d tile attempts for %d tiles: a tile was rendered twice", done.TileAttempts, done.TilesTotal)
 			}
 			if seam == "outbox-after-publish" {
-				dedup := metricValue(t, f.http, `tilefarm_duplicates_suppressed_total{layer="publish_dedup"}`)
-				manifest := metricValue(t, f.http, `tilefarm_duplicates_suppressed_total{layer="worker_manifest_check"}`)
+				dedup := metricValue(t, f.HTTP, `tilefarm_duplicates_suppressed_total{layer="publish_dedup"}`)
+				manifest := metricValue(t, f.HTTP, `tilefarm_duplicates_suppressed_total{layer="worker_manifest_check"}`)
 				if dedup+manifest < 1 {
 					t.Fatalf("the republished outbox record was not caught: publish_dedup %v, manifest check %v", dedup, manifest)
 				}
@@ -277,7 +277,7 @@ func TestCoordinatorKilledMidRender(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	f.serve.Kill()
+	f.Coord.Kill()
 	time.Sleep(2 * time.Second) // the worker keeps going without its coordinator
 	f.restart()
 	done := f.waitCode(st.JobID, 0, 2*time.Minute)
@@ -333,9 +333,9 @@ func TestLostTileMessagesAreDispatchedAgain(t *testing.T) {
 	}
 	f.worker("w", t.TempDir())
 	if done := f.waitDone(st.JobID, 2*time.Minute); done.State != api.JobCompleted {
-		t.Fatalf("job after its tiles were lost: %+v\n%s", done, f.serve.Log())
+		t.Fatalf("job after its tiles were lost: %+v\n%s", done, f.Coord.Log())
 	}
-	if log := f.serve.Log(); !strings.Contains(log, "tiles lost from the queue") || !strings.Contains(log, fmt.Sprintf("tiles=%d", st.TilesTotal)) {
+	if log := f.Coord.Log(); !strings.Contains(log, "tiles lost from the queue") || !strings.Contains(log, fmt.Sprintf("tiles=%d", st.TilesTotal)) {
 		t.Fatalf("the coordinator never said it dispatched the %d lost tiles again:\n%s", st.TilesTotal, log)
 	}
 	out := filepath.Join(t.TempDir(), "l_####.png")

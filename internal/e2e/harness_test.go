@@ -23,11 +23,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
-// bin holds the binaries built once for all tests.
-var bin string
+// bins are the binaries built once for all tests.
+var bins farmtest.Binaries
 
 func TestMain(m *testing.M) {
 	// The tests read the processes' logs as key=value lines; TestJSONLogsByDefault checks the
@@ -38,23 +39,12 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	root, err := filepath.Abs("../..")
-	if err != nil {
+	// Under TILEFARM_E2E_RACE the binaries fail (exit 66) on a data race, and killAtEnd fails
+	// the test whose process reported one.
+	if bins, err = farmtest.Build(dir, farmtest.BuildOptions{Race: os.Getenv("TILEFARM_E2E_RACE") != ""}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	args := []string{"build", "-o", dir}
-	if os.Getenv("TILEFARM_E2E_RACE") != "" {
-		args = append(args, "-race") // the binaries then fail (exit 66) on a data race
-	}
-	build := exec.Command("go", append(args, "./cmd/coordinator", "./cmd/tileworker")...)
-	build.Dir = root
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building binaries:", err)
-		os.Exit(1)
-	}
-	bin = dir
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
@@ -89,7 +79,7 @@ func runEnv(t *testing.T, env []string, name string, args ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	cmd := exec.CommandContext(ctx, bins.Path(name), args...)
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -113,7 +103,14 @@ func start(t *testing.T, name string, args ...string) *proctest.Proc {
 // for the rest of the test, its output in a log file of the test's.
 func startEnv(t *testing.T, env []string, name string, args ...string) *proctest.Proc {
 	t.Helper()
-	p, err := proctest.Start(name, filepath.Join(bin, name), filepath.Join(t.TempDir(), name+".log"), env, args...)
+	return startBinary(t, name, bins.Path(name), env, args...)
+}
+
+// startBinary starts the program bin under name (a server the test command provides, say) for
+// the rest of the test, as startEnv starts the farm's own.
+func startBinary(t *testing.T, name, bin string, env []string, args ...string) *proctest.Proc {
+	t.Helper()
+	p, err := proctest.Start(name, bin, filepath.Join(t.TempDir(), name+".log"), env, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,7 +124,7 @@ func startEnv(t *testing.T, env []string, name string, args ...string) *proctest
 func killAtEnd(t *testing.T, p *proctest.Proc, label string) {
 	t.Cleanup(func() {
 		p.Kill()
-		if strings.Contains(p.Log(), "WARNING: DATA RACE") {
+		if farmtest.DataRace(p) {
 			t.Errorf("%s reported a data race", p.Name)
 		}
 		if t.Failed() {
@@ -145,90 +142,60 @@ func freePort(t *testing.T) string {
 	return addr
 }
 
-// farm is a running `coordinator serve`.
+// farmProc is a farm of a test (farmtest.Farm) on a coordinator serve: each of its processes
+// is killed, checked for a data race and its log shown on failure when the test ends
+// (killAtEnd).
 type farmProc struct {
-	t        *testing.T
-	data     string
-	http     string
-	natsAddr string
-	store    string
-	env      []string // e.g. S3 credentials, for every process of the farm
-	serve    *proctest.Proc
-	// externalNATS is a NATS server of its own (natstest) the farm uses instead of the
-	// coordinator's embedded one, so the coordinator can die while workers go on.
-	externalNATS string
+	t *testing.T
+	*farmtest.Farm
+}
+
+// newFarm is a farm, not yet started, with its coordinator's data and filesystem store under
+// data.
+func newFarm(t *testing.T, data string) *farmProc {
+	return &farmProc{t: t, Farm: &farmtest.Farm{Bins: bins, Dir: t.TempDir(), Data: data, Store: "file://" + filepath.Join(data, "store")}}
 }
 
 // startServe starts `coordinator serve` on free ports with a filesystem store under data.
 func startServe(t *testing.T, data string, extra ...string) *farmProc {
 	t.Helper()
-	return startServeStore(t, data, "file://"+filepath.Join(data, "store"), nil, extra...)
+	f := newFarm(t, data)
+	f.restart(extra...)
+	return f
 }
 
 // startServeStore starts `coordinator serve` on an object store with the given environment.
 func startServeStore(t *testing.T, data, store string, env []string, extra ...string) *farmProc {
 	t.Helper()
-	f := &farmProc{t: t, data: data, store: store, env: env}
+	f := newFarm(t, data)
+	f.Store, f.Env = store, env
 	f.restart(extra...)
 	return f
-}
-
-// restart starts serve again on the same ports and data.
-func (f *farmProc) restart(extra ...string) {
-	f.t.Helper()
-	if f.http == "" {
-		f.http, f.natsAddr = freePort(f.t), freePort(f.t)
-	}
-	natsArgs := []string{"--nats-listen", f.natsAddr}
-	if f.externalNATS != "" {
-		natsArgs = []string{"--nats", f.externalNATS}
-	}
-	args := append(append([]string{"serve", "--data", f.data, "--listen", f.http, "--store", f.store, "--log-level", "debug"},
-		natsArgs...), extra...)
-	f.serve = startEnv(f.t, f.env, "coordinator", args...)
-	f.waitHealthy()
-}
-
-func (f *farmProc) waitHealthy() {
-	f.t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for time.Now().Before(deadline) {
-		resp, err := http.Get("http://" + f.http + "/healthz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return
-			}
-		}
-		select {
-		case <-f.serve.Done():
-			f.t.Fatalf("coordinator serve exited:\n%s", f.serve.Log())
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	f.t.Fatalf("coordinator serve did not become healthy:\n%s", f.serve.Log())
-}
-
-func (f *farmProc) natsURL() string {
-	if f.externalNATS != "" {
-		return f.externalNATS
-	}
-	return "nats://" + f.natsAddr
 }
 
 // startServeNATS starts `coordinator serve` with a filesystem store under data on the NATS
 // server at natsURL.
 func startServeNATS(t *testing.T, data, natsURL string, extra ...string) *farmProc {
 	t.Helper()
-	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), externalNATS: natsURL}
+	f := newFarm(t, data)
+	f.NATS = natsURL
 	f.restart(extra...)
 	return f
+}
+
+// restart starts serve again on the same ports and data, and waits until it is healthy.
+func (f *farmProc) restart(extra ...string) {
+	f.t.Helper()
+	if err := f.StartCoordinator(f.t.Context(), extra...); err != nil {
+		f.t.Fatal(err)
+	}
+	killAtEnd(f.t, f.Coord, fmt.Sprintf("coordinator %v", extra))
 }
 
 // js connects to the farm's JetStream, for tests that look at or into its streams.
 func (f *farmProc) js() jetstream.JetStream {
 	f.t.Helper()
-	nc, err := nats.Connect(f.natsURL())
+	nc, err := nats.Connect(f.NATSURL())
 	if err != nil {
 		f.t.Fatalf("connecting to the farm's NATS: %v", err)
 	}
@@ -317,15 +284,19 @@ func delayPipe(dst, src net.Conn, oneWay time.Duration) {
 
 // worker starts a tileworker process for this farm.
 func (f *farmProc) worker(name, ckptDir string, extra ...string) *proctest.Proc {
-	args := append([]string{"--nats", f.natsURL(), "--store", f.store, "--checkpoints", ckptDir,
-		"--name", name, "--concurrency", "1", "--log-level", "debug"}, extra...)
-	return startEnv(f.t, f.env, "tileworker", args...)
+	f.t.Helper()
+	w, err := f.StartWorker(farmtest.WorkerSpec{Name: name, Checkpoints: ckptDir, Args: extra})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	killAtEnd(f.t, w.Proc, fmt.Sprintf("tileworker %s %v", name, extra))
+	return w.Proc
 }
 
 // cli runs a client command against this farm.
 func (f *farmProc) cli(args ...string) result {
 	f.t.Helper()
-	return runEnv(f.t, f.env, "coordinator", append(args, "--server", f.http)...)
+	return runEnv(f.t, f.Env, "coordinator", append(args, "--server", f.HTTP)...)
 }
 
 // submit submits and decodes the JSON status.
@@ -395,9 +366,10 @@ func metricValue(t *testing.T, addr, name string) float64 {
 func reference(t *testing.T, scene string, frame int, settings ...string) string {
 	t.Helper()
 	out := filepath.Join(t.TempDir(), fmt.Sprintf("ref_%04d.png", frame))
-	args := append([]string{"render", scene, "--frame", strconv.Itoa(frame), "--out", out, "-q"}, settings...)
-	if r := run(t, "tileworker", args...); r.code != 0 {
-		t.Fatalf("reference render: %s", r)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := bins.RenderReference(ctx, farmtest.Reference{Scene: scene, Frame: frame, Out: out, Args: settings}); err != nil {
+		t.Fatalf("reference render: %v", err)
 	}
 	return out
 }

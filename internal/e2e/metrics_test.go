@@ -148,7 +148,7 @@ func TestMetricsOfARun(t *testing.T) {
 	maxInFlight, maxDepth, maxLive := 0.0, 0.0, 0.0
 	var done bool
 	for deadline := time.Now().Add(3 * time.Minute); !done; {
-		wm, cm := scrape(t, maddr), scrape(t, f.http)
+		wm, cm := scrape(t, maddr), scrape(t, f.HTTP)
 		maxInFlight = max(maxInFlight, wm.value(t, "tilefarm_tiles_in_flight"))
 		maxDepth = max(maxDepth, cm.value(t, "tilefarm_queue_depth"))
 		maxLive = max(maxLive, cm.value(t, "tilefarm_workers_live"))
@@ -174,7 +174,7 @@ func TestMetricsOfARun(t *testing.T) {
 	}
 
 	// After the run.
-	cm, wm := scrape(t, f.http), scrape(t, maddr)
+	cm, wm := scrape(t, f.HTTP), scrape(t, maddr)
 	if got := cm.tilefarm(); !slices.Equal(got, metrics.CoordinatorFamilies) {
 		t.Errorf("coordinator families:\n got %v\nwant %v", got, metrics.CoordinatorFamilies)
 	}
@@ -246,7 +246,7 @@ func TestMetricsOfOneProcess(t *testing.T) {
 	if done.State != "completed" {
 		t.Fatalf("job: %+v", done)
 	}
-	fams := scrape(t, f.http)
+	fams := scrape(t, f.HTTP)
 	want := slices.Concat(metrics.CoordinatorFamilies, metrics.WorkerFamilies)
 	slices.Sort(want)
 	want = slices.Compact(want)

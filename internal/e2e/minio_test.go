@@ -251,10 +251,10 @@ func TestMinIOOutageThenGC(t *testing.T) {
 	if err != nil || len(manifests) != done.TilesTotal+4 {
 		t.Fatalf("manifests before gc: %d (%v), want %d", len(manifests), err, done.TilesTotal+4)
 	}
-	if r := runEnv(t, f.env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s"); r.code != 2 || !strings.Contains(r.stderr, "--force") {
+	if r := runEnv(t, f.Env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s"); r.code != 2 || !strings.Contains(r.stderr, "--force") {
 		t.Fatalf("gc with no grace period and no --force: %s", r)
 	}
-	r := runEnv(t, f.env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s", "--force", "--json")
+	r := runEnv(t, f.Env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s", "--force", "--json")
 	if r.code != 0 {
 		t.Fatalf("gc: %s", r)
 	}

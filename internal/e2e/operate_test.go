@@ -306,7 +306,7 @@ func TestBackpressureRefusesWithRetryAfter(t *testing.T) {
 	}
 	body, _ := json.Marshal(api.SubmitRequest{SceneVersion: first.SceneVersion, First: 3, Last: 3, Width: 96, Height: 54,
 		SPP: 8, TileSize: 32})
-	resp, err := http.Post("http://"+f.http+"/v1/jobs", "application/json", bytes.NewReader(body))
+	resp, err := http.Post("http://"+f.HTTP+"/v1/jobs", "application/json", bytes.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,7 +325,7 @@ func TestBackpressureRefusesWithRetryAfter(t *testing.T) {
 func TestJSONLogsByDefault(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
-	w := startEnv(t, []string{"TILEFARM_LOG_FORMAT="}, "tileworker", "--nats", f.natsURL(), "--store", f.store,
+	w := startEnv(t, []string{"TILEFARM_LOG_FORMAT="}, "tileworker", "--nats", f.NATSURL(), "--store", f.Store,
 		"--checkpoints", t.TempDir(), "--name", "wj", "--concurrency", "1", "--log-level", "debug", "--checkpoint-every", "0")
 	st, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
 	if done := f.waitDone(st.JobID, time.Minute); done.State != api.JobCompleted {

@@ -56,14 +56,14 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 	if r.code != 42 || st.State != "queued" || st.JobID == "" {
 		t.Fatalf("first submit with no workers: want exit 42 and queued, got %s", r)
 	}
-	waitQueue(t, f.natsURL(), 12)
+	waitQueue(t, f.NATSURL(), 12)
 
 	st2, r := f.submit(args...)
 	if r.code != 42 || st2.JobID != st.JobID {
 		t.Fatalf("second submit: want exit 42 and job %s, got %s", st.JobID, r)
 	}
 	time.Sleep(1500 * time.Millisecond) // give a wrongly enqueued duplicate time to show up
-	waitQueue(t, f.natsURL(), 12)
+	waitQueue(t, f.NATSURL(), 12)
 
 	keyed := append([]string{"--idempotency-key", "nightly-42"}, args...)
 	if _, r := f.submit(keyed...); r.code != 42 {
@@ -136,18 +136,19 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 
 	// A coordinator on an external NATS URL with credentials never logs them, and SIGTERM stops
 	// both coordinators cleanly.
-	g := &farmProc{t: t, data: t.TempDir(), store: f.store}
-	g.restart("--nats", "nats://tilefarm:S3CRET-PASSWORD@"+f.natsAddr)
+	g := newFarm(t, t.TempDir())
+	g.Store = f.Store
+	g.restart("--nats", "nats://tilefarm:S3CRET-PASSWORD@"+f.NATSListen)
 	for _, c := range []*farmProc{g, f} {
-		c.serve.Signal(syscall.SIGTERM)
-		if !c.serve.WaitExit(15 * time.Second) {
-			t.Fatalf("coordinator did not stop on SIGTERM:\n%s", c.serve.Log())
+		c.Coord.Signal(syscall.SIGTERM)
+		if !c.Coord.WaitExit(15 * time.Second) {
+			t.Fatalf("coordinator did not stop on SIGTERM:\n%s", c.Coord.Log())
 		}
-		if code := c.serve.ExitCode(); code != 0 {
-			t.Fatalf("coordinator exited %d on SIGTERM:\n%s", code, c.serve.Log())
+		if code := c.Coord.ExitCode(); code != 0 {
+			t.Fatalf("coordinator exited %d on SIGTERM:\n%s", code, c.Coord.Log())
 		}
 	}
-	if strings.Contains(g.serve.Log(), "S3CRET") || !strings.Contains(g.serve.Log(), "REDACTED") {
-		t.Fatalf("credentials in the coordinator log:\n%s", g.serve.Log())
+	if strings.Contains(g.Coord.Log(), "S3CRET") || !strings.Contains(g.Coord.Log(), "REDACTED") {
+		t.Fatalf("credentials in the coordinator log:\n%s", g.Coord.Log())
 	}
 }

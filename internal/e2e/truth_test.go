@@ -59,8 +59,8 @@ func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 {
 		t.Fatalf("job after the kill: %+v", done)
 	}
-	if !strings.Contains(f.serve.Log(), "its work is promoted") {
-		t.Fatalf("the message never ran out of deliveries:\n%s", f.serve.Log())
+	if !strings.Contains(f.Coord.Log(), "its work is promoted") {
+		t.Fatalf("the message never ran out of deliveries:\n%s", f.Coord.Log())
 	}
 	f.assertNoDeadLetters()
 	if strings.Contains(survivor.Log(), "checkpoint saved") || done.TileAttempts != 1 {
@@ -122,7 +122,7 @@ func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if n := countLines(f.serve.Log(), `publish deduplicated`); n != 0 {
+	if n := countLines(f.Coord.Log(), `publish deduplicated`); n != 0 {
 		t.Fatalf("%d publishes were swallowed by the dedup window", n)
 	}
 	dir := t.TempDir()
@@ -227,8 +227,8 @@ func TestHandbacksAreNoFailures(t *testing.T) {
 func TestNoDeliveryLostToLatency(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "3s", "--lease-ttl", "3s")
-	proxy := delayProxy(t, f.natsAddr, 50*time.Millisecond) // 100 ms round trip
-	w := startEnv(t, f.env, "tileworker", "--nats", "nats://"+proxy, "--store", f.store, "--checkpoints", t.TempDir(),
+	proxy := delayProxy(t, f.NATSListen, 50*time.Millisecond) // 100 ms round trip
+	w := startEnv(t, f.Env, "tileworker", "--nats", "nats://"+proxy, "--store", f.Store, "--checkpoints", t.TempDir(),
 		"--name", "far", "--concurrency", "1", "--log-level", "debug")
 	quick := []string{"--width", "32", "--height", "18", "--spp", "2", "--tile", "32"}
 	const jobs = 16
@@ -272,7 +272,7 @@ func TestNoDeliveryLostToLatency(t *testing.T) {
 // holds at least minSample samples.
 func waitRemoteCheckpoint(t *testing.T, f *farmProc, tileKey string, minSample int) {
 	t.Helper()
-	objects, err := objstore.NewFSStore(filepath.Join(f.data, "store"))
+	objects, err := objstore.NewFSStore(filepath.Join(f.Data, "store"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -309,7 +309,7 @@ func runBusyShot(t *testing.T, killCoordinator, purgeEvents bool) (jobStatus fun
 	js := f.js()
 	waitStream(t, js, queue.StreamTiles, uint64(st.TilesTotal))
 	if killCoordinator {
-		f.serve.Kill()
+		f.Coord.Kill()
 	}
 	for i := range 2 {
 		f.worker(fmt.Sprintf("w%d", i), t.TempDir(), "--concurrency", "2", "--log-level", "warn")
@@ -388,8 +388,8 @@ func TestReconcilerAloneCompletesAJob(t *testing.T) {
 	if !strings.Contains(status, `"state":"completed"`) || !strings.Contains(status, `"tiles_failed":0`) {
 		t.Fatalf("job after its events were purged: %s", status)
 	}
-	if !strings.Contains(f.serve.Log(), "reconciled with manifests") {
-		t.Fatalf("the reconciler did not find the promoted tiles:\n%s", f.serve.Log())
+	if !strings.Contains(f.Coord.Log(), "reconciled with manifests") {
+		t.Fatalf("the reconciler did not find the promoted tiles:\n%s", f.Coord.Log())
 	}
 	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, busyShot[:6]...)
 }

@@ -231,7 +231,7 @@ func (b *browser) canvasIsFrame(f *farmProc, job string) {
 // apiStatus reads a job's status over HTTP, quicker than the CLI for polling.
 func apiStatus(t *testing.T, f *farmProc, job string) api.Status {
 	t.Helper()
-	resp, err := http.Get("http://" + f.http + "/v1/jobs/" + job)
+	resp, err := http.Get("http://" + f.HTTP + "/v1/jobs/" + job)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func apiStatus(t *testing.T, f *farmProc, job string) api.Status {
 func TestWebLiveJobsAndFrame(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
-	b := newBrowser(t, "http://"+f.http)
+	b := newBrowser(t, "http://"+f.HTTP)
 	b.open()
 	b.waitTrue(`document.querySelector('#jobs')`, 10*time.Second)
 	f.worker("w", t.TempDir(), "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
@@ -325,7 +325,7 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 // frame's PNG: the canvas equals `coordinator outputs` pixel for pixel, and nothing fails.
 func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
 	f := startServe(t, t.TempDir())
-	b := newBrowser(t, "http://"+f.http)
+	b := newBrowser(t, "http://"+f.HTTP)
 	b.open()
 	f.worker("w", t.TempDir())
 	st, r := f.submit(blenderExample(t), "--frames", "1", "--spp", "4", "--tile", "80") // 4 tiles
@@ -352,7 +352,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "1")
 	bad := f.worker("w-bad", t.TempDir(), "--fault-panic-tile", "1:0,0,32,32", "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
-	b := newBrowser(t, "http://"+f.http)
+	b := newBrowser(t, "http://"+f.HTTP)
 	b.open()
 
 	dead, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
@@ -423,11 +423,12 @@ func TestWebTokenRequired(t *testing.T) {
 	if err := os.WriteFile(tokenFile, []byte(token+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f := &farmProc{t: t, data: data, store: "file://" + filepath.Join(data, "store"), env: []string{"TILEFARM_API_TOKEN=" + token}}
+	f := newFarm(t, data)
+	f.Env = []string{"TILEFARM_API_TOKEN=" + token}
 	f.restart("--api-token-file", tokenFile, "--workers", "1")
 	st, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)
 
-	b := newBrowser(t, "http://"+f.http)
+	b := newBrowser(t, "http://"+f.HTTP)
 	b.do(chromedp.Navigate(b.base + "/"))
 	b.waitTrue(`!document.querySelector('#token-form').hidden`, 15*time.Second)
 	b.screenshot("token")

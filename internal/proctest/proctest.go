@@ -1,7 +1,7 @@
 // Package proctest starts the real processes tests and benchmarks run against (nats-server,
 // MinIO, the farm's own commands), each with its output appended to a log file, and never lets
 // one outlive the test binary. Proc is the one handle on such a process the e2e tests, the
-// chaos harness and farmbench share.
+// chaos harness and farmbench share; internal/farmtest builds and starts whole farms of them.
 package proctest
 
 import (
@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -49,20 +48,6 @@ func launch(cmd *exec.Cmd, logPath, banner string) (done <-chan struct{}, start 
 		close(ch)
 	}()
 	return ch, start, nil
-}
-
-// Binaries are the farm's two commands, built once per run so every farm of the run starts
-// the same code and no `go run` compile lands inside a measurement or a fault test.
-type Binaries struct{ Coordinator, Tileworker string }
-
-// Build builds cmd/coordinator and cmd/tileworker of the module at root into dir.
-func Build(root, dir string) (Binaries, error) {
-	cmd := exec.Command("go", "build", "-o", dir+string(filepath.Separator), "./cmd/coordinator", "./cmd/tileworker")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return Binaries{}, fmt.Errorf("building the farm: %w\n%s", err, out)
-	}
-	return Binaries{Coordinator: filepath.Join(dir, "coordinator"), Tileworker: filepath.Join(dir, "tileworker")}, nil
 }
 
 // ModuleRoot is the directory of the tilefarm module, where the examples are.
