@@ -14,7 +14,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/scene"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 )
 
 // errMismatch means the farm (or a resumed tile) produced other pixels than the reference: the

@@ -18,7 +18,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 )
 
 // Config sizes every measurement of a run.

@@ -11,7 +11,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	farmkinds "github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/scene"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 )
 
 // fuzzBundleScenes are the example scenes whose encoded bundles seed FuzzDecodeBundle.

@@ -31,9 +31,9 @@ import (
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // config is one run of the harness.

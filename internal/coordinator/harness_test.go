@@ -21,10 +21,10 @@ import (
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/raster"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 

@@ -9,7 +9,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/internal/scene"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 )
 
 // Options are the options of the kinds that have any.

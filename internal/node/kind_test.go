@@ -12,11 +12,11 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/scene/scenetest"
 	"github.com/tilefarm/tilefarm/internal/worker"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 // A kind of scene the farm was never built with renders a job end to end once it is

@@ -19,10 +19,10 @@ import (
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/render/jsonscene"
 )
 
 func validJob(t *testing.T) wire.TileJob {
