@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -315,4 +316,56 @@ func FuzzDecodeEXR(f *testing.F) {
 			}
 		}
 	})
+}
+
+// A frame of named channels (a Blender frame's layers and passes) and its header strings
+// survive EncodeEXR and DecodeEXRChannels bit for bit, in the file's sorted order, with names
+// long enough to need the long-names flag.
+func TestEXRNamedChannelsRoundTrip(t *testing.T) {
+	names := []string{"ViewLayer.Combined.R", "ViewLayer.Combined.G", "ViewLayer.Combined.B", "ViewLayer.Combined.A",
+		"ViewLayer.Depth.Z", "AVeryLongViewLayerNameIndeed.Denoising Albedo.R"}
+	f := NewFrameOf(5, 3, names)
+	for i := range f.Pix {
+		f.Pix[i] = float32(i)*0.37 - 2
+	}
+	attrs := map[string]string{"cryptomatte/abc1234/name": "ViewLayer.CryptoObject", "cryptomatte/abc1234/manifest": `{"Cube":"3f800000"}`}
+	for _, c := range []EXRCompression{EXRNone, EXRZip} {
+		data, err := EncodeEXR(f, c, attrs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, got, err := DecodeEXRChannels(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sorted := slices.Sorted(slices.Values(names))
+		if !slices.Equal(g.Names, sorted) {
+			t.Fatalf("names %q, want %q", g.Names, sorted)
+		}
+		for y := 0; y < f.Height; y++ {
+			for x := 0; x < f.Width; x++ {
+				for ci, n := range names {
+					gi := slices.Index(g.Names, n)
+					if a, b := f.Pix[(y*f.Width+x)*len(names)+ci], g.Pix[(y*g.Width+x)*len(names)+gi]; math.Float32bits(a) != math.Float32bits(b) {
+						t.Fatalf("%s at (%d,%d): %v, want %v", n, x, y, b, a)
+					}
+				}
+			}
+		}
+		for k, v := range attrs {
+			if got[k] != v {
+				t.Fatalf("attribute %s = %q, want %q", k, got[k], v)
+			}
+		}
+		// The RGB reader refuses a file without R, G and B rather than inventing them.
+		if _, err := DecodeEXR(data); err == nil {
+			t.Fatal("DecodeEXR read a file with no R channel")
+		}
+	}
+	if err := NewFrameOf(2, 2, names).Place(0, 0, 1, 1, make([]float32, 3)); err == nil {
+		t.Fatal("Place took 3 values for a pixel of 6 channels")
+	}
+	if _, err := EncodePNG8(NewFrameOf(2, 2, names), 0); err == nil {
+		t.Fatal("EncodePNG8 encoded a frame of passes as RGB")
+	}
 }

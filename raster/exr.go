@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
+	"strings"
 )
 
 // EXRCompression selects how EncodeEXR stores scanlines.
@@ -50,33 +53,59 @@ const (
 	exrHalf    = 1
 	exrUint    = 0
 
+	// exrLongNames is the version flag that allows names of up to 255 bytes.
+	exrLongNames = 0x400
+
 	maxDeflateRatio = 1100
 )
 
-// exrChannels are written in the order the format requires: sorted by name.
-var exrChannels = [3]struct {
-	name   string
-	offset int // index within an RGB triple
-}{{"B", 2}, {"G", 1}, {"R", 0}}
+// exrOrder returns the frame's channels in the order the format requires (sorted by name),
+// each with its index within a pixel of the frame.
+func exrOrder(f *Frame) []exrSlot {
+	names := f.ChannelNames()
+	out := make([]exrSlot, len(names))
+	for i, n := range names {
+		out[i] = exrSlot{n, i}
+	}
+	slices.SortFunc(out, func(a, b exrSlot) int { return strings.Compare(a.name, b.name) })
+	return out
+}
 
-// EncodeEXR writes f as a single-part scanline OpenEXR file with 32-bit float
-// R, G and B channels holding the linear, untonemapped values bit for bit.
-// EXRZip applies the format's byte interleave and delta predictor before zlib,
-// as OpenEXR does, and stores a chunk raw when compression would not shrink it.
-func EncodeEXR(f *Frame, compression EXRCompression) ([]byte, error) {
+type exrSlot struct {
+	name   string
+	offset int // index within a pixel of the frame
+}
+
+// EncodeEXR writes f as a single-part scanline OpenEXR file with a 32-bit float channel per
+// channel of the frame (R, G and B for an RGB frame) holding the linear, untonemapped values
+// bit for bit. EXRZip applies the format's byte interleave and delta predictor before zlib,
+// as OpenEXR does, and stores a chunk raw when compression would not shrink it. attrs are
+// extra string attributes of the header (a Blender frame's Cryptomatte manifests), written
+// sorted by name.
+func EncodeEXR(f *Frame, compression EXRCompression, attrs ...map[string]string) ([]byte, error) {
 	if err := f.check(); err != nil {
 		return nil, fmt.Errorf("encoding EXR: %w", err)
 	}
 	if compression != EXRNone && compression != EXRZip {
 		return nil, fmt.Errorf("encoding EXR: unsupported compression %s", compression)
 	}
+	order := exrOrder(f)
+	version := uint32(exrVersion)
+	for _, ch := range order {
+		if len(ch.name) > 31 {
+			version |= exrLongNames
+		}
+		if len(ch.name) > 255 || ch.name == "" || strings.IndexByte(ch.name, 0) >= 0 {
+			return nil, fmt.Errorf("encoding EXR: bad channel name %q", ch.name)
+		}
+	}
 	var h bytes.Buffer
 	le := binary.LittleEndian
 	h.Write(le.AppendUint32(nil, exrMagic))
-	h.Write(le.AppendUint32(nil, exrVersion)) // single-part scanline, short names
+	h.Write(le.AppendUint32(nil, version)) // single-part scanline
 
 	var chlist bytes.Buffer
-	for _, ch := range exrChannels {
+	for _, ch := range order {
 		chlist.WriteString(ch.name)
 		chlist.WriteByte(0)
 		chlist.Write(le.AppendUint32(nil, exrFloat))
@@ -106,23 +135,32 @@ func EncodeEXR(f *Frame, compression EXRCompression) ([]byte, error) {
 	writeAttr(&h, "pixelAspectRatio", "float", f32(1))
 	writeAttr(&h, "screenWindowCenter", "v2f", f32(0, 0))
 	writeAttr(&h, "screenWindowWidth", "float", f32(1))
+	for _, m := range attrs {
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			if k == "" || len(k) > 255 || strings.IndexByte(k, 0) >= 0 {
+				return nil, fmt.Errorf("encoding EXR: bad attribute name %q", k)
+			}
+			writeAttr(&h, k, "string", []byte(m[k]))
+		}
+	}
 	h.WriteByte(0) // end of header
 
+	c := f.Chans()
 	lines := compression.linesPerChunk()
 	chunks := (f.Height + lines - 1) / lines
 	tableAt := h.Len()
 	out := make([]byte, tableAt+8*chunks, tableAt+8*chunks+len(f.Pix)*4+chunks*8)
 	copy(out, h.Bytes())
-	raw := make([]byte, 0, f.Width*3*4*lines)
-	for c := 0; c < chunks; c++ {
-		y0 := c * lines
+	raw := make([]byte, 0, f.Width*c*4*lines)
+	for k := 0; k < chunks; k++ {
+		y0 := k * lines
 		y1 := min(y0+lines, f.Height)
 		raw = raw[:0]
 		for y := y0; y < y1; y++ {
-			row := f.Pix[y*f.Width*3 : (y+1)*f.Width*3]
-			for _, ch := range exrChannels {
+			row := f.Pix[y*f.Width*c : (y+1)*f.Width*c]
+			for _, ch := range order {
 				for x := 0; x < f.Width; x++ {
-					raw = le.AppendUint32(raw, math.Float32bits(row[x*3+ch.offset]))
+					raw = le.AppendUint32(raw, math.Float32bits(row[x*c+ch.offset]))
 				}
 			}
 		}
@@ -136,7 +174,7 @@ func EncodeEXR(f *Frame, compression EXRCompression) ([]byte, error) {
 				data = z
 			}
 		}
-		le.PutUint64(out[tableAt+8*c:], uint64(len(out)))
+		le.PutUint64(out[tableAt+8*k:], uint64(len(out)))
 		out = le.AppendUint32(out, uint32(int32(y0)))
 		out = le.AppendUint32(out, uint32(len(data)))
 		out = append(out, data...)
@@ -277,11 +315,23 @@ func (r *exrReader) cstring() string {
 // or ZIPS compressed: enough to read back what EncodeEXR writes, for tests and
 // tools. Untrusted input yields errors, never huge allocations or panics.
 func DecodeEXR(data []byte) (*Frame, error) {
-	f, err := decodeEXR(data)
+	f, _, err := decodeEXR(data, rgb)
 	if err != nil {
 		return nil, fmt.Errorf("decoding EXR: %w", err)
 	}
+	f.Names = nil
 	return f, nil
+}
+
+// DecodeEXRChannels reads a single-part scanline OpenEXR file of 32-bit float channels whole:
+// a frame of every channel, named and ordered as in the file (sorted by name), and the
+// header's string attributes (a Blender render's Cryptomatte manifests among them).
+func DecodeEXRChannels(data []byte) (*Frame, map[string]string, error) {
+	f, attrs, err := decodeEXR(data, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("decoding EXR: %w", err)
+	}
+	return f, attrs, nil
 }
 
 type exrChannel struct {
@@ -289,20 +339,22 @@ type exrChannel struct {
 	pixelType uint32
 }
 
-func decodeEXR(data []byte) (*Frame, error) {
+// decodeEXR decodes the channels names (nil: every channel, in the file's order) into a frame
+// named by them, with the header's string attributes.
+func decodeEXR(data []byte, names []string) (*Frame, map[string]string, error) {
 	r := &exrReader{b: data}
 	if r.u32() != exrMagic {
-		return nil, errors.New("not an OpenEXR file")
+		return nil, nil, errors.New("not an OpenEXR file")
 	}
 	version := r.u32()
 	if r.err != nil {
-		return nil, r.err
+		return nil, nil, r.err
 	}
 	// Bit 10 says names may be up to 255 bytes long (Blender sets it); cstring reads those.
-	const longNames = 0x400
-	if version&0xff != exrVersion || version&^(0xff|longNames) != 0 {
-		return nil, fmt.Errorf("unsupported version/flags %#x (only single-part scanline files)", version)
+	if version&0xff != exrVersion || version&^(0xff|exrLongNames) != 0 {
+		return nil, nil, fmt.Errorf("unsupported version/flags %#x (only single-part scanline files)", version)
 	}
+	attrs := map[string]string{}
 	var (
 		channels            []exrChannel
 		compression         = -1
@@ -312,7 +364,7 @@ func decodeEXR(data []byte) (*Frame, error) {
 	for {
 		name := r.cstring()
 		if r.err != nil {
-			return nil, r.err
+			return nil, nil, r.err
 		}
 		if name == "" {
 			break
@@ -321,12 +373,14 @@ func decodeEXR(data []byte) (*Frame, error) {
 		size := int(int32(r.u32()))
 		val := r.bytes(size)
 		if r.err != nil {
-			return nil, fmt.Errorf("attribute %q: %w", name, r.err)
+			return nil, nil, fmt.Errorf("attribute %q: %w", name, r.err)
 		}
-		switch name {
-		case "channels":
+		switch {
+		case typ == "string":
+			attrs[name] = string(val)
+		case name == "channels":
 			if typ != "chlist" {
-				return nil, fmt.Errorf("channels attribute has type %q", typ)
+				return nil, nil, fmt.Errorf("channels attribute has type %q", typ)
 			}
 			cl := &exrReader{b: val}
 			for {
@@ -338,46 +392,46 @@ func decodeEXR(data []byte) (*Frame, error) {
 				cl.bytes(4)
 				xs, ys := cl.u32(), cl.u32()
 				if cl.err == nil && (xs != 1 || ys != 1) {
-					return nil, fmt.Errorf("channel %q is subsampled", cname)
+					return nil, nil, fmt.Errorf("channel %q is subsampled", cname)
 				}
 				if ptype > exrFloat {
-					return nil, fmt.Errorf("channel %q has unknown pixel type %d", cname, ptype)
+					return nil, nil, fmt.Errorf("channel %q has unknown pixel type %d", cname, ptype)
 				}
 				channels = append(channels, exrChannel{cname, ptype})
 			}
 			if cl.err != nil {
-				return nil, fmt.Errorf("channels attribute: %w", cl.err)
+				return nil, nil, fmt.Errorf("channels attribute: %w", cl.err)
 			}
-		case "compression":
+		case name == "compression":
 			if len(val) != 1 {
-				return nil, errors.New("bad compression attribute")
+				return nil, nil, errors.New("bad compression attribute")
 			}
 			compression = int(val[0])
-		case "dataWindow":
+		case name == "dataWindow":
 			if len(val) != 16 {
-				return nil, errors.New("bad dataWindow attribute")
+				return nil, nil, errors.New("bad dataWindow attribute")
 			}
 			le := binary.LittleEndian
 			x0, y0 = int32(le.Uint32(val)), int32(le.Uint32(val[4:]))
 			x1, y1 = int32(le.Uint32(val[8:])), int32(le.Uint32(val[12:]))
 			haveWindow = true
-		case "lineOrder":
+		case name == "lineOrder":
 			if len(val) != 1 || val[0] > 2 {
-				return nil, errors.New("bad lineOrder attribute")
+				return nil, nil, errors.New("bad lineOrder attribute")
 			}
 			haveOrd = true
 		}
 	}
 	if channels == nil || compression < 0 || !haveWindow || !haveOrd {
-		return nil, errors.New("header lacks channels, compression, dataWindow or lineOrder")
+		return nil, nil, errors.New("header lacks channels, compression, dataWindow or lineOrder")
 	}
 	comp := EXRCompression(compression)
 	if comp != EXRNone && comp != EXRZip && comp != exrZips {
-		return nil, fmt.Errorf("unsupported compression %d", compression)
+		return nil, nil, fmt.Errorf("unsupported compression %d", compression)
 	}
 	w, h := int64(x1)-int64(x0)+1, int64(y1)-int64(y0)+1
 	if w <= 0 || h <= 0 || w*h > maxFramePixels {
-		return nil, fmt.Errorf("bad data window (%d,%d)-(%d,%d)", x0, y0, x1, y1)
+		return nil, nil, fmt.Errorf("bad data window (%d,%d)-(%d,%d)", x0, y0, x1, y1)
 	}
 	width, height := int(w), int(h)
 	// Byte offset of each channel within one scanline, and where R, G, B live.
@@ -393,19 +447,26 @@ func decodeEXR(data []byte) (*Frame, error) {
 			rowBytes += 4 * width
 		}
 	}
-	for _, name := range []string{"R", "G", "B"} {
-		t, ok := chanType[name]
-		if !ok {
-			return nil, fmt.Errorf("no %s channel", name)
-		}
-		if t != exrFloat {
-			return nil, fmt.Errorf("channel %s is not 32-bit float", name)
+	if names == nil {
+		names = make([]string, len(channels))
+		for i, ch := range channels {
+			names[i] = ch.name
 		}
 	}
+	for _, name := range names {
+		t, ok := chanType[name]
+		if !ok {
+			return nil, nil, fmt.Errorf("no %s channel", name)
+		}
+		if t != exrFloat {
+			return nil, nil, fmt.Errorf("channel %s is not 32-bit float", name)
+		}
+	}
+	nc := len(names)
 	lines := comp.linesPerChunk()
 	chunks := (height + lines - 1) / lines
 	if int64(chunks)*8 > int64(len(data)-r.off) {
-		return nil, errors.New("truncated offset table")
+		return nil, nil, errors.New("truncated offset table")
 	}
 	offsets := make([]uint64, chunks)
 	for i := range offsets {
@@ -414,28 +475,28 @@ func decodeEXR(data []byte) (*Frame, error) {
 	// Deflate cannot shrink data by more than about 1032:1, so a file too
 	// small to hold its window is rejected before allocating the frame.
 	if int64(rowBytes)*h > int64(len(data))*maxDeflateRatio {
-		return nil, fmt.Errorf("data window %dx%d too large for a %d-byte file", width, height, len(data))
+		return nil, nil, fmt.Errorf("data window %dx%d too large for a %d-byte file", width, height, len(data))
 	}
-	fr := &Frame{Width: width, Height: height, Pix: make([]float32, width*height*3)}
+	fr := &Frame{Width: width, Height: height, Names: names, Pix: make([]float32, width*height*nc)}
 	done := make([]bool, chunks)
 	for i, off := range offsets {
 		if off > uint64(len(data)) {
-			return nil, fmt.Errorf("chunk %d offset %d beyond end of file", i, off)
+			return nil, nil, fmt.Errorf("chunk %d offset %d beyond end of file", i, off)
 		}
 		cr := &exrReader{b: data, off: int(off)}
 		ly := int64(int32(cr.u32()))
 		size := int(cr.u32())
 		payload := cr.bytes(size)
 		if cr.err != nil {
-			return nil, fmt.Errorf("chunk %d: %w", i, cr.err)
+			return nil, nil, fmt.Errorf("chunk %d: %w", i, cr.err)
 		}
 		rel := ly - int64(y0)
 		if rel < 0 || rel >= h || rel%int64(lines) != 0 {
-			return nil, fmt.Errorf("chunk %d: bad y %d", i, ly)
+			return nil, nil, fmt.Errorf("chunk %d: bad y %d", i, ly)
 		}
 		c := int(rel) / lines
 		if done[c] {
-			return nil, fmt.Errorf("chunk %d: y %d appears twice", i, ly)
+			return nil, nil, fmt.Errorf("chunk %d: y %d appears twice", i, ly)
 		}
 		done[c] = true
 		first := int(rel)
@@ -446,23 +507,23 @@ func decodeEXR(data []byte) (*Frame, error) {
 		case size == want:
 			raw = payload
 		case comp == EXRNone || size > want:
-			return nil, fmt.Errorf("chunk %d: %d bytes, want %d", i, size, want)
+			return nil, nil, fmt.Errorf("chunk %d: %d bytes, want %d", i, size, want)
 		default:
 			var err error
 			if raw, err = unzipChunk(payload, want); err != nil {
-				return nil, fmt.Errorf("chunk %d: %w", i, err)
+				return nil, nil, fmt.Errorf("chunk %d: %w", i, err)
 			}
 		}
 		for k := 0; k < n; k++ {
 			row := raw[k*rowBytes : (k+1)*rowBytes]
-			dst := fr.Pix[(first+k)*width*3:]
-			for ci, name := range [3]string{"R", "G", "B"} {
+			dst := fr.Pix[(first+k)*width*nc:]
+			for ci, name := range names {
 				src := row[chanAt[name]:]
 				for x := 0; x < width; x++ {
-					dst[x*3+ci] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*x:]))
+					dst[x*nc+ci] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*x:]))
 				}
 			}
 		}
 	}
-	return fr, nil
+	return fr, attrs, nil
 }

@@ -11,12 +11,37 @@ import (
 // the assembler allocate without limit (16384 x 16384).
 const maxFramePixels = 1 << 28
 
-// Frame is an assembled, linear, untonemapped RGB image: Pix holds
-// Width*Height*3 float32 values, interleaved, row-major, y=0 at the top.
+// Frame is an assembled, linear, untonemapped image: Pix holds Width*Height*Chans() float32
+// values, interleaved, row-major, y=0 at the top. Names are the channels of a frame of more
+// than linear RGB (a Blender frame's view layers and passes, "Layer.Pass.Channel"); nil names
+// R, G and B.
 type Frame struct {
 	Width, Height int
+	Names         []string
 	Pix           []float32
 }
+
+// rgb are the channels of a frame with no Names.
+var rgb = []string{"R", "G", "B"}
+
+// Chans is the number of values per pixel.
+func (f *Frame) Chans() int {
+	if f.Names == nil {
+		return 3
+	}
+	return len(f.Names)
+}
+
+// ChannelNames returns the frame's channel names, R, G, B for an RGB frame.
+func (f *Frame) ChannelNames() []string {
+	if f.Names == nil {
+		return rgb
+	}
+	return f.Names
+}
+
+// IsRGB reports whether the frame holds linear RGB alone.
+func (f *Frame) IsRGB() bool { return f.Names == nil }
 
 // NewFrame returns a black frame of w x h pixels. It panics on sizes that
 // could not have passed scene validation; use ValidateSize for user input.
@@ -25,6 +50,17 @@ func NewFrame(w, h int) *Frame {
 		panic(err)
 	}
 	return &Frame{Width: w, Height: h, Pix: make([]float32, w*h*3)}
+}
+
+// NewFrameOf returns a frame of w x h pixels of the named channels (nil: R, G, B), zero
+// everywhere. Like NewFrame it panics on sizes scene validation refuses.
+func NewFrameOf(w, h int, names []string) *Frame {
+	if err := ValidateSize(w, h); err != nil {
+		panic(err)
+	}
+	f := &Frame{Width: w, Height: h, Names: names}
+	f.Pix = make([]float32, w*h*f.Chans())
+	return f
 }
 
 // ValidateSize checks that w x h is a frame size the package can hold.
@@ -46,13 +82,16 @@ func (f *Frame) check() error {
 	if err := ValidateSize(f.Width, f.Height); err != nil {
 		return err
 	}
-	if len(f.Pix) != f.Width*f.Height*3 {
-		return fmt.Errorf("frame %dx%d: %d values, want %d", f.Width, f.Height, len(f.Pix), f.Width*f.Height*3)
+	if f.Names != nil && len(f.Names) == 0 {
+		return fmt.Errorf("frame %dx%d: no channels", f.Width, f.Height)
+	}
+	if n := f.Width * f.Height * f.Chans(); len(f.Pix) != n {
+		return fmt.Errorf("frame %dx%d: %d values, want %d", f.Width, f.Height, len(f.Pix), n)
 	}
 	return nil
 }
 
-// Place copies a tile's RGB buffer (interleaved, row-major, (x1-x0)*(y1-y0)*3
+// Place copies a tile's buffer (interleaved, row-major, (x1-x0)*(y1-y0)*Chans()
 // values) into the half-open rectangle [x0,x1) x [y0,y1) of the frame.
 func (f *Frame) Place(x0, y0, x1, y1 int, pix []float32) error {
 	if err := f.check(); err != nil {
@@ -61,13 +100,13 @@ func (f *Frame) Place(x0, y0, x1, y1 int, pix []float32) error {
 	if x0 < 0 || y0 < 0 || x1 > f.Width || y1 > f.Height || x0 >= x1 || y0 >= y1 {
 		return fmt.Errorf("placing tile [%d,%d)x[%d,%d): outside the %dx%d frame or empty", x0, x1, y0, y1, f.Width, f.Height)
 	}
-	w, h := x1-x0, y1-y0
-	if len(pix) != w*h*3 {
-		return fmt.Errorf("placing tile [%d,%d)x[%d,%d): %d values, want %d", x0, x1, y0, y1, len(pix), w*h*3)
+	w, h, c := x1-x0, y1-y0, f.Chans()
+	if len(pix) != w*h*c {
+		return fmt.Errorf("placing tile [%d,%d)x[%d,%d): %d values, want %d", x0, x1, y0, y1, len(pix), w*h*c)
 	}
 	for y := 0; y < h; y++ {
-		dst := ((y0+y)*f.Width + x0) * 3
-		copy(f.Pix[dst:dst+w*3], pix[y*w*3:(y+1)*w*3])
+		dst := ((y0+y)*f.Width + x0) * c
+		copy(f.Pix[dst:dst+w*c], pix[y*w*c:(y+1)*w*c])
 	}
 	return nil
 }

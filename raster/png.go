@@ -44,6 +44,9 @@ func checkExposure(f *Frame, exposure float64) error {
 	if err := f.check(); err != nil {
 		return err
 	}
+	if !f.IsRGB() {
+		return fmt.Errorf("a frame of %d channels is not an RGB image", f.Chans())
+	}
 	if math.IsNaN(exposure) || math.IsInf(exposure, 0) || math.Abs(exposure) > 64 {
 		return fmt.Errorf("exposure %v out of range [-64,64]", exposure)
 	}
