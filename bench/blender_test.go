@@ -39,7 +39,7 @@ func loadBlender(tb testing.TB, ctx context.Context) *bundle.Bundle {
 	tb.Helper()
 	k := blendscene.New(blendscene.Options{Binary: blendertest.Binary(tb)}, scene.Env{Dir: tb.TempDir()})
 	defer k.Close()
-	b, _, err := k.Read(ctx, blendertest.Example(tb))
+	b, err := k.Read(ctx, blendertest.Example(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -76,9 +76,11 @@ func renderLocal(ctx context.Context, bundle *bundle.Bundle, w workload) (run, e
 		if err != nil {
 			return run{}, fmt.Errorf("rendering frame %d locally: %w", f, err)
 		}
-		if r.png[f], err = ref.Encode(ctx, img, st, "png"); err != nil {
+		o, err := ref.Encode(ctx, img, f, st, "png")
+		if err != nil {
 			return run{}, fmt.Errorf("encoding frame %d: %w", f, err)
 		}
+		r.png[f] = o.Data
 	}
 	r.elapsed = time.Since(start)
 	rects, err := tiles.Split(st.Width, st.Height, w.tileSize)

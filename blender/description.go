@@ -37,12 +37,48 @@ type Description struct {
 	MaxBounces    int      `json:"max_bounces"`
 	FrameStart    int      `json:"frame_start"`
 	FrameEnd      int      `json:"frame_end"`
+	FrameStep     int      `json:"frame_step"`
 	ViewTransform string   `json:"view_transform"`
 	Look          string   `json:"look"`
 	Exposure      float64  `json:"exposure"`
 	Gamma         float64  `json:"gamma"`
-	SwitchedOff   []string `json:"switched_off"` // one line per setting that cannot be split
-	Build         string   `json:"build"`        // the fingerprint of the Blender that inspected it
+	// Whole says why the scene's frames render whole (one tile, one pass) to look as Blender
+	// renders them, one line per setting (adaptive sampling...); empty when they split.
+	Whole []string `json:"whole"`
+	// SplitOff says what splitting such frames anyway (render.Overrides.Split) switches off.
+	SplitOff []string `json:"split_off"`
+	// Caveats say what the farm does differently from Blender in every mode (a denoiser this
+	// Blender lacks, the sequencer, the GPU device), one line each.
+	Caveats         []string `json:"caveats"`
+	Layers          []Layer  `json:"layers"` // the view layers rendered
+	Output          Output   `json:"output"`
+	FilmTransparent bool     `json:"film_transparent"`
+	ShadowCatcher   bool     `json:"shadow_catcher"` // some object is a shadow catcher
+	// Channels are every channel a tile renders, "Layer.Pass.Channel", as a render of the
+	// prepared scene writes them: every view layer, every pass.
+	Channels []string `json:"channels"`
+	Build    string   `json:"build"` // the fingerprint of the Blender that inspected it
+}
+
+// Layer is a view layer rendered, with the passes whose names the artist chose.
+type Layer struct {
+	Name        string   `json:"name"`
+	AOVs        []string `json:"aovs"`
+	Lightgroups []string `json:"lightgroups"`
+}
+
+// Output is the file a render of the scene writes, as its Output Properties say, and the File
+// Output nodes of its compositor.
+type Output struct {
+	FileFormat   string   `json:"file_format"` // PNG, OPEN_EXR, OPEN_EXR_MULTILAYER, JPEG, TIFF...
+	ColorMode    string   `json:"color_mode"`  // BW, RGB, RGBA
+	ColorDepth   string   `json:"color_depth"` // 8, 16, 32...
+	EXRCodec     string   `json:"exr_codec"`
+	Extension    string   `json:"extension"` // what Blender adds, ".exr"
+	UseExtension bool     `json:"use_extension"`
+	Path         string   `json:"path"`        // the output path, "//render/shot_" (relative to the .blend) or absolute
+	Compositing  bool     `json:"compositing"` // the compositor runs after a render
+	FileOutputs  []string `json:"file_outputs"`
 }
 
 // IsDescription reports whether a scene document is a Blender scene description.
@@ -97,8 +133,42 @@ func (d *Description) validate() error {
 		return bad("frame range %d-%d is reversed", d.FrameStart, d.FrameEnd)
 	case d.Build == "":
 		return bad("no build fingerprint")
+	case len(d.Channels) == 0:
+		return bad("no channels")
+	}
+	if _, err := planChannels(d); err != nil {
+		return bad("%v", err)
 	}
 	return nil
+}
+
+// onePassWhy says why tiles of st render in one pass.
+func (d *Description) onePassWhy(st render.Settings, plan *channelPlan) string {
+	if st.Whole {
+		return "the scene renders whole (" + strings.Join(d.Whole, "; ") + ")"
+	}
+	return "the scene has passes that cannot be combined across sample ranges (" + strings.Join(plan.onePass, "; ") + ")"
+}
+
+// Notes are the lines the artist reads at submit about how the farm renders the scene with o:
+// whole or split and why, what splitting switches off, what differs from Blender anyway.
+func (d *Description) Notes(o render.Overrides) []string {
+	out := slices.Clone(d.Caveats)
+	plan, err := planChannels(d)
+	if err != nil {
+		return out
+	}
+	switch {
+	case len(d.Whole) > 0 && !o.Split:
+		out = append(out, "each frame renders whole, as one tile in one pass, because "+strings.Join(d.Whole, "; ")+
+			" (--split splits it, switching that off)")
+	case len(d.Whole) > 0:
+		out = append(out, d.SplitOff...)
+	}
+	if len(plan.onePass) > 0 && (len(d.Whole) == 0 || o.Split) {
+		out = append(out, "each tile renders in one pass (no resume within a tile): "+strings.Join(plan.onePass, "; "))
+	}
+	return out
 }
 
 // Frames returns the scene's own frame range.
@@ -113,7 +183,8 @@ func (d *Description) Assets() []string { return d.Files }
 // it. Everything else the .blend decides is covered by the scene version.
 func (d *Description) Resolve(o render.Overrides) (render.Settings, error) {
 	st := render.Settings{Camera: d.Camera, Width: d.Width, Height: d.Height, SPP: d.SPP, Seed: d.Seed,
-		MaxDepth: d.MaxBounces, Passes: o.Passes, Build: d.Build}
+		MaxDepth: d.MaxBounces, Passes: o.Passes, Build: d.Build, Channels: len(d.Channels),
+		Whole: len(d.Whole) > 0 && !o.Split}
 	if o.Camera != "" {
 		if !slices.Contains(d.Cameras, o.Camera) {
 			return render.Settings{}, sceneErr("settings.camera: the scene has no camera %q (have %s)", o.Camera, strings.Join(d.Cameras, ", "))
@@ -131,7 +202,17 @@ func (d *Description) Resolve(o render.Overrides) (render.Settings, error) {
 			*f.dst = f.v
 		}
 	}
-	if st.Passes == 0 {
+	plan, err := planChannels(d)
+	if err != nil {
+		return render.Settings{}, fmt.Errorf("%w: %v", ErrScene, err)
+	}
+	switch {
+	case st.Whole || len(plan.onePass) > 0:
+		if o.Passes > 1 {
+			return render.Settings{}, sceneErr("settings.passes: %s renders each tile in one pass", d.onePassWhy(st, plan))
+		}
+		st.Passes = 1
+	case st.Passes == 0:
 		st.Passes = min(DefaultPasses, max(st.SPP, 1))
 	}
 	if err := render.ValidateSize(st); err != nil {

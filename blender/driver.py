@@ -43,6 +43,49 @@ def send(obj):
         replies.flush()
 
 
+# --- OpenEXR headers -----------------------------------------------------------------------
+
+def exr_header(path):
+    """The attributes of a single-part OpenEXR file's header: name -> (type, bytes)."""
+    with open(path, "rb") as f:
+        data = f.read(1 << 24)
+    if data[:4] != b"\x76\x2f\x31\x01":
+        raise RuntimeError("%s is not an OpenEXR file" % path)
+    off, attrs = 8, {}
+    while True:
+        end = data.index(b"\0", off)
+        name = data[off:end].decode("utf-8", "replace")
+        off = end + 1
+        if not name:
+            return attrs
+        end = data.index(b"\0", off)
+        typ = data[off:end].decode("ascii", "replace")
+        off = end + 1
+        size = struct.unpack_from("<i", data, off)[0]
+        off += 4
+        attrs[name] = (typ, data[off:off + size])
+        off += size
+
+
+def exr_channels(path):
+    """The channel names of an OpenEXR file, in the file's (sorted) order."""
+    typ, val = exr_header(path)["channels"]
+    out, off = [], 0
+    while True:
+        end = val.index(b"\0", off)
+        name = val[off:end].decode("utf-8", "replace")
+        if not name:
+            return out
+        out.append(name)
+        off = end + 1 + 16
+
+
+def exr_strings(path, prefix):
+    """The string attributes of an OpenEXR header whose names start with prefix."""
+    return {k: v.decode("utf-8", "replace") for k, (t, v) in exr_header(path).items()
+            if t == "string" and k.startswith(prefix)}
+
+
 # --- build identity -------------------------------------------------------------------------
 
 def cpu_flags():
@@ -77,9 +120,10 @@ def build():
 current = {"file": None}
 
 
-def open_file(path, split=True):
-    """Opens path unless it is open already, prepared for renders (split_only) unless split is
-    false."""
+def open_file(path, prepare=True):
+    """Opens path unless it is open already, prepared for tile renders (prepare_tiles) unless
+    prepare is false. The scene's own settings that a tile render changes are kept in
+    current["own"], for whole-frame renders and the assembly."""
     if current["file"] == path:
         return
     current["file"] = None
@@ -89,8 +133,10 @@ def open_file(path, split=True):
         bpy.ops.wm.open_mainfile(filepath=path, load_ui=False, use_scripts=False)
     except RuntimeError as e:
         raise SceneError("opening %s: %s" % (os.path.basename(path), str(e).strip()))
-    if split:
-        split_only(bpy.context.scene)
+    if prepare:
+        sc = bpy.context.scene
+        keep_own(sc)
+        prepare_tiles(sc)
         current["file"] = path
 
 
@@ -141,40 +187,137 @@ def owners():
     return out
 
 
-def switched_off(sc):
-    """The scene's settings that cannot be split by tile or sample range, as one line each."""
+# What reads neighbouring pixels or the whole render while rendering: a frame with any of them
+# on renders whole (one tile, one pass) unless the artist asks to split it, when they are
+# switched off. (where, attribute, value when split)
+# (where, attribute) -> its value when split.
+SPLIT_VALUE = {("cycles", "use_adaptive_sampling"): False, ("cycles", "use_denoising"): False,
+               ("cycles", "use_guiding"): False, ("cycles", "time_limit"): 0.0,
+               ("cycles", "use_layer_samples"): "IGNORE", ("render", "use_freestyle"): False}
+
+
+def obj(sc, where):
+    return sc.cycles if where == "cycles" else sc.render
+
+
+def whole_only(sc):
+    """The WHOLE_ONLY settings this build has: (object, attribute, value when split)."""
+    return [(obj(sc, w), a, v) for (w, a), v in SPLIT_VALUE.items() if hasattr(obj(sc, w), a)]
+
+
+def keep_own(sc):
+    current["own"] = {a: getattr(o, a) for o, a, _ in whole_only(sc)}
+
+
+def has_denoiser():
+    return _cycles is not None and bool(getattr(_cycles, "with_openimagedenoise", False))
+
+
+def whole_reasons(sc):
+    """Why the scene's frames must render whole to look as Blender renders them, one line each."""
+    cy, r = sc.cycles, sc.render
+    out = []
+    if cy.use_adaptive_sampling:
+        out.append("adaptive sampling (noise threshold %g) reads neighbouring pixels while rendering" % cy.adaptive_threshold)
+    if cy.use_denoising and has_denoiser():
+        out.append("denoising (%s) needs the whole frame" % cy.denoiser)
+    if getattr(cy, "use_guiding", False):
+        out.append("path guiding learns across samples")
+    if cy.time_limit > 0:
+        out.append("the time limit (%gs) stops the frame, not a tile" % cy.time_limit)
+    if cy.use_layer_samples == "USE" and any(vl.samples > 0 for vl in sc.view_layers):
+        out.append("view layers have their own sample counts")
+    if r.use_freestyle:
+        out.append("Freestyle's lines need the whole frame")
+    return out
+
+
+def split_notes(sc):
+    """What splitting the scene's frames switches off, one line each (submit --split)."""
     cy, r = sc.cycles, sc.render
     out = []
     if cy.use_adaptive_sampling:
         out.append("adaptive sampling (noise threshold %g) is off: every pixel renders all %d samples" % (cy.adaptive_threshold, cy.samples))
-    if cy.use_denoising:
+    if cy.use_denoising and has_denoiser():
         out.append("denoising (%s) is off: it needs the whole frame" % cy.denoiser)
-    if r.use_compositing and sc.use_nodes:
-        out.append("compositing is off: it needs the whole frame")
-    if r.use_sequencer and sc.sequence_editor is not None and len(sc.sequence_editor.sequences_all) > 0:
-        out.append("the sequencer is off: tilefarm renders the 3D scene")
     if getattr(cy, "use_guiding", False):
         out.append("path guiding is off: it learns across samples")
-    if cy.use_animated_seed:
-        out.append("the animated seed is off: every frame uses seed %d" % cy.seed)
     if cy.time_limit > 0:
         out.append("the time limit (%gs) is off: every tile renders all its samples" % cy.time_limit)
     if cy.use_layer_samples == "USE" and any(vl.samples > 0 for vl in sc.view_layers):
         out.append("view layer sample counts are ignored: every layer renders %d samples" % cy.samples)
     if r.use_freestyle:
         out.append("Freestyle is off: its lines need the whole frame")
-    layers = [vl.name for vl in sc.view_layers if vl.use]
-    if len(layers) > 1:
-        out.append("only the view layer %r is rendered (of %d)" % (bpy.context.view_layer.name, len(layers)))
-    if r.film_transparent:
-        out.append("the transparent film's alpha is not kept: frames are RGB")
+    return out
+
+
+def caveats(sc):
+    """What the farm does differently from Blender whatever the mode, one line each."""
+    cy, r = sc.cycles, sc.render
+    out = []
+    if cy.use_denoising and not has_denoiser():
+        out.append("denoising (%s) is on, but this Blender has no denoiser (Blender itself fails such a render): "
+                   "frames are delivered undenoised, with their denoising data passes" % cy.denoiser)
+    if r.use_sequencer and sc.sequence_editor is not None and len(sc.sequence_editor.sequences_all) > 0:
+        out.append("the sequencer is off: tilefarm renders the 3D scene")
     if cy.device != "CPU":
         out.append("the GPU device is not used: tiles render on CPU, one thread per process")
     return out
 
 
+# Object types that can be a shadow catcher (a light's is_shadow_catcher means nothing).
+GEOMETRY = {"MESH", "CURVE", "SURFACE", "META", "FONT", "VOLUME", "CURVES", "POINTCLOUD"}
+
+
+def layer_info(sc):
+    return [{"name": vl.name, "aovs": [a.name for a in vl.aovs],
+             "lightgroups": [g.name for g in getattr(vl, "lightgroups", [])]}
+            for vl in sc.view_layers if vl.use]
+
+
+def output_info(sc):
+    """The file a render of the scene writes, as Blender decides it, and its File Output nodes."""
+    r = sc.render
+    s = r.image_settings
+    files = []
+    if r.use_compositing and sc.use_nodes and sc.node_tree is not None:
+        for n in sc.node_tree.nodes:
+            if n.type == "OUTPUT_FILE" and not n.mute:
+                if not n.base_path.startswith("//"):
+                    raise SceneError("the File Output node %r writes to the absolute path %s: make it relative "
+                                     "(start it with //) so the farm can deliver its files" % (n.name, n.base_path))
+                files.append(n.name)
+    if s.file_format in ("AVI_JPEG", "AVI_RAW", "FFMPEG"):
+        raise SceneError("the scene renders to a movie (%s); tilefarm renders frames: choose an image format "
+                         "(Output Properties > Output) and encode the movie from them" % s.file_format)
+    return {"file_format": s.file_format, "color_mode": s.color_mode, "color_depth": s.color_depth,
+            "exr_codec": s.exr_codec, "extension": r.file_extension, "use_extension": r.use_file_extension,
+            "path": r.filepath, "compositing": bool(r.use_compositing and sc.use_nodes and sc.node_tree is not None),
+            "file_outputs": files}
+
+
+def probe(sc, frame, out):
+    """Renders one pixel at one sample into a multilayer EXR at out: its channels are exactly
+    those of every tile of the frame, and its header carries the Cryptomatte manifests, which
+    Cycles writes only into a render's metadata."""
+    r, cy = sc.render, sc.cycles
+    if sc.frame_current != frame:
+        sc.frame_set(frame)
+    for attr, value in (("border_min_x", 0.0), ("border_max_x", f32(1.0 / r.resolution_x)),
+                        ("border_min_y", 0.0), ("border_max_y", f32(1.0 / r.resolution_y))):
+        put(r, attr, value)
+    put(cy, "sample_offset", 0)
+    put(cy, "samples", 1)
+    if os.path.exists(out):
+        os.remove(out)
+    r.filepath = out
+    bpy.ops.render.render(write_still=True)
+    if not os.path.isfile(out):
+        raise RuntimeError("Blender wrote no image to %s" % out)
+
+
 def inspect(req):
-    open_file(req["file"], split=False)  # the scene's own settings; a render opens it afresh
+    open_file(req["file"], prepare=False)  # the scene's own settings; a render opens it afresh
     sc = bpy.context.scene
     frame = sc.frame_start
     sc.frame_set(frame)  # evaluates drivers, so a Python driver blocked by autoexec shows below
@@ -209,15 +352,27 @@ def inspect(req):
     if missing:
         raise SceneError("; ".join(missing))
     r, cy = sc.render, sc.cycles
-    return {"scene": sc.name, "deps": sorted(set(deps)),
+    info = {"scene": sc.name, "deps": sorted(set(deps)),
             "cameras": cams, "camera": sc.camera.name if sc.camera is not None and sc.camera.type == "CAMERA" else "",
             "width": r.resolution_x * r.resolution_percentage // 100,
             "height": r.resolution_y * r.resolution_percentage // 100,
             "spp": cy.samples, "seed": cy.seed, "max_bounces": cy.max_bounces,
-            "frame_start": sc.frame_start, "frame_end": sc.frame_end,
+            "frame_start": sc.frame_start, "frame_end": sc.frame_end, "frame_step": sc.frame_step,
             "view_transform": sc.view_settings.view_transform, "look": sc.view_settings.look,
             "exposure": sc.view_settings.exposure, "gamma": sc.view_settings.gamma,
-            "switched_off": switched_off(sc)}
+            "whole": whole_reasons(sc), "split_off": split_notes(sc), "caveats": caveats(sc),
+            "layers": layer_info(sc), "output": output_info(sc), "film_transparent": bool(r.film_transparent),
+            "shadow_catcher": any(getattr(o, "is_shadow_catcher", False) for o in sc.objects if o.type in GEOMETRY)}
+    # The channels every tile carries: a one-pixel render of the scene prepared as a tile is.
+    keep_own(sc)
+    prepare_tiles(sc)
+    for o, attr, split in whole_only(sc):
+        put(o, attr, split)
+    r.resolution_x, r.resolution_y = info["width"], info["height"]
+    probe(sc, frame, req["probe"])
+    info["channels"] = exr_channels(req["probe"])
+    os.remove(req["probe"])
+    return info
 
 
 # --- render: one pass of one tile -------------------------------------------------------------
@@ -231,32 +386,30 @@ def edge(p, n):
     return (p + 0.5) / n
 
 
-def split_only(sc):
-    """Switches off what cannot be split by tile or sample range; everything else is the scene's."""
+def prepare_tiles(sc):
+    """Prepares the scene for tile renders: every view layer (unless the scene renders a single
+    one) and pass into one float multilayer EXR of the tile, on the CPU with one thread; the compositor runs once on the assembled frame
+    (assemble), the sequencer not at all. The settings a frame renders whole for (WHOLE_ONLY) are
+    set per request (render); everything else is the scene's own."""
     cy, r = sc.cycles, sc.render
     cy.device = "CPU"
-    cy.use_adaptive_sampling = False
-    cy.use_denoising = False
-    if hasattr(cy, "use_guiding"):
-        cy.use_guiding = False
-    cy.use_animated_seed = False
-    cy.time_limit = 0
-    cy.use_layer_samples = "IGNORE"
+    if cy.use_denoising and not has_denoiser():
+        cy.use_denoising = False  # Blender itself would fail the render
+        current["own"]["use_denoising"] = False
     r.use_compositing = False
     r.use_sequencer = False
-    r.use_freestyle = False
-    r.use_single_layer = True
     r.threads_mode = "FIXED"
     r.threads = 1
     # Keeps the synced scene and its BVH between the passes a process renders; a pass's bits
-    # do not depend on what the process rendered before (tested).
-    r.use_persistent_data = True
+    # do not depend on what the process rendered before (tested). Not with several view
+    # layers: Blender 3.4 then carries one layer's Cryptomatte into the next, and reorders the
+    # Cryptomatte manifests.
+    r.use_persistent_data = sum(1 for vl in sc.view_layers if vl.use) == 1 or r.use_single_layer
     r.use_border, r.use_crop_to_border = True, True
     r.resolution_percentage = 100
     r.use_file_extension = False
     s = r.image_settings
-    s.file_format = "OPEN_EXR"
-    s.color_mode = "RGBA"
+    s.file_format = "OPEN_EXR_MULTILAYER"
     s.color_depth = "32"
     s.exr_codec = "NONE"
 
@@ -302,6 +455,8 @@ def render(req):
     for attr, value in (("border_min_x", edge(x0, w)), ("border_max_x", edge(x1, w)),
                         ("border_min_y", edge(h - y1, h)), ("border_max_y", edge(h - y0, h))):
         put(r, attr, f32(value))
+    for o, attr, split in whole_only(sc):
+        put(o, attr, current["own"][attr] if req.get("whole") else split)
     put(cy, "seed", req["seed"])
     put(cy, "sample_offset", req["from"])
     put(cy, "samples", req["to"] - req["from"])
@@ -317,52 +472,146 @@ def render(req):
     return {"render_seconds": seconds}
 
 
-# --- encode: the assembled float frame as Blender itself would write it -----------------------
+# --- assemble: the assembled frame through Blender's own pipeline -----------------------------
 
-def encode(req):
-    """Writes the float frame through Blender's own render pipeline: a compositor-only render
-    (an Image node into the Composite output, no Render Layers, so no 3D render) applies the
-    scene's colour management and dither exactly as a render of the scene would. It renders a
-    copy of the scene, so the scene itself stays as the passes it renders need it."""
+# The passes of the assembled frame, by view layer: [(pass, channels, channel ids, type)], and
+# the render metadata (Cryptomatte manifests) to stamp into its result.
+assembling = {"passes": {}, "stamp": {}, "file": None}
+
+
+class Assembler(bpy.types.RenderEngine):
+    """A render engine that renders nothing: its result is the assembled frame, read from a
+    multilayer EXR, so Blender's own pipeline runs the compositor on it (Render Layers nodes
+    fed from its layers and passes) and writes the file the scene asks for, as after a render."""
+    bl_idname = "TILEFARM_ASSEMBLE"
+    bl_label = "tilefarm assembly"
+    bl_use_postprocess = True
+
+    def update_render_passes(self, scene=None, renderlayer=None):
+        for name, n, ids, typ in assembling["passes"].get(renderlayer.name, []):
+            self.register_pass(scene, renderlayer, name, n, ids, typ)
+
+    def render(self, depsgraph):
+        sc = depsgraph.scene
+        layer = depsgraph.view_layer.name
+        for name, n, ids, typ in assembling["passes"].get(layer, []):
+            if name != "Combined":
+                self.add_pass(name, n, ids, layer=layer)
+        w = sc.render.resolution_x * sc.render.resolution_percentage // 100
+        h = sc.render.resolution_y * sc.render.resolution_percentage // 100
+        result = self.begin_result(0, 0, w, h, layer=layer)
+        result.load_from_file(assembling["file"])
+        for k, v in assembling["stamp"].items():
+            self.get_result().stamp_data_add_field(k, v)
+        self.end_result(result)
+
+
+PASS_TYPES = {1: "VALUE", 3: "VECTOR", 4: "COLOR"}
+
+
+def layer_passes(channels, layers):
+    """Groups "Layer.Pass.Channel" names by view layer and pass, in the order they come."""
+    out = {}
+    for name in channels:
+        layer = max((l for l in layers if name.startswith(l + ".")), key=len, default=None)
+        if layer is None:
+            continue
+        pass_, _, chan = name[len(layer) + 1:].rpartition(".")
+        passes = out.setdefault(layer, [])
+        if passes and passes[-1][0] == pass_:
+            passes[-1][1].append(chan)
+        else:
+            passes.append((pass_, [chan]))
+    return {l: [(p, len(cs), "".join(cs), PASS_TYPES.get(len(cs), "COLOR")) for p, cs in ps] for l, ps in out.items()}
+
+
+# Output formats the farm offers besides the scene's own ("blend"): the Composite result.
+FORMATS = {"png": ("PNG", "RGB", "8", None), "png16": ("PNG", "RGB", "16", None), "exr": ("OPEN_EXR", "RGB", "32", "ZIP")}
+
+
+def assemble(req):
+    """Writes the assembled frame req["in"] (a float multilayer EXR of every tile channel) as
+    Blender writes a render of the scene: the compositor run on it, the File Output nodes'
+    files, and the output file in the scene's own format ("blend") or in one of FORMATS, all
+    under req["out"]: main/<name> and files/<path under the .blend's directory>."""
+    current["file"] = None  # opened afresh: the probe below must be the process's first render
     open_file(req["file"])
-    img = bpy.data.images.load(req["in"], check_existing=False)
-    enc = bpy.context.scene.copy()
-    try:
-        img.colorspace_settings.name = "Linear"
-        w, h = img.size
-        enc.use_nodes = True
-        tree = enc.node_tree
-        for n in list(tree.nodes):
-            tree.nodes.remove(n)
-        src = tree.nodes.new("CompositorNodeImage")
-        src.image = img
-        dst = tree.nodes.new("CompositorNodeComposite")
-        tree.links.new(src.outputs["Image"], dst.inputs["Image"])
-        r = enc.render
-        r.use_compositing, r.use_sequencer, r.use_border = True, False, False
-        r.resolution_x, r.resolution_y, r.resolution_percentage = w, h, 100
-        s = r.image_settings
-        s.file_format = "PNG"
-        s.color_mode = "RGB"
-        s.color_depth = req["depth"]
-        s.compression = 15
-        out = req["out"]
-        if os.path.exists(out):
-            os.remove(out)
-        r.filepath = out
-        bpy.ops.render.render(write_still=True, scene=enc.name)
-    finally:
-        bpy.data.scenes.remove(enc)
-        bpy.data.images.remove(img)
-    if not os.path.isfile(out):
-        raise RuntimeError("Blender wrote no image to %s" % out)
-    return {}
+    sc = bpy.context.scene
+    current["file"] = None  # the scene is changed below: the next request opens it afresh
+    if sc.frame_current != req["frame"]:
+        sc.frame_set(req["frame"])
+    cam = sc.objects.get(req["camera"])
+    if cam is None or cam.type != "CAMERA":
+        raise SceneError("the scene has no camera %r" % req["camera"])
+    sc.camera = cam
+    r = sc.render
+    r.resolution_x, r.resolution_y, r.resolution_percentage = req["width"], req["height"], 100
+    own = {k: v for k, v in req["own"].items()}
+    outdir = req["out"]
+    stamp = {}
+    if any(".Crypto" in c for c in req["channels"]):
+        probe_out = os.path.join(outdir, "probe.exr")
+        for o, attr, split in whole_only(sc):
+            put(o, attr, split)
+        probe(sc, req["frame"], probe_out)
+        stamp = exr_strings(probe_out, "cryptomatte/")
+        os.remove(probe_out)
+    layers = [vl.name for vl in sc.view_layers if vl.use]
+    assembling.update(passes=layer_passes(req["channels"], layers), stamp=stamp, file=req["in"])
+    r.engine = Assembler.bl_idname
+    r.use_border = False
+    # What would make two assemblies of the same tiles differ in their bytes (the promotion of a
+    # frame is idempotent only for identical bytes) stays out of the file's metadata.
+    for attr in ("use_stamp_date", "use_stamp_render_time", "use_stamp_memory", "use_stamp_hostname", "use_stamp_filename"):
+        setattr(r, attr, False)
+    r.use_compositing = own["compositing"]
+    s = r.image_settings
+    fmt = req.get("format") or "blend"
+    if fmt == "blend":
+        s.file_format = own["file_format"]
+        s.color_mode = own["color_mode"]
+        s.color_depth = own["color_depth"]
+        s.exr_codec = own["exr_codec"]
+        r.use_file_extension = own["use_extension"]
+        r.filepath = own["path"]
+        name = r.frame_path(frame=req["frame"])
+        if own["path"].startswith("//"):  # named as the .blend's directory sees it
+            name = "//" + os.path.relpath(name, os.path.dirname(bpy.data.filepath)).replace(os.sep, "/")
+    else:
+        s.file_format, s.color_mode, s.color_depth, codec = FORMATS[fmt]
+        if codec:
+            s.exr_codec = codec
+        name = "frame"
+        r.use_file_extension = True
+    # The main file lands alone in main/ under the name Blender gives it (with its extension when
+    # the scene adds one), File Output nodes' files under files/ by their path.
+    r.filepath = os.path.join(outdir, "main", os.path.basename(name))
+    files = {}
+    if own["compositing"] and sc.node_tree is not None:
+        for n in sc.node_tree.nodes:
+            if n.type == "OUTPUT_FILE":
+                if fmt != "blend":
+                    n.mute = True  # the farm's own formats are the Composite alone
+                    continue
+                rel = n.base_path[2:] if n.base_path.startswith("//") else n.base_path.lstrip("/")
+                n.base_path = os.path.join(outdir, "files", rel)
+    bpy.ops.render.render(write_still=True)
+    written = os.listdir(os.path.join(outdir, "main")) if os.path.isdir(os.path.join(outdir, "main")) else []
+    if len(written) != 1:
+        raise RuntimeError("Blender wrote %d images for the frame, want 1: %s" % (len(written), written))
+    main = os.path.join(outdir, "main", written[0])
+    for root, _, names in os.walk(os.path.join(outdir, "files")):
+        for f in names:
+            full = os.path.join(root, f)
+            files[os.path.relpath(full, os.path.join(outdir, "files"))] = full
+    return {"main": os.path.relpath(main, outdir), "name": name, "files": sorted(files)}
 
 
-OPS = {"inspect": inspect, "render": render, "encode": encode}
+OPS = {"inspect": inspect, "render": render, "assemble": assemble}
 
 
 def main():
+    bpy.utils.register_class(Assembler)
     send({"ok": True, "build": build()})
     threading.Thread(target=heartbeat, daemon=True).start()
     for line in requests:

@@ -2,18 +2,60 @@ package blender
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/tilefarm/tilefarm/raster"
+	"github.com/tilefarm/tilefarm/render"
 )
 
-// EncodePNG encodes a linear float frame of the scene as Blender itself writes the scene's
-// renders: through its colour management (view transform, look, exposure, gamma, display) at
-// depth 8 or 16 bits, so an artist's PNG looks as it would from Blender.
-func EncodePNG(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, depth int) ([]byte, error) {
-	if depth != 8 && depth != 16 {
-		return nil, fmt.Errorf("blender: PNG depth %d, want 8 or 16", depth)
+// FormatBlend is the output format that is the .blend's own: the file a render of the scene
+// writes (its format, colour mode, depth, codec, every view layer and pass of a multilayer
+// EXR, the compositor's result), and the files of its File Output nodes.
+const FormatBlend = "blend"
+
+// Formats are the output formats Assemble writes: the .blend's own, and the farm's formats of
+// the Composite result (8- and 16-bit PNG through the scene's colour management, linear EXR).
+var Formats = []string{FormatBlend, "png", "png16", "exr"}
+
+// Assembled is a frame written by Blender from its assembled tiles.
+type Assembled struct {
+	// Name is the main file's name as Blender names it: for FormatBlend the scene's output path
+	// for the frame ("//render/plate_0001.exr", relative to the .blend's directory, or
+	// absolute); for the farm's formats "frame.png" or "frame.exr".
+	Name string
+	Main []byte
+	// Files are the File Output nodes' files by their path under the .blend's directory
+	// ("render/depth/depth_0001.png"); only FormatBlend writes them.
+	Files map[string][]byte
+}
+
+// assembleReply is the driver's answer to an assemble request.
+type assembleReply struct {
+	Main  string   `json:"main"` // under the output directory
+	Name  string   `json:"name"`
+	Files []string `json:"files"` // under the output directory's files/
+}
+
+// Assemble writes an assembled frame (every channel of the scene's tiles, f.Names in the
+// description's order) as Blender writes a render of the scene: a render engine of the driver
+// whose result is the frame feeds Blender's own pipeline, so the compositor runs once on the
+// whole frame with its Render Layers nodes fed from the assembled layers and passes, the File
+// Output nodes write their files, and the output is written in format: FormatBlend, the
+// scene's own settings; png, png16 or exr, the Composite (or Combined) result. The
+// Cryptomatte manifests, which Cycles writes only into a render's metadata, come from a
+// one-pixel render of the frame.
+func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame int, st render.Settings, format string) (*Assembled, error) {
+	if !slices.Contains(Formats, format) {
+		return nil, sceneErr("unknown output format %q (want %s)", format, strings.Join(Formats, ", "))
+	}
+	if !slices.Equal(f.Names, sc.Desc.Channels) || f.Width != st.Width || f.Height != st.Height {
+		return nil, sceneErr("the assembled frame's %dx%d channels %q are not the scene's %dx%d %q",
+			f.Width, f.Height, f.Names, st.Width, st.Height, sc.Desc.Channels)
 	}
 	exr, err := raster.EncodeEXR(f, raster.EXRNone)
 	if err != nil {
@@ -24,22 +66,48 @@ func EncodePNG(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, dept
 		return nil, err
 	}
 	defer os.Remove(in)
-	out, err := pool.scratch(".png")
-	if err != nil {
-		return nil, err
-	}
-	defer os.Remove(out)
+	out := in + ".d"
+	defer os.RemoveAll(out)
 	if err := os.WriteFile(in, exr, 0o644); err != nil {
 		return nil, fmt.Errorf("writing the frame for Blender: %w", err)
 	}
-	blend := sc.Blend()
-	req := map[string]any{"op": "encode", "file": blend, "in": in, "out": out, "depth": fmt.Sprint(depth)}
-	if _, err := pool.call(ctx, blend, req); err != nil {
-		return nil, fmt.Errorf("encoding PNG: %w", err)
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return nil, fmt.Errorf("writing the frame for Blender: %w", err)
 	}
-	data, err := os.ReadFile(out)
+	blend := sc.Blend()
+	req := map[string]any{"op": "assemble", "file": blend, "frame": frame, "camera": st.Camera,
+		"width": st.Width, "height": st.Height, "in": in, "out": out, "channels": f.Names,
+		"own": sc.Desc.Output, "format": format}
+	line, err := pool.call(ctx, blend, req)
 	if err != nil {
-		return nil, fmt.Errorf("%w: reading the encoded PNG: %v", ErrProcess, err)
+		return nil, fmt.Errorf("assembling frame %d as %s: %w", frame, format, err)
+	}
+	var reply assembleReply
+	if err := json.Unmarshal(line, &reply); err != nil {
+		return nil, fmt.Errorf("%w: unreadable assemble reply: %v", ErrProcess, err)
+	}
+	a := &Assembled{Name: reply.Name, Files: map[string][]byte{}}
+	if a.Main, err = readUnder(out, reply.Main); err != nil {
+		return nil, err
+	}
+	for _, name := range reply.Files {
+		data, err := readUnder(filepath.Join(out, "files"), name)
+		if err != nil {
+			return nil, err
+		}
+		a.Files[filepath.ToSlash(name)] = data
+	}
+	return a, nil
+}
+
+// readUnder reads the file the driver named under dir, refusing a name that leaves it.
+func readUnder(dir, name string) ([]byte, error) {
+	if !filepath.IsLocal(name) {
+		return nil, fmt.Errorf("%w: the driver named %q outside its output directory", ErrProcess, name)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return nil, fmt.Errorf("%w: reading what Blender wrote: %v", ErrProcess, err)
 	}
 	return data, nil
 }

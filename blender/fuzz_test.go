@@ -13,7 +13,10 @@ import (
 func FuzzParseDescription(f *testing.F) {
 	good := &blender.Description{Format: blender.Format, Blend: "shots/a.blend", Files: []string{"shots/a.blend", "tex/b.png"},
 		Scene: "Shot", Cameras: []string{"Cam", "Side"}, Camera: "Cam", Width: 160, Height: 120, SPP: 32, Seed: 7,
-		MaxBounces: 6, FrameStart: 1, FrameEnd: 24, SwitchedOff: []string{}, Build: "blender/3.4.1"}
+		MaxBounces: 6, FrameStart: 1, FrameEnd: 24, Whole: []string{}, SplitOff: []string{}, Caveats: []string{},
+		Layers: []blender.Layer{{Name: "ViewLayer", AOVs: []string{}, Lightgroups: []string{}}}, Output: blender.Output{FileOutputs: []string{}},
+		Channels: []string{"ViewLayer.Combined.A", "ViewLayer.Combined.B", "ViewLayer.Combined.G", "ViewLayer.Combined.R", "ViewLayer.Depth.Z"},
+		Build:    "blender/3.4.1"}
 	f.Add(good.Encode())
 	f.Add([]byte(`{"format":"tilefarm-blender/1"}`))
 	f.Add([]byte(`{"format":"tilefarm-blender/1","blend":"a.blend","files":["a.blend"],"cameras":["C"],"build":"b","frame_start":5,"frame_end":1}`))

@@ -24,8 +24,10 @@ type inspectReply struct {
 	Deps []string `json:"deps"`
 }
 
-// Inspect asks Blender about the .blend at path: its cameras, settings and frame range, what
-// cannot be split and is switched off, and every file it depends on (images, linked
+// Inspect asks Blender about the .blend at path: its cameras, settings and frame range, its
+// output settings, view layers and the channels of every pass its tiles render (a one-pixel
+// probe render), why its frames render whole or what splitting them switches off, and every
+// file it depends on (images, linked
 // libraries, caches, found by Blender itself). A file that is not a .blend, a missing
 // dependency, an absolute path, a scene without a camera or one that needs scripts to run is
 // an ErrScene naming the problem, so it is rejected at submit instead of rendering magenta.
@@ -44,7 +46,12 @@ func Inspect(ctx context.Context, pool *Pool, path string) (*Inspection, error) 
 	if err := checkMagic(blend); err != nil {
 		return nil, err
 	}
-	line, err := pool.call(ctx, blend, map[string]any{"op": "inspect", "file": blend})
+	probe, err := pool.scratch(".exr")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(probe)
+	line, err := pool.call(ctx, blend, map[string]any{"op": "inspect", "file": blend, "probe": probe})
 	if err != nil {
 		return nil, fmt.Errorf("inspecting %s: %w", filepath.Base(path), err)
 	}
@@ -76,8 +83,17 @@ func Inspect(ctx context.Context, pool *Pool, path string) (*Inspection, error) 
 	d := r.Description
 	d.Format, d.Blend, d.Files, d.Build = Format, filepath.ToSlash(blendName), names, build
 	in.Desc = &d
-	if in.Desc.SwitchedOff == nil {
-		in.Desc.SwitchedOff = []string{}
+	for _, l := range []*[]string{&in.Desc.Whole, &in.Desc.SplitOff, &in.Desc.Caveats, &in.Desc.Output.FileOutputs} {
+		if *l == nil {
+			*l = []string{}
+		}
+	}
+	for i := range in.Desc.Layers {
+		for _, l := range []*[]string{&in.Desc.Layers[i].AOVs, &in.Desc.Layers[i].Lightgroups} {
+			if *l == nil {
+				*l = []string{}
+			}
+		}
 	}
 	if err := in.Desc.validate(); err != nil {
 		return nil, err

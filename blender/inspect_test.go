@@ -11,6 +11,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/blender/blendertest"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 func TestInspectExample(t *testing.T) {
@@ -27,8 +28,14 @@ func TestInspectExample(t *testing.T) {
 		d.SPP != 32 || d.Seed != 7 || d.FrameStart != 1 || d.FrameEnd != 24 || d.ViewTransform != "Filmic" {
 		t.Fatalf("description %+v does not say what the example scene has", d)
 	}
-	if len(d.SwitchedOff) != 0 {
-		t.Fatalf("the example has nothing to switch off, got %q", d.SwitchedOff)
+	if len(d.Whole) != 0 || len(d.SplitOff) != 0 || len(d.Caveats) != 0 {
+		t.Fatalf("the example splits with nothing switched off, got whole %q, split off %q, caveats %q", d.Whole, d.SplitOff, d.Caveats)
+	}
+	if !slices.Equal(d.Channels, []string{"ViewLayer.Combined.A", "ViewLayer.Combined.B", "ViewLayer.Combined.G", "ViewLayer.Combined.R"}) {
+		t.Fatalf("channels %q: want the one view layer's Combined RGBA, as the tiles render it", d.Channels)
+	}
+	if o := d.Output; o.FileFormat != "PNG" || o.Extension != ".png" || !o.UseExtension {
+		t.Fatalf("output %+v: want the example's PNG", o)
 	}
 	if !strings.HasPrefix(d.Build, "blender/3.4.1 ") || !strings.Contains(d.Build, "cycles-cpu/") || !strings.Contains(d.Build, "driver/"+blender.DriverVersion) {
 		t.Fatalf("build %q lacks the Blender version, kernel or driver", d.Build)
@@ -96,13 +103,33 @@ func TestInspectRejectsBadScenes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := strings.Join(in.Desc.SwitchedOff, "\n")
-	for _, w := range []string{"adaptive sampling", "denoising", "compositing"} {
-		if !strings.Contains(got, w) {
-			t.Errorf("switched off %q does not name %s", in.Desc.SwitchedOff, w)
-		}
+	// Adaptive sampling makes the frame render whole, and --split switches it off; denoising on
+	// a Blender without a denoiser is a caveat in every mode; the compositor runs at assembly.
+	d := in.Desc
+	if len(d.Whole) != 1 || !strings.Contains(d.Whole[0], "adaptive sampling") {
+		t.Errorf("whole %q: want adaptive sampling alone", d.Whole)
 	}
-	if len(in.Desc.SwitchedOff) != 3 {
-		t.Errorf("switched off %q: want one line for each of the 3 settings", in.Desc.SwitchedOff)
+	if len(d.SplitOff) != 1 || !strings.Contains(d.SplitOff[0], "adaptive sampling") {
+		t.Errorf("split off %q: want adaptive sampling alone", d.SplitOff)
+	}
+	if len(d.Caveats) != 1 || !strings.Contains(d.Caveats[0], "no denoiser") {
+		t.Errorf("caveats %q: want the missing denoiser", d.Caveats)
+	}
+	if !d.Output.Compositing {
+		t.Errorf("output %+v: the scene's compositor is on", d.Output)
+	}
+	st, err := d.Resolve(render.Overrides{})
+	if err != nil || !st.Whole || st.Passes != 1 {
+		t.Errorf("default settings %+v, %v: want whole, one pass", st, err)
+	}
+	if notes := strings.Join(d.Notes(render.Overrides{}), "\n"); !strings.Contains(notes, "renders whole") || !strings.Contains(notes, "--split") {
+		t.Errorf("notes %q do not say the frame renders whole and how to split it", notes)
+	}
+	st, err = d.Resolve(render.Overrides{Split: true})
+	if err != nil || st.Whole || st.Passes != blender.DefaultPasses {
+		t.Errorf("split settings %+v, %v: want split in %d passes", st, err, blender.DefaultPasses)
+	}
+	if notes := strings.Join(d.Notes(render.Overrides{Split: true}), "\n"); !strings.Contains(notes, "adaptive sampling (noise threshold") {
+		t.Errorf("split notes %q do not say adaptive sampling is off", notes)
 	}
 }

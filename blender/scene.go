@@ -11,6 +11,7 @@ import (
 type Scene struct {
 	Desc *Description
 	Root string // the directory holding the bundle's files under their bundle names
+	plan *channelPlan
 }
 
 // Blend is the path of the scene's .blend file.
@@ -25,7 +26,11 @@ func Unpack(dir, version string, desc *Description, read func(name string) ([]by
 		return nil, fmt.Errorf("unpacking scene: %w", err)
 	}
 	root := filepath.Join(dir, version)
-	sc := &Scene{Desc: desc, Root: root}
+	plan, err := planChannels(desc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrScene, err)
+	}
+	sc := &Scene{Desc: desc, Root: root, plan: plan}
 	if fi, err := os.Stat(root); err == nil && fi.IsDir() {
 		return sc, nil
 	}

@@ -13,10 +13,12 @@ import (
 )
 
 // Tile renders one pixel rectangle of one frame of a Scene, pass by pass: each pass is one
-// Cycles border render of the samples [a, b) (sample_offset a, samples b-a), whose float mean
-// is added into float64 sums times b-a, in pass order. For a fixed partition of the samples
-// that is deterministic, so a tile resumed from its sums after any pass ends with the same
-// bits as one rendered straight through. A Tile is not safe for concurrent use.
+// Cycles border render of the samples [a, b) (sample_offset a, samples b-a) of every view layer
+// and pass, combined into float64 sums channel by channel by the channel's rule (channels.go:
+// a mean times b-a, the first range's value, a weighted mean, a Cryptomatte merge), in pass
+// order. For a fixed partition of the samples that is deterministic, so a tile resumed from its
+// sums after any pass ends with the same bits as one rendered straight through. A Tile is not
+// safe for concurrent use.
 type Tile struct {
 	pool  *Pool
 	scene *Scene
@@ -58,8 +60,11 @@ func NewTile(ctx context.Context, pool *Pool, sc *Scene, st render.Settings, fra
 	if st.Build != build {
 		return nil, fmt.Errorf("%w: the tile was made for %q, this worker runs %q (all workers of a farm, and the machine that submits, must run the same Blender on the same kind of CPU)", ErrBuildMismatch, st.Build, build)
 	}
+	if st.Values() != len(sc.Desc.Channels) {
+		return nil, sceneErr("settings.channels %d: the scene's tiles have %d channels", st.Values(), len(sc.Desc.Channels))
+	}
 	return &Tile{pool: pool, scene: sc, st: st, frame: frame, rect: r, ends: st.PassEnds(0),
-		sum: make([]float64, 3*r.Dx()*r.Dy())}, nil
+		sum: make([]float64, st.Values()*r.Dx()*r.Dy())}, nil
 }
 
 // Render renders samples [from, to), which must start at Next and end at the end of a pass
@@ -81,10 +86,7 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 		if err != nil {
 			return err
 		}
-		n := float64(end - t.next)
-		for i, v := range pix {
-			t.sum[i] += float64(v) * n
-		}
+		t.scene.plan.add(t.sum, pix, t.next, end-t.next)
 		t.next = end
 		t.stats.Passes++
 		t.stats.Blender += blenderTime
@@ -96,8 +98,8 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 // Stats returns where the time of the passes rendered so far went.
 func (t *Tile) Stats() Stats { return t.stats }
 
-// pass renders samples [a, b) of the tile and returns their mean, RGB interleaved, row-major,
-// and how long Blender's render call took.
+// pass renders samples [a, b) of the tile and returns every channel of it, interleaved in the
+// description's order, row-major, and how long Blender's render call took.
 func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, error) {
 	out, err := t.pool.scratch(".exr")
 	if err != nil {
@@ -106,7 +108,7 @@ func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, er
 	defer os.Remove(out)
 	blend := t.scene.Blend()
 	req := map[string]any{"op": "render", "file": blend, "frame": t.frame, "camera": t.st.Camera,
-		"width": t.st.Width, "height": t.st.Height, "seed": t.st.Seed,
+		"width": t.st.Width, "height": t.st.Height, "seed": t.st.Seed, "whole": t.st.Whole,
 		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "out": out}
 	line, err := t.pool.call(ctx, blend, req)
 	if err != nil {
@@ -122,9 +124,12 @@ func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, er
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
 	}
-	f, err := raster.DecodeEXR(data)
+	f, _, err := raster.DecodeEXRChannels(data)
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
+	}
+	if !slices.Equal(f.Names, t.scene.Desc.Channels) {
+		return nil, 0, fmt.Errorf("%w: Blender rendered the channels %q, the scene was inspected with %q", ErrBuildMismatch, f.Names, t.scene.Desc.Channels)
 	}
 	if f.Width != t.rect.Dx() || f.Height != t.rect.Dy() {
 		return nil, 0, fmt.Errorf("%w: Blender rendered %dx%d pixels for the %dx%d tile %v", ErrProcess, f.Width, f.Height, t.rect.Dx(), t.rect.Dy(), t.rect)
@@ -154,16 +159,13 @@ func (t *Tile) Import(st render.State) error {
 	return nil
 }
 
-// Pixels returns the mean of the samples so far, RGB interleaved, row-major over the rect.
-// The division (not a multiplication by 1/n) makes a one-pass tile exactly Blender's floats.
+// Pixels returns every channel of the samples so far, interleaved in the description's order,
+// row-major over the rect: what one render of those samples gives, channel by channel.
 func (t *Tile) Pixels() []float32 {
 	out := make([]float32, len(t.sum))
 	if t.next == 0 {
 		return out
 	}
-	n := float64(t.next)
-	for i, v := range t.sum {
-		out[i] = float32(v / n)
-	}
+	t.scene.plan.pixels(t.sum, t.next, out)
 	return out
 }

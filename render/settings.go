@@ -23,6 +23,21 @@ type Settings struct {
 	// Build is the fingerprint of the renderer a scene not rendered by this package needs
 	// (Blender's version, Cycles kernel and BVH): workers of another build refuse its tiles.
 	Build string `json:"build,omitempty"`
+	// Channels is how many float values a pixel of a tile holds when not linear RGB (a Blender
+	// frame's every view layer and pass); 0 is RGB, 3. Omitted when 0.
+	Channels int `json:"channels,omitempty"`
+	// Whole renders each frame as one tile in one pass, with what reads neighbouring pixels
+	// while rendering (adaptive sampling) left on: how the farm keeps the picture of a scene
+	// that cannot be split. Omitted when false.
+	Whole bool `json:"whole,omitempty"`
+}
+
+// Values is how many float values one pixel of a tile of st holds.
+func (st Settings) Values() int {
+	if st.Channels > 0 {
+		return st.Channels
+	}
+	return 3
 }
 
 // PassEnds returns the ends of the passes a tile renders its st.SPP samples in: pass i is
@@ -65,7 +80,7 @@ func (s *Scene) Validate(st Settings) error {
 	if s.cameraIndex(st.Camera) < 0 {
 		return sceneErr("settings.camera", "unknown camera %q (have %s)", st.Camera, quoteList(s.Cameras()))
 	}
-	if st.Passes != 0 || st.Build != "" {
+	if st.Passes != 0 || st.Build != "" || st.Channels != 0 || st.Whole {
 		return sceneErr("settings.passes", "the built-in renderer takes no fixed passes or build: any partition of a tile's samples gives the same bits")
 	}
 	if err := ValidateSize(st); err != nil {
@@ -130,6 +145,10 @@ type Overrides struct {
 	Camera             string
 	Width, Height, SPP int
 	Passes             int // only for renderers whose bits depend on the pass partition
+	// Split asks for a scene that would render each frame whole (adaptive sampling) to be split
+	// into tiles and passes anyway, with what cannot be split switched off: the artist's
+	// explicit trade of the scene's picture for parallelism and resumption.
+	Split bool
 }
 
 // Resolve returns the scene's settings with the overrides applied, validated: every command and

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
@@ -110,6 +111,30 @@ func OwnRender(t testing.TB, blend string, st render.Settings, frame int, png bo
 		ext = ".png"
 	}
 	return filepath.Join(dir, fmt.Sprintf("own_%04d%s", frame, ext))
+}
+
+// Combined returns the RGB of the first view layer's Combined pass of a frame of a Blender
+// scene's channels ("<layer>.Combined.R"...), interleaved as an RGB frame holds it: what
+// Blender's own single-layer EXR of the frame holds.
+func Combined(t testing.TB, f *raster.Frame) []float32 {
+	t.Helper()
+	at := [3]int{-1, -1, -1}
+	for i, n := range f.Names {
+		for c, suffix := range []string{".Combined.R", ".Combined.G", ".Combined.B"} {
+			if strings.HasSuffix(n, suffix) && at[c] < 0 {
+				at[c] = i
+			}
+		}
+	}
+	if at[0] < 0 || at[1] < 0 || at[2] < 0 {
+		t.Fatalf("the frame's channels %q have no Combined pass", f.Names)
+	}
+	k := len(f.Names)
+	out := make([]float32, 0, f.Width*f.Height*3)
+	for px := 0; px+k <= len(f.Pix); px += k {
+		out = append(out, f.Pix[px+at[0]], f.Pix[px+at[1]], f.Pix[px+at[2]])
+	}
+	return out
 }
 
 // ReadEXR decodes an EXR file.

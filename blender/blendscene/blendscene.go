@@ -59,7 +59,7 @@ type Kind struct{ pool *blender.Pool }
 var _ scene.Kind = (*Kind)(nil)
 
 // New makes the kind with a pool of Blender processes in env.Dir: one per slot, since a process
-// serves one request (a pass, an encoding) at a time and the assembly loop's encodings take
+// serves one request (a pass, an assembly) at a time and the assembly loop's requests take
 // turns with the slots' passes.
 func New(o Options, env scene.Env) *Kind {
 	return &Kind{pool: blender.NewPool(blender.Options{Binary: o.Binary, HangTimeout: o.HangTimeout,
@@ -92,20 +92,20 @@ func (k *Kind) ClaimsDocument(doc []byte) bool { return blender.IsDescription(do
 
 // Read has Blender inspect the .blend (blender.Inspect) and bundles the description as the
 // scene document with the .blend and every file it depends on, by their paths under a common
-// root. The notes are the settings that cannot be split by tile and are switched off.
-func (k *Kind) Read(ctx context.Context, p string) (*bundle.Bundle, []string, error) {
+// root.
+func (k *Kind) Read(ctx context.Context, p string) (*bundle.Bundle, error) {
 	in, err := blender.Inspect(ctx, k.pool, p)
 	if err != nil {
 		if errors.Is(err, blender.ErrScene) {
-			return nil, nil, failure.Terminal(err)
+			return nil, failure.Terminal(err)
 		}
-		return nil, nil, err
+		return nil, err
 	}
 	b, err := bundle.FromFiles(path.Base(in.Desc.Blend), in.Desc.Encode(), in.Desc.Files, func(name string) string { return in.Paths[name] })
 	if err != nil {
-		return nil, nil, failure.Terminalf("scene %s: %w", path.Base(in.Desc.Blend), err)
+		return nil, failure.Terminalf("scene %s: %w", path.Base(in.Desc.Blend), err)
 	}
-	return b, in.Desc.SwitchedOff, nil
+	return b, nil
 }
 
 // Describe parses the scene description.
@@ -159,7 +159,12 @@ func (k *Kind) Load(_ context.Context, b *bundle.Bundle, version, dir string) (s
 // TileSize is the default tile edge.
 func (k *Kind) TileSize() int { return TileSize }
 
-// TilePreviews is false: Blender's colour management encodes a PNG from the whole frame.
+// Formats are the .blend's own output first (blender.FormatBlend), then the farm's formats of
+// the Composite result.
+func (k *Kind) Formats() []string { return blender.Formats }
+
+// TilePreviews is false: Blender's compositor and colour management encode a PNG from the
+// whole frame.
 func (k *Kind) TilePreviews() bool { return false }
 
 // EncodeTilePreview refuses: see TilePreviews.
@@ -181,23 +186,21 @@ func (c cycles) NewTile(ctx context.Context, st render.Settings, frame int, r re
 	return cyclesTile{t}, nil
 }
 
-// Encode has Blender encode PNGs through the scene's own colour management, so they look as
-// Blender's own renders of the scene do.
-func (c cycles) Encode(ctx context.Context, f *raster.Frame, _ render.Settings, format string) ([]byte, error) {
-	depth := 0
-	switch format {
-	case "png":
-		depth = 8
-	case "png16":
-		depth = 16
-	default:
-		return scene.EncodeLinear(f, format)
-	}
-	data, err := blender.EncodePNG(ctx, c.pool, c.s, f, depth)
+// Channels are the scene's every view layer and pass.
+func (c cycles) Channels() []string { return c.s.Desc.Channels }
+
+// Encode has Blender write the assembled frame (blender.Assemble): the compositor run on it
+// and the file the .blend asks for, or the farm's formats of its Composite result.
+func (c cycles) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (scene.Output, error) {
+	a, err := blender.Assemble(ctx, c.pool, c.s, f, frame, st, format)
 	if err != nil {
-		return nil, classify("encoding "+format, err)
+		return scene.Output{}, classify("encoding "+format, err)
 	}
-	return data, nil
+	out := scene.Output{Data: a.Main, Files: a.Files}
+	if format == blender.FormatBlend {
+		out.Name = a.Name
+	}
+	return out, nil
 }
 
 // cyclesTile classifies the errors of a Blender tile for the farm.

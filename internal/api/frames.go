@@ -30,6 +30,17 @@ type FrameTiles struct {
 	Tiles   []TileInfo `json:"tiles"`
 }
 
+// FrameIndex is the body of GET /v1/jobs/{id}/frames/{frame}/{format}/index: the files of one
+// output of a frame as its renderer named them. Name is the main file's (GET
+// .../{format}): a Blender scene's own output is named as Blender names it, relative to the
+// .blend's directory ("//render/plate_0001.exr") or absolute. Files are the other files (a
+// Blender compositor's File Output nodes'), by their path relative to the .blend's
+// directory; file i is GET .../{format}?file=i.
+type FrameIndex struct {
+	Name  string   `json:"name"`
+	Files []string `json:"files"`
+}
+
 // FrameEvent is one frame whose tiles changed, in an `event: frame` message of GET /v1/events.
 type FrameEvent struct {
 	JobID          string     `json:"job_id"`

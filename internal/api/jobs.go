@@ -73,11 +73,12 @@ type SubmitRequest struct {
 	SceneFrames    bool     `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
 	SPP            int      `json:"spp,omitempty"`
 	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
+	Split          bool     `json:"split,omitempty"`  // Blender scenes: split frames that would render whole, switching off what cannot be split
 	Width          int      `json:"width,omitempty"`
 	Height         int      `json:"height,omitempty"`
 	TileSize       int      `json:"tile_size,omitempty"` // default 64, 256 for Blender scenes
 	Priority       int      `json:"priority,omitempty"`
-	Formats        []string `json:"formats,omitempty"`
+	Formats        []string `json:"formats,omitempty"` // none: the scene kind's default (a Blender scene's own output, "blend")
 	IdempotencyKey string   `json:"idempotency_key,omitempty"`
 }
 

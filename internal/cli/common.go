@@ -183,29 +183,24 @@ func parseFrames(s string) (first, last int, err error) {
 	return first, last, coordinator.CheckFrameRange(first, last)
 }
 
-// formatFor picks the output format from an explicit flag or the output file's extension.
-func formatFor(flagValue, out string) (string, error) {
-	f := flagValue
-	if f == "" {
-		switch strings.ToLower(filepath.Ext(out)) {
-		case ".exr":
-			f = "exr"
-		default:
-			f = "png"
-		}
+// checkFormat checks a --format value: "" (the default, decided with the scene: defaultFormat)
+// or a format the farm writes.
+func checkFormat(f string) error {
+	if _, ok := layout.FrameOutputName(f); !ok && f != "" {
+		return usagef("--format %q: want png, png16, exr or blend (a Blender scene's own output)", f)
 	}
-	if _, ok := layout.FrameOutputName(f); !ok {
-		return "", usagef("--format %q: want png, png16 or exr", f)
-	}
-	return f, nil
+	return nil
 }
 
-// formatList parses submit's comma-separated --format list.
+// formatList parses submit's comma-separated --format list; "" is the scene's default.
 func formatList(flagValue string) ([]string, error) {
 	var out []string
 	for _, f := range strings.Split(flagValue, ",") {
-		f, err := formatFor(strings.TrimSpace(f), "")
-		if err != nil {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		if err := checkFormat(f); err != nil {
 			return nil, err
 		}
 		out = append(out, f)
@@ -264,6 +259,7 @@ func mustAbs(p string) string {
 type renderFlags struct {
 	spp, width, height, tile, passes int
 	camera                           string
+	split                            bool
 }
 
 func addRenderFlags(fs *pflag.FlagSet) *renderFlags {
@@ -281,6 +277,7 @@ func addRenderFlags(fs *pflag.FlagSet) *renderFlags {
 		return nil
 	})
 	fs.IntVar(&rf.passes, "passes", 0, "Blender scenes: passes each tile's samples are split into, each a checkpoint (default 4; part of the frame's identity)")
+	fs.BoolVar(&rf.split, "split", false, "Blender scenes that render whole (adaptive sampling, a time limit, Freestyle...): split them into tiles and passes anyway, with those settings switched off (changes the picture)")
 	return rf
 }
 
@@ -294,7 +291,7 @@ func (rf *renderFlags) check() error {
 
 // overrides are the settings the flags change.
 func (rf *renderFlags) overrides() render.Overrides {
-	return render.Overrides{Camera: rf.camera, Width: rf.width, Height: rf.height, SPP: rf.spp, Passes: rf.passes}
+	return render.Overrides{Camera: rf.camera, Width: rf.width, Height: rf.height, SPP: rf.spp, Passes: rf.passes, Split: rf.split}
 }
 
 // natsFlags are how a process reaches NATS: --nats (default NATS_URL), --nats-creds and the TLS

@@ -5,12 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 )
 
 func TestParseFrames(t *testing.T) {
@@ -84,27 +88,64 @@ func TestCheckPattern(t *testing.T) {
 	}
 }
 
-func TestFormatFor(t *testing.T) {
-	for _, c := range []struct{ flag, out, want string }{
-		{"", "out/a_####.png", "png"},
-		{"", "out/a_####.exr", "exr"},
-		{"", "out/a_####.EXR", "exr"},
-		{"", "out/a_####", "png"},
-		{"png16", "out/a_####.png", "png16"},
-		{"exr", "out/a_####.png", "exr"}, // an explicit flag wins over the extension
-		{"png", "out/a_####.exr", "png"},
+func TestDefaultFormat(t *testing.T) {
+	for _, c := range []struct {
+		kind      scene.Kind
+		out, want string
+	}{
+		{jsonscene.Kind{}, "out/a_####.png", "png"},
+		{jsonscene.Kind{}, "out/a_####.exr", "exr"},
+		{jsonscene.Kind{}, "out/a_####.EXR", "exr"},
+		{jsonscene.Kind{}, "out/a_####", "png"},
+		// A .blend is written as Blender writes it, whatever --out's extension says.
+		{blendscene.New(blendscene.Options{}, scene.Env{}), "out/a_####.png", "blend"},
+		{blendscene.New(blendscene.Options{}, scene.Env{}), "", "blend"},
 	} {
-		got, err := formatFor(c.flag, c.out)
-		if err != nil || got != c.want {
-			t.Errorf("formatFor(%q, %q) = %q, %v; want %q", c.flag, c.out, got, err, c.want)
+		if got := defaultFormat(c.kind, c.out); got != c.want {
+			t.Errorf("defaultFormat(%s, %q) = %q; want %q", c.kind.Name(), c.out, got, c.want)
+		}
+	}
+	for _, f := range []string{"png", "png16", "exr", "blend", ""} {
+		if err := checkFormat(f); err != nil {
+			t.Errorf("checkFormat(%q) = %v", f, err)
 		}
 	}
 	for _, f := range []string{"jpg", "PNG", "tiff"} {
-		_, err := formatFor(f, "x.png")
+		err := checkFormat(f)
 		var ue *usageError
 		if !errors.As(err, &ue) || !strings.Contains(err.Error(), f) {
-			t.Errorf("formatFor(%q) = %v, want a usage error naming it", f, err)
+			t.Errorf("checkFormat(%q) = %v, want a usage error naming it", f, err)
 		}
+	}
+}
+
+// Property: a Blender scene's own output lands where Blender's -a or -o would put it: its own
+// path under the .blend's directory, or --out with four digits appended when it has no '#' and
+// the extension Blender gives the format; File Output files under the .blend's directory.
+func TestMainPathAsBlenderNamesIt(t *testing.T) {
+	for _, c := range []struct {
+		pattern, name, want string
+	}{
+		{"", "//render/plate_0007.exr", "base/render/plate_0007.exr"},
+		{"", "/abs/plate_0007.exr", "/abs/plate_0007.exr"},
+		{outPattern("out/f_", formatBlend), "//render/plate_0007.exr", "out/f_0007.exr"},
+		{outPattern("out/f_##.exr", formatBlend), "//render/plate_0007.exr", "out/f_07.exr"},
+		{outPattern("out/f_####.png", formatBlend), "//render/plate_0007.exr", "out/f_0007.exr"},
+		{outPattern("out/h.v2_##", formatBlend), "//render/plate_0007.exr", "out/h.v2_07.exr"},
+		{"out/f_####.png", "", "out/f_0007.png"},
+	} {
+		got, err := mainPath(outputDest{Pattern: c.pattern, Base: "base"}, c.name, 7)
+		if err != nil || got != filepath.FromSlash(c.want) {
+			t.Errorf("mainPath(%q, %q) = %q, %v; want %q", c.pattern, c.name, got, err, c.want)
+		}
+	}
+	if _, err := mainPath(outputDest{Base: "base"}, "", 7); err == nil {
+		t.Error("mainPath wrote a farm format with no --out")
+	}
+	dir := t.TempDir()
+	if _, err := writeFrame(outputDest{Base: dir}, 1, "//a_0001.png", []byte("x"), []string{"../escape.png"},
+		func(int) ([]byte, error) { return []byte("y"), nil }); err == nil {
+		t.Error("writeFrame wrote a file outside the .blend's directory")
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,7 +70,8 @@ error, 75 busy or unreachable (retry), 130 interrupted.`)
 func (p *program) client() *client.Client { return client.New(p.server, os.Getenv(client.EnvToken)) }
 
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
-// submit.
+// submit. With no formats the scene kind's default is asked for (defaultFormat: a Blender
+// scene's own output); req.Formats says which.
 func submitRequest(ctx context.Context, path, frames string, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
 	var req api.SubmitRequest
 	first, last := 0, 0
@@ -82,27 +84,28 @@ func submitRequest(ctx context.Context, path, frames string, rf *renderFlags, ou
 	if err := rf.check(); err != nil {
 		return req, nil, err
 	}
-	b, k, err := readScene(ctx, path, ks, stderr)
+	b, k, s, _, err := readScene(ctx, path, ks, rf.overrides(), stderr)
 	if err != nil {
 		return req, nil, err
-	}
-	s, err := k.Describe(b.Scene)
-	if err != nil {
-		return req, nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
-	}
-	if _, err := s.Resolve(rf.overrides()); err != nil {
-		return req, nil, fmt.Errorf("%w: %v", api.ErrBadInput, err)
 	}
 	if frames == "" {
 		first, last = s.Frames()
 	}
+	if len(formats) == 0 {
+		formats = []string{defaultFormat(k, out)}
+	}
+	for _, f := range formats {
+		if !slices.Contains(k.Formats(), f) {
+			return req, nil, usagef("--format %s: a %s is written as %s", f, k.Name(), strings.Join(k.Formats(), ", "))
+		}
+	}
 	if out != "" {
-		if err := checkPattern(out, first, last); err != nil {
+		if err := checkPattern(outPattern(out, formats[0]), first, last); err != nil {
 			return req, nil, err
 		}
 	}
 	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
-		Passes: rf.passes, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
+		Passes: rf.passes, Split: rf.split, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
 }
 
 func printStatus(w io.Writer, st api.Status, asJSON bool) {

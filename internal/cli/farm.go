@@ -34,11 +34,16 @@ Render frames of SCENE on this machine: an embedded JetStream server, a filesyst
 in-process workers, all under --data. Nothing else needs to run. A re-run with the same --data
 after Ctrl-C resumes from checkpoints and skips finished tiles; a re-run of a finished render
 renders nothing and writes the outputs again; a re-run of a failed render retries its failed
-frames. '####' in --out is the zero-padded frame number.`)
+frames. '####' in --out is the zero-padded frame number.
+
+A .blend is written as Blender writes it (format blend): the file its Output Properties ask for
+(format, colour mode, depth, codec; a multilayer EXR with every view layer and pass), after its
+compositor, at its output path relative to the .blend (or --out, taken as Blender's -o takes it),
+with its File Output nodes' files beside it.`)
 	fs := c.Flags()
 	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
-	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR)")
-	format := fs.String("format", "", "output format: png, png16 or exr (default from --out's extension)")
+	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR); for a .blend, default its own output path")
+	format := fs.String("format", "", "output format: png, png16, exr, or blend (a .blend's own output; the default for a .blend, else from --out's extension)")
 	rf := addRenderFlags(fs)
 	kf := kinds.AddFlags(fs, false)
 	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers (for Blender scenes, one Blender process each)")
@@ -52,18 +57,22 @@ frames. '####' in --out is the zero-padded frame number.`)
 		if err != nil {
 			return 0, err
 		}
-		if *out == "" {
-			return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
-		}
-		fmtName, err := formatFor(*format, *out)
-		if err != nil {
+		if err := checkFormat(*format); err != nil {
 			return 0, err
+		}
+		var asked []string
+		if *format != "" {
+			asked = []string{*format}
 		}
 		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
 		defer ks.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, []string{fmtName}, ks, stderr)
+		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, asked, ks, stderr)
 		if err != nil {
 			return 0, err
+		}
+		fmtName := req.Formats[0]
+		if *out == "" && fmtName != formatBlend {
+			return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
 		}
 		// Short pulls: a pull cancelled at exit waits out its expiry (see queue.fetchOne), and a
 		// finished local render should not linger seconds for it.
@@ -94,7 +103,8 @@ frames. '####' in --out is the zero-padded frame number.`)
 			return 0, err
 		}
 		countReuse(&st, before)
-		if err := writeOutputs(ctx, n.Coord, &st, *out, fmtName); err != nil {
+		dest := outputDest{Pattern: outPattern(*out, fmtName), Base: filepath.Dir(pos[0])}
+		if err := writeOutputs(ctx, n.Coord, &st, dest, fmtName); err != nil {
 			return 0, err
 		}
 		printStatus(stdout, st, p.jsonOut)

@@ -6,7 +6,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
@@ -29,7 +32,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
 	rf := addRenderFlags(fs)
 	kf := kinds.AddFlags(fs, false)
-	format := fs.String("format", "png", "output formats, comma-separated: png, png16, exr (png is always produced)")
+	format := fs.String("format", "", "output formats, comma-separated: png, png16, exr, blend (default: a .blend's own output, else png; png is always produced)")
 	priority := fs.Int("priority", 0, "priority from -100 to 100: tiles of higher-priority jobs are rendered first (bands: negative, 0, positive)")
 	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
 	project := fs.String("project", "", "project name (part of the derived idempotency key)")
@@ -117,13 +120,15 @@ func (p *program) jobsCommand() *cobra.Command {
 func (p *program) outputsCommand() *cobra.Command {
 	c := newCommand("outputs JOB --out PATTERN", "download a job's finished frames", `
 Download the finished frames of JOB, verified against their manifests, into files named by
-PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.`)
+PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.
+A .blend's own output (format blend, the default for a job that asked for it) is written as
+Blender names it, relative to the working directory as if it were the .blend's (or to --out,
+taken as Blender's -o takes it), with its File Output nodes' files.`)
 	fs := c.Flags()
-	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png")
-	format := fs.String("format", "", "png, png16 or exr (default from --out's extension; png16/exr only if submitted with it)")
+	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (for a .blend's own output, default its own path)")
+	format := fs.String("format", "", "png, png16, exr or blend (default: blend if the job asked for it, else from --out's extension; png16/exr only if submitted with it)")
 	p.runErr(c, exactArgs(1, "one JOB"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
-		f, err := formatFor(*format, *out)
-		if err != nil {
+		if err := checkFormat(*format); err != nil {
 			return err
 		}
 		api := p.client()
@@ -131,10 +136,22 @@ PATTERN ('####' is the zero-padded frame number). Frames not finished yet are sk
 		if err != nil {
 			return err
 		}
-		if err := checkPattern(*out, st.FirstFrame, st.LastFrame); err != nil {
-			return err
+		f := *format
+		switch {
+		case f != "":
+		case slices.Contains(st.Formats, formatBlend):
+			f = formatBlend
+		case strings.EqualFold(filepath.Ext(*out), ".exr"):
+			f = "exr"
+		default:
+			f = "png"
 		}
-		if err := writeOutputs(ctx, api, &st, *out, f); err != nil {
+		if *out != "" || f != formatBlend {
+			if err := checkPattern(outPattern(*out, f), st.FirstFrame, st.LastFrame); err != nil {
+				return err
+			}
+		}
+		if err := writeOutputs(ctx, api, &st, outputDest{Pattern: outPattern(*out, f), Base: "."}, f); err != nil {
 			return err
 		}
 		if p.jsonOut {

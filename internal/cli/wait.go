@@ -16,6 +16,8 @@ import (
 type jobSource interface {
 	Status(ctx context.Context, jobID string) (api.Status, error)
 	FrameOutput(ctx context.Context, jobID string, frame int, format string) ([]byte, error)
+	FrameIndex(ctx context.Context, jobID string, frame int, format string) (api.FrameIndex, error)
+	FrameFile(ctx context.Context, jobID string, frame int, format string, i int) ([]byte, error)
 }
 
 // waitJob polls until the job is completed, failed or cancelled, showing progress.
@@ -52,24 +54,31 @@ func countReuse(st *api.Status, completedBefore int) {
 	st.TilesRendered = max(0, st.TilesCompleted-completedBefore)
 }
 
-// writeOutputs downloads every completed frame of a job into files named by pattern.
-func writeOutputs(ctx context.Context, src jobSource, st *api.Status, pattern, format string) error {
+// writeOutputs downloads every completed frame of a job in format to dest (frameout.go): a
+// Blender scene's own output (format blend) with the files of its File Output nodes.
+func writeOutputs(ctx context.Context, src jobSource, st *api.Status, dest outputDest, format string) error {
 	for _, f := range st.Frames {
 		if f.State != api.FrameCompleted {
 			continue
 		}
-		path, err := expandPattern(pattern, f.Frame)
-		if err != nil {
-			return err
+		var index api.FrameIndex
+		if format == formatBlend {
+			var err error
+			if index, err = src.FrameIndex(ctx, st.JobID, f.Frame, format); err != nil {
+				return fmt.Errorf("fetching frame %d: %w", f.Frame, err)
+			}
 		}
 		data, err := src.FrameOutput(ctx, st.JobID, f.Frame, format)
 		if err != nil {
 			return fmt.Errorf("fetching frame %d: %w", f.Frame, err)
 		}
-		if err := writeFile(path, data); err != nil {
-			return fmt.Errorf("writing frame %d: %w", f.Frame, err)
+		written, err := writeFrame(dest, f.Frame, index.Name, data, index.Files, func(i int) ([]byte, error) {
+			return src.FrameFile(ctx, st.JobID, f.Frame, format, i)
+		})
+		st.Outputs = append(st.Outputs, written...)
+		if err != nil {
+			return err
 		}
-		st.Outputs = append(st.Outputs, path)
 	}
 	return nil
 }

@@ -102,6 +102,20 @@ func (c *Client) FrameOutput(ctx context.Context, jobID string, frame int, forma
 	return raw, err
 }
 
+// FrameIndex names the files of one output of a frame.
+func (c *Client) FrameIndex(ctx context.Context, jobID string, frame int, format string) (api.FrameIndex, error) {
+	var out api.FrameIndex
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/jobs/%s/frames/%d/%s/index", url.PathEscape(jobID), frame, url.PathEscape(format)), nil, &out)
+	return out, err
+}
+
+// FrameFile downloads file i of one output of a frame (FrameIndex.Files[i]).
+func (c *Client) FrameFile(ctx context.Context, jobID string, frame int, format string, i int) ([]byte, error) {
+	var raw []byte
+	err := c.do(ctx, http.MethodGet, fmt.Sprintf("/v1/jobs/%s/frames/%d/%s?file=%d", url.PathEscape(jobID), frame, url.PathEscape(format), i), nil, &raw)
+	return raw, err
+}
+
 // DeadLetters lists the DLQ.
 func (c *Client) DeadLetters(ctx context.Context) ([]api.DeadLetter, error) {
 	var out []api.DeadLetter

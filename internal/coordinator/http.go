@@ -51,6 +51,7 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs", http.HandlerFunc(c.handleJobs)},
 		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}", http.HandlerFunc(c.handleFrameOutput)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}/index", http.HandlerFunc(c.handleFrameIndex)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles", http.HandlerFunc(c.handleFrameTiles)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
 		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
@@ -150,14 +151,25 @@ func (c *Coordinator) handleStatus(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, st)
 }
 
-// handleFrameOutput serves one encoded output of a frame, verified through its manifest.
+// handleFrameOutput serves one encoded output of a frame, verified through its manifest: its
+// main file, or with ?file=N the output's file N (FrameIndex).
 func (c *Coordinator) handleFrameOutput(w http.ResponseWriter, r *http.Request) {
 	frame, err := strconv.Atoi(r.PathValue("frame"))
 	if err != nil {
 		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
 		return
 	}
-	data, err := c.FrameOutput(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
+	var data []byte
+	if q := r.URL.Query(); q.Has("file") {
+		i, perr := strconv.Atoi(q.Get("file"))
+		if perr != nil || i < 0 {
+			writeError(w, badInput("file %q is not a file number", q.Get("file")))
+			return
+		}
+		data, err = c.FrameFile(r.Context(), r.PathValue("id"), frame, r.PathValue("format"), i)
+	} else {
+		data, err = c.FrameOutput(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
+	}
 	if err != nil {
 		writeError(w, err)
 		return
@@ -165,6 +177,21 @@ func (c *Coordinator) handleFrameOutput(w http.ResponseWriter, r *http.Request) 
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
 	_, _ = w.Write(data)
+}
+
+// handleFrameIndex names the files of one output of a frame (FrameIndex).
+func (c *Coordinator) handleFrameIndex(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	index, err := c.FrameIndex(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, index)
 }
 
 // handleFrameTiles lists a frame's tiles: where each lies and where it stands.

@@ -26,9 +26,11 @@ import (
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 
 	"github.com/tilefarm/tilefarm/blender/blendscene"
+	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
@@ -454,6 +456,43 @@ func TestOpenAPIResponses(t *testing.T) {
 			}})},
 		{name: "frame output corrupt", method: "GET", path: frame(1, "png"), want: 500, check: expectKind("corrupt"),
 			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
+
+		// An output whose renderer named its files (a Blender scene's own): its index and files.
+		{name: "frame index", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png/index", identity.JobID("openapi-index")), want: 200,
+			setup: func(t *testing.T) func() {
+				req := h.request(6, 6, 64, 64, 32)
+				req.IdempotencyKey = "openapi-index"
+				res := h.submit(t, req)
+				fk := h.job(t, res.Status.JobID).FrameKey(6)
+				h.completeTiles(t, fk)
+				index, _ := json.Marshal(layout.FrameIndex{Name: "//render/shot_0006.png", Files: []string{"render/depth/depth_0006.png"}})
+				if _, err := finalize.Promote(h.ctx, h.objects, layout.FrameManifestKey(fk, "png"), "attempt1", identity.BuildFingerprint(),
+					[]finalize.Output{{Name: "frame.png", Data: []byte("frame 6")}, {Name: layout.FrameFileName(0), Data: []byte("depth 6")},
+						{Name: layout.FrameIndexName, Data: index}}, nil); err != nil {
+					t.Fatal(err)
+				}
+				h.apply(t, wire.Event{ID: "openapi-indexed", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				var index api.FrameIndex
+				if err := json.Unmarshal(body, &index); err != nil || index.Name != "//render/shot_0006.png" || len(index.Files) != 1 {
+					t.Errorf("index = %s, want the renderer's names", body)
+				}
+			}},
+		{name: "frame file", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png?file=0", identity.JobID("openapi-index")), want: 200,
+			check: func(t *testing.T, body []byte) {
+				if string(body) != "depth 6" {
+					t.Errorf("file 0 = %q, want the promoted bytes", body)
+				}
+			}},
+		{name: "frame file not a number", method: "GET", path: frame(1, "png") + "?file=x", want: 400},
+		{name: "frame file not there", method: "GET", path: frame(1, "png") + "?file=3", want: 404, check: expectKind("not_found")},
+		{name: "frame index of a format the farm names", method: "GET", path: frame(1, "png") + "/index", want: 404, check: expectKind("not_found")},
+		{name: "frame index not completed", method: "GET", path: frame(2, "png") + "/index", want: 409, check: expectKind("not_ready")},
+		{name: "frame index not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/png/index", job), want: 400},
+		{name: "frame index corrupt", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png/index", identity.JobID("openapi-index")), want: 500,
+			check: expectKind("corrupt"), setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
 
 		{name: "tiles", method: "GET", path: tilesOf(1), want: 200,
 			check: func(t *testing.T, body []byte) {

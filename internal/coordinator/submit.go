@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
@@ -74,7 +75,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 		}
 		return nil, 0, err
 	}
-	st, err := sc.info.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP, Passes: req.Passes})
+	st, err := sc.info.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP, Passes: req.Passes, Split: req.Split})
 	if err != nil {
 		return nil, 0, badInput("%v", err)
 	}
@@ -86,7 +87,14 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 		return nil, 0, err
 	}
 	size := req.TileSize
-	if size == 0 {
+	switch {
+	case st.Whole:
+		// The frame renders whole: one tile, whatever was asked (docs/design.md, "Blender scenes").
+		size = max(st.Width, st.Height)
+		if size > tiles.MaxTileSize {
+			return nil, 0, badInput("a %dx%d frame that renders whole is larger than a tile may be (%d px): submit it with split", st.Width, st.Height, tiles.MaxTileSize)
+		}
+	case size == 0:
 		size = sc.kind.TileSize()
 	}
 	rects, err := tiles.Split(st.Width, st.Height, size)
@@ -96,9 +104,18 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if len(rects)*(last-first+1) > MaxTilesPerJob {
 		return nil, 0, badInput("%d frames of %d tiles exceed %d tiles per job", last-first+1, len(rects), MaxTilesPerJob)
 	}
-	formats, err := layout.NormalizeFormats(req.Formats)
+	asked := req.Formats
+	if len(asked) == 0 {
+		asked = sc.kind.Formats()[:1]
+	}
+	formats, err := layout.NormalizeFormats(asked)
 	if err != nil {
 		return nil, 0, badInput("%v", err)
+	}
+	for _, f := range formats {
+		if !slices.Contains(sc.kind.Formats(), f) {
+			return nil, 0, badInput("output format %q: a %s is written as %s", f, sc.kind.Name(), strings.Join(sc.kind.Formats(), ", "))
+		}
 	}
 	sv := req.SceneVersion
 	sh := identity.SettingsHash(st)

@@ -3,6 +3,7 @@ package layout
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/tilefarm/tilefarm/finalize"
@@ -29,8 +30,25 @@ func FrameManifestPrefix(frameKey string) string { return "frames/" + frameKey +
 // manifests readers already trust.
 func FrameManifestKey(frameKey, format string) string { return FrameManifestPrefix(frameKey) + format }
 
-// Formats are the frame output formats and their object names inside a frame manifest.
-var formatNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr"}
+// Formats are the frame output formats and their main object's name inside a frame manifest:
+// the farm's 8- and 16-bit PNG and OpenEXR, and "blend", a Blender scene's own output (the file
+// its Output Properties ask for, whatever its format, with its File Output nodes' files).
+var formatNames = map[string]string{"png": "frame.png", "png16": "frame16.png", "exr": "frame.exr", "blend": "frame"}
+
+// FrameIndexName is the object of a frame manifest that names its files when the renderer
+// named them (FrameIndex): a Blender scene's own output.
+const FrameIndexName = "index.json"
+
+// FrameIndex names the files of a frame output: the main object's name as the renderer names
+// it ("//render/plate_0001.exr", relative to the scene's directory, or absolute), and the other
+// files by their path relative to the scene's directory, file i stored as FrameFileName(i).
+type FrameIndex struct {
+	Name  string   `json:"name"`
+	Files []string `json:"files"`
+}
+
+// FrameFileName is the manifest object of a frame output's file i (FrameIndex.Files).
+func FrameFileName(i int) string { return "file-" + strconv.Itoa(i) }
 
 // FrameOutputName returns the manifest object name of a frame format, or false for an unknown one.
 func FrameOutputName(format string) (string, bool) {
@@ -43,7 +61,7 @@ func NormalizeFormats(formats []string) ([]string, error) {
 	out := []string{"png"}
 	for _, f := range formats {
 		if _, ok := formatNames[f]; !ok {
-			return nil, fmt.Errorf("unknown output format %q (want png, png16 or exr)", f)
+			return nil, fmt.Errorf("unknown output format %q (want png, png16, exr or blend)", f)
 		}
 		out = append(out, f)
 	}

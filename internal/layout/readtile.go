@@ -33,7 +33,7 @@ func ReadTile(ctx context.Context, objects objstore.Store, frameKey string, t ti
 	if err != nil {
 		return nil, fmt.Errorf("reading tile %s: %w", t.Key, err)
 	}
-	pix, err := raster.DecodeTile(data, t.Rect.Dx()*t.Rect.Dy()*3)
+	pix, err := raster.DecodeTile(data, t.Rect.Dx()*t.Rect.Dy()*st.Values())
 	if err != nil {
 		return nil, failure.Terminalf("decoding tile %s: %w", t.Key, err)
 	}

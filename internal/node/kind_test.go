@@ -33,12 +33,12 @@ func TestARegisteredKindRendersThroughTheFarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	kinds := scene.Kinds{scenetest.Gradient{}, jsonscene.Kind{}}
-	b, kind, notes, err := kinds.Read(ctx, path)
+	b, kind, err := kinds.Read(ctx, path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := kind.(scenetest.Gradient); !ok || len(notes) != 1 {
-		t.Fatalf("read as a %s with notes %q, want the gradient kind and its note", kind.Name(), notes)
+	if _, ok := kind.(scenetest.Gradient); !ok {
+		t.Fatalf("read as a %s, want the gradient kind", kind.Name())
 	}
 
 	// A farm that does not know the kind refuses the bundle as bad input.

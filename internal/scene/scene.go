@@ -31,9 +31,8 @@ type Kind interface {
 	ClaimsFile(path string) bool
 	// ClaimsDocument reports whether a bundle's scene document is one of this kind.
 	ClaimsDocument(doc []byte) bool
-	// Read reads the scene file at path and every file it needs into a bundle. Notes are lines
-	// for the artist about how the farm renders the scene (settings it switches off).
-	Read(ctx context.Context, path string) (b *bundle.Bundle, notes []string, err error)
+	// Read reads the scene file at path and every file it needs into a bundle.
+	Read(ctx context.Context, path string) (*bundle.Bundle, error)
 	// Describe reads what a submission needs from a scene document alone, assets unread.
 	Describe(doc []byte) (Description, error)
 	// Validate checks a bundle's scene and every file it names, rendering nothing: how a
@@ -45,6 +44,9 @@ type Kind interface {
 	// TileSize is the default tile edge in pixels: tile size never changes a pixel, it trades
 	// parallelism against what each tile costs the renderer.
 	TileSize() int
+	// Formats are the output formats the kind encodes, its default first: what a submission
+	// naming none gets (with png, which the monitor shows, always added).
+	Formats() []string
 	// TilePreviews reports whether EncodeTilePreview can encode a tile on its own.
 	TilePreviews() bool
 	// EncodeTilePreview encodes a promoted tile's pixels as its frame's 8-bit PNG shows them,
@@ -58,6 +60,9 @@ type Description interface {
 	Resolve(render.Overrides) (render.Settings, error)
 	Frames() (first, last int)
 	Assets() []string
+	// Notes are lines for the artist about how the farm renders the scene with these
+	// overrides: whether its frames split or render whole and why, what is switched off.
+	Notes(render.Overrides) []string
 }
 
 // Renderer is a loaded scene: what the Render and Finalize flows, checkpoints and assembly
@@ -65,8 +70,22 @@ type Description interface {
 type Renderer interface {
 	// NewTile prepares rendering rect r of frame with st.
 	NewTile(ctx context.Context, st render.Settings, frame int, r render.Rect) (Tile, error)
-	// Encode encodes an assembled linear frame in one output format.
-	Encode(ctx context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error)
+	// Channels names the values of a pixel of the scene's tiles and frames when they are more
+	// than linear RGB (a Blender scene's every view layer and pass); nil is R, G, B.
+	Channels() []string
+	// Encode encodes an assembled frame of the given number in one output format.
+	Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (Output, error)
+}
+
+// Output is an assembled frame encoded in one format: its main file and, for a renderer whose
+// own pipeline writes more (a Blender compositor's File Output nodes), the other files.
+type Output struct {
+	// Name is the main file's name as the renderer names it, or "" where the farm names it
+	// (a Blender scene's own output: "//render/shot_0001.exr", relative to the .blend).
+	Name string
+	Data []byte
+	// Files are the other files by their path relative to the scene's directory.
+	Files map[string][]byte
 }
 
 // Tile renders one tile in sample ranges [from, to) that end on the ends of
@@ -125,22 +144,22 @@ func (ks Kinds) names() string {
 	return s
 }
 
-// Read reads the scene file at path into a validated bundle of its kind, with the kind's
-// notes for the artist. An error of the scene itself is terminal (failure.IsTerminal): the
-// artist's to fix, where anything else is this machine's.
-func (ks Kinds) Read(ctx context.Context, path string) (*bundle.Bundle, Kind, []string, error) {
+// Read reads the scene file at path into a validated bundle of its kind. An error of the scene
+// itself is terminal (failure.IsTerminal): the artist's to fix, where anything else is this
+// machine's.
+func (ks Kinds) Read(ctx context.Context, path string) (*bundle.Bundle, Kind, error) {
 	k, err := ks.ForFile(path)
 	if err != nil {
-		return nil, nil, nil, failure.Terminal(err)
+		return nil, nil, failure.Terminal(err)
 	}
-	b, notes, err := k.Read(ctx, path)
+	b, err := k.Read(ctx, path)
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, nil, err
 	}
 	if err := k.Validate(b); err != nil {
-		return nil, nil, nil, failure.Terminal(err)
+		return nil, nil, failure.Terminal(err)
 	}
-	return b, k, notes, nil
+	return b, k, nil
 }
 
 // Check is how a bundle that is stored, not rendered, is checked: of a known kind, carrying
@@ -188,15 +207,28 @@ func (ks Kinds) Close() error {
 	return errors.Join(errs...)
 }
 
-// EncodeLinear encodes the formats that hold the linear frame itself, whatever the renderer:
-// OpenEXR. Its errors are deterministic, so terminal.
-func EncodeLinear(f *raster.Frame, format string) ([]byte, error) {
-	if format != "exr" {
-		return nil, failure.Terminalf("unknown output format %q", format)
+// RGBFormats are the output formats of a renderer of linear RGB frames: 8- and 16-bit PNG
+// and OpenEXR.
+var RGBFormats = []string{"png", "png16", "exr"}
+
+// EncodeRGB encodes a linear RGB frame as the renderers of such frames do: PNGs tone-mapped
+// with tilefarm's curve at exposure, OpenEXR the linear frame itself. Its errors are
+// deterministic, so terminal.
+func EncodeRGB(f *raster.Frame, exposure float64, format string) (Output, error) {
+	var data []byte
+	var err error
+	switch format {
+	case "png":
+		data, err = raster.EncodePNG8(f, exposure)
+	case "png16":
+		data, err = raster.EncodePNG16(f, exposure)
+	case "exr":
+		data, err = raster.EncodeEXR(f, raster.EXRZip)
+	default:
+		return Output{}, failure.Terminalf("unknown output format %q", format)
 	}
-	data, err := raster.EncodeEXR(f, raster.EXRZip)
 	if err != nil {
-		return nil, failure.Terminalf("encoding exr: %w", err)
+		return Output{}, failure.Terminalf("encoding %s: %w", format, err)
 	}
-	return data, nil
+	return Output{Data: data}, nil
 }

@@ -85,7 +85,7 @@ func (a *assembly) perform(ctx context.Context) error {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestCheck).Inc()
 		return a.frameCompleted(ctx, true)
 	}
-	var outputs []finalize.Output
+	var outputs [][]finalize.Output
 	err = w.retryStore(ctx, a.delivery, "reading tiles", func(ctx context.Context) (err error) {
 		outputs, err = a.outputs(ctx, missing)
 		return err
@@ -97,7 +97,7 @@ func (a *assembly) perform(ctx context.Context) error {
 		var p finalize.Promotion
 		err = w.retryStore(ctx, a.delivery, "promoting frame", func(ctx context.Context) (err error) {
 			p, err = finalize.Promote(ctx, w.objects, layout.FrameManifestKey(job.FrameKey, missing[i]), a.attempt,
-				identity.BuildFor(job.Settings), []finalize.Output{out},
+				identity.BuildFor(job.Settings), out,
 				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
 			return err
 		})
@@ -136,15 +136,16 @@ func (a *assembly) frameCompleted(ctx context.Context, duplicate bool) error {
 }
 
 // outputs reads the frame's tiles through their manifests and encodes the formats asked for,
-// with the scene's renderer (a Blender scene's PNGs are encoded by Blender).
-func (a *assembly) outputs(ctx context.Context, formats []string) ([]finalize.Output, error) {
+// with the scene's renderer (a Blender scene's by Blender, compositor and all): per format the
+// objects of its manifest.
+func (a *assembly) outputs(ctx context.Context, formats []string) ([][]finalize.Output, error) {
 	job := a.job
 	st := job.Settings
 	sc, err := a.w.scenes.Get(ctx, job.SceneVersion)
 	if err != nil {
 		return nil, err
 	}
-	frame := raster.NewFrame(st.Width, st.Height)
+	frame := raster.NewFrameOf(st.Width, st.Height, sc.Channels())
 	frameTiles, err := tiles.FrameTiles(job.FrameKey, st.Width, st.Height, job.TileSize)
 	if err != nil {
 		return nil, failure.Terminalf("tiling frame: %w", err)
@@ -158,5 +159,5 @@ func (a *assembly) outputs(ctx context.Context, formats []string) ([]finalize.Ou
 			return nil, failure.Terminalf("placing tile %s: %w", t.Key, err)
 		}
 	}
-	return encodeFrame(ctx, sc, frame, st, formats)
+	return encodeFrame(ctx, sc, frame, job.Frame, st, formats)
 }

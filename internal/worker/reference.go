@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
@@ -44,7 +46,7 @@ func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTiling, err)
 	}
-	img := raster.NewFrame(st.Width, st.Height)
+	img := raster.NewFrameOf(st.Width, st.Height, ref.sc.Channels())
 	next := make(chan render.Rect)
 	var (
 		mu    sync.Mutex
@@ -106,11 +108,10 @@ func (ref *Reference) renderTile(ctx context.Context, st render.Settings, frame 
 	return t.Pixels(), nil
 }
 
-// Encode encodes a frame in one format as the farm's assembler does.
-func (ref *Reference) Encode(ctx context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error) {
-	outs, err := encodeFrame(ctx, ref.sc, f, st, []string{format})
-	if err != nil {
-		return nil, err
+// Encode encodes frame number frame in one format as the farm's assembler does.
+func (ref *Reference) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (scene.Output, error) {
+	if _, ok := layout.FrameOutputName(format); !ok {
+		return scene.Output{}, failure.Terminalf("unknown output format %q", format)
 	}
-	return outs[0].Data, nil
+	return ref.sc.Encode(ctx, f, frame, st, format)
 }

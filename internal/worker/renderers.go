@@ -2,6 +2,9 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
+	"slices"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/failure"
@@ -15,19 +18,33 @@ import (
 // kind (docs/design.md, "Renderers"): the Render flow, checkpoints, resumption, assembly and
 // the reference render are the same code for every kind.
 
-// encodeFrame encodes a frame in each of formats, in order, as named outputs of a manifest.
-func encodeFrame(ctx context.Context, sc scene.Renderer, f *raster.Frame, st render.Settings, formats []string) ([]finalize.Output, error) {
-	outs := make([]finalize.Output, 0, len(formats))
+// encodeFrame encodes a frame of the given number in each of formats, in order: each format
+// the named objects of its manifest (the main file, and for a renderer that names its files,
+// the other files and the index naming them, layout.FrameIndex).
+func encodeFrame(ctx context.Context, sc scene.Renderer, f *raster.Frame, frame int, st render.Settings, formats []string) ([][]finalize.Output, error) {
+	outs := make([][]finalize.Output, 0, len(formats))
 	for _, format := range formats {
 		name, ok := layout.FrameOutputName(format)
 		if !ok {
 			return nil, failure.Terminalf("unknown output format %q", format)
 		}
-		data, err := sc.Encode(ctx, f, st, format)
+		o, err := sc.Encode(ctx, f, frame, st, format)
 		if err != nil {
 			return nil, err
 		}
-		outs = append(outs, finalize.Output{Name: name, Data: data})
+		objs := []finalize.Output{{Name: name, Data: o.Data}}
+		if o.Name != "" || len(o.Files) > 0 {
+			index := layout.FrameIndex{Name: o.Name, Files: slices.Sorted(maps.Keys(o.Files))}
+			for i, path := range index.Files {
+				objs = append(objs, finalize.Output{Name: layout.FrameFileName(i), Data: o.Files[path]})
+			}
+			data, err := json.Marshal(index)
+			if err != nil {
+				return nil, failure.Terminalf("indexing %s: %w", format, err)
+			}
+			objs = append(objs, finalize.Output{Name: layout.FrameIndexName, Data: data})
+		}
+		outs = append(outs, objs)
 	}
 	return outs, nil
 }

@@ -36,10 +36,7 @@ func (Kind) ClaimsFile(string) bool { return true }
 func (Kind) ClaimsDocument([]byte) bool { return true }
 
 // Read reads the scene file and the meshes it names from the file's directory (ReadFile).
-func (Kind) Read(_ context.Context, path string) (*bundle.Bundle, []string, error) {
-	b, err := ReadFile(path)
-	return b, nil, err
-}
+func (Kind) Read(_ context.Context, path string) (*bundle.Bundle, error) { return ReadFile(path) }
 
 // ReadFile reads a JSON scene file and the meshes it names, from the file's directory, into a
 // bundle. Its errors are the scene's: terminal.
@@ -68,8 +65,14 @@ func (Kind) Describe(doc []byte) (scene.Description, error) {
 	if err != nil {
 		return nil, err
 	}
-	return info, nil
+	return description{info}, nil
 }
+
+// description is a JSON scene's: the path tracer renders any split of it exactly, so it has
+// nothing to note.
+type description struct{ *render.SceneInfo }
+
+func (description) Notes(render.Overrides) []string { return nil }
 
 // Validate checks the scene and every mesh with the errors parsing gives, building nothing.
 func (Kind) Validate(b *bundle.Bundle) error { return render.ValidateScene(b.Scene, b.Asset) }
@@ -85,6 +88,9 @@ func (Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.
 
 // TileSize is the default tile edge.
 func (Kind) TileSize() int { return TileSize }
+
+// Formats are PNG (the default), 16-bit PNG and OpenEXR.
+func (Kind) Formats() []string { return scene.RGBFormats }
 
 // TilePreviews is true: a tile tone-maps on its own exactly as the frame's PNG does.
 func (Kind) TilePreviews() bool { return true }
@@ -106,21 +112,10 @@ func (p pathTracer) NewTile(_ context.Context, st render.Settings, frame int, r 
 	return t, nil
 }
 
-// Encode tone-maps PNGs with tilefarm's own curve (the scene's exposure). Its errors are
-// deterministic, so terminal.
-func (p pathTracer) Encode(_ context.Context, f *raster.Frame, st render.Settings, format string) ([]byte, error) {
-	var data []byte
-	var err error
-	switch format {
-	case "png":
-		data, err = raster.EncodePNG8(f, st.Exposure)
-	case "png16":
-		data, err = raster.EncodePNG16(f, st.Exposure)
-	default:
-		return scene.EncodeLinear(f, format)
-	}
-	if err != nil {
-		return nil, failure.Terminalf("encoding %s: %w", format, err)
-	}
-	return data, nil
+// Channels is nil: the path tracer's frames are linear RGB.
+func (pathTracer) Channels() []string { return nil }
+
+// Encode tone-maps PNGs with tilefarm's own curve (the scene's exposure).
+func (pathTracer) Encode(_ context.Context, f *raster.Frame, _ int, st render.Settings, format string) (scene.Output, error) {
+	return scene.EncodeRGB(f, st.Exposure, format)
 }

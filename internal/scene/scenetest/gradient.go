@@ -64,15 +64,15 @@ func (Gradient) ClaimsDocument(doc []byte) bool {
 }
 
 // Read reads a gradient scene file: a document and no assets.
-func (g Gradient) Read(_ context.Context, path string) (*bundle.Bundle, []string, error) {
+func (g Gradient) Read(_ context.Context, path string) (*bundle.Bundle, error) {
 	doc, err := os.ReadFile(path)
 	if err != nil {
-		return nil, nil, failure.Terminalf("reading %s: %w", path, err)
+		return nil, failure.Terminalf("reading %s: %w", path, err)
 	}
 	if _, err := parse(doc); err != nil {
-		return nil, nil, failure.Terminal(err)
+		return nil, failure.Terminal(err)
 	}
-	return &bundle.Bundle{Name: filepath.Base(path), Scene: doc}, []string{"a gradient: every pixel is a pure function of its position, frame and sample"}, nil
+	return &bundle.Bundle{Name: filepath.Base(path), Scene: doc}, nil
 }
 
 // Describe parses the document.
@@ -91,6 +91,9 @@ func (Gradient) Load(context.Context, *bundle.Bundle, string, string) (scene.Ren
 
 // TileSize is small, so a small frame has many tiles.
 func (Gradient) TileSize() int { return 16 }
+
+// Formats are the RGB renderers' formats.
+func (Gradient) Formats() []string { return scene.RGBFormats }
 
 // TilePreviews is true: a tile encodes on its own.
 func (Gradient) TilePreviews() bool { return true }
@@ -147,6 +150,11 @@ func (d Document) Frames() (first, last int) { return d.First, d.Last }
 // Assets are none.
 func (d Document) Assets() []string { return nil }
 
+// Notes say what the scene is.
+func (d Document) Notes(render.Overrides) []string {
+	return []string{"a gradient: every pixel is a pure function of its position, frame and sample"}
+}
+
 // Sample is sample s of pixel (x, y) of frame: what a tile adds into its sums.
 func Sample(st render.Settings, frame, x, y, s int) [3]float64 {
 	u := (float64(x) + 0.5) / float64(st.Width)
@@ -181,15 +189,12 @@ func (renderer) NewTile(_ context.Context, st render.Settings, frame int, r rend
 	return &tile{st: st, frame: frame, r: r, sum: make([]float64, 3*r.Dx()*r.Dy())}, nil
 }
 
-// Encode encodes PNGs at exposure 0 and the linear formats as every kind does.
-func (renderer) Encode(_ context.Context, f *raster.Frame, _ render.Settings, format string) ([]byte, error) {
-	switch format {
-	case "png":
-		return raster.EncodePNG8(f, 0)
-	case "png16":
-		return raster.EncodePNG16(f, 0)
-	}
-	return scene.EncodeLinear(f, format)
+// Channels is nil: the gradient is linear RGB.
+func (renderer) Channels() []string { return nil }
+
+// Encode encodes as every RGB renderer does, at exposure 0.
+func (renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, format string) (scene.Output, error) {
+	return scene.EncodeRGB(f, 0, format)
 }
 
 // tile accumulates its pixels' samples in float64 sums, sample by sample in order, so any

@@ -1,0 +1,110 @@
+package cli
+
+import (
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/tilefarm/tilefarm/internal/scene"
+)
+
+// Where the commands that write frames (render, outputs, tileworker render) put them. The
+// farm's own formats go to --out; a Blender scene's own output (format blend) goes where
+// Blender itself would write it: its output path from the .blend, relative to the .blend's
+// directory, or --out as Blender's -o takes it ('####' or else four digits appended, the
+// extension Blender adds); its File Output nodes' files under the .blend's directory.
+
+// formatBlend is a Blender scene's own output format.
+const formatBlend = "blend"
+
+// outputDest is where a command writes frames: Pattern is --out ("" for a Blender scene's own
+// output path); Base is the directory a Blender scene's own paths ("//render/...") and its File
+// Output nodes' files are relative to (the .blend's directory, or the working directory where
+// the .blend is not at hand).
+type outputDest struct{ Pattern, Base string }
+
+// defaultFormat is the format a command writes when --format is not given: a Blender scene's
+// own output, else the one --out's extension says.
+func defaultFormat(k scene.Kind, out string) string {
+	if slices.Contains(k.Formats(), formatBlend) {
+		return formatBlend
+	}
+	if strings.EqualFold(filepath.Ext(out), ".exr") {
+		return "exr"
+	}
+	return "png"
+}
+
+// outPattern is --out as a format takes it: for a Blender scene's own output, as Blender's -o
+// does, four digits of frame number appended when it has no '#'.
+func outPattern(out, format string) string {
+	if format == formatBlend && out != "" && !strings.Contains(out, "#") {
+		return out + "####"
+	}
+	return out
+}
+
+// imageExts are the extensions Blender gives image files; --out for a Blender scene's own output
+// gets the one Blender gives its format, replacing another of these.
+var imageExts = []string{".png", ".exr", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".tga", ".hdr", ".dpx", ".cin", ".jp2", ".j2c", ".webp", ".rgb"}
+
+// mainPath is where frame's main file goes: the pattern's path, or, for a renderer that named
+// the file itself (name, "" where the farm names it), that name under dest.Base.
+func mainPath(dest outputDest, name string, frame int) (string, error) {
+	if dest.Pattern == "" {
+		rel, ok := strings.CutPrefix(name, "//")
+		switch {
+		case name == "":
+			return "", usagef("--out is required, e.g. --out 'out/shot_####.png'")
+		case ok:
+			return filepath.Join(dest.Base, filepath.FromSlash(rel)), nil
+		case filepath.IsAbs(name):
+			return name, nil
+		}
+		return "", fmt.Errorf("the scene names its output %q, neither relative to the .blend (//) nor absolute: give --out", name)
+	}
+	p, err := expandPattern(dest.Pattern, frame)
+	if err != nil {
+		return "", err
+	}
+	// As Blender's -o: an image extension of another format is replaced by the format's own.
+	if ext := filepath.Ext(name); name != "" && slices.Contains(imageExts, strings.ToLower(ext)) {
+		if have := filepath.Ext(p); !strings.EqualFold(have, ext) {
+			if slices.Contains(imageExts, strings.ToLower(have)) {
+				p = strings.TrimSuffix(p, have)
+			}
+			p += ext
+		}
+	}
+	return p, nil
+}
+
+// writeFrame writes one encoded output of frame: its main file (named name by its renderer, or
+// "") to mainPath, and its other files (paths, relative to dest.Base, fetched by file) under
+// dest.Base. It returns the paths written.
+func writeFrame(dest outputDest, frame int, name string, main []byte, paths []string, file func(i int) ([]byte, error)) ([]string, error) {
+	path, err := mainPath(dest, name, frame)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFile(path, main); err != nil {
+		return nil, fmt.Errorf("writing frame %d: %w", frame, err)
+	}
+	written := []string{path}
+	for i, p := range paths {
+		if !filepath.IsLocal(filepath.FromSlash(p)) {
+			return written, fmt.Errorf("frame %d: the file %q is not under the .blend's directory", frame, p)
+		}
+		data, err := file(i)
+		if err != nil {
+			return written, fmt.Errorf("fetching %s of frame %d: %w", p, frame, err)
+		}
+		full := filepath.Join(dest.Base, filepath.FromSlash(p))
+		if err := writeFile(full, data); err != nil {
+			return written, fmt.Errorf("writing %s of frame %d: %w", p, frame, err)
+		}
+		written = append(written, full)
+	}
+	return written, nil
+}
