@@ -2,8 +2,9 @@
 # Runs every test of tilefarm. On a fresh machine it first installs what the tests run
 # against, pinned and cached under ~/.cache/tilefarm: the MinIO server (a ~5 minute build)
 # and nats-server, built from the nats-server/v2 module pinned in go.mod; and Blender 3.4.1
-# from Debian (about 40 s), unless TILEFARM_BLENDER already names one; and Chromium from Debian,
-# for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one.
+# from Debian (about 40 s), unless TILEFARM_BLENDER already names one; OpenImageIO's tools and
+# Python module from Debian, the independent reader of Blender's multilayer EXRs; and Chromium
+# from Debian, for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one.
 # Extra arguments go to `go test` (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -47,6 +48,18 @@ if ! "$TILEFARM_BLENDER" --version 2>/dev/null | grep -q "^Blender $BLENDER_VERS
   exit 1
 fi
 export TILEFARM_BLENDER
+
+# OpenImageIO (oiiotool and its Python module, with numpy): the tests' independent reader of
+# Blender's multilayer EXRs, channel by channel.
+if ! command -v oiiotool >/dev/null || ! /usr/bin/python3 -c 'import OpenImageIO, numpy' 2>/dev/null; then
+  echo "installing OpenImageIO's tools from Debian for the Blender output tests (first run only)..."
+  if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: OpenImageIO is needed: install it (apt-get install openimageio-tools python3-openimageio python3-numpy)" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openimageio-tools python3-openimageio python3-numpy >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openimageio-tools python3-openimageio python3-numpy >/dev/null; }
+fi
 
 if [ -z "${TILEFARM_CHROMIUM:-}" ]; then
   if ! command -v chromium >/dev/null; then

@@ -3,8 +3,9 @@
 Transparent film, two view layers, many passes (Depth, Mist, Normal, Vector, UV, object and
 material index, the light passes, Emit, Environment, AO, Cryptomatte object/material/asset,
 denoising data, a shader AOV and a light group), a compositor tree (Glare into Alpha Over
-over a backdrop, into the Composite output, and a File Output node writing the Depth-tinted
-key) and multilayer OpenEXR output: what a studio's .blend asks of a farm.
+over a backdrop, into the Composite output, and a File Output node writing the normalised
+depth as PNGs) and multilayer OpenEXR output at //render/plate_####.exr, frames 1-2: what a
+studio's .blend asks of a farm, and what the farm must write exactly as Blender does.
 
 Run: blender -b --factory-startup --python make_plate.py -- OUTDIR
 """
@@ -46,12 +47,10 @@ red = material("Red", (0.8, 0.1, 0.08), roughness=0.3, aov="tint")
 metal = material("Metal", (0.9, 0.9, 0.9), roughness=0.15, metallic=1.0, aov="tint")
 glow = material("Glow", (1, 1, 1), emission=(1.0, 0.7, 0.4), aov="tint")
 
-# The ground is a shadow catcher: on a transparent film only the shadows the props cast stay.
 bpy.ops.mesh.primitive_plane_add(size=8, location=(0, 0, 0))
 floor = bpy.context.object
 floor.name = "Ground"
 floor.data.materials.append(ground)
-floor.is_shadow_catcher = False
 floor.pass_index = 1
 
 props = bpy.data.collections.new("Props")
@@ -142,7 +141,6 @@ for name in ("use_pass_z", "use_pass_mist", "use_pass_normal", "use_pass_vector"
              "use_pass_cryptomatte_object", "use_pass_cryptomatte_material", "use_pass_cryptomatte_asset"):
     setattr(beauty, name, True)
 beauty.cycles.denoising_store_passes = True
-beauty.cycles.use_pass_shadow_catcher = False
 aov = beauty.aovs.add()
 aov.name, aov.type = "tint", "COLOR"
 beauty.lightgroups.add(name="key")
@@ -151,6 +149,7 @@ beauty.layer_collection.children["FX"].exclude = True
 fxl = scene.view_layers.new("FX")
 fxl.use_pass_z = True
 fxl.use_pass_emit = True
+fxl.use_pass_vector = True  # the orb moves between frames
 fxl.use_pass_cryptomatte_object = True
 fxl.layer_collection.children["Props"].exclude = True
 

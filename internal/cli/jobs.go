@@ -122,11 +122,12 @@ func (p *program) outputsCommand() *cobra.Command {
 Download the finished frames of JOB, verified against their manifests, into files named by
 PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.
 A .blend's own output (format blend, the default for a job that asked for it) is written as
-Blender names it, relative to the working directory as if it were the .blend's (or to --out,
-taken as Blender's -o takes it), with its File Output nodes' files.`)
+Blender names it, under --dir as if it were the .blend's directory (or at --out, taken as
+Blender's -o takes it), with its File Output nodes' files under --dir.`)
 	fs := c.Flags()
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (for a .blend's own output, default its own path)")
 	format := fs.String("format", "", "png, png16, exr or blend (default: blend if the job asked for it, else from --out's extension; png16/exr only if submitted with it)")
+	dir := fs.String("dir", ".", "the directory a .blend's own output paths and File Output files are written under, as if it were the .blend's")
 	p.runErr(c, exactArgs(1, "one JOB"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
 		if err := checkFormat(*format); err != nil {
 			return err
@@ -151,7 +152,7 @@ taken as Blender's -o takes it), with its File Output nodes' files.`)
 				return err
 			}
 		}
-		if err := writeOutputs(ctx, api, &st, outputDest{Pattern: outPattern(*out, f), Base: "."}, f); err != nil {
+		if err := writeOutputs(ctx, api, &st, outputDest{Pattern: outPattern(*out, f), Base: *dir}, f); err != nil {
 			return err
 		}
 		if p.jsonOut {
