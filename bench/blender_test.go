@@ -3,10 +3,12 @@ package bench
 import (
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -305,4 +307,137 @@ func BenchmarkBlenderPass(b *testing.B) {
 		total.Total += s.Total
 	}
 	reportPass(b, total)
+}
+
+// measurePlate renders the plate's frames 1-2 (two view layers, 116 channels, a compositor tree
+// and a File Output node, multilayer EXR: docs/design.md, "Blender scenes") (a) with
+// `blender -b plate.blend -t WORKERS -a`, timed as a whole process, and (b) through a warm
+// in-process farm of as many workers, with no format asked (the .blend's own output), from
+// submit to completed. Every channel of every farm frame must equal Blender's own to 1e-5, or
+// the two did not do the same work.
+func measurePlate(ctx context.Context, base, binary, plate string, workers int) (blenderRun, error) {
+	dir, err := os.MkdirTemp(base, "plate-*")
+	if err != nil {
+		return blenderRun{}, err
+	}
+	defer os.RemoveAll(dir)
+	k := blendscene.New(blendscene.Options{Binary: binary}, scene.Env{Dir: filepath.Join(dir, "inspect")})
+	b, err := k.Read(ctx, plate)
+	k.Close()
+	if err != nil {
+		return blenderRun{}, err
+	}
+	data, err := os.ReadFile(plate)
+	if err != nil {
+		return blenderRun{}, err
+	}
+	own := filepath.Join(dir, "own")
+	if err := os.MkdirAll(own, 0o755); err != nil {
+		return blenderRun{}, err
+	}
+	if err := os.WriteFile(filepath.Join(own, "plate.blend"), data, 0o644); err != nil {
+		return blenderRun{}, err
+	}
+	start := time.Now()
+	log, err := exec.CommandContext(ctx, binary, "-b", filepath.Join(own, "plate.blend"), "--factory-startup", "--disable-autoexec",
+		"-t", strconv.Itoa(workers), "-a").CombinedOutput()
+	r := blenderRun{own: time.Since(start), frames: 2}
+	if err != nil {
+		return blenderRun{}, fmt.Errorf("blender's own render: %v\n%s", err, log)
+	}
+	if r.ownFrames, _ = blenderFrameTimes(string(log)); r.ownFrames == 0 {
+		return blenderRun{}, fmt.Errorf("blender's own render printed no frame times:\n%s", log)
+	}
+	ks := kinds.Builtin(kinds.Options{Blender: blendscene.Options{Binary: binary}}, scene.Env{Dir: filepath.Join(dir, "worker"), Slots: workers})
+	defer ks.Close()
+	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: filepath.Join(dir, "farm"), Queue: queue.DefaultConfig(),
+		Workers: workers, Kinds: ks, Log: quietLogger()})
+	if err != nil {
+		return blenderRun{}, err
+	}
+	defer n.Close()
+	if err := n.Coord.PutScene(ctx, b.Version(), b.Encode()); err != nil {
+		return blenderRun{}, err
+	}
+	submit := func(first, last, spp int) (string, time.Duration, error) {
+		start := time.Now()
+		res, err := n.Coord.Submit(ctx, api.SubmitRequest{SceneVersion: b.Version(), First: first, Last: last, SPP: spp})
+		if err != nil {
+			return "", 0, err
+		}
+		_, err = waitCompleted(ctx, n.Coord, res.Status.JobID)
+		return res.Status.JobID, time.Since(start), err
+	}
+	if _, r.cold, err = submit(1, 1, 4); err != nil { // other frames: the workers warm up
+		return blenderRun{}, err
+	}
+	job, elapsed, err := submit(1, 2, 0)
+	if err != nil {
+		return blenderRun{}, err
+	}
+	r.farm = elapsed
+	for f := 1; f <= 2; f++ {
+		got, err := n.Coord.FrameOutput(ctx, job, f, blender.FormatBlend)
+		if err != nil {
+			return blenderRun{}, err
+		}
+		want, err := os.ReadFile(filepath.Join(own, "render", fmt.Sprintf("plate_%04d.exr", f)))
+		if err != nil {
+			return blenderRun{}, err
+		}
+		d, err := channelsDiff(want, got)
+		if err != nil {
+			return blenderRun{}, err
+		}
+		if d > 1e-5 {
+			return blenderRun{}, fmt.Errorf("%w: plate frame %d differs from Blender's own by %g relative", errMismatch, f, d)
+		}
+		r.worst = max(r.worst, d)
+	}
+	return r, nil
+}
+
+// channelsDiff is the largest |a-b| / max(|a|, 1) over every channel of two multilayer EXRs,
+// matched by name; a channel of want missing in got is an error.
+func channelsDiff(want, got []byte) (float64, error) {
+	a, _, err := raster.DecodeEXRChannels(want)
+	if err != nil {
+		return 0, err
+	}
+	b, _, err := raster.DecodeEXRChannels(got)
+	if err != nil {
+		return 0, err
+	}
+	if a.Width != b.Width || a.Height != b.Height {
+		return 0, fmt.Errorf("sizes differ: %dx%d and %dx%d", a.Width, a.Height, b.Width, b.Height)
+	}
+	worst := 0.0
+	ka, kb := len(a.Names), len(b.Names)
+	for i, name := range a.Names {
+		j := slices.Index(b.Names, name)
+		if j < 0 {
+			return 0, fmt.Errorf("channel %s is missing", name)
+		}
+		for px := 0; px < a.Width*a.Height; px++ {
+			x, y := float64(a.Pix[px*ka+i]), float64(b.Pix[px*kb+j])
+			worst = max(worst, math.Abs(x-y)/max(math.Abs(x), 1))
+		}
+	}
+	return worst, nil
+}
+
+// BenchmarkBlenderPlate renders the plate's two frames, every layer, pass and the compositor,
+// through a farm of 2 in-process workers and with Blender's own command line on 2 threads, and
+// reports farm/blender.
+func BenchmarkBlenderPlate(b *testing.B) {
+	ctx, base := benchContext(b), b.TempDir()
+	var total blenderRun
+	for b.Loop() {
+		r, err := measurePlate(ctx, base, blendertest.Binary(b), blendertest.Plate(b), 2)
+		if err != nil {
+			b.Fatal(err)
+		}
+		total = total.add(r)
+	}
+	reportBlenderFarm(b, total)
 }

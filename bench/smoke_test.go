@@ -127,6 +127,20 @@ func TestBenchSmoke(t *testing.T) {
 		checkFinite(t, m, "max-rel-diff")
 	})
 
+	t.Run("BlenderPlate", func(t *testing.T) {
+		r, err := measurePlate(ctx, t.TempDir(), blendertest.Binary(t), blendertest.Plate(t), 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.frames != 2 {
+			t.Errorf("frames = %d, want 2", r.frames)
+		}
+		m := metricSet{}
+		reportBlenderFarm(m, r)
+		checkMetrics(t, m, "farm/blender", "farm/blender-render", "cold-frame-s", "frames/s", "blender-frames/s")
+		checkFinite(t, m, "max-rel-diff")
+	})
+
 	t.Run("BlenderPass", func(t *testing.T) {
 		pool, sc, st := passSetup(t, ctx, 2)
 		s, err := passStats(ctx, pool, sc, st, render.Rect{X0: 48, Y0: 28, X1: 64, Y1: 44}, 2)

@@ -1,7 +1,8 @@
 // Package blendscene is the Blender .blend as a kind of scene of the farm (scene.Kind):
 // Blender inspects it where it is submitted, and persistent Blender processes (a blender.Pool
-// the kind owns) render its tiles pass by pass and encode its PNGs through the scene's own
-// colour management (docs/design.md, "Blender scenes").
+// the kind owns) render its tiles pass by pass, every view layer and pass, and write its frames
+// through Blender's own pipeline: the compositor and the file the .blend asks for
+// (docs/design.md, "Blender scenes").
 package blendscene
 
 import (
