@@ -256,8 +256,8 @@ def caveats(sc):
     cy, r = sc.cycles, sc.render
     out = []
     if cy.use_denoising and not has_denoiser():
-        out.append("denoising (%s) is on, but this Blender has no denoiser (Blender itself fails such a render): "
-                   "frames are delivered undenoised, with their denoising data passes" % cy.denoiser)
+        out.append("denoising is on, but this Blender has no denoiser (Blender itself fails such a render): "
+                   "frames are delivered undenoised, with their denoising data passes")
     if r.use_sequencer and sc.sequence_editor is not None and len(sc.sequence_editor.sequences_all) > 0:
         out.append("the sequencer is off: tilefarm renders the 3D scene")
     if cy.device != "CPU":

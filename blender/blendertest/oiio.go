@@ -41,7 +41,7 @@ got, b, cb = load(sys.argv[2])
 wn, gn = list(want.channelnames), list(got.channelnames)
 out = {"channels": len(wn), "missing": [n for n in wn if n not in gn], "extra": [n for n in gn if n not in wn],
        "size": [want.width, want.height, got.width, got.height], "worst": {}, "crypto_equal": ca == cb,
-       "crypto_fields": len(ca), "format": [want.format.basetype, got.format.basetype],
+       "crypto_fields": len(ca), "format": [str(want.format), str(got.format)],
        "compression": [want.getattribute("compression"), got.getattribute("compression")]}
 if out["size"][:2] == out["size"][2:]:
     for i, n in enumerate(wn):
@@ -60,7 +60,7 @@ type EXRComparison struct {
 	Worst        map[string]float64 `json:"worst"` // per channel: max |a-b| / max(|a|, 1)
 	CryptoEqual  bool               `json:"crypto_equal"`
 	CryptoFields int                `json:"crypto_fields"`
-	Format       []any              `json:"format"`
+	Format       []string           `json:"format"`
 	Compression  []string           `json:"compression"`
 }
 

@@ -5,7 +5,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/render"
-	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // blenderExample is the bundled Blender scene.
@@ -45,7 +43,7 @@ func sameFloats(t *testing.T, got, want string) {
 // bit, and Blender's own full-frame render of it to within float rounding.
 func TestBlenderFarmEqualsReferenceAndBlender(t *testing.T) {
 	dir := t.TempDir()
-	r := run(t, "coordinator", "render", blenderExample(t), "--frames", "1-3", "--out", filepath.Join(dir, "f_####.exr"),
+	r := run(t, "coordinator", "render", blenderExample(t), "--frames", "1-3", "--out", filepath.Join(dir, "f_####.exr"), "--format", "exr",
 		"--data", filepath.Join(dir, "data"), "--workers", "2", "--json")
 	if r.code != 0 {
 		t.Fatalf("render: %s", r)
@@ -53,7 +51,7 @@ func TestBlenderFarmEqualsReferenceAndBlender(t *testing.T) {
 	for frame := 1; frame <= 3; frame++ {
 		got := frameFile(filepath.Join(dir, "f_####.exr"), frame)
 		ref := filepath.Join(dir, fmt.Sprintf("ref_%d.exr", frame))
-		if r := run(t, "tileworker", "render", blenderExample(t), "--frame", strconv.Itoa(frame), "--out", ref, "-q", "-j", "2"); r.code != 0 {
+		if r := run(t, "tileworker", "render", blenderExample(t), "--frame", strconv.Itoa(frame), "--out", ref, "--format", "exr", "-q", "-j", "2"); r.code != 0 {
 			t.Fatalf("reference: %s", r)
 		}
 		sameFloats(t, got, ref)
@@ -74,7 +72,7 @@ func TestBlenderTileSizesAndPNG(t *testing.T) {
 	for _, size := range []string{"16", "37", "64"} {
 		data := filepath.Join(dir, "data-"+size)
 		out := filepath.Join(dir, "t"+size+"_####.exr")
-		if r := run(t, "coordinator", "render", blenderExample(t), "--frames", "2", "--tile", size, "--out", out,
+		if r := run(t, "coordinator", "render", blenderExample(t), "--frames", "2", "--tile", size, "--out", out, "--format", "exr",
 			"--data", data, "--workers", "2", "--json"); r.code != 0 {
 			t.Fatalf("render with --tile %s: %s", size, r)
 		}
@@ -85,7 +83,7 @@ func TestBlenderTileSizesAndPNG(t *testing.T) {
 
 	// The same frame as PNG: the finished frame is reused, its PNG was encoded by the assembler.
 	png := filepath.Join(dir, "p_####.png")
-	r := run(t, "coordinator", "render", blenderExample(t), "--frames", "2", "--tile", "37", "--out", png,
+	r := run(t, "coordinator", "render", blenderExample(t), "--frames", "2", "--tile", "37", "--out", png, "--format", "png",
 		"--data", filepath.Join(dir, "data-37"), "--workers", "2", "--json")
 	if r.code != 0 || !strings.Contains(r.stdout, `"tiles_rendered": 0`) {
 		t.Fatalf("PNG of a finished frame rendered tiles again or failed: %s", r)
@@ -133,78 +131,6 @@ func processGone(pid int, d time.Duration) bool {
 		time.Sleep(20 * time.Millisecond)
 	}
 	return false
-}
-
-// A tileworker killed with SIGKILL in the middle of a Blender tile: its Blender process dies
-// with it, and another worker with an empty local directory resumes the tile from the remote
-// checkpoint, rendering only the missing passes, into a frame equal to the reference.
-func TestBlenderWorkerKilledMidTileResumesElsewhere(t *testing.T) {
-	f := startServe(t, t.TempDir(), "--ack-wait", "4s", "--lease-ttl", "4s")
-	// One tile per frame, 8 passes of 32 samples, each checkpointed remotely as it ends.
-	const spp, pass = 256, 32
-	settings := []string{"--tile", "160", "--spp", strconv.Itoa(spp), "--passes", strconv.Itoa(spp / pass)}
-	a := f.worker("victim", t.TempDir(), "--checkpoint-every", "0", "--remote-checkpoint-every", "0")
-	st, r := f.submit(append([]string{blenderExample(t), "--frames", "5", "--format", "exr"}, settings...)...)
-	if r.code != 42 && r.code != 3 {
-		t.Fatalf("submit: %s", r)
-	}
-	ft, err := tiles.FrameTiles(st.Frames[0].FrameKey, 160, 120, 160)
-	if err != nil || len(ft) != 1 {
-		t.Fatalf("tiles of the frame: %v %v", ft, err)
-	}
-	waitRemoteCheckpoint(t, f, ft[0].Key, 2*pass)
-	// The tile's progress shows in the job's status while it renders, pass by pass.
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		now, _ := f.status(st.JobID)
-		if now.SamplesDone >= 2*pass && now.TilesCompleted == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("status shows %d/%d samples done while the tile renders, want at least %d", now.SamplesDone, now.SamplesTotal, 2*pass)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	children := blenderChildren(t, a.Pid())
-	if len(children) == 0 {
-		t.Fatal("the victim runs no Blender process")
-	}
-	a.Kill()
-	if now, _ := f.status(st.JobID); now.State == "completed" || now.TilesCompleted != 0 {
-		t.Fatalf("the kill landed after the tile was done: %+v", now)
-	}
-	for _, pid := range children {
-		if !processGone(pid, 10*time.Second) {
-			t.Fatalf("Blender process %d outlived its killed worker", pid)
-		}
-	}
-
-	b := f.worker("successor", t.TempDir()) // an empty local directory: only the remote checkpoint
-	done := f.waitDone(st.JobID, 3*time.Minute)
-	if done.State != "completed" {
-		t.Fatalf("job after the kill: %+v", done)
-	}
-	if done.SamplesRecovered < 2*pass || done.SamplesRecovered%pass != 0 || done.SamplesRecovered >= spp {
-		t.Fatalf("samples recovered %d: want whole passes, at least the %d checkpointed before the kill", done.SamplesRecovered, 2*pass)
-	}
-	// Blender prints "Sample 32/32" as each 32-sample pass ends: the successor rendered only
-	// the passes the checkpoint lacked.
-	passes := len(regexp.MustCompile(fmt.Sprintf(`Sample %d/%d\b`, pass, pass)).FindAllString(b.Log(), -1))
-	if want := (spp - done.SamplesRecovered) / pass; passes != want {
-		t.Fatalf("the successor rendered %d passes, want the %d missing ones", passes, want)
-	}
-	if !strings.Contains(b.Log(), "resuming from checkpoint") {
-		t.Fatal("the successor did not say it resumed from the checkpoint")
-	}
-	out := filepath.Join(t.TempDir(), "f_####.exr")
-	if r := f.cli("outputs", st.JobID, "--out", out, "--format", "exr"); r.code != 0 {
-		t.Fatalf("outputs: %s", r)
-	}
-	ref := filepath.Join(t.TempDir(), "ref.exr")
-	if r := run(t, "tileworker", append([]string{"render", blenderExample(t), "--frame", "5", "--out", ref, "-q"}, settings...)...); r.code != 0 {
-		t.Fatalf("reference: %s", r)
-	}
-	sameFloats(t, frameFile(out, 5), ref)
-	f.assertNoDeadLetters()
 }
 
 // Scenes that would render wrong (magenta textures, dropped objects, scripts not run) or not
@@ -262,14 +188,30 @@ func TestBlenderBadInputIsRefused(t *testing.T) {
 		t.Fatalf("refused submissions stored scenes: %v", scenes)
 	}
 
-	// What cannot be split is switched off, and submit says so, one line per setting.
-	r := f.cli("submit", filepath.Join(dir, "unsplittable.blend"), "--frames", "1")
-	if r.code != 42 {
-		t.Fatalf("submitting a scene with unsplittable settings: %s", r)
-	}
-	for _, w := range []string{"adaptive sampling", "denoising", "compositing"} {
-		if n := strings.Count(r.stderr, w); n != 1 {
-			t.Errorf("submit said %d times that %s is switched off, want once:\n%s", n, w, r.stderr)
+	// What cannot be split makes the frame render whole, and submit says so; with --split it is
+	// switched off instead, one line per setting; a denoiser this Blender lacks is said either way.
+	for _, c := range []struct {
+		split bool
+		want  []string
+	}{
+		{false, []string{"renders whole", "adaptive sampling", "no denoiser"}},
+		{true, []string{"adaptive sampling (noise threshold 0.01) is off", "no denoiser"}},
+	} {
+		args := []string{"submit", filepath.Join(dir, "unsplittable.blend"), "--frames", "1"}
+		if c.split {
+			args = append(args, "--split")
+		}
+		r := f.cli(args...)
+		if r.code != 42 {
+			t.Fatalf("submitting a scene with unsplittable settings (split %v): %s", c.split, r)
+		}
+		for _, w := range c.want {
+			if n := strings.Count(r.stderr, w); n != 1 {
+				t.Errorf("submit (split %v) said %q %d times, want once:\n%s", c.split, w, n, r.stderr)
+			}
+		}
+		if strings.Contains(r.stderr, "compositing") {
+			t.Errorf("submit says compositing is off, but the compositor runs at assembly:\n%s", r.stderr)
 		}
 	}
 }

@@ -191,6 +191,17 @@ func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 		t.Fatalf("tiles of the frame: %v %v", ft, err)
 	}
 	waitRemoteCheckpoint(t, f, ft[0].Key, 2*pass)
+	// The tile's progress shows in the job's status while it renders, pass by pass.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		now, _ := f.status(st.JobID)
+		if now.SamplesDone >= 2*pass && now.TilesCompleted == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("status shows %d/%d samples done while the tile renders, want at least %d", now.SamplesDone, now.SamplesTotal, 2*pass)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	children := blenderChildren(t, a.Pid())
 	if len(children) == 0 {
 		t.Fatal("the victim runs no Blender process")
@@ -218,6 +229,9 @@ func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 	passes := len(regexp.MustCompile(fmt.Sprintf(`Sample %d/%d\b`, pass, pass)).FindAllString(b.Log(), -1))
 	if want := 2 * (spp - done.SamplesRecovered) / pass; passes != want {
 		t.Fatalf("the successor rendered %d layer passes, want the %d missing ones", passes, want)
+	}
+	if !strings.Contains(b.Log(), "resuming from checkpoint") {
+		t.Fatal("the successor did not say it resumed from the checkpoint")
 	}
 	farm := t.TempDir()
 	if r := f.cli("outputs", st.JobID, "--dir", farm); r.code != 0 {
