@@ -6,11 +6,14 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/blender/blendertest"
+	"github.com/tilefarm/tilefarm/blender/blendscene"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -131,5 +134,36 @@ func TestInspectRejectsBadScenes(t *testing.T) {
 	}
 	if notes := strings.Join(d.Notes(render.Overrides{Split: true}), "\n"); !strings.Contains(notes, "adaptive sampling (noise threshold") {
 		t.Errorf("split notes %q do not say adaptive sampling is off", notes)
+	}
+}
+
+// Property: which layers and passes a .blend renders is part of its frames' identity: the same
+// plate with one pass switched off is another scene version with other channels, so no frame or
+// tile of the first is reused for it.
+func TestPassesAreInTheIdentity(t *testing.T) {
+	dir := t.TempDir()
+	variant := filepath.Join(dir, "plate.blend")
+	blendertest.Run(t, blendertest.Plate(t), "--python-expr",
+		"import bpy; bpy.context.scene.view_layers['Beauty'].use_pass_mist = False; bpy.ops.wm.save_as_mainfile(filepath="+strconv.Quote(variant)+")")
+	k := blendscene.New(blendscene.Options{Binary: blendertest.Binary(t)}, scene.Env{Dir: t.TempDir()})
+	defer k.Close()
+	var versions []string
+	var channels [][]string
+	for _, p := range []string{blendertest.Plate(t), variant} {
+		b, err := k.Read(context.Background(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := blender.ParseDescription(b.Scene)
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions, channels = append(versions, b.Version()), append(channels, d.Channels)
+	}
+	if versions[0] == versions[1] {
+		t.Fatal("switching a pass off left the scene version as it was")
+	}
+	if len(channels[1]) != len(channels[0])-1 || slices.Contains(channels[1], "Beauty.Mist.Z") || !slices.Contains(channels[0], "Beauty.Mist.Z") {
+		t.Fatalf("channels %d then %d: want Beauty.Mist.Z alone gone", len(channels[0]), len(channels[1]))
 	}
 }
