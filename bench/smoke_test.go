@@ -115,30 +115,12 @@ func TestBenchSmoke(t *testing.T) {
 		w := blenderWorkload{binary: blendertest.Binary(t), first: 1, last: 2, warmup: 3, width: 96, height: 72, spp: 8, passes: 2,
 			tileSize: 32, workers: 2}
 		r, err := measureBlenderFarm(ctx, t.TempDir(), loadBlender(t, ctx), w)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.frames != 2 {
-			t.Errorf("frames = %d, want 2", r.frames)
-		}
-		m := metricSet{}
-		reportBlenderFarm(m, r)
-		checkMetrics(t, m, "farm/blender", "farm/blender-render", "cold-frame-s", "frames/s", "blender-frames/s")
-		checkFinite(t, m, "max-rel-diff")
+		checkBlenderRun(t, r, err)
 	})
 
 	t.Run("BlenderPlate", func(t *testing.T) {
 		r, err := measurePlate(ctx, t.TempDir(), blendertest.Binary(t), blendertest.Plate(t), 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.frames != 2 {
-			t.Errorf("frames = %d, want 2", r.frames)
-		}
-		m := metricSet{}
-		reportBlenderFarm(m, r)
-		checkMetrics(t, m, "farm/blender", "farm/blender-render", "cold-frame-s", "frames/s", "blender-frames/s")
-		checkFinite(t, m, "max-rel-diff")
+		checkBlenderRun(t, r, err)
 	})
 
 	t.Run("BlenderPass", func(t *testing.T) {
@@ -185,4 +167,20 @@ func checkFinite(t *testing.T, m metricSet, units ...string) {
 			t.Errorf("metric %q = %v, want finite", u, v)
 		}
 	}
+}
+
+// checkBlenderRun checks a farm's run of two Blender frames against Blender's own and its
+// metrics.
+func checkBlenderRun(t *testing.T, r blenderRun, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.frames != 2 {
+		t.Errorf("frames = %d, want 2", r.frames)
+	}
+	m := metricSet{}
+	reportBlenderFarm(m, r)
+	checkMetrics(t, m, "farm/blender", "farm/blender-render", "cold-frame-s", "frames/s", "blender-frames/s")
+	checkFinite(t, m, "max-rel-diff")
 }

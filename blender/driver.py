@@ -213,41 +213,26 @@ def has_denoiser():
     return _cycles is not None and bool(getattr(_cycles, "with_openimagedenoise", False))
 
 
-def whole_reasons(sc):
-    """Why the scene's frames must render whole to look as Blender renders them, one line each."""
+def unsplittable(sc):
+    """The scene's settings that read neighbouring pixels or the whole render while rendering, as
+    (why the frame renders whole, what splitting it switches off), one pair per setting on."""
     cy, r = sc.cycles, sc.render
     out = []
     if cy.use_adaptive_sampling:
-        out.append("adaptive sampling (noise threshold %g) reads neighbouring pixels while rendering" % cy.adaptive_threshold)
+        out.append(("adaptive sampling (noise threshold %g) reads neighbouring pixels while rendering" % cy.adaptive_threshold,
+                    "adaptive sampling (noise threshold %g) is off: every pixel renders all %d samples" % (cy.adaptive_threshold, cy.samples)))
     if cy.use_denoising and has_denoiser():
-        out.append("denoising (%s) needs the whole frame" % cy.denoiser)
+        out.append(("denoising (%s) needs the whole frame" % cy.denoiser, "denoising (%s) is off: it needs the whole frame" % cy.denoiser))
     if getattr(cy, "use_guiding", False):
-        out.append("path guiding learns across samples")
+        out.append(("path guiding learns across samples", "path guiding is off: it learns across samples"))
     if cy.time_limit > 0:
-        out.append("the time limit (%gs) stops the frame, not a tile" % cy.time_limit)
+        out.append(("the time limit (%gs) stops the frame, not a tile" % cy.time_limit,
+                    "the time limit (%gs) is off: every tile renders all its samples" % cy.time_limit))
     if cy.use_layer_samples == "USE" and any(vl.samples > 0 for vl in sc.view_layers):
-        out.append("view layers have their own sample counts")
+        out.append(("view layers have their own sample counts",
+                    "view layer sample counts are ignored: every layer renders %d samples" % cy.samples))
     if r.use_freestyle:
-        out.append("Freestyle's lines need the whole frame")
-    return out
-
-
-def split_notes(sc):
-    """What splitting the scene's frames switches off, one line each (submit --split)."""
-    cy, r = sc.cycles, sc.render
-    out = []
-    if cy.use_adaptive_sampling:
-        out.append("adaptive sampling (noise threshold %g) is off: every pixel renders all %d samples" % (cy.adaptive_threshold, cy.samples))
-    if cy.use_denoising and has_denoiser():
-        out.append("denoising (%s) is off: it needs the whole frame" % cy.denoiser)
-    if getattr(cy, "use_guiding", False):
-        out.append("path guiding is off: it learns across samples")
-    if cy.time_limit > 0:
-        out.append("the time limit (%gs) is off: every tile renders all its samples" % cy.time_limit)
-    if cy.use_layer_samples == "USE" and any(vl.samples > 0 for vl in sc.view_layers):
-        out.append("view layer sample counts are ignored: every layer renders %d samples" % cy.samples)
-    if r.use_freestyle:
-        out.append("Freestyle is off: its lines need the whole frame")
+        out.append(("Freestyle's lines need the whole frame", "Freestyle is off: its lines need the whole frame"))
     return out
 
 
@@ -360,7 +345,8 @@ def inspect(req):
             "frame_start": sc.frame_start, "frame_end": sc.frame_end, "frame_step": sc.frame_step,
             "view_transform": sc.view_settings.view_transform, "look": sc.view_settings.look,
             "exposure": sc.view_settings.exposure, "gamma": sc.view_settings.gamma,
-            "whole": whole_reasons(sc), "split_off": split_notes(sc), "caveats": caveats(sc),
+            "whole": [why for why, _ in unsplittable(sc)], "split_off": [off for _, off in unsplittable(sc)],
+            "caveats": caveats(sc),
             "layers": layer_info(sc), "output": output_info(sc), "film_transparent": bool(r.film_transparent),
             "shadow_catcher": any(getattr(o, "is_shadow_catcher", False) for o in sc.objects if o.type in GEOMETRY)}
     # The channels every tile carries: a one-pixel render of the scene prepared as a tile is.
