@@ -37,7 +37,7 @@ type Description struct {
 	MaxBounces    int      `json:"max_bounces"`
 	FrameStart    int      `json:"frame_start"`
 	FrameEnd      int      `json:"frame_end"`
-	FrameStep     int      `json:"frame_step"`
+	Step          int      `json:"frame_step"` // the frame step: every Step-th frame of the range renders
 	ViewTransform string   `json:"view_transform"`
 	Look          string   `json:"look"`
 	Exposure      float64  `json:"exposure"`
@@ -173,6 +173,9 @@ func (d *Description) Notes(o render.Overrides) []string {
 
 // Frames returns the scene's own frame range.
 func (d *Description) Frames() (first, last int) { return d.FrameStart, d.FrameEnd }
+
+// FrameStep is the .blend's frame step: the frames its own animation render renders.
+func (d *Description) FrameStep() int { return max(d.Step, 1) }
 
 // Assets lists the bundle's files, the .blend included.
 func (d *Description) Assets() []string { return d.Files }

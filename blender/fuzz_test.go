@@ -41,3 +41,14 @@ func FuzzParseDescription(f *testing.F) {
 		}
 	})
 }
+
+// Property: a .blend's frame step is the step of its default job, and a description without
+// one (or of step 0) renders every frame.
+func TestDescriptionFrameStep(t *testing.T) {
+	for _, c := range []struct{ step, want int }{{0, 1}, {1, 1}, {3, 3}} {
+		d := &blender.Description{Step: c.step}
+		if got := d.FrameStep(); got != c.want {
+			t.Errorf("frame_step %d: FrameStep() = %d, want %d", c.step, got, c.want)
+		}
+	}
+}

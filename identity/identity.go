@@ -193,13 +193,17 @@ func JobID(idempotencyKey string) string {
 // settings and output formats are the same request. Formats are in it because
 // the payload hash covers them: asking for EXR after PNG is a new request, not
 // a conflict. formats must be sorted.
-func DerivedIdempotencyKey(project, sceneVersion, camera string, first, last int, settingsHash string, formats []string) string {
+func DerivedIdempotencyKey(project, sceneVersion, camera string, first, last, step int, settingsHash string, formats []string) string {
 	f := newFieldHasher(tagDerivedIdemKey)
 	f.str(project)
 	f.str(sceneVersion)
 	f.str(camera)
 	f.int(first)
 	f.int(last)
+	if step > 1 { // a job of every frame keeps the key it had before frame steps
+		f.str("step")
+		f.int(step)
+	}
 	f.str(settingsHash)
 	f.int(len(formats))
 	for _, fm := range formats {

@@ -234,23 +234,27 @@ func TestJobID(t *testing.T) {
 }
 
 func TestDerivedIdempotencyKey(t *testing.T) {
-	base := DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh", []string{"png"})
+	base := DerivedIdempotencyKey("proj", "sv", "main", 1, 24, 0, "sh", []string{"png"})
 	if !hex64.MatchString(base) {
 		t.Fatalf("DerivedIdempotencyKey %q is not 64 lowercase hex", base)
 	}
-	if DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh", []string{"png"}) != base {
+	if DerivedIdempotencyKey("proj", "sv", "main", 1, 24, 0, "sh", []string{"png"}) != base {
 		t.Fatal("DerivedIdempotencyKey not stable")
 	}
+	if DerivedIdempotencyKey("proj", "sv", "main", 1, 24, 1, "sh", []string{"png"}) != base {
+		t.Fatal("a frame step of 1 (every frame) changed the key of a job of every frame")
+	}
 	variants := map[string]string{
-		"project":       DerivedIdempotencyKey("proj2", "sv", "main", 1, 24, "sh", []string{"png"}),
-		"scene version": DerivedIdempotencyKey("proj", "sv2", "main", 1, 24, "sh", []string{"png"}),
-		"camera":        DerivedIdempotencyKey("proj", "sv", "side", 1, 24, "sh", []string{"png"}),
-		"first":         DerivedIdempotencyKey("proj", "sv", "main", 2, 24, "sh", []string{"png"}),
-		"last":          DerivedIdempotencyKey("proj", "sv", "main", 1, 25, "sh", []string{"png"}),
-		"swapped range": DerivedIdempotencyKey("proj", "sv", "main", 24, 1, "sh", []string{"png"}),
-		"settings":      DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh2", []string{"png"}),
-		"formats":       DerivedIdempotencyKey("proj", "sv", "main", 1, 24, "sh", []string{"exr", "png"}),
-		"shift":         DerivedIdempotencyKey("pro", "jsv", "main", 1, 24, "sh", []string{"png"}),
+		"project":       DerivedIdempotencyKey("proj2", "sv", "main", 1, 24, 0, "sh", []string{"png"}),
+		"scene version": DerivedIdempotencyKey("proj", "sv2", "main", 1, 24, 0, "sh", []string{"png"}),
+		"camera":        DerivedIdempotencyKey("proj", "sv", "side", 1, 24, 0, "sh", []string{"png"}),
+		"first":         DerivedIdempotencyKey("proj", "sv", "main", 2, 24, 0, "sh", []string{"png"}),
+		"last":          DerivedIdempotencyKey("proj", "sv", "main", 1, 25, 0, "sh", []string{"png"}),
+		"swapped range": DerivedIdempotencyKey("proj", "sv", "main", 24, 1, 0, "sh", []string{"png"}),
+		"frame step":    DerivedIdempotencyKey("proj", "sv", "main", 1, 24, 2, "sh", []string{"png"}),
+		"settings":      DerivedIdempotencyKey("proj", "sv", "main", 1, 24, 0, "sh2", []string{"png"}),
+		"formats":       DerivedIdempotencyKey("proj", "sv", "main", 1, 24, 0, "sh", []string{"exr", "png"}),
+		"shift":         DerivedIdempotencyKey("pro", "jsv", "main", 1, 24, 0, "sh", []string{"png"}),
 	}
 	seen := map[string]string{base: "base"}
 	for name, k := range variants {

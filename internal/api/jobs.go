@@ -71,6 +71,7 @@ type SubmitRequest struct {
 	First          int      `json:"first"`
 	Last           int      `json:"last"`
 	SceneFrames    bool     `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
+	Step           int      `json:"step,omitempty"`         // every Step-th frame from First to Last; 0 is the scene's frame step (a .blend's), else 1
 	SPP            int      `json:"spp,omitempty"`
 	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
 	Split          bool     `json:"split,omitempty"`  // Blender scenes: split frames that would render whole, switching off what cannot be split
@@ -116,6 +117,7 @@ type Status struct {
 	Formats          []string `json:"formats"`
 	FirstFrame       int      `json:"first_frame"`
 	LastFrame        int      `json:"last_frame"`
+	FrameStep        int      `json:"frame_step,omitempty"` // the distance between the job's frames when more than 1
 	FramesTotal      int      `json:"frames_total"`
 	FramesCompleted  int      `json:"frames_completed"`
 	FramesFailed     int      `json:"frames_failed"`

@@ -72,7 +72,7 @@ func (p *program) client() *client.Client { return client.New(p.server, os.Geten
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
 // submit. With no formats the scene kind's default is asked for (defaultFormat: a Blender
 // scene's own output); req.Formats says which.
-func submitRequest(ctx context.Context, path, frames string, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
+func submitRequest(ctx context.Context, path, frames string, step int, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
 	var req api.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
@@ -83,6 +83,9 @@ func submitRequest(ctx context.Context, path, frames string, rf *renderFlags, ou
 	}
 	if err := rf.check(); err != nil {
 		return req, nil, err
+	}
+	if step < 0 {
+		return req, nil, usagef("--step %d: want 1 or more (0: the scene's frame step)", step)
 	}
 	b, k, s, _, err := readScene(ctx, path, ks, rf.overrides(), stderr)
 	if err != nil {
@@ -104,7 +107,7 @@ func submitRequest(ctx context.Context, path, frames string, rf *renderFlags, ou
 			return req, nil, err
 		}
 	}
-	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, SPP: rf.spp,
+	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, Step: step, SPP: rf.spp,
 		Passes: rf.passes, Split: rf.split, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
 }
 
@@ -114,7 +117,11 @@ func printStatus(w io.Writer, st api.Status, asJSON bool) {
 		return
 	}
 	fmt.Fprintf(w, "job %s: %s\n", st.JobID, st.State)
-	fmt.Fprintf(w, "  scene %s (%s), camera %s, frames %d-%d\n", st.Scene, short(st.SceneVersion), st.Camera, st.FirstFrame, st.LastFrame)
+	every := ""
+	if st.FrameStep > 1 {
+		every = fmt.Sprintf(", every %d", st.FrameStep)
+	}
+	fmt.Fprintf(w, "  scene %s (%s), camera %s, frames %d-%d%s\n", st.Scene, short(st.SceneVersion), st.Camera, st.FirstFrame, st.LastFrame, every)
 	fmt.Fprintf(w, "  frames %d/%d completed, %d failed; tiles %d/%d completed (%d rendered now, %d reused), %d attempts, %d samples recovered from checkpoints\n",
 		st.FramesCompleted, st.FramesTotal, st.FramesFailed, st.TilesCompleted, st.TilesTotal, st.TilesRendered, st.TilesReused, st.TileAttempts, st.SamplesRecovered)
 	if st.SamplesTotal > 0 && st.State != api.JobCompleted {

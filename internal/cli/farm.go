@@ -42,6 +42,7 @@ compositor, at its output path relative to the .blend (or --out, taken as Blende
 with its File Output nodes' files beside it.`)
 	fs := c.Flags()
 	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
+	step := fs.Int("step", 0, "render every Nth frame of the range (default: the scene's frame step, a .blend's; else 1)")
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR); for a .blend, default its own output path")
 	format := fs.String("format", "", "output format: png, png16, exr, or blend (a .blend's own output; the default for a .blend, else from --out's extension)")
 	rf := addRenderFlags(fs)
@@ -66,7 +67,7 @@ with its File Output nodes' files beside it.`)
 		}
 		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
 		defer ks.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *frames, rf, *out, asked, ks, stderr)
+		req, bundle, err := submitRequest(ctx, pos[0], *frames, *step, rf, *out, asked, ks, stderr)
 		if err != nil {
 			return 0, err
 		}

@@ -7,6 +7,7 @@ package coorddb
 import (
 	"encoding/binary"
 	"fmt"
+	"iter"
 	"slices"
 	"time"
 
@@ -27,6 +28,7 @@ type Job struct {
 	Camera         string          `json:"camera"`
 	First          int             `json:"first"`
 	Last           int             `json:"last"`
+	Step           int             `json:"step,omitempty"` // frames First, First+Step, ... up to Last; 0 or 1 is every frame
 	Settings       render.Settings `json:"settings"`
 	SettingsHash   string          `json:"settings_hash"`
 	TileSize       int             `json:"tile_size"`
@@ -61,7 +63,34 @@ func (j *Job) FrameKey(n int) string {
 }
 
 // Frames is the number of frames the job asks for.
-func (j *Job) Frames() int { return j.Last - j.First + 1 }
+func (j *Job) Frames() int { return (j.Last-j.First)/j.step() + 1 }
+
+// step is the distance between the job's frames: Step, or 1 for a job of every frame.
+func (j *Job) step() int { return max(j.Step, 1) }
+
+// FrameNumbers yields the numbers of the job's frames: First, First+Step, ... up to Last.
+func (j *Job) FrameNumbers() iter.Seq[int] {
+	return func(yield func(int) bool) {
+		for n := j.First; n <= j.Last; n += j.step() {
+			if !yield(n) {
+				return
+			}
+		}
+	}
+}
+
+// FrameRange says which frames the job has: "frames 1-24", "frames 1-24, every 2".
+func (j *Job) FrameRange() string {
+	if j.step() == 1 {
+		return fmt.Sprintf("frames %d-%d", j.First, j.Last)
+	}
+	return fmt.Sprintf("frames %d-%d, every %d", j.First, j.Last, j.step())
+}
+
+// HasFrame reports whether frame n is one of the job's.
+func (j *Job) HasFrame(n int) bool {
+	return n >= j.First && n <= j.Last && (n-j.First)%j.step() == 0
+}
 
 // FrameTransition records a change of a frame's state.
 type FrameTransition struct {

@@ -135,7 +135,7 @@ func (tx *Tx) Fingerprint(j *Job) uint64 {
 	}
 	record(tx.tx.Bucket(bucketJobs).Get([]byte(j.ID)))
 	frames := tx.tx.Bucket(bucketFrames)
-	for n := j.First; n <= j.Last; n++ {
+	for n := range j.FrameNumbers() {
 		record(frames.Get([]byte(j.FrameKey(n))))
 	}
 	return h.Sum64()

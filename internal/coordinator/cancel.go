@@ -53,7 +53,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*coor
 		if err := p.tx.PutJob(j); err != nil {
 			return err
 		}
-		for n := j.First; n <= j.Last; n++ {
+		for n := range j.FrameNumbers() {
 			e, err := p.edit(j.FrameKey(n))
 			if err != nil {
 				return err

@@ -58,8 +58,8 @@ func (c *Coordinator) frameObject(ctx context.Context, jobID string, frame int, 
 		if err != nil {
 			return err
 		}
-		if frame < j.First || frame > j.Last {
-			return fmt.Errorf("%w: frame %d is not in job %s (frames %d-%d)", api.ErrBadInput, frame, jobID, j.First, j.Last)
+		if !j.HasFrame(frame) {
+			return fmt.Errorf("%w: frame %d is not in job %s (%s)", api.ErrBadInput, frame, jobID, j.FrameRange())
 		}
 		fk = j.FrameKey(frame)
 		f, err := tx.Frame(fk)

@@ -31,7 +31,7 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 		if queue.BandOf(old) == queue.BandOf(priority) {
 			return nil
 		}
-		for n := j.First; n <= j.Last; n++ {
+		for n := range j.FrameNumbers() {
 			e, err := p.edit(j.FrameKey(n))
 			if err != nil {
 				return err

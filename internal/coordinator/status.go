@@ -99,9 +99,9 @@ const maxFailuresShown = 50
 // projection's that has them in memory already).
 func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.Frame, error)) (api.Status, error) {
 	st := api.Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
-		FirstFrame: j.First, LastFrame: j.Last, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{}}
+		FirstFrame: j.First, LastFrame: j.Last, FrameStep: j.Step, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{}}
 	states := make([]coorddb.FrameState, 0, j.Frames())
-	for n := j.First; n <= j.Last; n++ {
+	for n := range j.FrameNumbers() {
 		f, err := frame(j.FrameKey(n))
 		if err != nil {
 			return st, fmt.Errorf("job %s frame %d: %w", j.ID, n, err)

@@ -35,6 +35,7 @@ type canonicalPayload struct {
 	Camera       string   `json:"camera"`
 	First        int      `json:"first"`
 	Last         int      `json:"last"`
+	Step         int      `json:"step,omitempty"` // more than 1 only
 	SettingsHash string   `json:"settings_hash"`
 	Formats      []string `json:"formats"`
 }
@@ -86,6 +87,17 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if err := CheckFrameRange(first, last); err != nil {
 		return nil, 0, err
 	}
+	step := req.Step
+	switch {
+	case step == 0:
+		step = sc.info.FrameStep()
+	case step < 0 || step > render.MaxFrame:
+		return nil, 0, badInput("frame step %d: want 1 to %d", step, render.MaxFrame)
+	}
+	if step == 1 {
+		step = 0 // every frame: jobs of every frame are stored and hashed as before steps existed
+	}
+	frames := (last-first)/max(step, 1) + 1
 	size := req.TileSize
 	switch {
 	case st.Whole:
@@ -101,8 +113,8 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if err != nil {
 		return nil, 0, badInput("tile size: %v", err)
 	}
-	if len(rects)*(last-first+1) > MaxTilesPerJob {
-		return nil, 0, badInput("%d frames of %d tiles exceed %d tiles per job", last-first+1, len(rects), MaxTilesPerJob)
+	if len(rects)*frames > MaxTilesPerJob {
+		return nil, 0, badInput("%d frames of %d tiles exceed %d tiles per job", frames, len(rects), MaxTilesPerJob)
 	}
 	asked := req.Formats
 	if len(asked) == 0 {
@@ -120,14 +132,14 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	sv := req.SceneVersion
 	sh := identity.SettingsHash(st)
 	payload, _ := json.Marshal(canonicalPayload{Project: req.Project, SceneVersion: sv, Camera: st.Camera,
-		First: first, Last: last, SettingsHash: sh, Formats: formats})
+		First: first, Last: last, Step: step, SettingsHash: sh, Formats: formats})
 	key := req.IdempotencyKey
 	if key == "" {
-		key = identity.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, sh, formats)
+		key = identity.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, step, sh, formats)
 	}
 	return &coorddb.Job{
 		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
-		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Settings: st,
+		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Settings: st,
 		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Created: c.now(),
 	}, len(rects), nil
 }
@@ -162,7 +174,7 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		}
 		created = true
 		p = newProjection(tx, c.now())
-		for n := j.First; n <= j.Last; n++ {
+		for n := range j.FrameNumbers() {
 			fk := j.FrameKey(n)
 			if _, err := p.frame(fk); err == nil {
 				if err := c.shareFrame(ctx, p, fk, j); err != nil {
@@ -286,7 +298,7 @@ func (c *Coordinator) Retry(ctx context.Context, jobID string) (int, error) {
 		if err != nil {
 			return err
 		}
-		for f := j.First; f <= j.Last; f++ {
+		for f := range j.FrameNumbers() {
 			e, err := p.frame(j.FrameKey(f))
 			if err != nil {
 				return err

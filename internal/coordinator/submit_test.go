@@ -46,6 +46,36 @@ func TestSubmitWritesRecordsPerFrameNotPerTile(t *testing.T) {
 	}
 }
 
+// Property: a job with a frame step has frames First, First+Step, ... up to Last and no others:
+// its status lists them, its outbox dispatches them, and another frame of its range is not its.
+func TestSubmitFrameStep(t *testing.T) {
+	h := newHarness(t, Config{})
+	req := h.request(1, 6, 64, 48, 64)
+	req.Step = 2
+	res := h.submit(t, req)
+	var frames []int
+	for _, f := range res.Status.Frames {
+		frames = append(frames, f.Frame)
+	}
+	if !slices.Equal(frames, []int{1, 3, 5}) || res.Status.FramesTotal != 3 || res.Status.FrameStep != 2 || res.Status.TilesTotal != 3 {
+		t.Fatalf("status %+v with frames %v, want frames 1, 3, 5", res.Status, frames)
+	}
+	if n := len(h.outbox(t)); n != 3 {
+		t.Fatalf("%d outbox records, want one per frame of the job", n)
+	}
+	if _, err := h.c.FrameOutput(h.ctx, res.Status.JobID, 2, "png"); !errors.Is(err, api.ErrBadInput) {
+		t.Fatalf("frame 2 of a job of every other frame: %v, want bad input", err)
+	}
+	every := h.submit(t, h.request(1, 6, 64, 48, 64))
+	if every.Status.JobID == res.Status.JobID || every.Status.FramesTotal != 6 || every.Status.FrameStep != 0 {
+		t.Fatalf("the job of every frame %+v: want another job of 6 frames", every.Status)
+	}
+	req.Step = 1
+	if one := h.submit(t, req); one.Status.JobID != every.Status.JobID || one.Created {
+		t.Fatalf("a step of 1 made job %s, want the job of every frame %s", one.Status.JobID, every.Status.JobID)
+	}
+}
+
 // tileCount is ceil(w/size)*ceil(h/size), computed independently of tiles.Split.
 func tileCount(w, h, size int) int { return ((w + size - 1) / size) * ((h + size - 1) / size) }
 
@@ -133,6 +163,8 @@ func TestSubmitBadInputWritesNothing(t *testing.T) {
 		"tile size":        func(r *api.SubmitRequest) { r.TileSize = -4 },
 		"too many tiles":   func(r *api.SubmitRequest) { r.Width, r.Height, r.TileSize, r.Last = 4096, 4096, 1, 1 },
 		"unknown format":   func(r *api.SubmitRequest) { r.Formats = []string{"gif"} },
+		"blend of a json":  func(r *api.SubmitRequest) { r.Formats = []string{"blend"} },
+		"negative step":    func(r *api.SubmitRequest) { r.Step = -2 },
 		"missing scene":    func(r *api.SubmitRequest) { r.SceneVersion = strings.Repeat("ab", 32) },
 		"not a version":    func(r *api.SubmitRequest) { r.SceneVersion = "../../etc/passwd" },
 		"huge idem key":    func(r *api.SubmitRequest) { r.IdempotencyKey = strings.Repeat("k", 1<<20) },

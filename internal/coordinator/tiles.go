@@ -16,8 +16,8 @@ func jobFrame(tx *coorddb.Tx, jobID string, n int) (*coorddb.Job, *coorddb.Frame
 	if err != nil {
 		return nil, nil, err
 	}
-	if n < j.First || n > j.Last {
-		return nil, nil, fmt.Errorf("%w: frame %d is not in job %s (frames %d-%d)", api.ErrBadInput, n, jobID, j.First, j.Last)
+	if !j.HasFrame(n) {
+		return nil, nil, fmt.Errorf("%w: frame %d is not in job %s (%s)", api.ErrBadInput, n, jobID, j.FrameRange())
 	}
 	f, err := tx.Frame(j.FrameKey(n))
 	if err != nil {

@@ -59,6 +59,9 @@ type Kind interface {
 type Description interface {
 	Resolve(render.Overrides) (render.Settings, error)
 	Frames() (first, last int)
+	// FrameStep is the distance between the frames the scene renders by default (a .blend's
+	// frame step; 1 for every frame).
+	FrameStep() int
 	Assets() []string
 	// Notes are lines for the artist about how the farm renders the scene with these
 	// overrides: whether its frames split or render whole and why, what is switched off.

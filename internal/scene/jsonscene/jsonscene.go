@@ -74,6 +74,9 @@ type description struct{ *render.SceneInfo }
 
 func (description) Notes(render.Overrides) []string { return nil }
 
+// FrameStep is 1: a JSON scene renders every frame of its range.
+func (description) FrameStep() int { return 1 }
+
 // Validate checks the scene and every mesh with the errors parsing gives, building nothing.
 func (Kind) Validate(b *bundle.Bundle) error { return render.ValidateScene(b.Scene, b.Asset) }
 

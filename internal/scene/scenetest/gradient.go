@@ -150,6 +150,9 @@ func (d Document) Frames() (first, last int) { return d.First, d.Last }
 // Assets are none.
 func (d Document) Assets() []string { return nil }
 
+// FrameStep is 1: every frame.
+func (d Document) FrameStep() int { return 1 }
+
 // Notes say what the scene is.
 func (d Document) Notes(render.Overrides) []string {
 	return []string{"a gradient: every pixel is a pure function of its position, frame and sample"}
