@@ -189,8 +189,7 @@ def owners():
 
 # What reads neighbouring pixels or the whole render while rendering: a frame with any of them
 # on renders whole (one tile, one pass) unless the artist asks to split it, when they are
-# switched off. (where, attribute, value when split)
-# (where, attribute) -> its value when split.
+# switched off. (where, attribute) -> its value when split.
 SPLIT_VALUE = {("cycles", "use_adaptive_sampling"): False, ("cycles", "use_denoising"): False,
                ("cycles", "use_guiding"): False, ("cycles", "time_limit"): 0.0,
                ("cycles", "use_layer_samples"): "IGNORE", ("render", "use_freestyle"): False}
@@ -201,7 +200,7 @@ def obj(sc, where):
 
 
 def whole_only(sc):
-    """The WHOLE_ONLY settings this build has: (object, attribute, value when split)."""
+    """The settings of SPLIT_VALUE this build has: (object, attribute, value when split)."""
     return [(obj(sc, w), a, v) for (w, a), v in SPLIT_VALUE.items() if hasattr(obj(sc, w), a)]
 
 
@@ -374,9 +373,10 @@ def edge(p, n):
 
 def prepare_tiles(sc):
     """Prepares the scene for tile renders: every view layer (unless the scene renders a single
-    one) and pass into one float multilayer EXR of the tile, on the CPU with one thread; the compositor runs once on the assembled frame
-    (assemble), the sequencer not at all. The settings a frame renders whole for (WHOLE_ONLY) are
-    set per request (render); everything else is the scene's own."""
+    one) and pass into one float multilayer EXR of the tile, on the CPU with one thread; the
+    compositor runs once on the assembled frame (assemble), the sequencer not at all. The
+    settings a frame renders whole for (whole_only) are set per request (render); everything
+    else is the scene's own."""
     cy, r = sc.cycles, sc.render
     cy.device = "CPU"
     if cy.use_denoising and not has_denoiser():

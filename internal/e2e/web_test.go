@@ -320,9 +320,10 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	b.clean(false)
 }
 
-// A Blender frame's tiles have no PNG of their own (Blender's colour management encodes the
-// frame), so the frame view says so while it renders and, once the frame is done, shows the
-// frame's PNG: the canvas equals `coordinator outputs` pixel for pixel, and nothing fails.
+// A Blender frame's tiles have no PNG of their own (Blender's compositor and colour management
+// encode the frame), so the frame view says so while it renders and, once the frame is done,
+// shows the frame's PNG, its Composite: the canvas equals `coordinator outputs` pixel for pixel,
+// the .blend's own output is offered by its own name, and nothing fails.
 func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
 	f := startServe(t, t.TempDir())
 	b := newBrowser(t, "http://"+f.HTTP)
@@ -343,6 +344,9 @@ func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
 	}
 	b.screenshot("blender-frame")
 	b.canvasIsFrame(f, st.JobID)
+	// The .blend's own output is offered under the name Blender gives it (the example writes to
+	// Blender's default output path, /tmp/, as 0001.png), beside the farm's png.
+	b.waitTrue(`document.querySelector('#downloads a[data-format=blend]')?.textContent === '0001.png'`, 10*time.Second)
 	b.clean(false)
 }
 

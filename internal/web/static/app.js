@@ -422,10 +422,22 @@
         el('p', {}, `Tiles ${done}/${ft.tiles.length} completed, ${ft.width}x${ft.height} px, samples ${pct(fr.samples_done, fr.samples_total)}`),
         fr.error ? el('p', { class: 'error' }, fr.error) : null].filter(Boolean));
       if (fr.state === 'completed' && !downloads.childElementCount) {
-        downloads.append(el('span', {}, 'Download:'), ...st.formats.map((format) => {
+        const link = (href, name, label, format) => el('a', { href, 'data-format': format, onclick: (ev) => { ev.preventDefault(); download(href, name); } }, label);
+        const links = [];
+        for (const format of st.formats) {
           const href = `${base}/frames/${r.frame}/${format}`;
-          return el('a', { href, 'data-format': format, onclick: (ev) => { ev.preventDefault(); download(href, `frame_${String(r.frame).padStart(4, '0')}.${format.replace('16', '')}`); } }, format);
-        }));
+          if (format !== 'blend') {
+            links.push(link(href, `frame_${String(r.frame).padStart(4, '0')}.${format.replace('16', '')}`, format, format));
+            continue;
+          }
+          // The .blend's own output: named as Blender names it, with its File Output nodes' files.
+          const index = await apiJSON(`${href}/index`);
+          if (gone()) return;
+          const base_ = (p) => p.split('/').pop();
+          links.push(link(href, base_(index.name), base_(index.name), format));
+          index.files.forEach((f, i) => links.push(link(`${href}?file=${i}`, base_(f), f, format)));
+        }
+        downloads.append(el('span', {}, 'Download:'), ...links);
       }
       if (ft.tile_png) {
         note.textContent = '';
@@ -436,7 +448,7 @@
           }
         }
       } else {
-        note.textContent = "A Blender scene: its PNG is encoded by Blender's colour management, so the frame is shown once it is finished.";
+        note.textContent = "A Blender scene: its compositor and colour management run on the whole frame, so its Composite is shown once it is finished.";
         if (fr.state === 'completed' && !fs.shownFrame && st.formats.includes('png')) await showFinished('png');
       }
       await outline();
