@@ -29,8 +29,10 @@ func New[V any](limit int) *Cache[V] {
 }
 
 // Get returns the cached value of key, or loads it with fn. Callers asking for a key while it
-// loads share that one load and its outcome; an error is not cached. A caller whose ctx ends
-// while it waits gets ctx's error; the load goes on for the others.
+// loads share that one load and its outcome; an error is not cached. The load runs on a context
+// of its own (ctx's values, none of its cancellation), so no caller's end is the others': a
+// caller whose ctx ends while it waits, the first one included, gets ctx's error and leaves,
+// and the load goes on for the others.
 func (c *Cache[V]) Get(ctx context.Context, key string, fn func(context.Context) (V, error)) (V, error) {
 	c.mu.Lock()
 	if v, ok := c.values[key]; ok {
@@ -41,14 +43,17 @@ func (c *Cache[V]) Get(ctx context.Context, key string, fn func(context.Context)
 	if !ok {
 		l = &load[V]{done: make(chan struct{})}
 		c.loading[key] = l
-		c.mu.Unlock()
-		l.v, l.err = fn(ctx)
-		c.mu.Lock()
-		delete(c.loading, key)
-		if l.err == nil {
-			c.putLocked(key, l.v)
-		}
-		close(l.done)
+		go func() {
+			v, err := fn(context.WithoutCancel(ctx))
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			l.v, l.err = v, err
+			delete(c.loading, key)
+			if err == nil {
+				c.putLocked(key, v)
+			}
+			close(l.done)
+		}()
 	}
 	c.mu.Unlock()
 	select {

@@ -78,3 +78,51 @@ func TestWaiterHonoursItsContext(t *testing.T) {
 	}
 	close(release)
 }
+
+// Property: the load does not belong to the caller that started it. Cancelling that first
+// caller makes it leave with its own error, while the load goes on, uncancelled, and every
+// other waiter gets its value: no innocent caller fails because another gave up.
+func TestFirstCallerCancelledLeavesTheLoadToTheOthers(t *testing.T) {
+	c := New[int](1)
+	started, release := make(chan struct{}), make(chan struct{})
+	var loadErr atomic.Value
+	first, cancel := context.WithCancel(context.Background())
+	firstDone := make(chan error, 1)
+	go func() {
+		_, err := c.Get(first, "k", func(ctx context.Context) (int, error) {
+			close(started)
+			select {
+			case <-release:
+				return 7, nil
+			case <-ctx.Done():
+				loadErr.Store(ctx.Err())
+				return 0, ctx.Err()
+			}
+		})
+		firstDone <- err
+	}()
+	<-started
+	second := make(chan int, 1)
+	go func() {
+		v, err := c.Get(context.Background(), "k", nil)
+		if err != nil {
+			t.Errorf("second waiter: %v", err)
+		}
+		second <- v
+	}()
+	time.Sleep(10 * time.Millisecond)
+	cancel()
+	if err := <-firstDone; !errors.Is(err, context.Canceled) {
+		t.Fatalf("first caller = %v, want its own cancellation", err)
+	}
+	close(release)
+	if v := <-second; v != 7 {
+		t.Fatalf("second waiter got %d, want the loaded 7", v)
+	}
+	if err := loadErr.Load(); err != nil {
+		t.Fatalf("the load saw its first caller's cancellation: %v", err)
+	}
+	if v, err := c.Get(context.Background(), "k", nil); err != nil || v != 7 {
+		t.Fatalf("cached value = %d, %v", v, err)
+	}
+}
