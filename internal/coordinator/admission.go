@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"context"
 	"errors"
 	"math"
 	"time"
@@ -17,38 +16,37 @@ import (
 // pendingTiles counts the tiles not completed of the frames a live job waits for: neither
 // dropped nor failed, and not completed. It reads only unfinished frames (coorddb.OpenFrames),
 // so a submission's admission costs what is in the queue, not the farm's history.
-func (c *Coordinator) pendingTiles(ctx context.Context) (int, error) {
+func pendingTiles(tx *coorddb.Tx) (int, error) {
 	pending := 0
-	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
-		var err error
-		tx.OpenFrames(func(fk string) bool {
-			var f *coorddb.Frame
-			if f, err = tx.Frame(fk); errors.Is(err, coorddb.ErrNotFound) {
-				err = nil
-				return true
-			} else if err != nil {
-				return false
-			}
-			if f.Dropped || f.TilesCompleted >= f.TilesTotal || f.Derive() == coorddb.FrameFailed {
-				return true
-			}
-			var live *coorddb.Job
-			if live, err = liveJob(tx, f, ""); err != nil {
-				return false
-			}
-			if live != nil {
-				pending += f.TilesTotal - f.TilesCompleted
-			}
+	var err error
+	tx.OpenFrames(func(fk string) bool {
+		var f *coorddb.Frame
+		if f, err = tx.Frame(fk); errors.Is(err, coorddb.ErrNotFound) {
+			err = nil
 			return true
-		})
-		return err
+		} else if err != nil {
+			return false
+		}
+		if f.Dropped || f.TilesCompleted >= f.TilesTotal || f.Derive() == coorddb.FrameFailed {
+			return true
+		}
+		var live *coorddb.Job
+		if live, err = liveJob(tx, f, ""); err != nil {
+			return false
+		}
+		if live != nil {
+			pending += f.TilesTotal - f.TilesCompleted
+		}
+		return true
 	})
 	return pending, err
 }
 
 // admit refuses a submission of adding tiles that would take the pending tiles over the
-// configured limit, with when to retry: the excess over the measured drain rate.
-func (c *Coordinator) admit(ctx context.Context, adding int) error {
+// configured limit, with when to retry: the excess over the measured drain rate. It counts in
+// tx, the transaction that writes the job, so the limit holds whatever number of submissions
+// race: the database serializes its writers.
+func (c *Coordinator) admit(tx *coorddb.Tx, adding int) error {
 	limit := c.cfg.MaxPendingTiles
 	if limit <= 0 {
 		return nil
@@ -56,7 +54,7 @@ func (c *Coordinator) admit(ctx context.Context, adding int) error {
 	if adding > limit {
 		return badInput("the job has %d tiles, more than the farm's limit of %d pending tiles: split it into smaller jobs", adding, limit)
 	}
-	pending, err := c.pendingTiles(ctx)
+	pending, err := pendingTiles(tx)
 	if err != nil {
 		return err
 	}

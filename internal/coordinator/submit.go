@@ -159,9 +159,6 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 	if res, ok, err := c.existing(ctx, j); ok || err != nil {
 		return res, err
 	}
-	if err := c.admit(ctx, ntiles*j.Frames()); err != nil {
-		return api.SubmitResult{}, err
-	}
 	created := false
 	var st api.Status
 	var p *projection
@@ -170,6 +167,9 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 			if old != nil {
 				st, err = jobStatus(tx, old, tx.Frame)
 			}
+			return err
+		}
+		if err := c.admit(tx, ntiles*j.Frames()); err != nil {
 			return err
 		}
 		created = true

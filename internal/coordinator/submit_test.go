@@ -4,6 +4,8 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -262,13 +264,50 @@ func TestCheckFrameRange(t *testing.T) {
 	}
 }
 
+// Property: admission holds under concurrent submissions: with --max-pending-tiles 10, eight
+// 8-tile jobs submitted at once admit exactly one, and the pending tiles never pass the limit
+// (the count and the job's write are one transaction).
+func TestAdmissionHoldsUnderConcurrentSubmissions(t *testing.T) {
+	h := newHarness(t, Config{MaxPendingTiles: 10})
+	var wg sync.WaitGroup
+	var created, busy atomic.Int32
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := h.c.Submit(h.ctx, h.request(10*i+1, 10*i+2, 32, 32, 16)) // 2 frames of 4 tiles
+			switch {
+			case errors.Is(err, api.ErrBusy):
+				busy.Add(1)
+			case err != nil:
+				t.Errorf("submission %d: %v", i, err)
+			case res.Created:
+				created.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if created.Load() != 1 || busy.Load() != 7 {
+		t.Fatalf("%d admitted, %d refused as busy; want 1 and 7 under a limit of 10 pending tiles", created.Load(), busy.Load())
+	}
+	var pending int
+	if err := h.c.db.View(h.ctx, func(tx *coorddb.Tx) (err error) { pending, err = pendingTiles(tx); return err }); err != nil || pending != 8 {
+		t.Fatalf("%d pending tiles, %v; want the one admitted job's 8", pending, err)
+	}
+}
+
 // Pending tiles are the tiles not completed of the frames a live job waits for, each frame
 // once: a frame whose tiles are done, a dropped frame and a failed one wait for no rendering.
 func TestPendingTilesCountsWhatWaits(t *testing.T) {
 	h := newHarness(t, Config{})
 	pending := func(when string, want int) {
 		t.Helper()
-		if got, err := h.c.pendingTiles(h.ctx); err != nil || got != want {
+		var got int
+		err := h.c.db.View(h.ctx, func(tx *coorddb.Tx) (err error) {
+			got, err = pendingTiles(tx)
+			return err
+		})
+		if err != nil || got != want {
 			t.Fatalf("%s: %d pending tiles, %v; want %d", when, got, err, want)
 		}
 	}
