@@ -35,6 +35,9 @@ func (c *Coordinator) FrameIndex(ctx context.Context, jobID string, frame int, f
 	if err := json.Unmarshal(data, &index); err != nil {
 		return api.FrameIndex{}, fmt.Errorf("reading the index of frame %d: %w: %v", frame, objstore.ErrCorrupt, err)
 	}
+	if index.Files == nil {
+		index.Files = []string{} // the API's arrays are arrays, never null
+	}
 	return api.FrameIndex{Name: index.Name, Files: index.Files}, nil
 }
 

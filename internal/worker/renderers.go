@@ -34,7 +34,7 @@ func encodeFrame(ctx context.Context, sc scene.Renderer, f *raster.Frame, frame 
 		}
 		objs := []finalize.Output{{Name: name, Data: o.Data}}
 		if o.Name != "" || len(o.Files) > 0 {
-			index := layout.FrameIndex{Name: o.Name, Files: slices.Sorted(maps.Keys(o.Files))}
+			index := layout.FrameIndex{Name: o.Name, Files: append([]string{}, slices.Sorted(maps.Keys(o.Files))...)}
 			for i, path := range index.Files {
 				objs = append(objs, finalize.Output{Name: layout.FrameFileName(i), Data: o.Files[path]})
 			}

@@ -435,7 +435,7 @@
           if (gone()) return;
           const base_ = (p) => p.split('/').pop();
           links.push(link(href, base_(index.name), base_(index.name), format));
-          index.files.forEach((f, i) => links.push(link(`${href}?file=${i}`, base_(f), f, format)));
+          (index.files || []).forEach((f, i) => links.push(link(`${href}?file=${i}`, base_(f), f, format)));
         }
         downloads.append(el('span', {}, 'Download:'), ...links);
       }
