@@ -72,6 +72,7 @@ type SubmitRequest struct {
 	Last           int      `json:"last"`
 	SceneFrames    bool     `json:"scene_frames,omitempty"` // render the scene's own frame range; First and Last are ignored
 	Step           int      `json:"step,omitempty"`         // every Step-th frame from First to Last; 0 is the scene's frame step (a .blend's), else 1
+	Preview        int      `json:"preview,omitempty"`      // render first frames First, First+Preview, ... and Last, then the rest
 	SPP            int      `json:"spp,omitempty"`
 	Passes         int      `json:"passes,omitempty"` // Blender scenes: passes a tile's samples are split into (default 4)
 	Split          bool     `json:"split,omitempty"`  // Blender scenes: split frames that would render whole, switching off what cannot be split
@@ -109,26 +110,30 @@ type FrameStatus struct {
 
 // Status is where a job stands. It is what `status --json` prints.
 type Status struct {
-	JobID            string   `json:"job_id"`
-	State            JobState `json:"state"`
-	Scene            string   `json:"scene"`
-	SceneVersion     string   `json:"scene_version"`
-	Camera           string   `json:"camera"`
-	Formats          []string `json:"formats"`
-	FirstFrame       int      `json:"first_frame"`
-	LastFrame        int      `json:"last_frame"`
-	FrameStep        int      `json:"frame_step,omitempty"` // the distance between the job's frames when more than 1
-	FramesTotal      int      `json:"frames_total"`
-	FramesCompleted  int      `json:"frames_completed"`
-	FramesFailed     int      `json:"frames_failed"`
-	TilesTotal       int      `json:"tiles_total"`
-	TilesCompleted   int      `json:"tiles_completed"`
-	TilesFailed      int      `json:"tiles_failed"`
-	TileAttempts     int      `json:"tile_attempts"`
-	SamplesRecovered int      `json:"samples_recovered"`
-	SamplesTotal     int64    `json:"samples_total"` // the frames' sums: they move while a long tile renders
-	SamplesDone      int64    `json:"samples_done"`
-	Priority         int      `json:"priority"`
+	JobID        string   `json:"job_id"`
+	State        JobState `json:"state"`
+	Scene        string   `json:"scene"`
+	SceneVersion string   `json:"scene_version"`
+	Camera       string   `json:"camera"`
+	Formats      []string `json:"formats"`
+	FirstFrame   int      `json:"first_frame"`
+	LastFrame    int      `json:"last_frame"`
+	FrameStep    int      `json:"frame_step,omitempty"` // the distance between the job's frames when more than 1
+	// PreviewFrames are the frames rendered first (submit --preview), and PreviewDone says
+	// whether all of them are completed.
+	PreviewFrames    []int `json:"preview_frames,omitempty"`
+	PreviewDone      bool  `json:"preview_done,omitempty"`
+	FramesTotal      int   `json:"frames_total"`
+	FramesCompleted  int   `json:"frames_completed"`
+	FramesFailed     int   `json:"frames_failed"`
+	TilesTotal       int   `json:"tiles_total"`
+	TilesCompleted   int   `json:"tiles_completed"`
+	TilesFailed      int   `json:"tiles_failed"`
+	TileAttempts     int   `json:"tile_attempts"`
+	SamplesRecovered int   `json:"samples_recovered"`
+	SamplesTotal     int64 `json:"samples_total"` // the frames' sums: they move while a long tile renders
+	SamplesDone      int64 `json:"samples_done"`
+	Priority         int   `json:"priority"`
 	// Created is when the job was submitted.
 	Created time.Time `json:"created"`
 	// ETASeconds is the estimated time left, from the samples per second measured over the

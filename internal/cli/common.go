@@ -256,6 +256,20 @@ func mustAbs(p string) string {
 }
 
 // renderFlags are the settings overrides shared by render, submit and tileworker render.
+// frameFlags are which frames render and in which order: --frames, --step, --preview.
+type frameFlags struct {
+	frames        string
+	step, preview int
+}
+
+func addFrameFlags(fs *pflag.FlagSet, what string) *frameFlags {
+	f := &frameFlags{}
+	fs.StringVar(&f.frames, "frames", "", what+", A-B or N (default: the scene's frame range)")
+	fs.IntVar(&f.step, "step", 0, "render every Nth frame of the range (default: the scene's frame step, a .blend's; else 1)")
+	fs.IntVar(&f.preview, "preview", 0, "render first the frames A, A+N, A+2N, ... and B, then the rest (status says when they are done)")
+	return f
+}
+
 type renderFlags struct {
 	spp, width, height, tile, passes int
 	camera                           string

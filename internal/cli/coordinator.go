@@ -72,7 +72,8 @@ func (p *program) client() *client.Client { return client.New(p.server, os.Geten
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
 // submit. With no formats the scene kind's default is asked for (defaultFormat: a Blender
 // scene's own output); req.Formats says which.
-func submitRequest(ctx context.Context, path, frames string, step int, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
+func submitRequest(ctx context.Context, path string, fr frameFlags, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
+	frames, step := fr.frames, fr.step
 	var req api.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
@@ -86,6 +87,9 @@ func submitRequest(ctx context.Context, path, frames string, step int, rf *rende
 	}
 	if step < 0 {
 		return req, nil, usagef("--step %d: want 1 or more (0: the scene's frame step)", step)
+	}
+	if fr.preview < 0 {
+		return req, nil, usagef("--preview %d: want 1 or more (0: no preview)", fr.preview)
 	}
 	b, k, s, _, err := readScene(ctx, path, ks, rf.overrides(), stderr)
 	if err != nil {
@@ -107,7 +111,7 @@ func submitRequest(ctx context.Context, path, frames string, step int, rf *rende
 			return req, nil, err
 		}
 	}
-	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, Step: step, SPP: rf.spp,
+	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, Step: step, Preview: fr.preview, SPP: rf.spp,
 		Passes: rf.passes, Split: rf.split, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
 }
 
@@ -122,6 +126,13 @@ func printStatus(w io.Writer, st api.Status, asJSON bool) {
 		every = fmt.Sprintf(", every %d", st.FrameStep)
 	}
 	fmt.Fprintf(w, "  scene %s (%s), camera %s, frames %d-%d%s\n", st.Scene, short(st.SceneVersion), st.Camera, st.FirstFrame, st.LastFrame, every)
+	if len(st.PreviewFrames) > 0 {
+		done := "rendering first"
+		if st.PreviewDone {
+			done = "done"
+		}
+		fmt.Fprintf(w, "  preview frames %s: %s\n", strings.Trim(fmt.Sprint(st.PreviewFrames), "[]"), done)
+	}
 	fmt.Fprintf(w, "  frames %d/%d completed, %d failed; tiles %d/%d completed (%d rendered now, %d reused), %d attempts, %d samples recovered from checkpoints\n",
 		st.FramesCompleted, st.FramesTotal, st.FramesFailed, st.TilesCompleted, st.TilesTotal, st.TilesRendered, st.TilesReused, st.TileAttempts, st.SamplesRecovered)
 	if st.SamplesTotal > 0 && st.State != api.JobCompleted {

@@ -41,8 +41,7 @@ A .blend is written as Blender writes it (format blend): the file its Output Pro
 compositor, at its output path relative to the .blend (or --out, taken as Blender's -o takes it),
 with its File Output nodes' files beside it.`)
 	fs := c.Flags()
-	frames := fs.String("frames", "", "frames to render, A-B or N (default: the scene's frame range)")
-	step := fs.Int("step", 0, "render every Nth frame of the range (default: the scene's frame step, a .blend's; else 1)")
+	fr := addFrameFlags(fs, "frames to render")
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (.exr writes OpenEXR); for a .blend, default its own output path")
 	format := fs.String("format", "", "output format: png, png16, exr, or blend (a .blend's own output; the default for a .blend, else from --out's extension)")
 	rf := addRenderFlags(fs)
@@ -67,7 +66,7 @@ with its File Output nodes' files beside it.`)
 		}
 		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
 		defer ks.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *frames, *step, rf, *out, asked, ks, stderr)
+		req, bundle, err := submitRequest(ctx, pos[0], *fr, rf, *out, asked, ks, stderr)
 		if err != nil {
 			return 0, err
 		}

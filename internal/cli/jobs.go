@@ -29,8 +29,7 @@ Submit SCENE to a running coordinator. Safe to re-run from cron: the same reques
 request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued, 3 in progress,
 1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 	fs := c.Flags()
-	frames := fs.String("frames", "", "frames, A-B or N (default: the scene's frame range)")
-	step := fs.Int("step", 0, "render every Nth frame of the range (default: the scene's frame step, a .blend's; else 1)")
+	fr := addFrameFlags(fs, "frames")
 	rf := addRenderFlags(fs)
 	kf := kinds.AddFlags(fs, false)
 	format := fs.String("format", "", "output formats, comma-separated: png, png16, exr, blend (default: a .blend's own output, else png; png is always produced)")
@@ -50,7 +49,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 		defer os.RemoveAll(tmp)
 		ks := kf.Open(scene.Env{Dir: tmp, Slots: 1, Log: slog.New(slog.DiscardHandler)})
 		defer ks.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *frames, *step, rf, "", formats, ks, stderr)
+		req, bundle, err := submitRequest(ctx, pos[0], *fr, rf, "", formats, ks, stderr)
 		if err != nil {
 			return 0, err
 		}

@@ -28,7 +28,8 @@ type Job struct {
 	Camera         string          `json:"camera"`
 	First          int             `json:"first"`
 	Last           int             `json:"last"`
-	Step           int             `json:"step,omitempty"` // frames First, First+Step, ... up to Last; 0 or 1 is every frame
+	Step           int             `json:"step,omitempty"`    // frames First, First+Step, ... up to Last; 0 or 1 is every frame
+	Preview        int             `json:"preview,omitempty"` // frames First, First+Preview, ... and Last render first; 0 is none
 	Settings       render.Settings `json:"settings"`
 	SettingsHash   string          `json:"settings_hash"`
 	TileSize       int             `json:"tile_size"`
@@ -85,6 +86,39 @@ func (j *Job) FrameRange() string {
 		return fmt.Sprintf("frames %d-%d", j.First, j.Last)
 	}
 	return fmt.Sprintf("frames %d-%d, every %d", j.First, j.Last, j.step())
+}
+
+// PreviewFrames are the job's frames that render first: First, First+Preview, ... and Last,
+// those of them that are the job's; none without a preview.
+func (j *Job) PreviewFrames() []int {
+	if j.Preview <= 0 {
+		return nil
+	}
+	var out []int
+	for n := range j.FrameNumbers() {
+		if (n-j.First)%j.Preview == 0 || n == j.Last {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// DispatchOrder yields the job's frames in the order they are dispatched: the preview frames
+// first, then the rest, each in frame order.
+func (j *Job) DispatchOrder() iter.Seq[int] {
+	return func(yield func(int) bool) {
+		preview := j.PreviewFrames()
+		for _, n := range preview {
+			if !yield(n) {
+				return
+			}
+		}
+		for n := range j.FrameNumbers() {
+			if !slices.Contains(preview, n) && !yield(n) {
+				return
+			}
+		}
+	}
 }
 
 // HasFrame reports whether frame n is one of the job's.

@@ -3,6 +3,7 @@ package coorddb_test
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -295,5 +296,33 @@ func TestTileTableRoundTrip(t *testing.T) {
 	}
 	if tt.Count(coorddb.TileQueued) != 1 || tt.Len() != 3 {
 		t.Fatalf("count queued %d, len %d", tt.Count(coorddb.TileQueued), tt.Len())
+	}
+}
+
+// Property: a job's preview frames are First, First+Preview, ... and Last, among its own frames
+// (its frame step kept), dispatched before the rest, each frame once.
+func TestJobPreviewFramesAndDispatchOrder(t *testing.T) {
+	for _, c := range []struct {
+		first, last, step, preview int
+		want                       []int
+	}{
+		{1, 24, 0, 8, []int{1, 9, 17, 24}},
+		{1, 24, 0, 0, nil},
+		{1, 23, 2, 4, []int{1, 5, 9, 13, 17, 21, 23}},
+		{5, 5, 0, 3, []int{5}},
+	} {
+		j := &coorddb.Job{First: c.first, Last: c.last, Step: c.step, Preview: c.preview}
+		if got := j.PreviewFrames(); !slices.Equal(got, c.want) {
+			t.Errorf("%+v: preview frames %v, want %v", c, got, c.want)
+		}
+		order := slices.Collect(j.DispatchOrder())
+		all := slices.Collect(j.FrameNumbers())
+		if !slices.Equal(order[:len(c.want)], c.want) || len(order) != len(all) {
+			t.Errorf("%+v: dispatch order %v: want the preview first, then the rest", c, order)
+		}
+		slices.Sort(order)
+		if !slices.Equal(order, all) {
+			t.Errorf("%+v: dispatch order holds %v, want each of %v once", c, order, all)
+		}
 	}
 }

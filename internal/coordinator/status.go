@@ -132,6 +132,14 @@ func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.F
 		st.Frames = append(st.Frames, fs)
 	}
 	st.State = apiJobState(j.State(states))
+	if st.PreviewFrames = j.PreviewFrames(); st.PreviewFrames != nil {
+		st.PreviewDone = true
+		for _, fs := range st.Frames {
+			if slices.Contains(st.PreviewFrames, fs.Frame) && fs.State != api.FrameCompleted {
+				st.PreviewDone = false
+			}
+		}
+	}
 	switch {
 	case st.State == api.JobCancelled:
 		st.Failures = append([]string{"cancelled at " + j.Cancelled.Format(time.RFC3339)}, st.Failures...)

@@ -97,6 +97,9 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if step == 1 {
 		step = 0 // every frame: jobs of every frame are stored and hashed as before steps existed
 	}
+	if req.Preview < 0 || req.Preview > render.MaxFrame {
+		return nil, 0, badInput("preview %d: want 0 (none) to %d", req.Preview, render.MaxFrame)
+	}
 	frames := (last-first)/max(step, 1) + 1
 	size := req.TileSize
 	switch {
@@ -139,7 +142,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	}
 	return &coorddb.Job{
 		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
-		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Settings: st,
+		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Preview: req.Preview, Settings: st,
 		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Created: c.now(),
 	}, len(rects), nil
 }
@@ -174,7 +177,7 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		}
 		created = true
 		p = newProjection(tx, c.now())
-		for n := range j.FrameNumbers() {
+		for n := range j.DispatchOrder() { // the relay publishes the outbox in order
 			fk := j.FrameKey(n)
 			if _, err := p.frame(fk); err == nil {
 				if err := c.shareFrame(ctx, p, fk, j); err != nil {

@@ -318,6 +318,7 @@
       head.replaceChildren(...[
         el('h2', {}, 'Job ', st.job_id, ' ', badge(st.state)),
         el('p', {}, `Scene ${st.scene}, camera ${st.camera || 'default'}, frames ${st.first_frame}-${st.last_frame}${st.frame_step > 1 ? ', every ' + st.frame_step : ''}, formats ${st.formats.join(', ')}`),
+        st.preview_frames ? el('p', { id: 'preview' }, `Preview frames ${st.preview_frames.join(', ')}: `, badge(st.preview_done ? 'completed' : 'rendering')) : null,
         el('p', {}, `Frames ${st.frames_completed}/${st.frames_total}, tiles ${st.tiles_completed}/${st.tiles_total}, samples ${pct(st.samples_done, st.samples_total)}, ETA ${st.eta_seconds != null ? duration(st.eta_seconds) : '–'}, priority ${st.priority}, age ${age(st.created)}`),
         jobActions(st),
         st.failures && st.failures.length ? el('ul', { class: 'error' }, st.failures.map((f) => el('li', {}, f))) : null].filter(Boolean));
