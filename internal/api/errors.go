@@ -39,7 +39,7 @@ var (
 	ErrBadInput = &Error{Kind: "bad_input", Status: 400, Exit: ExitFailed, msg: "bad input"}
 	// ErrConflict is an idempotency key reused with a different payload, or an operation the
 	// job's state refuses.
-	ErrConflict = &Error{Kind: "conflict", Status: 409, Exit: ExitFailed, msg: "idempotency conflict"}
+	ErrConflict = &Error{Kind: "conflict", Status: 409, Exit: ExitFailed, msg: "conflict"}
 	// ErrNoTilePNG is asked for the PNG of a tile of a scene whose PNGs only its renderer's
 	// colour management can encode, from the whole frame.
 	ErrNoTilePNG = &Error{Kind: "conflict", Status: 409, Exit: ExitFailed,

@@ -38,9 +38,10 @@ const (
 	TileDone                             // the tile's manifest exists
 	TileRequeued                         // a new message was dispatched for a dead-lettered tile
 	TileLost                             // its message left the queue unrendered; a new one was dispatched
+	TileMoved                            // a new message was dispatched while the old one may still queue (reprioritize, revive)
 )
 
-var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued", "lost"}
+var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued", "lost", "moved"}
 
 func (c TileChange) String() string { return enumName(tileChangeNames[:], c, "tile_change") }
 
@@ -92,7 +93,12 @@ func (o Order) After(p Order) bool {
 //   - lost turns a tile neither completed nor dead-lettered back into a queued one and forgets
 //     its order: its message is gone, every event about it was applied, and the new message
 //     may come from a stream whose sequence went back (one that lost its unsynced tail, or was
-//     made anew), so its events must apply whatever their sequence.
+//     made anew), so its events must apply whatever their sequence;
+//   - moved turns a tile not completed back into a queued one whose order is at least ord, the
+//     dead-letter order of the last message the stream held when the new copy was dispatched
+//     (MovedOrder): the old copies, which may still queue, deliver and even dead-letter, are
+//     all stale, so none can make the tile or its job fail while the new copy is live; the new
+//     copy's events (a later sequence) are news.
 func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (TileState, Order, bool) {
 	switch ch {
 	case TileDone:
@@ -107,6 +113,15 @@ func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (Til
 			return cur, curOrder, false
 		}
 		return TileQueued, Order{}, cur != TileQueued || curOrder != (Order{})
+	case TileMoved:
+		if cur == TileCompleted {
+			return cur, curOrder, false
+		}
+		next := curOrder
+		if ord.After(next) {
+			next = ord
+		}
+		return TileQueued, next, cur != TileQueued || next != curOrder
 	case TileStarted, TileFailed, TileDeadLetter:
 		if !ord.After(curOrder) {
 			return cur, curOrder, false

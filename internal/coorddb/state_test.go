@@ -68,6 +68,12 @@ func TestNextTileStateTable(t *testing.T) {
 		{f, coorddb.TileLost, coorddb.Order{}, q, true},
 		{d, coorddb.TileLost, coorddb.Order{}, d, false},
 		{c, coorddb.TileLost, coorddb.Order{}, c, false},
+		// moved: back to queued at the later of the two orders, unless completed
+		{q, coorddb.TileMoved, coorddb.DeadLetterOrder(12), q, true},
+		{r, coorddb.TileMoved, coorddb.DeadLetterOrder(12), q, true},
+		{f, coorddb.TileMoved, coorddb.DeadLetterOrder(12), q, true},
+		{d, coorddb.TileMoved, coorddb.DeadLetterOrder(12), q, true},
+		{c, coorddb.TileMoved, coorddb.DeadLetterOrder(12), c, false},
 	}
 	for _, row := range rows {
 		t.Run(fmt.Sprintf("%s+%s@%d.%d", row.from, row.change, row.order.Seq, row.order.Rank), func(t *testing.T) {
@@ -324,5 +330,30 @@ func TestJobPreviewFramesAndDispatchOrder(t *testing.T) {
 		if !slices.Equal(order, all) {
 			t.Errorf("%+v: dispatch order holds %v, want each of %v once", c, order, all)
 		}
+	}
+}
+
+// Property: once a tile has moved to a new copy (reprioritize, revive), every event of a copy
+// published before the move is stale, its dead letter included, and the new copy's are news.
+func TestMovedTileIgnoresItsOldCopies(t *testing.T) {
+	s, o, _ := coorddb.NextTileState(coorddb.TileQueued, coorddb.Order{}, coorddb.TileStarted, coorddb.StartedOrder(10, 1))
+	s, o, _ = coorddb.NextTileState(s, o, coorddb.TileMoved, coorddb.DeadLetterOrder(12)) // the stream held up to 12
+	if s != coorddb.TileQueued || o != coorddb.DeadLetterOrder(12) {
+		t.Fatalf("moved tile is %s at %+v, want queued at the move's order", s, o)
+	}
+	for _, old := range []struct {
+		ch  coorddb.TileChange
+		ord coorddb.Order
+	}{{coorddb.TileDeadLetter, coorddb.DeadLetterOrder(10)}, {coorddb.TileStarted, coorddb.StartedOrder(10, 20)}, {coorddb.TileFailed, coorddb.FailedOrder(12, 3)}} {
+		if s2, _, changed := coorddb.NextTileState(s, o, old.ch, old.ord); changed || s2 != coorddb.TileQueued {
+			t.Fatalf("%s of an old copy at %+v moved the tile to %s", old.ch, old.ord, s2)
+		}
+	}
+	if s2, _, changed := coorddb.NextTileState(s, o, coorddb.TileStarted, coorddb.StartedOrder(13, 1)); !changed || s2 != coorddb.TileRendering {
+		t.Fatalf("the new copy's start: %s, changed %v", s2, changed)
+	}
+	// A move never takes a tile's order back.
+	if _, o2, _ := coorddb.NextTileState(coorddb.TileRendering, coorddb.StartedOrder(20, 1), coorddb.TileMoved, coorddb.DeadLetterOrder(12)); o2 != coorddb.StartedOrder(20, 1) {
+		t.Fatalf("a move took the order back to %+v", o2)
 	}
 }

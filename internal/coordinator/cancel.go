@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
@@ -47,7 +48,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*coor
 			return err
 		}
 		if st.State == api.JobCompleted || st.State == api.JobFailed {
-			return fmt.Errorf("%w: job %s already %s", api.ErrConflict, jobID, st.State)
+			return fmt.Errorf("%w: job %s already %s: only a job not finished can be cancelled", api.ErrConflict, jobID, st.State)
 		}
 		mark(j)
 		if err := p.tx.PutJob(j); err != nil {
@@ -112,6 +113,46 @@ func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j
 		return err
 	}
 	e.f.Dropped = false
-	_, err := p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool { return s != coorddb.TileCompleted }, coorddb.TileRequeued)
+	// The dropped copies may still queue: the new ones are dispatched as a move, so no old copy
+	// can fail the tile (coorddb.TileMoved). The outbox is not awaited here, inside the
+	// submission's transaction; a dropped frame's copies were published long before.
+	ord, err := c.movedOrder(ctx)
+	if err != nil {
+		return err
+	}
+	_, err = p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool { return s != coorddb.TileCompleted }, coorddb.TileMoved, ord)
 	return err
+}
+
+// movedOrder is the order of a tile moved to a new copy (coorddb.TileMoved): the dead letter
+// of the newest message TILES holds, so every copy of it dispatched before is older and every
+// copy dispatched after is newer.
+func (c *Coordinator) movedOrder(ctx context.Context) (coorddb.Order, error) {
+	seq, err := c.queue.LastSeq(ctx)
+	if err != nil {
+		return coorddb.Order{}, err
+	}
+	return coorddb.DeadLetterOrder(seq), nil
+}
+
+// publishOutbox has the relay publish the outbox and waits, at most wait, until it is empty, so
+// that every copy of a tile dispatched so far is in TILES.
+func (c *Coordinator) publishOutbox(ctx context.Context, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	for {
+		c.kickRelay()
+		n, err := c.db.OutboxLen(ctx)
+		if err != nil || n == 0 {
+			return err
+		}
+		if time.Now().After(deadline) {
+			c.log.Warn("the outbox did not empty in time: copies not yet published may still count", "records", n)
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

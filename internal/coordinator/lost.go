@@ -140,7 +140,7 @@ func (c *Coordinator) redispatchLost(ctx context.Context) (int, error) {
 	err = c.update(ctx, func(p *projection) error {
 		n = 0
 		for fk, j := range again {
-			k, err := p.redispatch(fk, j, lostState, coorddb.TileLost)
+			k, err := p.redispatch(fk, j, lostState, coorddb.TileLost, coorddb.Order{})
 			if err != nil {
 				return err
 			}

@@ -268,7 +268,7 @@ func (p *projection) retry(fk string, j *coorddb.Job) (bool, error) {
 	f := e.f
 	retried := false
 	if f.TilesFailed > 0 {
-		n, err := p.redispatch(fk, j, func(s coorddb.TileState) bool { return s == coorddb.TileDeadLettered }, coorddb.TileRequeued)
+		n, err := p.redispatch(fk, j, func(s coorddb.TileState) bool { return s == coorddb.TileDeadLettered }, coorddb.TileRequeued, coorddb.Order{})
 		if err != nil {
 			return false, err
 		}
@@ -284,10 +284,12 @@ func (p *projection) retry(fk string, j *coorddb.Job) (bool, error) {
 
 // redispatch dispatches again, for job j and in its priority band, the tiles of frame fk whose
 // state pick selects, under a new dedup id (the frame's next retry number), recording change
-// for each (coorddb.TileRequeued: dead-lettered ones go back to queued; coorddb.TileLost: their
-// message is gone). A copy of a tile still in the queue is harmless: whichever attempt
-// promotes first wins, and the other finds the manifest. It returns how many it dispatched.
-func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(coorddb.TileState) bool, change coorddb.TileChange) (int, error) {
+// at ord for each (coorddb.TileRequeued: dead-lettered ones go back to queued; coorddb.TileLost:
+// their message is gone; coorddb.TileMoved at movedOrder: old copies may still queue, and none
+// of their events counts any more). A copy of a tile still in the queue is harmless: whichever
+// attempt promotes first wins, and the other finds the manifest. It returns how many it
+// dispatched.
+func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(coorddb.TileState) bool, change coorddb.TileChange, ord coorddb.Order) (int, error) {
 	e, err := p.edit(fk)
 	if err != nil {
 		return 0, err
@@ -306,7 +308,7 @@ func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(coorddb.Til
 		return 0, nil
 	}
 	for _, i := range idx {
-		if _, err := p.tile(fk, tileUpdate{Index: i, Change: change}); err != nil {
+		if _, err := p.tile(fk, tileUpdate{Index: i, Change: change, Order: ord}); err != nil {
 			return 0, err
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/tiles"
 )
 
 // Tile events move tiles and frame counters; the last tile completed asks for exactly one
@@ -271,6 +272,55 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 	}
 	if st := h.status(t, res.Status.JobID); st.State != api.JobCompleted {
 		t.Fatalf("job after its promoted assembly dead-lettered: %s", st.State)
+	}
+}
+
+// Property: one order per tile across copies. After a reprioritize moved a queued tile to a
+// new copy in another band, its old copy dead-lettering in the old band fails neither the tile
+// nor the job, the new copy's start is news, and the job can still be cancelled.
+func TestReprioritizedTileIgnoresItsOldCopy(t *testing.T) {
+	h := newHarness(t, Config{})
+	res, fk := h.submitFrame(t, 16, 16, 16)
+	msgs, err := h.c.outboxMessages(h.ctx, coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := h.queue.LastSeq(h.ctx)
+	if err != nil || last == 0 {
+		t.Fatalf("TILES holds no message after the relay: %d, %v", last, err)
+	}
+	if _, err := h.c.Reprioritize(h.ctx, res.Status.JobID, 50); err != nil {
+		t.Fatal(err)
+	}
+	if recs := h.outbox(t); len(recs) != 1 || recs[0].Priority != 50 {
+		t.Fatalf("outbox after the reprioritize: %+v, want one new copy in the high band", recs)
+	}
+	// The old copy runs out of deliveries in its old band.
+	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{StreamSeq: last, Subject: queue.SubjectRender, Data: msgs[0].Data,
+		Deliveries: 20, Reason: "max deliveries exceeded"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := h.tileState(t, fk, 0); s != coorddb.TileQueued {
+		t.Fatalf("the old copy's dead letter left the tile %s, want queued for its new copy", s)
+	}
+	if st := h.status(t, res.Status.JobID); st.State == api.JobFailed || st.TilesFailed != 0 {
+		t.Fatalf("the old copy's dead letter failed the job: %+v", st)
+	}
+	h.relay(t) // the new copy, a later message
+	ft, err := tiles.FrameTiles(fk, 16, 16, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.apply(t, wire.Event{ID: "new-copy-started", Type: wire.EventTileStarted, FrameKey: fk, TileKey: ft[0].Key, TileIndex: 0,
+		Seq: last + 1, Delivery: 1, Attempt: "a2", Worker: "w1"})
+	if s := h.tileState(t, fk, 0); s != coorddb.TileRendering {
+		t.Fatalf("the new copy's start left the tile %s, want rendering", s)
+	}
+	if st, err := h.c.Cancel(h.ctx, res.Status.JobID); err != nil || st.State != api.JobCancelled {
+		t.Fatalf("cancel after the old copy died: %s, %v", st.State, err)
+	}
+	if _, err := h.c.Cancel(h.ctx, h.submit(t, h.request(7, 7, 16, 16, 16)).Status.JobID); err != nil {
+		t.Fatal(err)
 	}
 }
 

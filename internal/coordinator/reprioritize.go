@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
@@ -17,8 +18,18 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 	if priority < api.MinPriority || priority > api.MaxPriority {
 		return api.Status{}, badInput("priority %d: want %d to %d", priority, api.MinPriority, api.MaxPriority)
 	}
+	// The tiles move to new copies in the new band; the old copies stay queued in the old one
+	// until a worker acks them, and must not fail the tile meanwhile (coorddb.TileMoved): every
+	// copy dispatched so far is published first, so the move's order is after all of them.
+	if err := c.publishOutbox(ctx, 10*time.Second); err != nil {
+		return api.Status{}, err
+	}
+	ord, err := c.movedOrder(ctx)
+	if err != nil {
+		return api.Status{}, err
+	}
 	moved := 0
-	err := c.update(ctx, func(p *projection) error {
+	err = c.update(ctx, func(p *projection) error {
 		j, err := p.tx.Job(jobID)
 		if err != nil {
 			return err
@@ -41,7 +52,7 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 			}
 			k, err := p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool {
 				return s == coorddb.TileQueued || s == coorddb.TileFailedRetryable
-			}, coorddb.TileRequeued)
+			}, coorddb.TileMoved, ord)
 			if err != nil {
 				return err
 			}

@@ -265,6 +265,16 @@ func (f *Queue) Depth(ctx context.Context) (msgs uint64, oldest time.Duration, e
 	return info.State.Msgs, max(0, time.Since(info.State.FirstTime)), nil
 }
 
+// LastSeq is the sequence of the newest message TILES holds or held: every message published
+// before the call has a sequence at most this, every one published after, a greater one.
+func (f *Queue) LastSeq(ctx context.Context) (uint64, error) {
+	info, err := f.Tiles.Info(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("reading %s: %w", StreamTiles, err)
+	}
+	return info.State.LastSeq, nil
+}
+
 // logger returns f.Log, or the default logger for a Queue built by hand.
 func (f *Queue) logger() *slog.Logger {
 	if f.Log != nil {
