@@ -54,6 +54,7 @@ type Description struct {
 	Output          Output   `json:"output"`
 	FilmTransparent bool     `json:"film_transparent"`
 	ShadowCatcher   bool     `json:"shadow_catcher"` // some object is a shadow catcher
+	Volumes         bool     `json:"volumes"`        // some material or the world has a volume
 	// Channels are every channel a tile renders, "Layer.Pass.Channel", as a render of the
 	// prepared scene writes them: every view layer, every pass.
 	Channels []string `json:"channels"`

@@ -253,6 +253,18 @@ def caveats(sc):
 GEOMETRY = {"MESH", "CURVE", "SURFACE", "META", "FONT", "VOLUME", "CURVES", "POINTCLOUD"}
 
 
+def has_volumes(sc):
+    """Whether a material of the scene's objects, or its world, has a volume shader."""
+    def volume(tree):
+        return tree is not None and any(n.type in ("OUTPUT_MATERIAL", "OUTPUT_WORLD") and n.inputs.get("Volume") is not None
+                                         and n.inputs["Volume"].is_linked for n in tree.nodes)
+    for o in sc.objects:
+        for slot in getattr(o, "material_slots", []):
+            if slot.material is not None and slot.material.use_nodes and volume(slot.material.node_tree):
+                return True
+    return sc.world is not None and sc.world.use_nodes and volume(sc.world.node_tree)
+
+
 def layer_info(sc):
     return [{"name": vl.name, "aovs": [a.name for a in vl.aovs],
              "lightgroups": [g.name for g in getattr(vl, "lightgroups", [])]}
@@ -347,7 +359,8 @@ def inspect(req):
             "whole": [why for why, _ in unsplittable(sc)], "split_off": [off for _, off in unsplittable(sc)],
             "caveats": caveats(sc),
             "layers": layer_info(sc), "output": output_info(sc), "film_transparent": bool(r.film_transparent),
-            "shadow_catcher": any(getattr(o, "is_shadow_catcher", False) for o in sc.objects if o.type in GEOMETRY)}
+            "shadow_catcher": any(getattr(o, "is_shadow_catcher", False) for o in sc.objects if o.type in GEOMETRY),
+            "volumes": has_volumes(sc)}
     # The channels every tile carries: a one-pixel render of the scene prepared as a tile is.
     keep_own(sc)
     prepare_tiles(sc)

@@ -1,6 +1,7 @@
 package blender_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
@@ -49,6 +50,37 @@ func TestDescriptionFrameStep(t *testing.T) {
 		d := &blender.Description{Step: c.step}
 		if got := d.FrameStep(); got != c.want {
 			t.Errorf("frame_step %d: FrameStep() = %d, want %d", c.step, got, c.want)
+		}
+	}
+}
+
+// Property: a pass no rule combines exactly makes the scene's tiles render in one pass, and
+// says why: DiffInd beside a volume (whose scattered light lands in it unweighted), a shadow
+// catcher; without them the same channels split into the default passes.
+func TestUncombinablePassesRenderInOnePass(t *testing.T) {
+	base := blender.Description{Format: blender.Format, Blend: "a.blend", Files: []string{"a.blend"}, Cameras: []string{"Cam"},
+		Camera: "Cam", Width: 64, Height: 48, SPP: 16, Build: "blender/3.4.1", FrameEnd: 1,
+		Layers:   []blender.Layer{{Name: "ViewLayer"}},
+		Channels: []string{"ViewLayer.Combined.A", "ViewLayer.Combined.R", "ViewLayer.DiffCol.R", "ViewLayer.DiffInd.R"}}
+	for _, c := range []struct {
+		name        string
+		volumes, sc bool
+		passes      int
+		note        string
+	}{
+		{"plain", false, false, blender.DefaultPasses, ""},
+		{"volume", true, false, 1, "DiffInd beside a volume"},
+		{"shadow catcher", false, true, 1, "shadow catcher"},
+	} {
+		d := base
+		d.Volumes, d.ShadowCatcher = c.volumes, c.sc
+		st, err := d.Resolve(render.Overrides{})
+		if err != nil || st.Passes != c.passes {
+			t.Errorf("%s: passes %d, %v; want %d", c.name, st.Passes, err, c.passes)
+		}
+		notes := strings.Join(d.Notes(render.Overrides{}), "\n")
+		if (c.note == "") != (notes == "") || !strings.Contains(notes, c.note) {
+			t.Errorf("%s: notes %q, want one naming %q", c.name, notes, c.note)
 		}
 	}
 }

@@ -103,7 +103,8 @@ func TestPassRules(t *testing.T) {
 	}
 	for n, r := range map[string]string{"Beauty.Depth.Z": "first", "Beauty.IndexOB.X": "first", "Beauty.DiffDir.R": "weighted",
 		"FX.Vector.X": "weighted", "Beauty.CryptoObject00.r": "crypto", "Beauty.Denoising Albedo.R": "mean", "Beauty.tint.R": "mean",
-		"Beauty.Combined_key.R": "mean"} {
+		"Beauty.Combined_key.R": "mean", "Beauty.TransDir.R": "weighted", "Beauty.TransInd.G": "weighted", "Beauty.TransCol.B": "mean",
+		"Beauty.Position.X": "first", "Beauty.GlossInd.R": "weighted"} {
 		if rules[n] != r {
 			t.Errorf("%s combines by %q, want %q", n, rules[n], r)
 		}

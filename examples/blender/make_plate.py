@@ -1,7 +1,8 @@
 """Builds examples/blender/plate.blend: a plate rendered for compositing.
 
-Transparent film, two view layers, many passes (Depth, Mist, Normal, Vector, UV, object and
-material index, the light passes, Emit, Environment, AO, Cryptomatte object/material/asset,
+Transparent film, two view layers, many passes (Depth, Position, Mist, Normal, Vector, UV,
+object and material index, the diffuse, glossy and transmission light passes (a glass ball),
+Emit, Environment, AO, Cryptomatte object/material/asset,
 denoising data, a shader AOV and a light group), a compositor tree (Glare into Alpha Over
 over a backdrop, into the Composite output, and a File Output node writing the normalised
 depth as PNGs) and multilayer OpenEXR output at //render/plate_####.exr, frames 1-2: what a
@@ -53,6 +54,9 @@ floor.name = "Ground"
 floor.data.materials.append(ground)
 floor.pass_index = 1
 
+glass = material("Glass", (0.95, 0.95, 1.0), roughness=0.05, aov="tint")
+glass.node_tree.nodes["Principled BSDF"].inputs["Transmission"].default_value = 1.0
+
 props = bpy.data.collections.new("Props")
 scene.collection.children.link(props)
 fx = bpy.data.collections.new("FX")
@@ -81,6 +85,13 @@ bpy.ops.object.shade_smooth()
 torus.data.materials.append(metal)
 torus.pass_index = 3
 link(torus, props)
+
+bpy.ops.mesh.primitive_uv_sphere_add(radius=0.45, location=(0.0, -1.2, 0.55), segments=24, ring_count=12)
+lens = bpy.context.object
+lens.name = "GlassBall"
+bpy.ops.object.shade_smooth()
+lens.data.materials.append(glass)
+link(lens, props)
 
 bpy.ops.mesh.primitive_ico_sphere_add(radius=0.3, location=(0.2, 1.2, 1.6), subdivisions=2)
 orb = bpy.context.object
@@ -137,7 +148,9 @@ beauty.name = "Beauty"
 for name in ("use_pass_z", "use_pass_mist", "use_pass_normal", "use_pass_vector", "use_pass_uv",
              "use_pass_object_index", "use_pass_material_index", "use_pass_diffuse_direct",
              "use_pass_diffuse_indirect", "use_pass_diffuse_color", "use_pass_glossy_direct",
-             "use_pass_glossy_color", "use_pass_emit", "use_pass_environment", "use_pass_ambient_occlusion",
+             "use_pass_glossy_color", "use_pass_glossy_indirect", "use_pass_transmission_direct",
+             "use_pass_transmission_indirect", "use_pass_transmission_color", "use_pass_position",
+             "use_pass_emit", "use_pass_environment", "use_pass_ambient_occlusion",
              "use_pass_cryptomatte_object", "use_pass_cryptomatte_material", "use_pass_cryptomatte_asset"):
     setattr(beauty, name, True)
 beauty.cycles.denoising_store_passes = True
