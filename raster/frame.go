@@ -45,12 +45,7 @@ func (f *Frame) IsRGB() bool { return f.Names == nil }
 
 // NewFrame returns a black frame of w x h pixels. It panics on sizes that
 // could not have passed scene validation; use ValidateSize for user input.
-func NewFrame(w, h int) *Frame {
-	if err := ValidateSize(w, h); err != nil {
-		panic(err)
-	}
-	return &Frame{Width: w, Height: h, Pix: make([]float32, w*h*3)}
-}
+func NewFrame(w, h int) *Frame { return NewFrameOf(w, h, nil) }
 
 // NewFrameOf returns a frame of w x h pixels of the named channels (nil: R, G, B), zero
 // everywhere. Like NewFrame it panics on sizes scene validation refuses.
