@@ -216,7 +216,7 @@ func farmFlags(fs *pflag.FlagSet) *queue.Config {
 	fs.DurationVar(&cfg.AckWait, "ack-wait", cfg.AckWait, "how long a delivered tile may go without a heartbeat before redelivery")
 	fs.DurationVar(&cfg.LeaseTTL, "lease-ttl", cfg.LeaseTTL, "how long an abandoned tile lease lives")
 	fs.IntVar(&cfg.MaxFailures, "max-failures", cfg.MaxFailures, "failed attempts of a tile (render errors, panics) before it is dead-lettered")
-	fs.IntVar(&cfg.MaxDeliver, "max-deliver", cfg.MaxDeliver, "safety net: deliveries of a tile, whatever their cause (kills, handbacks, outages), before it is dead-lettered")
+	fs.IntVar(&cfg.MaxDeliver, "max-deliver", cfg.MaxDeliver, "safety net: deliveries of a tile lost without a word (its worker killed, its connection lost) before it is dead-lettered; failures count against --max-failures and hand-backs count nothing")
 	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow, "JetStream publish dedup window")
 	return &cfg
 }

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"encoding/json"
 	"errors"
 	"testing"
 
@@ -9,7 +8,6 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/metrics"
-	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
@@ -51,14 +49,6 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	dead.Terminal, dead.Error = true, "panic: injected"
 	h.apply(t, dead)
 	h.apply(t, dead) // redelivered
-	job := wire.TileJob{JobID: j.ID, FrameKey: f1.Key, TileKey: dead.TileKey, Index: 0}
-	data, err := json.Marshal(job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 7, Deliveries: 3, Data: data}); err != nil {
-		t.Fatalf("Record: %v", err)
-	}
 	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterTile)); got != 1 {
 		t.Fatalf("tile dead letters = %v, want 1", got)
 	}
@@ -85,13 +75,5 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(h.m.FramesCompleted); got != 1 {
 		t.Fatalf("frames completed after a failed frame = %v, want still 1", got)
-	}
-
-	// A dead letter that names no tile is counted by the watcher's handler itself.
-	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{Subject: queue.SubjectRender, StreamSeq: 99, Data: []byte("{not json")}); err != nil {
-		t.Fatalf("Record: %v", err)
-	}
-	if got := testutil.ToFloat64(h.m.DeadLetters.WithLabelValues(metrics.DeadLetterUndecodable)); got != 1 {
-		t.Fatalf("undecodable dead letters = %v, want 1", got)
 	}
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/failure"
-	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -223,55 +222,26 @@ func TestOtherFormatsNeverRegressAFinishedJob(t *testing.T) {
 	}
 }
 
-// The dead-letter watcher never records promoted work as failed: a tile (or assembly) whose
-// manifest exists when its message runs out of deliveries is recorded as done.
-func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
+// A tile dead-lettered whose manifest appears after all (its last ack was lost) is completed by
+// the reconciler: nothing promoted stays failed.
+func TestReconcilerCompletesADeadLetteredTileFoundPromoted(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 32, 16, 16)
 	f := h.frame(t, fk)
-	msgs, err := h.c.outboxMessages(h.ctx, coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dls := deadLetters{h.c}
 	h.promoteTile(t, f, 0)
-	dl := api.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20}
-	if done, err := dls.Promoted(h.ctx, dl); err != nil || !done {
-		t.Fatalf("Promoted(tile with a manifest) = %v, %v", done, err)
-	}
-	if s := h.tileState(t, fk, 0); s != coorddb.TileCompleted {
-		t.Fatalf("promoted tile recorded as %s", s)
-	}
-	dl2 := api.DeadLetter{StreamSeq: 2, Subject: queue.SubjectRender, Data: msgs[1].Data, Deliveries: 20, Reason: "killed"}
-	if done, err := dls.Promoted(h.ctx, dl2); err != nil || done {
-		t.Fatalf("Promoted(tile without a manifest) = %v, %v", done, err)
-	}
-	if err := dls.Record(h.ctx, dl2); err != nil {
-		t.Fatal(err)
-	}
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileCompleted, 1, 1))
+	dead := tileEvent(t, f, 1, wire.EventTileFailed, 2, 20)
+	dead.Terminal, dead.Code, dead.Error = true, failure.CodeMaxDeliveries, "max deliveries exceeded"
+	h.apply(t, dead)
 	if st := h.status(t, res.Status.JobID); st.State != api.JobFailed || !strings.Contains(st.Failures[0], failure.CodeMaxDeliveries) {
 		t.Fatalf("job after a real dead letter: %s %v", st.State, st.Failures)
 	}
-	// The tile is promoted after all (its last ack was lost): the reconciler completes it.
 	h.promoteTile(t, f, 1)
 	if _, err := h.c.Reconcile(h.ctx); err != nil {
 		t.Fatal(err)
 	}
 	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering || st.TilesCompleted != 2 || st.TilesFailed != 0 {
 		t.Fatalf("job after the dead tile's manifest appeared: %+v", st)
-	}
-	// Its assembly runs out of deliveries after promoting: done, not failed.
-	var asm wire.AssembleJob
-	asmMsgs, err := h.c.outboxMessages(h.ctx, h.outbox(t)[0])
-	if err != nil || json.Unmarshal(asmMsgs[0].Data, &asm) != nil {
-		t.Fatalf("assembly message: %v", err)
-	}
-	h.promoteFormat(t, fk, "png")
-	if done, err := dls.Promoted(h.ctx, api.DeadLetter{StreamSeq: 9, Subject: queue.SubjectAssemble, Data: asmMsgs[0].Data}); err != nil || !done {
-		t.Fatalf("Promoted(assembly with its manifests) = %v, %v", done, err)
-	}
-	if st := h.status(t, res.Status.JobID); st.State != api.JobCompleted {
-		t.Fatalf("job after its promoted assembly dead-lettered: %s", st.State)
 	}
 }
 
@@ -281,10 +251,6 @@ func TestWatcherRecordsPromotedWorkAsDone(t *testing.T) {
 func TestReprioritizedTileIgnoresItsOldCopy(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 16, 16, 16)
-	msgs, err := h.c.outboxMessages(h.ctx, coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
-	if err != nil {
-		t.Fatal(err)
-	}
 	last, err := h.queue.LastSeq(h.ctx)
 	if err != nil || last == 0 {
 		t.Fatalf("TILES holds no message after the relay: %d, %v", last, err)
@@ -296,10 +262,9 @@ func TestReprioritizedTileIgnoresItsOldCopy(t *testing.T) {
 		t.Fatalf("outbox after the reprioritize: %+v, want one new copy in the high band", recs)
 	}
 	// The old copy runs out of deliveries in its old band.
-	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{StreamSeq: last, Subject: queue.SubjectRender, Data: msgs[0].Data,
-		Deliveries: 20, Reason: "max deliveries exceeded"}); err != nil {
-		t.Fatal(err)
-	}
+	old := tileEvent(t, h.frame(t, fk), 0, wire.EventTileFailed, last, 20)
+	old.Terminal, old.Code, old.Error = true, failure.CodeMaxDeliveries, "max deliveries exceeded"
+	h.apply(t, old)
 	if s := h.tileState(t, fk, 0); s != coorddb.TileQueued {
 		t.Fatalf("the old copy's dead letter left the tile %s, want queued for its new copy", s)
 	}
@@ -324,20 +289,16 @@ func TestReprioritizedTileIgnoresItsOldCopy(t *testing.T) {
 	}
 }
 
-// One causal order per tile, through the real EVENTS stream: the watcher records a dead letter, then a lagging
+// One causal order per tile, through the real EVENTS stream: a dead letter is recorded, then a lagging
 // consumer delivers an older tile.started of the same message. The dead letter stands, so a
 // retry requeues the tile (it left the queue) and the job completes when the retry does.
 func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 	h := newHarness(t, Config{})
 	res, fk := h.submitFrame(t, 16, 16, 16)
 	f := h.frame(t, fk)
-	msgs, err := h.c.outboxMessages(h.ctx, coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: res.Status.JobID})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := (deadLetters{h.c}).Record(h.ctx, api.DeadLetter{StreamSeq: 1, Subject: queue.SubjectRender, Data: msgs[0].Data, Deliveries: 20, Reason: "killed"}); err != nil {
-		t.Fatal(err)
-	}
+	dead := tileEvent(t, f, 0, wire.EventTileFailed, 1, 20)
+	dead.Terminal, dead.Error = true, "killed"
+	h.apply(t, dead)
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
 	go func() { _ = h.c.consumeEvents(ctx) }()

@@ -203,11 +203,11 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 	}
 }
 
-// A tile that fails in every attempt is dead-lettered after MaxDeliver with its
-// error; the other tiles and frames complete; status exits 1 and names it.
+// A tile that fails in every attempt is dead-lettered once its failure budget is spent, with
+// its error; the other tiles and frames complete; status exits 1 and names it.
 func TestPoisonTileIsDeadLettered(t *testing.T) {
 	scene := example("shot")
-	f := startServe(t, t.TempDir(), "--max-deliver", "3")
+	f := startServe(t, t.TempDir(), "--max-failures", "3")
 	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,32")
 	st, _ := f.submit(append([]string{scene, "--frames", "8-9"}, small...)...)
 	done := f.waitDone(st.JobID, 3*time.Minute)
@@ -226,7 +226,7 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 	if dlq.code != 0 || strings.Count(dlq.stdout, "tiles.render") != 1 || !strings.Contains(dlq.stdout, "injected fault") {
 		t.Fatalf("dlq list: %s", dlq)
 	}
-	// Exactly MaxDeliver attempts were made.
+	// Exactly --max-failures attempts were made.
 	if done.TileAttempts != done.TilesTotal-1+3 {
 		t.Fatalf("tile attempts %d, want %d (each tile once, the poison tile 3 times)", done.TileAttempts, done.TilesTotal-1+3)
 	}

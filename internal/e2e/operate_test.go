@@ -288,6 +288,50 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	}
 }
 
+// Property: hand-backs are free. At the default MaxDeliver (20), a worker that blocklisted a
+// job sits idle while the healthy worker is kept busy by another job: it takes the job's one
+// tile again and again and hands it back more than MaxDeliver times, without a hot loop. The
+// tile is never dead-lettered, and renders on the healthy worker once it is free.
+func TestBlocklistHandBacksNeverDeadLetterAHealthyTile(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir())
+	good := f.worker("w-good", t.TempDir(), "--fault-pass-delay", "1500ms", "--passes", "24", "--checkpoint-every", "0")
+	busy, _ := f.submit(scene, "--frames", "2", "--width", "64", "--height", "36", "--spp", "48", "--tile", "64")
+	waitCheckpoint(t, good, 2) // w-good renders the busy job's one tile for about 36 s
+	// w-bad fails the other job's one tile and blocklists the job at once.
+	bad := f.worker("w-bad", t.TempDir(), "--concurrency", "2", "--fault-panic-tile", "1:0,0,64,36", "--blocklist-after", "1")
+	start := time.Now()
+	tiny := []string{"--width", "64", "--height", "36", "--spp", "2", "--tile", "64"} // two passes on w-good
+	q, _ := f.submit(append([]string{scene, "--frames", "1"}, tiny...)...)
+	handBack := regexp.MustCompile(`handing back a tile of a blocklisted job.* delivery=(\d+)`)
+	maxDelivery := 0
+	for deadline := time.Now().Add(90 * time.Second); maxDelivery <= queue.DefaultConfig().MaxDeliver; {
+		if st, _ := f.status(q.JobID); st.State == api.JobFailed || st.TilesFailed != 0 {
+			t.Fatalf("the handed-back tile failed (delivery %d):\n%s", maxDelivery, f.cli("status", q.JobID).stdout)
+		}
+		for _, m := range handBack.FindAllStringSubmatch(bad.Log(), -1) {
+			n, _ := strconv.Atoi(m[1])
+			maxDelivery = max(maxDelivery, n)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("w-bad handed the tile back only up to delivery %d:\n%s", maxDelivery, bad.Log())
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if st, _ := f.status(busy.JobID); st.State == api.JobCompleted {
+		t.Fatalf("the healthy worker was idle before the hand-backs passed MaxDeliver: %+v", st)
+	}
+	// No hot loop: at most about one hand-back a second per slot.
+	if n, secs := strings.Count(bad.Log(), "handing back a tile of a blocklisted job"), time.Since(start).Seconds(); float64(n) > 2*(secs+2) {
+		t.Fatalf("w-bad handed back %d times in %.0f s: a hot loop", n, secs)
+	}
+	if done := f.waitDone(q.JobID, 2*time.Minute); done.State != api.JobCompleted || done.TilesFailed != 0 {
+		t.Fatalf("job after more than MaxDeliver hand-backs: %+v", done)
+	}
+	f.assertNoDeadLetters()
+	outputsEqualReference(t, f, q.JobID, scene, []int{1}, tiny...)
+}
+
 // Backpressure: over --max-pending-tiles a submission gets HTTP 429 with a Retry-After and the
 // CLI exits 75 saying when to retry; a resubmission of a known job is still answered.
 func TestBackpressureRefusesWithRetryAfter(t *testing.T) {

@@ -86,10 +86,11 @@ func mustRead(t *testing.T, p string) string {
 }
 
 // SIGTERM: the worker checkpoints, releases its lease and hands the tile back at once, so a
-// successor resumes it long before the ack-wait would have expired.
+// successor resumes it long before the ack-wait would have expired. The hand-back is free: with
+// --max-deliver 1 the tile's next delivery is no lost one, and nothing is dead-lettered.
 func TestWorkerSIGTERMHandsTileBack(t *testing.T) {
 	scene := example("shot")
-	f := startServe(t, t.TempDir(), "--ack-wait", "60s", "--lease-ttl", "60s")
+	f := startServe(t, t.TempDir(), "--ack-wait", "60s", "--lease-ttl", "60s", "--max-deliver", "1")
 	ckpts := t.TempDir()
 	a := f.worker("leaver", ckpts, slowWorker...)
 	st, _ := f.submit(append([]string{scene, "--frames", "11"}, oneTile...)...)
@@ -107,6 +108,7 @@ func TestWorkerSIGTERMHandsTileBack(t *testing.T) {
 	if done.State != "completed" || done.SamplesRecovered < 4 {
 		t.Fatalf("after SIGTERM: %+v", done)
 	}
+	f.assertNoDeadLetters()
 	out := filepath.Join(t.TempDir(), "s_####.png")
 	if r := f.cli("outputs", st.JobID, "--out", out); r.code != 0 {
 		t.Fatalf("outputs: %s", r)

@@ -40,9 +40,10 @@ func outputsEqualReference(t *testing.T, f *farmProc, job, scene string, frames 
 // countLines counts log lines matching re.
 func countLines(log, re string) int { return len(regexp.MustCompile(re).FindAllString(log, -1)) }
 
-// Nothing promoted is failed: a worker promotes a tile on the last delivery the queue allows and dies before
-// announcing it. The message runs out of deliveries, and the dead-letter watcher finds the
-// manifest: the tile is recorded done, not dead, and the job completes.
+// Nothing promoted is failed: a worker promotes a tile on the last delivery the safety net allows and dies
+// before announcing it. The next delivery finds the message's deliveries all lost, and before
+// dead-lettering it the worker finds the manifest: the tile is recorded done, not dead, and the
+// job completes.
 func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "1")
@@ -59,8 +60,8 @@ func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 {
 		t.Fatalf("job after the kill: %+v", done)
 	}
-	if !strings.Contains(f.Coord.Log(), "its work is promoted") {
-		t.Fatalf("the message never ran out of deliveries:\n%s", f.Coord.Log())
+	if !strings.Contains(survivor.Log(), "max deliveries exceeded") || !strings.Contains(survivor.Log(), "after its work was promoted; completing it") {
+		t.Fatalf("the message never ran out of deliveries:\n%s", survivor.Log())
 	}
 	f.assertNoDeadLetters()
 	if strings.Contains(survivor.Log(), "checkpoint saved") || done.TileAttempts != 1 {

@@ -36,13 +36,20 @@ const (
 	CodeStorage       = "storage"        // the object store stayed unreachable through in-place retries
 	CodePanic         = "panic"          // the renderer panicked
 	CodeTerminal      = "terminal"       // can never succeed: invalid scene, build mismatch, manifest conflict
-	CodeMaxDeliveries = "max_deliveries" // the queue gave up after MaxDeliver deliveries
+	CodeMaxDeliveries = "max_deliveries" // MaxDeliver deliveries lost without a word (kills, lost connections)
 )
+
+// ErrLostDeliveries is the terminal failure of a message whose deliveries ended MaxDeliver
+// times without a failure or a hand-back: its workers were killed or lost their connection
+// each time, so the work itself is suspect (it may kill its worker).
+var ErrLostDeliveries = errors.New("max deliveries exceeded")
 
 // ErrorCode classifies a worker failure; retryable tells storage problems apart from the rest.
 func Classify(err error, storage func(error) bool) string {
 	var p *PanicError
 	switch {
+	case errors.Is(err, ErrLostDeliveries):
+		return CodeMaxDeliveries
 	case IsTerminal(err):
 		return CodeTerminal
 	case errors.As(err, &p):
@@ -53,7 +60,8 @@ func Classify(err error, storage func(error) bool) string {
 	return CodeRetryable
 }
 
-// PanicError is a recovered panic: retried (it may be a one-off) until MaxDeliver says it is not.
+// PanicError is a recovered panic: retried (it may be a one-off) until the failure budget says
+// it is not.
 type PanicError struct{ Value any }
 
 func (e *PanicError) Error() string { return fmt.Sprintf("panic: %v", e.Value) }

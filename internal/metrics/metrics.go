@@ -30,9 +30,6 @@ const (
 const (
 	DeadLetterTile     = "tile"
 	DeadLetterAssembly = "assembly"
-	// DeadLetterUndecodable is a dead-lettered message the coordinator could not decode, so it
-	// names no tile or frame.
-	DeadLetterUndecodable = "undecodable"
 )
 
 // Submission results, the label values of tilefarm_submissions_total.
@@ -89,8 +86,8 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		FramesCompleted:  counter(reg, "frames_completed_total", "Frames whose state became completed: every format asked for promoted."),
 		WorkersLive:      gauge(reg, "workers_live", "Workers in the worker directory: each beats every 5 s and leaves it 15 s after its last beat."),
 		DeadLetters: counterVec(reg, "dead_letters_total",
-			"Dead letters the coordinator recorded, by kind: tiles and assemblies dead-lettered by a worker or by the dead-letter watcher.",
-			"kind", DeadLetterTile, DeadLetterAssembly, DeadLetterUndecodable),
+			"Dead letters the coordinator recorded, by kind: tiles and assemblies a worker dead-lettered.",
+			"kind", DeadLetterTile, DeadLetterAssembly),
 		DuplicatesSuppressed: duplicates(reg, LayerPublishDedup),
 		Submissions: counterVec(reg, "submissions_total",
 			"Job submissions answered, by result: a new job, an existing job for the same idempotency key and payload, a conflict, or refused as busy.",

@@ -91,7 +91,7 @@ func (f *Queue) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Ms
 		if left <= 0 {
 			return nil, ctx.Err()
 		}
-		msg, err := fetchOne(ctx, f.Bands[BandNormal], min(left, bandIdle))
+		msg, err := f.fetchOne(ctx, f.Bands[BandNormal], min(left, bandIdle))
 		if msg != nil || err != nil {
 			return msg, err
 		}

@@ -13,14 +13,15 @@ var ErrInvalidConfig = errors.New("invalid queue config")
 type Config struct {
 	// AckWait is the visibility timeout of a delivered tile; workers extend it with InProgress.
 	AckWait time.Duration
-	// MaxDeliver is the safety net: deliveries of a message after which the server gives up on
-	// it, whatever their cause. Kills, handbacks and lost connections use deliveries too, so it
-	// is set well above MaxFailures.
+	// MaxDeliver is the safety net: deliveries of a message lost without a word (its worker
+	// killed, its connection lost) after which a worker dead-letters it. Failures and hand-backs
+	// are not lost deliveries (Failures), so the server itself delivers without limit and the
+	// limit travels in the consumers' metadata.
 	MaxDeliver int
 	// MaxFailures is how many classified failures of a tile (a render error, a panic) dead-letter
 	// it. Infrastructure outages, handbacks and waits for a live lease are not failures.
 	MaxFailures int
-	// Backoff replaces AckWait for ack timeouts only (not for Nak); the server needs len(Backoff) <= MaxDeliver.
+	// Backoff replaces AckWait for ack timeouts only (not for Nak); at most MaxDeliver steps.
 	// When set, the server uses Backoff[0] as the consumer's AckWait.
 	Backoff []time.Duration
 	// DedupWindow is how long a Nats-Msg-Id is remembered by TILES, EVENTS and DLQ.

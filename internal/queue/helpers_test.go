@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 )
 
@@ -90,12 +89,6 @@ func mustFetch(t *testing.T, f *Queue, wait time.Duration) jetstream.Msg {
 	}
 	return m
 }
-
-// recordFunc is a DeadLetterHandler that finds nothing promoted and records with fn.
-type recordFunc func(api.DeadLetter) error
-
-func (recordFunc) Promoted(context.Context, api.DeadLetter) (bool, error) { return false, nil }
-func (fn recordFunc) Record(_ context.Context, dl api.DeadLetter) error   { return fn(dl) }
 
 func deliveries(t *testing.T, m jetstream.Msg) uint64 {
 	t.Helper()

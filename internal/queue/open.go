@@ -51,9 +51,12 @@ func Open(ctx context.Context, js jetstream.JetStream) (*Queue, error) {
 	cc := cons.CachedInfo().Config
 	sc := tiles.CachedInfo().Config
 	cfg := DefaultConfig()
-	cfg.AckWait, cfg.MaxDeliver, cfg.Backoff = cc.AckWait, cc.MaxDeliver, cc.BackOff
+	cfg.AckWait, cfg.Backoff = cc.AckWait, cc.BackOff
 	if n, err := strconv.Atoi(cc.Metadata[MetaMaxFailures]); err == nil {
 		cfg.MaxFailures = n
+	}
+	if n, err := strconv.Atoi(cc.Metadata[MetaMaxDeliver]); err == nil {
+		cfg.MaxDeliver = n
 	}
 	cfg.DedupWindow, cfg.Replicas, cfg.LeaseTTL = sc.Duplicates, sc.Replicas, kvStatus.TTL()
 	if err := cfg.Validate(); err != nil {

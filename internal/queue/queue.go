@@ -29,11 +29,12 @@ const (
 	BucketFailures = "failures"
 	// MetaMaxFailures is the consumer metadata key that carries Config.MaxFailures to workers.
 	MetaMaxFailures = "tilefarm.max_failures"
-	// StreamAdvisories durably captures the MAX_DELIVERIES advisories of TILES/workers, which the server
-	// publishes as fire-and-forget core messages, so none is lost while no coordinator is watching.
-	StreamAdvisories = "TILES_ADVISORIES"
-	// ConsumerDeadLetters is the durable consumer WatchDeadLetters reads those advisories with.
-	ConsumerDeadLetters = "dead-letters"
+	// MetaMaxDeliver carries Config.MaxDeliver, the lost deliveries a worker tolerates: the
+	// server's own MaxDeliver is unlimited, since it would count hand-backs and failures too.
+	MetaMaxDeliver = "tilefarm.max_deliver"
+	// oldStreamAdvisories is the stream of MAX_DELIVERIES advisories a farm set up by an older
+	// coordinator has; Setup removes it.
+	oldStreamAdvisories = "TILES_ADVISORIES"
 
 	tilesSubjects  = "tiles.>"
 	eventsSubjects = "events.>"
@@ -123,33 +124,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 			DeliverPolicy: jetstream.DeliverAllPolicy,
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       cfg.AckWait,
-			MaxDeliver:    cfg.MaxDeliver,
+			MaxDeliver:    -1,
 			BackOff:       cfg.Backoff,
 			MaxAckPending: maxAckPending,
-			Metadata:      map[string]string{MetaMaxFailures: strconv.Itoa(cfg.MaxFailures)},
+			Metadata:      map[string]string{MetaMaxFailures: strconv.Itoa(cfg.MaxFailures), MetaMaxDeliver: strconv.Itoa(cfg.MaxDeliver)},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.name, err)
 		}
 	}
-	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
-		Name:        StreamAdvisories,
-		Description: "max-deliveries advisories of the TILES consumers awaiting dead-lettering",
-		Subjects:    []string{maxDeliveriesSubject},
-		Retention:   jetstream.WorkQueuePolicy,
-		MaxAge:      EventsRetention,
-		Storage:     jetstream.FileStorage,
-		Replicas:    cfg.Replicas,
-	}); err != nil {
-		return nil, fmt.Errorf("setting up stream %s: %w", StreamAdvisories, err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, StreamAdvisories, jetstream.ConsumerConfig{
-		Durable:     ConsumerDeadLetters,
-		Description: "dead-letter watchers of all coordinators",
-		AckPolicy:   jetstream.AckExplicitPolicy,
-		AckWait:     30 * time.Second,
-	}); err != nil {
-		return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamAdvisories, ConsumerDeadLetters, err)
+	// A farm set up before hand-backs were free captured MAX_DELIVERIES advisories for a
+	// watcher; the server no longer raises them (consumers deliver without limit).
+	if err := js.DeleteStream(ctx, oldStreamAdvisories); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, fmt.Errorf("removing stream %s: %w", oldStreamAdvisories, err)
 	}
 	// Bucket TTL, not per-key TTL: kv.Update drops a per-key TTL (nats.go#1994), while with a bucket TTL each
 	// revision ages from its own timestamp, so renewing really keeps a lease alive.
@@ -215,7 +202,7 @@ func (f *Queue) Publish(ctx context.Context, subject, msgID string, data []byte,
 
 // FetchAssembly pulls one frame assembly job, waiting at most wait; (nil, nil) when none arrived.
 func (f *Queue) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
-	return fetchOne(ctx, f.Assemblers, wait)
+	return f.fetchOne(ctx, f.Assemblers, wait)
 }
 
 // fetchOne pulls one message from cons, waiting at most wait; (nil, nil) on timeout.
@@ -224,8 +211,8 @@ func (f *Queue) FetchAssembly(ctx context.Context, wait time.Duration) (jetstrea
 // stops listening before the server expires its pull loses whatever the server sends meanwhile,
 // and each such message costs a full ack-wait and a delivery (at 50 ms round trip a 100 ms
 // client deadline lost nearly half the first deliveries). For the same reason a cancelled ctx
-// does not abandon the pull: what still arrives is handed back with Nak.
-func fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) (jetstream.Msg, error) {
+// does not abandon the pull: what still arrives is handed back (HandBack).
+func (f *Queue) fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) (jetstream.Msg, error) {
 	if wait <= 0 {
 		return nil, fmt.Errorf("fetching from %s/%s: wait must be positive, got %v", StreamTiles, cons.CachedInfo().Name, wait)
 	}
@@ -243,7 +230,7 @@ func fetchOne(ctx context.Context, cons jetstream.Consumer, wait time.Duration) 
 		}
 	case <-ctx.Done():
 		for msg := range batch.Messages() {
-			_ = msg.Nak()
+			f.HandBack(ctx, msg, 0)
 		}
 		return nil, ctx.Err()
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -64,7 +65,8 @@ func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
 		t.Fatalf("Consumer.Info: %v", err)
 	}
 	if ci.Config.Durable != ConsumerWorkers || ci.Config.AckPolicy != jetstream.AckExplicitPolicy ||
-		ci.Config.AckWait != cfg.AckWait || ci.Config.MaxDeliver != cfg.MaxDeliver || ci.Config.MaxAckPending < 10000 {
+		ci.Config.AckWait != cfg.AckWait || ci.Config.MaxDeliver != -1 || ci.Config.Metadata[MetaMaxDeliver] != strconv.Itoa(cfg.MaxDeliver) ||
+		ci.Config.MaxAckPending < 10000 {
 		t.Errorf("consumer config = %+v", ci.Config)
 	}
 	st, err := f2.Leases.kv.Status(ctx)
@@ -86,9 +88,9 @@ func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Consumer.Info: %v", err)
 	}
-	if ci.Config.MaxDeliver != 6 || len(ci.Config.BackOff) != 2 || ci.Config.AckWait != 2*time.Second {
-		t.Errorf("updated consumer config = max deliver %d backoff %v ack wait %v (want Backoff[0])",
-			ci.Config.MaxDeliver, ci.Config.BackOff, ci.Config.AckWait)
+	if ci.Config.Metadata[MetaMaxDeliver] != "6" || len(ci.Config.BackOff) != 2 || ci.Config.AckWait != 2*time.Second {
+		t.Errorf("updated consumer config = max deliver %q backoff %v ack wait %v (want Backoff[0])",
+			ci.Config.Metadata[MetaMaxDeliver], ci.Config.BackOff, ci.Config.AckWait)
 	}
 	if _, err := Setup(ctx, tf.f.JS, Config{}); err == nil {
 		t.Errorf("Setup accepted a zero Config")
@@ -250,7 +252,7 @@ func TestCancelledFetchHandsBackLateDelivery(t *testing.T) {
 		}
 	})
 	// One pull that outlives its caller (FetchTile's pulls are shorter than this test's timing).
-	if m, err := fetchOne(ctx, tf.f.Bands[BandNormal], 2*time.Second); m != nil || !errors.Is(err, context.Canceled) {
+	if m, err := tf.f.fetchOne(ctx, tf.f.Bands[BandNormal], 2*time.Second); m != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("fetchOne = %v, %v; want context.Canceled", m, err)
 	}
 	m := mustFetch(t, tf.f, 3*time.Second)
@@ -298,11 +300,14 @@ func TestFailuresCountPerMessage(t *testing.T) {
 			t.Fatalf("Add #%d = %d, %v", want, n, err)
 		}
 	}
-	if n, err := tf.f.Failures.Count(ctx, "abc:retry:2"); err != nil || n != 3 {
-		t.Fatalf("Count = %d, %v; want 3", n, err)
+	if err := tf.f.Failures.HandBack(ctx, "abc:retry:2"); err != nil {
+		t.Fatal(err)
 	}
-	if n, err := tf.f.Failures.Count(ctx, "abc:requeue:9"); err != nil || n != 0 {
-		t.Fatalf("Count of another id = %d, %v; want 0", n, err)
+	if n, err := tf.f.Failures.Count(ctx, "abc:retry:2"); err != nil || n != (Tally{Failures: 3, HandBacks: 1}) {
+		t.Fatalf("Count = %+v, %v; want 3 failures and a hand-back", n, err)
+	}
+	if n, err := tf.f.Failures.Count(ctx, "abc:requeue:9"); err != nil || n != (Tally{}) {
+		t.Fatalf("Count of another id = %+v, %v; want nothing", n, err)
 	}
 	// Concurrent failures of one message from several workers are all counted.
 	errs := make(chan error, 8)
@@ -317,16 +322,17 @@ func TestFailuresCountPerMessage(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, _ := tf.f.Failures.Count(ctx, "contended"); n != 8 {
-		t.Fatalf("8 concurrent failures counted as %d", n)
+	if n, _ := tf.f.Failures.Count(ctx, "contended"); n.Failures != 8 {
+		t.Fatalf("8 concurrent failures counted as %d", n.Failures)
 	}
 }
 
-// Workers read the failure budget the coordinator set from the consumer's metadata.
+// Workers read the failure budget and the lost-delivery limit the coordinator set from the
+// consumer's metadata.
 func TestOpenReadsMaxFailures(t *testing.T) {
 	t.Parallel()
 	cfg := fastConfig()
-	cfg.MaxFailures = 7
+	cfg.MaxFailures, cfg.MaxDeliver = 7, 9
 	tf := startFarm(t, cfg)
 	js, err := jetstream.New(tf.nc)
 	if err != nil {
@@ -336,7 +342,7 @@ func TestOpenReadsMaxFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if f.Cfg.MaxFailures != 7 || f.Failures == nil {
-		t.Fatalf("Open read max failures %d (failures bucket %v), want 7", f.Cfg.MaxFailures, f.Failures)
+	if f.Cfg.MaxFailures != 7 || f.Cfg.MaxDeliver != 9 || f.Failures == nil {
+		t.Fatalf("Open read max failures %d, max deliver %d (failures bucket %v), want 7 and 9", f.Cfg.MaxFailures, f.Cfg.MaxDeliver, f.Failures)
 	}
 }

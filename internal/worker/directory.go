@@ -21,8 +21,16 @@ import (
 const DefaultBlocklistAfter = 3
 
 // blocklistNakDelay is how long a tile of a blocklisted job is handed back for: long enough
-// that another worker takes it first.
-const blocklistNakDelay = 2 * time.Second
+// that another worker takes it first. A hand-back is free (queue.Queue.HandBack), and the slot
+// that handed it back pauses (handBackPause), so an idle worker that blocklisted a job never
+// spins on its tiles while the healthy workers are busy.
+const blocklistNakDelay = time.Second
+
+// handBackPause is how long a slot waits before its next fetch after n hand-backs in a row:
+// 250 ms doubling to 1 s.
+func handBackPause(n int) time.Duration {
+	return min(250*time.Millisecond<<min(n-1, 2), time.Second)
+}
 
 // errDropped means the tile's frame was dropped while it rendered: its every job was cancelled.
 var errDropped = errors.New("frame dropped: every job asking for it was cancelled")

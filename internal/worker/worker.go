@@ -191,8 +191,12 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 	finalizing := make(chan struct{})
 	close(finalizing)
 	defer func() { <-finalizing }()
+	handedBack := 0 // hand-backs in a row
 	for ctx.Err() == nil {
 		if !w.store.wait(ctx) {
+			return
+		}
+		if handedBack > 0 && !queue.Sleep(ctx, handBackPause(handedBack)) {
 			return
 		}
 		msg, err := fetch(ctx, w.cfg.FetchWait)
@@ -209,13 +213,20 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 		}
 		done, freed := make(chan struct{}), make(chan struct{})
 		var once sync.Once
+		var back bool
 		go func() {
 			defer close(done)
-			w.serve(ctx, msg, func() { once.Do(func() { close(freed) }) })
+			back = w.serve(ctx, msg, func() { once.Do(func() { close(freed) }) })
 		}()
 		select {
 		case <-freed:
+			handedBack = 0
 		case <-done:
+			if back {
+				handedBack++
+			} else {
+				handedBack = 0
+			}
 		}
 		<-finalizing
 		finalizing = done
@@ -255,8 +266,9 @@ type run interface {
 // failure, dead-letter on a terminal one or when the failure budget is used up.
 func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, msg, nil) }
 
-// serve is handle, calling free (if not nil) as soon as the slot may take its next job.
-func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
+// serve is handle, calling free (if not nil) as soon as the slot may take its next job. It
+// reports whether it handed the message back unrendered.
+func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) (handedBack bool) {
 	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: identity.NewAttemptID(), num: 1, free: free}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
@@ -273,17 +285,46 @@ func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) {
 		if r, err = w.runOf(d); err != nil {
 			return err
 		}
+		if err := w.lostTooOften(ctx, d); err != nil {
+			return err
+		}
 		if job := r.blocklistJob(); job != "" && w.act.isBlocked(job) {
 			d.log.Debug("handing back a tile of a blocklisted job")
-			_ = msg.NakWithDelay(blocklistNakDelay)
+			w.queue.HandBack(ctx, msg, blocklistNakDelay)
+			handedBack = true
 			return errSettled
 		}
 		return r.perform(ctx)
 	}()
 	if err == nil || errors.Is(err, errSettled) {
-		return
+		return handedBack
 	}
-	w.fail(ctx, d, r, err)
+	return w.fail(ctx, d, r, err)
+}
+
+// lostTooOften is the MaxDeliver safety net (docs/design.md, "Failures, deliveries and the
+// failure budget"): ErrLostDeliveries, terminal, when MaxDeliver earlier deliveries of d's
+// message ended without a failure or a hand-back being recorded (its workers killed, their
+// connections lost), nil otherwise. It reads the message's tally only once the delivery count
+// alone could reach the limit, so a first delivery costs nothing.
+func (w *Worker) lostTooOften(ctx context.Context, d *delivery) error {
+	limit := uint64(w.queue.Cfg.MaxDeliver)
+	if d.num <= limit {
+		return nil
+	}
+	var tally queue.Tally
+	if err := w.retryInPlace(ctx, d, "reading the message's deliveries", func(ctx context.Context) (err error) {
+		tally, err = w.queue.Failures.Count(ctx, d.msgID)
+		return err
+	}); err != nil {
+		return err
+	}
+	lost := d.num - 1 - min(d.num-1, uint64(tally.Explained()))
+	if lost < limit {
+		return nil
+	}
+	return failure.Terminal(fmt.Errorf("%w: %d of %d deliveries lost without a word (limit %d)",
+		failure.ErrLostDeliveries, lost, d.num-1, limit))
 }
 
 // runOf decodes a delivery's message into the run of its flow.
@@ -310,10 +351,12 @@ var errSettled = errors.New("message settled")
 
 // fail settles a delivery that failed with err; r is its run, nil when the message did not
 // even decode. Work that is promoted after all is announced and acked, never failed. A
-// shutdown hands the message back. Anything else is a classified failure: counted against the
-// message's failure budget and retried with backoff, or dead-lettered when terminal or when
-// the budget is spent.
-func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
+// shutdown, or an outage that leaves unknown whether the work is done or how often it failed,
+// hands the message back: no failure, no delivery spent. Anything else is a classified
+// failure: counted against the message's failure budget and retried with backoff, or
+// dead-lettered when terminal or when the budget is spent. It reports whether it handed the
+// message back.
+func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) (handedBack bool) {
 	// Cleanup must happen even while shutting down.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
@@ -321,8 +364,13 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
 		// Graceful shutdown: give the message straight back so another worker resumes it. It
 		// is no failure of the tile's.
 		d.log.Info("shutting down: returning the job to the queue", "err", err)
-		_ = d.msg.Nak()
-		return
+		w.queue.HandBack(cctx, d.msg, 0)
+		return true
+	}
+	handBack := func() bool {
+		w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
+		w.queue.HandBack(cctx, d.msg, queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
+		return true
 	}
 	if r != nil {
 		if done, perr := r.promoted(cctx); perr == nil && done {
@@ -331,13 +379,11 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
 				// The reconciler finds the manifest; a redelivery acks it.
 				d.log.Warn("completing promoted work", "err", cerr)
 			}
-			return
+			return false
 		} else if perr != nil {
 			// Unknown whether it is done: retry without spending the failure budget.
-			d.log.Warn("cannot tell whether the work is promoted; retrying later", "err", err, "check_err", perr)
-			w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
-			_ = d.msg.NakWithDelay(queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
-			return
+			d.log.Warn("cannot tell whether the work is promoted; handing it back", "err", err, "check_err", perr)
+			return handBack()
 		}
 	}
 	failures := 0
@@ -345,13 +391,11 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
 	if !terminal {
 		n, cerr := w.queue.Failures.Add(cctx, d.msgID)
 		if cerr != nil {
-			d.log.Warn("counting failure; retrying without counting it", "err", err, "count_err", cerr)
-			w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
-			_ = d.msg.NakWithDelay(queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
-			return
+			d.log.Warn("counting failure; handing the job back without counting it", "err", err, "count_err", cerr)
+			return handBack()
 		}
 		failures = n
-		terminal = n >= w.queue.Cfg.MaxFailures || d.num >= uint64(w.queue.Cfg.MaxDeliver)
+		terminal = n >= w.queue.Cfg.MaxFailures
 		if terminal {
 			err = fmt.Errorf("failed %d times (limit %d): %w", n, w.queue.Cfg.MaxFailures, err)
 		}
@@ -360,7 +404,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
 		d.log.Error("dead-lettering", "err", err, "failures", failures)
 		if dlErr := w.queue.DeadLetterNow(cctx, d.msg, err.Error()); dlErr != nil {
 			d.log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
-			return
+			return false
 		}
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
@@ -377,12 +421,13 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) {
 		d.log.Warn("blocklisting job: this worker takes none of its tiles any more", "failed_tiles", w.cfg.BlocklistAfter)
 	}
 	if terminal {
-		return
+		return false
 	}
 	delay := queue.Backoff(failures, w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
 	d.log.Warn("retrying later", "err", err, "failures", failures, "delay", delay)
 	w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
 	_ = d.msg.NakWithDelay(delay)
+	return false
 }
 
 // blocklistJob is r's job for blocklisting, "" for none.
