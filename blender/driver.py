@@ -100,13 +100,15 @@ def cpu_flags():
 
 
 def build():
-    """What decides Cycles' bits on this machine: Blender's build, the CPU kernel, the BVH."""
+    """What decides Cycles' bits on this machine: Blender's build, the CPU kernel, the BVH. The
+    kernel is the best this CPU has that the environment does not switch off (Cycles reads
+    CYCLES_CPU_NO_AVX2 and the like; the pool sets them to cap the kernel)."""
     cy = bpy.context.scene.cycles
     flags = cpu_flags()
     kernel = "sse2"
-    for name, flag, enabled in (("avx2", "avx2", cy.debug_use_cpu_avx2), ("avx", "avx", cy.debug_use_cpu_avx),
-                                ("sse41", "sse4_1", cy.debug_use_cpu_sse41)):
-        if flag in flags and enabled:
+    for name, flag, env in (("avx2", "avx2", "CYCLES_CPU_NO_AVX2"), ("avx", "avx", "CYCLES_CPU_NO_AVX"),
+                            ("sse41", "sse4_1", "CYCLES_CPU_NO_SSE41")):
+        if flag in flags and not os.environ.get(env):
             kernel = name
             break
     bvh = "embree" if _cycles is not None and _cycles.with_embree and cy.debug_bvh_layout == "EMBREE" else "bvh2"

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 )
@@ -30,7 +31,35 @@ type Options struct {
 	Dir         string        // working directory for the driver and rendered passes (required)
 	Size        int           // processes at most, one per worker slot; < 1 means 1
 	HangTimeout time.Duration // 0 means DefaultHangTimeout
-	Log         *slog.Logger
+	// Kernel caps the Cycles CPU kernel ("avx2", "avx", "sse41", "sse2"; "" is the best this
+	// CPU has), so machines of different CPUs can render with one build (Kernels).
+	Kernel string
+	Log    *slog.Logger
+}
+
+// Kernels are the Cycles CPU kernels a pool may be capped to, best first, each with the
+// variables that make Cycles skip the better ones. The kernel is part of the build's
+// fingerprint: kernels differ in their last bits.
+var Kernels = []struct{ Name, Env string }{
+	{"avx2", ""},
+	{"avx", "CYCLES_CPU_NO_AVX2=1"},
+	{"sse41", "CYCLES_CPU_NO_AVX2=1 CYCLES_CPU_NO_AVX=1"},
+	{"sse2", "CYCLES_CPU_NO_AVX2=1 CYCLES_CPU_NO_AVX=1 CYCLES_CPU_NO_SSE41=1 CYCLES_CPU_NO_SSE3=1"},
+}
+
+// kernelEnv is the environment of a Blender capped to kernel; an unknown kernel is an error.
+func kernelEnv(kernel string) ([]string, error) {
+	if kernel == "" {
+		return nil, nil
+	}
+	var names []string
+	for _, k := range Kernels {
+		if k.Name == kernel {
+			return strings.Fields(k.Env), nil
+		}
+		names = append(names, k.Name)
+	}
+	return nil, fmt.Errorf("%w: unknown Cycles kernel %q: want one of %s", ErrNotFound, kernel, strings.Join(names, ", "))
 }
 
 // Pool runs up to Size persistent Blender processes, started on first use and restarted when
@@ -206,7 +235,7 @@ func (p *Pool) start(ctx context.Context) (*process, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fail(fmt.Errorf("%w: creating %s: %v", ErrProcess, dir, err))
 	}
-	proc, err := startProcess(ctx, p.o.Binary, dir, p.o.HangTimeout, p.o.Log.With("blender_process", n))
+	proc, err := startProcess(ctx, p.o, dir, p.o.Log.With("blender_process", n))
 	if err != nil {
 		return fail(err)
 	}

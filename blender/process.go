@@ -54,8 +54,14 @@ type reply struct {
 	Build *Build `json:"build"`
 }
 
-// startProcess runs binary with the driver, which it writes into dir, and waits for its hello.
-func startProcess(ctx context.Context, binary, dir string, hang time.Duration, log *slog.Logger) (*process, error) {
+// startProcess runs o's Blender with the driver, which it writes into dir, and waits for its
+// hello.
+func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) (*process, error) {
+	binary, hang := o.Binary, o.HangTimeout
+	env, err := kernelEnv(o.Kernel)
+	if err != nil {
+		return nil, err
+	}
 	script, err := writeDriver(dir)
 	if err != nil {
 		return nil, err
@@ -75,6 +81,9 @@ func startProcess(ctx context.Context, binary, dir string, hang time.Duration, l
 	cmd := exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", "1",
 		"--python-exit-code", "70", "--python", script, "--", "3", "4")
 	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.ExtraFiles = []*os.File{reqR, repW} // fds 3 and 4 in the child
 	p := &process{cmd: cmd, req: reqW, lines: make(chan []byte, 16), exited: make(chan struct{}),
 		logs: newTailLog(40, log), hang: hang, log: log}

@@ -58,7 +58,7 @@ func NewTile(ctx context.Context, pool *Pool, sc *Scene, st render.Settings, fra
 		return nil, err
 	}
 	if st.Build != build {
-		return nil, fmt.Errorf("%w: the tile was made for %q, this worker runs %q (all workers of a farm, and the machine that submits, must run the same Blender on the same kind of CPU)", ErrBuildMismatch, st.Build, build)
+		return nil, fmt.Errorf("%w: the tile was made for %q, this worker runs %q (the farm routes a tile only to workers of its build: is this worker misconfigured?)", ErrBuildMismatch, st.Build, build)
 	}
 	if st.Values() != len(sc.Desc.Channels) {
 		return nil, sceneErr("settings.channels %d: the scene's tiles have %d channels", st.Values(), len(sc.Desc.Channels))

@@ -37,6 +37,7 @@ const EnvBinary = "TILEFARM_BLENDER"
 type Options struct {
 	Binary      string
 	HangTimeout time.Duration
+	Kernel      string // caps the Cycles CPU kernel (blender.Options.Kernel)
 }
 
 // AddFlags adds --blender (default $TILEFARM_BLENDER, else blender) and, for the commands
@@ -46,7 +47,20 @@ func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
 	if o.Binary == "" {
 		o.Binary = "blender"
 	}
-	fs.StringVar(&o.Binary, "blender", o.Binary, "Blender 3.4 executable for .blend scenes (env "+EnvBinary+"); every machine of a farm must run the same build")
+	fs.StringVar(&o.Binary, "blender", o.Binary, "Blender 3.4 executable for .blend scenes (env "+EnvBinary+"); a job renders on the workers running its build")
+	var names []string
+	for _, k := range blender.Kernels {
+		names = append(names, k.Name)
+	}
+	fs.Func("blender-kernel", "cap Cycles' CPU kernel at this one ("+strings.Join(names, ", ")+"; default: the best this CPU has), so machines of different CPUs render with one build", func(v string) error {
+		for _, k := range blender.Kernels {
+			if k.Name == v {
+				o.Kernel = v
+				return nil
+			}
+		}
+		return fmt.Errorf("unknown Cycles kernel %q: want one of %s", v, strings.Join(names, ", "))
+	})
 	if renders {
 		fs.DurationVar(&o.HangTimeout, "blender-hang-timeout", o.HangTimeout, "kill and restart a Blender process that shows no sign of life for this long")
 	}
@@ -63,9 +77,13 @@ var _ scene.Kind = (*Kind)(nil)
 // serves one request (a pass, an assembly) at a time and the assembly loop's requests take
 // turns with the slots' passes.
 func New(o Options, env scene.Env) *Kind {
-	return &Kind{pool: blender.NewPool(blender.Options{Binary: o.Binary, HangTimeout: o.HangTimeout,
+	return &Kind{pool: blender.NewPool(blender.Options{Binary: o.Binary, HangTimeout: o.HangTimeout, Kernel: o.Kernel,
 		Dir: env.Dir, Size: env.Slots, Log: env.Log})}
 }
+
+// Build is the fingerprint of this machine's Blender (scene.Builder), starting a process of
+// the pool if none runs yet.
+func (k *Kind) Build(ctx context.Context) (string, error) { return k.pool.Build(ctx) }
 
 // Close stops the kind's Blender processes.
 func (k *Kind) Close() error { return k.pool.Close() }

@@ -199,6 +199,31 @@ func (ks Kinds) Load(ctx context.Context, b *bundle.Bundle, version, dir string)
 	return r, k, err
 }
 
+// Builder is a kind whose tiles need an external renderer on the worker (Blender's): Build is
+// the fingerprint of this machine's, what a scene's render.Settings.Build names. Tiles of a
+// build reach only the workers that report it (docs/design.md, "Dispatch").
+type Builder interface {
+	Build(ctx context.Context) (string, error)
+}
+
+// Builds are the builds of this machine's external renderers. A kind whose renderer is missing
+// or broken here is left out, with the reason in errs: this machine renders none of its scenes.
+func (ks Kinds) Builds(ctx context.Context) (builds []string, errs []error) {
+	for _, k := range ks {
+		b, ok := k.(Builder)
+		if !ok {
+			continue
+		}
+		fp, err := b.Build(ctx)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", k.Name(), err))
+			continue
+		}
+		builds = append(builds, fp)
+	}
+	return builds, errs
+}
+
 // Close stops the renderer processes of the kinds that run any.
 func (ks Kinds) Close() error {
 	var errs []error
