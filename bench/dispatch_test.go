@@ -129,8 +129,9 @@ func measureDispatch(ctx context.Context, base string, n int) (dispatchResult, e
 
 	seen := make(map[string]bool, n)
 	start = time.Now()
+	src := f.Sources(queue.Capabilities{})
 	for len(seen) < n {
-		msg, err := f.FetchTile(ctx, fetchWait)
+		msg, err := src.FetchTile(ctx, fetchWait)
 		if err != nil {
 			return dispatchResult{}, err
 		}

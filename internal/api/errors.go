@@ -50,6 +50,9 @@ var (
 	ErrNotReady = &Error{Kind: "not_ready", Status: 409, Exit: ExitFailed, msg: "frame not completed yet"}
 	// ErrTileNotReady is the PNG of a tile that is not completed yet.
 	ErrTileNotReady = &Error{Kind: "not_ready", Status: 409, Exit: ExitFailed, msg: "tile not completed yet"}
+	// ErrNoWorker is a job no live worker can render: none runs its renderer build or carries
+	// the tags it requires. Its message lists the live workers' pools.
+	ErrNoWorker = &Error{Kind: "no_worker", Status: 409, Exit: ExitFailed, msg: "no live worker can render this job"}
 	// ErrBusy is the farm refusing new work for now: retry later (a BusyError says when).
 	ErrBusy = &Error{Kind: "busy", Status: 429, Exit: ExitBusy, msg: "farm busy: too much work queued, retry later"}
 	// ErrUnauthorized is a missing or wrong API token.
@@ -64,7 +67,7 @@ var (
 
 // catalogue lists every entry; the first of a kind is the one a client rebuilds it as.
 var catalogue = []*Error{ErrBadInput, ErrConflict, ErrNoTilePNG, ErrNotFound, ErrNotReady, ErrTileNotReady,
-	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal}
+	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal, ErrNoWorker}
 
 // Classify returns the catalogue entry err wraps, or nil for an error outside the catalogue.
 func Classify(err error) *Error {

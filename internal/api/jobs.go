@@ -82,6 +82,13 @@ type SubmitRequest struct {
 	Priority       int      `json:"priority,omitempty"`
 	Formats        []string `json:"formats,omitempty"` // none: the scene kind's default (a Blender scene's own output, "blend")
 	IdempotencyKey string   `json:"idempotency_key,omitempty"`
+	// Requires are tags a worker must carry to render the job (tileworker --tags).
+	Requires []string `json:"requires,omitempty"`
+	// Build names the renderer build to render with (a part of a live worker's, e.g. "3.4.1"
+	// or "cycles-cpu/sse41"); empty lets the farm choose among its live workers'.
+	Build string `json:"build,omitempty"`
+	// MaxSlots is how many of the job's tiles may render at once; 0 is no limit.
+	MaxSlots int `json:"max_slots,omitempty"`
 }
 
 // SubmitResult says which job holds the request and whether this call created it.
@@ -140,9 +147,18 @@ type Status struct {
 	// last minute; absent while unknown (too early, nothing moving) and once the job ended.
 	ETASeconds *float64 `json:"eta_seconds,omitempty"`
 	// BlocklistedWorkers are the live workers that no longer take this job's tiles.
-	BlocklistedWorkers []string      `json:"blocklisted_workers,omitempty"`
-	Frames             []FrameStatus `json:"frames"`
-	Failures           []string      `json:"failures,omitempty"`
+	BlocklistedWorkers []string `json:"blocklisted_workers,omitempty"`
+	// Build is the renderer build the job's frames render with (a Blender's fingerprint),
+	// Requires the tags its workers must carry, MaxSlots its limit on tiles rendering at once.
+	Build    string   `json:"build,omitempty"`
+	Requires []string `json:"requires,omitempty"`
+	MaxSlots int      `json:"max_slots,omitempty"`
+	// Pool describes the workers that may render the job; WaitingFor is set while the job is
+	// unfinished and no live worker is one of them.
+	Pool       string        `json:"pool"`
+	WaitingFor string        `json:"waiting_for,omitempty"`
+	Frames     []FrameStatus `json:"frames"`
+	Failures   []string      `json:"failures,omitempty"`
 	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
 	TilesRendered int      `json:"tiles_rendered"`
 	TilesReused   int      `json:"tiles_reused"`

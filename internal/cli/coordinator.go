@@ -15,6 +15,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 // The coordinator command's root, and what its command groups share: the API client, the
@@ -72,28 +73,28 @@ func (p *program) client() *client.Client { return client.New(p.server, os.Geten
 // submitRequest builds a submission and its scene bundle from the shared flags of render and
 // submit. With no formats the scene kind's default is asked for (defaultFormat: a Blender
 // scene's own output); req.Formats says which.
-func submitRequest(ctx context.Context, path string, fr frameFlags, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, error) {
+func submitRequest(ctx context.Context, path string, fr frameFlags, rf *renderFlags, out string, formats []string, ks scene.Kinds, stderr io.Writer) (api.SubmitRequest, *bundle.Bundle, render.Settings, error) {
 	frames, step := fr.frames, fr.step
 	var req api.SubmitRequest
 	first, last := 0, 0
 	if frames != "" {
 		var err error
 		if first, last, err = parseFrames(frames); err != nil {
-			return req, nil, err
+			return req, nil, render.Settings{}, err
 		}
 	}
 	if err := rf.check(); err != nil {
-		return req, nil, err
+		return req, nil, render.Settings{}, err
 	}
 	if step < 0 {
-		return req, nil, usagef("--step %d: want 1 or more (0: the scene's frame step)", step)
+		return req, nil, render.Settings{}, usagef("--step %d: want 1 or more (0: the scene's frame step)", step)
 	}
 	if fr.preview < 0 {
-		return req, nil, usagef("--preview %d: want 1 or more (0: no preview)", fr.preview)
+		return req, nil, render.Settings{}, usagef("--preview %d: want 1 or more (0: no preview)", fr.preview)
 	}
-	b, k, s, _, err := readScene(ctx, path, ks, rf.overrides(), stderr)
+	b, k, s, local, err := readScene(ctx, path, ks, rf.overrides(), stderr)
 	if err != nil {
-		return req, nil, err
+		return req, nil, render.Settings{}, err
 	}
 	if frames == "" {
 		first, last = s.Frames()
@@ -103,16 +104,16 @@ func submitRequest(ctx context.Context, path string, fr frameFlags, rf *renderFl
 	}
 	for _, f := range formats {
 		if !slices.Contains(k.Formats(), f) {
-			return req, nil, usagef("--format %s: a %s is written as %s", f, k.Name(), strings.Join(k.Formats(), ", "))
+			return req, nil, render.Settings{}, usagef("--format %s: a %s is written as %s", f, k.Name(), strings.Join(k.Formats(), ", "))
 		}
 	}
 	if out != "" {
 		if err := checkPattern(outPattern(out, formats[0]), first, last); err != nil {
-			return req, nil, err
+			return req, nil, render.Settings{}, err
 		}
 	}
 	return api.SubmitRequest{SceneVersion: b.Version(), Camera: rf.camera, First: first, Last: last, Step: step, Preview: fr.preview, SPP: rf.spp,
-		Passes: rf.passes, Split: rf.split, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, nil
+		Passes: rf.passes, Split: rf.split, Width: rf.width, Height: rf.height, TileSize: rf.tile, Formats: formats}, b, local, nil
 }
 
 func printStatus(w io.Writer, st api.Status, asJSON bool) {
@@ -138,6 +139,12 @@ func printStatus(w io.Writer, st api.Status, asJSON bool) {
 	if st.SamplesTotal > 0 && st.State != api.JobCompleted {
 		fmt.Fprintf(w, "  samples %d/%d (%d%%), priority %d, ETA %s\n", st.SamplesDone, st.SamplesTotal, st.SamplesDone*100/st.SamplesTotal,
 			st.Priority, eta(st))
+	}
+	if st.Pool != "" && st.Pool != "any worker" {
+		fmt.Fprintf(w, "  renders on %s\n", st.Pool)
+	}
+	if st.WaitingFor != "" {
+		fmt.Fprintf(w, "  waiting for %s\n", st.WaitingFor)
 	}
 	if len(st.BlocklistedWorkers) > 0 {
 		fmt.Fprintf(w, "  blocklisted by workers %s\n", strings.Join(st.BlocklistedWorkers, ", "))

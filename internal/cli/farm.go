@@ -66,7 +66,7 @@ with its File Output nodes' files beside it.`)
 		}
 		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
 		defer ks.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *fr, rf, *out, asked, ks, stderr)
+		req, bundle, _, err := submitRequest(ctx, pos[0], *fr, rf, *out, asked, ks, stderr)
 		if err != nil {
 			return 0, err
 		}

@@ -37,7 +37,13 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	key := fs.String("idempotency-key", "", "idempotency key (default: derived from the request)")
 	project := fs.String("project", "", "project name (part of the derived idempotency key)")
 	wait := fs.Bool("wait", false, "wait until the job completes or fails")
+	requires := fs.StringSlice("requires", nil, "tags a worker must carry to render the job (tileworker --tags), e.g. gpu,highmem")
+	build := fs.String("build", "", "render with the live workers' renderer build matching this (e.g. 3.4.1 or cycles-cpu/sse41; default: this machine's if a worker runs it, else the farm's most common)")
+	maxSlots := fs.Int("max-slots", 0, "at most this many of the job's tiles render at once, so one job cannot take the whole farm (0: no limit)")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		if *maxSlots < 0 {
+			return 0, usagef("--max-slots %d: want 0 (no limit) or more", *maxSlots)
+		}
 		formats, err := formatList(*format)
 		if err != nil {
 			return 0, err
@@ -49,17 +55,21 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 		defer os.RemoveAll(tmp)
 		ks := kf.Open(scene.Env{Dir: tmp, Slots: 1, Log: slog.New(slog.DiscardHandler)})
 		defer ks.Close()
-		req, bundle, err := submitRequest(ctx, pos[0], *fr, rf, "", formats, ks, stderr)
+		req, bundle, local, err := submitRequest(ctx, pos[0], *fr, rf, "", formats, ks, stderr)
 		if err != nil {
 			return 0, err
 		}
 		req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
+		req.Requires, req.Build, req.MaxSlots = *requires, *build, *maxSlots
 		api := p.client()
 		res, err := api.Submit(ctx, bundle, req)
 		if err != nil {
 			return 0, err
 		}
 		st := res.Status
+		if st.Build != local.Build {
+			fmt.Fprintf(stderr, "%s: renders with the farm's %s (this machine runs %s)\n", filepath.Base(pos[0]), st.Build, local.Build)
+		}
 		before := st.TilesCompleted
 		if *wait {
 			if st, err = waitJob(ctx, api, st.JobID, newProgress(stderr, p.jsonOut), nil); err != nil {

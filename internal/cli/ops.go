@@ -18,8 +18,10 @@ import (
 func (p *program) workersCommand() *cobra.Command {
 	c := newCommand("workers", "list the live workers", `
 List the live workers from their heartbeats: name, host, tile slots, tiles rendering now,
-samples per second, when last seen, and the jobs each has blocklisted. A worker that stops
-beating (killed, frozen, cut off) leaves the list within 15 s.`)
+samples per second, when last seen, the jobs each has blocklisted, and its pools: the tags its
+operator gave it (tileworker --tags) and the renderer builds it runs. A job renders only on
+workers with its build and every tag it requires. A worker that stops beating (killed, frozen,
+cut off) leaves the list within 15 s.`)
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		ws, err := p.client().Workers(ctx)
 		if err != nil {
@@ -32,14 +34,15 @@ beating (killed, frozen, cut off) leaves the list within 15 s.`)
 			return writeJSON(stdout, map[string]any{"workers": ws})
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tTILES\tSAMPLES/S\tLAST SEEN\tBLOCKLISTED")
+		fmt.Fprintln(tw, "WORKER\tHOST\tSLOTS\tTILES\tSAMPLES/S\tLAST SEEN\tBLOCKLISTED\tTAGS\tBUILDS")
 		for _, w := range ws {
 			var tiles []string
 			for _, t := range w.Tiles {
 				tiles = append(tiles, fmt.Sprintf("%s/%d %d/%d", short(t.JobID), t.Frame, t.SamplesDone, t.SamplesTotal))
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.0f\t%s ago\t%s\n", w.Name, w.Host, w.Slots, orDash(strings.Join(tiles, ", ")),
-				w.SamplesPerSecond, time.Since(w.LastSeen).Round(time.Second), orDash(strings.Join(w.Blocklisted, ", ")))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%.0f\t%s ago\t%s\t%s\t%s\n", w.Name, w.Host, w.Slots, orDash(strings.Join(tiles, ", ")),
+				w.SamplesPerSecond, time.Since(w.LastSeen).Round(time.Second), orDash(strings.Join(w.Blocklisted, ", ")),
+				orDash(strings.Join(w.Tags, ",")), orDash(strings.Join(w.Builds, "; ")))
 		}
 		return tw.Flush()
 	})

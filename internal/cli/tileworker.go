@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/worker"
 )
@@ -43,6 +45,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	var ckptEvery, remoteEvery checkpointInterval
 	fs.Var(&ckptEvery, "checkpoint-every", "minimum time between checkpoints, saved in the background: auto (after a pass, keeping saves under 2% of the render's time and 4 MB/s), 0 (after every pass) or a duration")
 	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto, 0 (with every checkpoint) or a duration")
+	tags := fs.StringSlice("tags", nil, "the operator's tags of this worker (e.g. gpu,highmem): jobs submitted with --requires render only on workers with every tag they name")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
 	kf := kinds.AddFlags(fs, true)
@@ -55,11 +58,15 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		if *concurrency < 1 || *concurrency > 1024 {
 			return usagef("--concurrency %d: want 1-1024", *concurrency)
 		}
+		workerTags, err := api.Tags(*tags)
+		if err != nil {
+			return usagef("--tags: %v", err)
+		}
 		log, err := newLogger(stderr, *logLevel, p.logFormat)
 		if err != nil {
 			return err
 		}
-		wc := worker.Config{Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: ckptEvery.config(),
+		wc := worker.Config{Capabilities: queue.Capabilities{Tags: workerTags}, Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: ckptEvery.config(),
 			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist}
 		if wc.Faults, err = ff.Plan(func(seam string) { killSelf(log, "tileworker", seam) }); err != nil {
 			return usagef("%v", err)

@@ -35,7 +35,11 @@ type Job struct {
 	TileSize       int             `json:"tile_size"`
 	Priority       int             `json:"priority"`
 	Formats        []string        `json:"formats"`
-	Created        time.Time       `json:"created"`
+	// Requires are the tags a worker must carry to render the job's tiles (sorted).
+	Requires []string `json:"requires,omitempty"`
+	// MaxSlots is how many of the job's tiles may render at once; 0 is no limit.
+	MaxSlots int       `json:"max_slots,omitempty"`
+	Created  time.Time `json:"created"`
 	// Cancelled is when the job was cancelled; zero while it is not.
 	Cancelled time.Time `json:"cancelled,omitzero"`
 	// Failed says why the farm gave up on the job as a whole (every live worker blocklisted

@@ -37,7 +37,7 @@ func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) erro
 				return nil
 			}
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: coorddb.TileRequeued}))
-		case dl.Subject == queue.SubjectAssemble:
+		case queue.IsAssembleSubject(dl.Subject):
 			var job wire.AssembleJob
 			if json.Unmarshal(dl.Data, &job) != nil {
 				return nil

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"image"
 	"image/png"
 	"io"
@@ -566,7 +567,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "dead letter", method: "GET", path: "/v1/dlq", want: 200,
 			setup: func(t *testing.T) func() {
 				h.relay(t)
-				m, err := h.queue.FetchTile(h.ctx, 5*time.Second)
+				m, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 5*time.Second)
 				if err != nil || m == nil {
 					t.Fatalf("fetching a tile to dead-letter: %v (message %v)", err, m)
 				}

@@ -125,8 +125,14 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 // is gone has none.
 func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord) ([]*nats.Msg, error) {
 	var f *coorddb.Frame
+	var j *coorddb.Job
 	err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
-		f, err = tx.Frame(r.FrameKey)
+		if f, err = tx.Frame(r.FrameKey); err != nil {
+			return err
+		}
+		if j, err = tx.Job(r.JobID); errors.Is(err, coorddb.ErrNotFound) {
+			err = nil // a record of an older farm, or of a job since forgotten: the frame's build alone
+		}
 		return err
 	})
 	if errors.Is(err, coorddb.ErrNotFound) {
@@ -136,23 +142,41 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 	if err != nil {
 		return nil, err
 	}
+	pool := poolOf(j, f)
+	if err := c.queue.EnsurePool(ctx, pool); err != nil {
+		return nil, err
+	}
 	switch r.Kind {
 	case coorddb.OutboxTiles:
-		return tileMessages(f, r)
+		return tileMessages(f, r, pool)
 	case coorddb.OutboxAssemble:
 		data, err := json.Marshal(wire.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
 			Settings: f.Settings, Frame: f.Frame, TileSize: f.TileSize, Formats: f.Formats})
 		if err != nil {
 			return nil, err
 		}
-		return []*nats.Msg{newMsg(queue.SubjectAssemble, AssembleMsgID(f.Key, r.Assembly), data)}, nil
+		return []*nats.Msg{newMsg(pool.AssembleSubject(), AssembleMsgID(f.Key, r.Assembly), data)}, nil
 	}
 	return nil, fmt.Errorf("unknown outbox record kind %q", r.Kind)
 }
 
-// tileMessages derives the tile render jobs of a record: every tile of its frame, or the ones
-// it lists.
-func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord) ([]*nats.Msg, error) {
+// poolOf is the pool that renders frame f for job j (nil: a job not known): the workers of the
+// frame's renderer build with the job's tags, and the job's own pool when it limits its slots
+// (docs/design.md, "Dispatch").
+func poolOf(j *coorddb.Job, f *coorddb.Frame) queue.Pool {
+	p := queue.Pool{Build: f.Settings.Build}
+	if j != nil {
+		p.Requires = j.Requires
+		if j.MaxSlots > 0 {
+			p.Job, p.Slots = j.ID, j.MaxSlots
+		}
+	}
+	return p
+}
+
+// tileMessages derives the tile render jobs of a record in pool: every tile of its frame, or
+// the ones it lists.
+func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord, pool queue.Pool) ([]*nats.Msg, error) {
 	ft, err := f.Tiles()
 	if err != nil {
 		return nil, err
@@ -177,7 +201,7 @@ func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord) ([]*nats.Msg, error)
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, newMsg(queue.BandOf(r.Priority).Subject(), TileMsgID(t.Key, r.Retry), data))
+		msgs = append(msgs, newMsg(pool.Subject(queue.BandOf(r.Priority)), TileMsgID(t.Key, r.Retry), data))
 	}
 	return msgs, nil
 }

@@ -10,12 +10,18 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 // observe adds what lives outside the store to a status: its ETA and its blocklisting workers.
 func (c *Coordinator) observe(st *api.Status) {
 	c.eta.observe(c.now(), st)
 	st.BlocklistedWorkers = c.directory.blocklisting(st.JobID)
+	if st.State == api.JobQueued || st.State == api.JobRendering {
+		if pool := (queue.Pool{Build: st.Build, Requires: st.Requires}); liveIn(pool, c.directory.list()) == 0 {
+			st.WaitingFor = "a live worker of the pool: " + pool.String()
+		}
+	}
 }
 
 // Jobs lists the status of every job, oldest first, without their frames.
@@ -99,7 +105,8 @@ const maxFailuresShown = 50
 // projection's that has them in memory already).
 func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.Frame, error)) (api.Status, error) {
 	st := api.Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
-		FirstFrame: j.First, LastFrame: j.Last, FrameStep: j.Step, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{}}
+		FirstFrame: j.First, LastFrame: j.Last, FrameStep: j.Step, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{},
+		Build: j.Settings.Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String()}
 	states := make([]coorddb.FrameState, 0, j.Frames())
 	for n := range j.FrameNumbers() {
 		f, err := frame(j.FrameKey(n))

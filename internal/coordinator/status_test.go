@@ -37,7 +37,7 @@ func (h *harness) fresh(t *testing.T, jobID string) api.Status {
 func (h *harness) sameStatus(t *testing.T, when, jobID string) {
 	t.Helper()
 	served := h.status(t, jobID)
-	served.ETASeconds, served.BlocklistedWorkers = nil, nil
+	served.ETASeconds, served.BlocklistedWorkers, served.WaitingFor = nil, nil, "" // observed, not stored
 	got, err := json.Marshal(served)
 	if err != nil {
 		t.Fatal(err)

@@ -24,6 +24,7 @@ const (
 	MaxTilesPerJob    = 2_000_000
 	MaxIdempotencyKey = 256
 	MaxProjectName    = 256
+	MaxSlots          = 100000
 )
 
 // canonicalPayload is what payload_hash covers: everything that decides the job's outputs.
@@ -79,6 +80,22 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	st, err := sc.info.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP, Passes: req.Passes, Split: req.Split})
 	if err != nil {
 		return nil, 0, badInput("%v", err)
+	}
+	requires, err := api.Tags(req.Requires)
+	if err != nil {
+		return nil, 0, badInput("required tags: %v", err)
+	}
+	if req.MaxSlots < 0 || req.MaxSlots > MaxSlots {
+		return nil, 0, badInput("max slots %d: want 0 (no limit) to %d", req.MaxSlots, MaxSlots)
+	}
+	live := c.directory.list()
+	switch {
+	case st.Build != "":
+		if st.Build, err = chooseBuild(st.Build, req.Build, requires, live); err != nil {
+			return nil, 0, err
+		}
+	case req.Build != "":
+		return nil, 0, badInput("build %q: a %s renders with the farm's own renderer, whatever the build", req.Build, sc.kind.Name())
 	}
 	first, last := req.First, req.Last
 	if req.SceneFrames {
@@ -140,11 +157,15 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if key == "" {
 		key = identity.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, step, sh, formats)
 	}
-	return &coorddb.Job{
+	j := &coorddb.Job{
 		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
 		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Preview: req.Preview, Settings: st,
-		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Created: c.now(),
-	}, len(rects), nil
+		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Requires: requires, MaxSlots: req.MaxSlots, Created: c.now(),
+	}
+	if err := checkPool(jobPool(j), live); err != nil {
+		return nil, 0, err
+	}
+	return j, len(rects), nil
 }
 
 // Submit records a job, its frames and one outbox record per new frame in one transaction:

@@ -11,6 +11,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 // The live workers: the directory read from their heartbeats, and giving up a job every one of
@@ -59,9 +60,9 @@ func (c *Coordinator) Workers(ctx context.Context) ([]api.Worker, error) {
 // workersEvery is how often the coordinator reads the worker directory.
 const workersEvery = 2 * time.Second
 
-// watchWorkers keeps the directory current and gives up a job once every live worker has
-// blocklisted it: its tiles would bounce between workers that refuse them until their
-// deliveries ran out, and the artist would learn why only from a dead letter.
+// watchWorkers keeps the directory current and gives up a job once every live worker of its
+// pool has blocklisted it: its tiles would wait for a worker that takes them forever, and the
+// artist would learn why only from a dead letter.
 func (c *Coordinator) watchWorkers(ctx context.Context) error {
 	t := time.NewTicker(workersEvery)
 	defer t.Stop()
@@ -70,13 +71,13 @@ func (c *Coordinator) watchWorkers(ctx context.Context) error {
 		if err != nil && ctx.Err() == nil {
 			c.log.Warn("reading the worker directory", "err", err)
 		}
-		for _, job := range everyoneBlocklisted(ws) {
-			reason := fmt.Sprintf("every live worker (%s) blocklisted this job after failing its tiles repeatedly; fix the cause (see 'status' failures) and resubmit",
-				strings.Join(namesOf(ws), ", "))
-			if err := c.giveUp(ctx, job, reason); err != nil && !errors.Is(err, api.ErrConflict) && !errors.Is(err, coorddb.ErrNotFound) {
-				c.log.Warn("giving up a blocklisted job", "job_id", job, "err", err)
+		for _, g := range everyoneBlocklisted(ws, c.poolOfJob(ctx)) {
+			reason := fmt.Sprintf("every live worker of its pool (%s) blocklisted this job after failing its tiles repeatedly; fix the cause (see 'status' failures) and resubmit",
+				strings.Join(g.workers, ", "))
+			if err := c.giveUp(ctx, g.job, reason); err != nil && !errors.Is(err, api.ErrConflict) && !errors.Is(err, coorddb.ErrNotFound) {
+				c.log.Warn("giving up a blocklisted job", "job_id", g.job, "err", err)
 			} else if err == nil {
-				c.log.Error("job failed: every live worker blocklisted it", "job_id", job)
+				c.log.Error("job failed: every live worker of its pool blocklisted it", "job_id", g.job)
 			}
 		}
 		select {
@@ -87,28 +88,52 @@ func (c *Coordinator) watchWorkers(ctx context.Context) error {
 	}
 }
 
-// everyoneBlocklisted returns the jobs every one of ws has blocklisted.
-func everyoneBlocklisted(ws []api.Worker) []string {
-	if len(ws) == 0 {
-		return nil
+// poolOfJob looks up a job's pool; false for a job not known (or not readable now).
+func (c *Coordinator) poolOfJob(ctx context.Context) func(job string) (queue.Pool, bool) {
+	return func(job string) (queue.Pool, bool) {
+		var p queue.Pool
+		err := c.db.View(ctx, func(tx *coorddb.Tx) error {
+			j, err := tx.Job(job)
+			if err == nil {
+				p = jobPool(j)
+			}
+			return err
+		})
+		return p, err == nil
 	}
-	var out []string
-	for _, job := range ws[0].Blocklisted {
-		all := true
-		for _, w := range ws[1:] {
-			all = all && slices.Contains(w.Blocklisted, job)
-		}
-		if all {
-			out = append(out, job)
-		}
-	}
-	return out
 }
 
-func namesOf(ws []api.Worker) []string {
-	out := make([]string, len(ws))
-	for i, w := range ws {
-		out[i] = w.Name
+// givenUp is a job every live worker of its pool blocklisted, and those workers.
+type givenUp struct {
+	job     string
+	workers []string
+}
+
+// everyoneBlocklisted returns the jobs that every live worker of their pool (poolOf) has
+// blocklisted, with those workers.
+func everyoneBlocklisted(ws []api.Worker, poolOf func(job string) (queue.Pool, bool)) []givenUp {
+	var jobs []string
+	for _, w := range ws {
+		jobs = append(jobs, w.Blocklisted...)
+	}
+	slices.Sort(jobs)
+	var out []givenUp
+	for _, job := range slices.Compact(jobs) {
+		p, ok := poolOf(job)
+		if !ok {
+			continue
+		}
+		var members []string
+		all := true
+		for _, w := range ws {
+			if p.Serves(capabilities(w)) {
+				members = append(members, w.Name)
+				all = all && slices.Contains(w.Blocklisted, job)
+			}
+		}
+		if all && len(members) > 0 {
+			out = append(out, givenUp{job, members})
+		}
 	}
 	return out
 }

@@ -283,7 +283,7 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	p, _ := f.submit(scene, "--frames", "1", "--spp", "4", "--width", "96", "--height", "54", "--tile", "32")
 	failed := f.waitDone(p.JobID, time.Minute)
 	text := f.cli("status", p.JobID)
-	if failed.State != api.JobFailed || text.code != 1 || !strings.Contains(text.stdout, "every live worker (w-bad) blocklisted") {
+	if failed.State != api.JobFailed || text.code != 1 || !strings.Contains(text.stdout, "every live worker of its pool (w-bad) blocklisted") {
 		t.Fatalf("job every worker blocklisted: %s", text)
 	}
 }

@@ -10,7 +10,7 @@ const Account = "TILEFARM"
 
 // WorkerPublish is everything a worker identity may publish: the JetStream API requests a
 // worker makes (read stream, consumer and bucket info; pull from the two shared consumers;
-// direct reads of its buckets), acks of its deliveries, its writes to the leases and failures
+// direct reads of its buckets; list and pull from the TILES consumers of every pool), acks of its deliveries, its writes to the leases and failures
 // buckets, its own events, its dead letters and progress reports. Nothing else: it cannot create, edit, purge or
 // delete streams, consumers or buckets, enqueue tile jobs, or publish the coordinator's
 // frame.completed. docs/reliability.md lists what is refused.
@@ -21,13 +21,8 @@ func WorkerPublish() []string {
 		"KV_" + BucketDropped, "KV_" + BucketWorkers} {
 		p = append(p, "$JS.API.STREAM.INFO."+s)
 	}
-	consumers := []string{ConsumerAssemblers}
-	for b := range NumBands {
-		consumers = append(consumers, b.Consumer())
-	}
-	for _, c := range consumers {
-		p = append(p, "$JS.API.CONSUMER.INFO."+StreamTiles+"."+c, "$JS.API.CONSUMER.MSG.NEXT."+StreamTiles+"."+c)
-	}
+	// Every TILES consumer is a pool's, made for workers: they list them to find their pools.
+	p = append(p, "$JS.API.CONSUMER.LIST."+StreamTiles, "$JS.API.CONSUMER.INFO."+StreamTiles+".*", "$JS.API.CONSUMER.MSG.NEXT."+StreamTiles+".*")
 	p = append(p, "$JS.ACK."+StreamTiles+".>")
 	for _, b := range []string{BucketLeases, BucketFailures, BucketWorkers, BucketDropped} {
 		p = append(p, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b)

@@ -61,7 +61,7 @@ func (b Band) Consumer() string {
 	return ConsumerWorkers + "-" + b.String()
 }
 
-// IsRenderSubject reports whether subject carries tile render jobs, of any band.
+// IsRenderSubject reports whether subject carries tile render jobs, of any band and pool.
 func IsRenderSubject(subject string) bool {
 	return subject == SubjectRender || strings.HasPrefix(subject, SubjectRender+".")
 }
@@ -70,32 +70,52 @@ func IsRenderSubject(subject string) bool {
 // another band than the one waited on waits at most this long for a worker.
 const bandIdle = 250 * time.Millisecond
 
-// FetchTile pulls one tile render job from the highest band that has one, waiting at most
-// wait; (nil, nil) when none arrived. One at a time, because a buffered message already burns
-// its ack-wait.
-func (f *Queue) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+// FetchTile pulls one tile render job from the highest band that has one, in any pool the
+// worker serves, waiting at most wait; (nil, nil) when none arrived. One at a time, because a
+// buffered message already burns its ack-wait.
+func (s *Sources) FetchTile(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	if wait <= 0 {
 		return nil, fmt.Errorf("fetching a tile: wait must be positive, got %v", wait)
 	}
 	deadline := time.Now().Add(wait)
 	for {
+		s.refresh(ctx)
+		tiles, _ := s.snapshot()
 		for b := NumBands - 1; b >= 0; b-- {
-			msg, err := fetchNoWait(ctx, f.Bands[b])
-			if msg != nil || err != nil {
-				return msg, err
+			for _, c := range tiles[b] {
+				msg, err := fetchNoWait(ctx, c)
+				if msg != nil || err != nil {
+					return msg, err
+				}
 			}
 		}
-		// Every band is empty: wait on the normal band, where most tiles are, a little at a time,
-		// so a tile arriving in another band is seen soon.
+		// Every band is empty: wait on the default pool's normal band, where most tiles are, a
+		// little at a time, so a tile arriving in another band or pool is seen soon.
 		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, ctx.Err()
 		}
-		msg, err := f.fetchOne(ctx, f.Bands[BandNormal], min(left, bandIdle))
+		msg, err := s.q.fetchOne(ctx, s.q.Bands[BandNormal], min(left, bandIdle))
 		if msg != nil || err != nil {
 			return msg, err
 		}
 	}
+}
+
+// FetchAssembly pulls one frame assembly job of a pool the worker serves, waiting at most
+// wait; (nil, nil) when none arrived.
+func (s *Sources) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
+	s.refresh(ctx)
+	if _, asm := s.snapshot(); len(asm) > 1 {
+		for _, c := range asm {
+			msg, err := fetchNoWait(ctx, c)
+			if msg != nil || err != nil {
+				return msg, err
+			}
+		}
+		wait = min(wait, bandIdle) // and look at the other pools again soon
+	}
+	return s.q.fetchOne(ctx, s.q.Assemblers, wait)
 }
 
 // fetchNoWait takes one message from cons if it has one ready, without waiting.
@@ -112,7 +132,10 @@ func fetchNoWait(ctx context.Context, cons jetstream.Consumer) (jetstream.Msg, e
 			return msg, nil
 		}
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+	// A pool at its slot limit (MaxAckPending) answers 409 "Exceeded MaxAckPending": nothing
+	// for now, as if empty.
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) &&
+		!strings.Contains(err.Error(), "MaxAckPending") {
 		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
 	return nil, nil

@@ -45,7 +45,7 @@ func TestFetchTileTakesHighestBandFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if m, err := tf.f.FetchTile(ctx, 300*time.Millisecond); m != nil || err != nil {
+	if m, err := tf.f.Sources(Capabilities{}).FetchTile(ctx, 300*time.Millisecond); m != nil || err != nil {
 		t.Fatalf("empty bands gave %v, %v", m, err)
 	}
 }

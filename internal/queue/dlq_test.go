@@ -89,7 +89,7 @@ func TestDeadLetterNowCopiesThenTerms(t *testing.T) {
 	if _, err := tf.f.Publish(ctx, SubjectAssemble, "assemble:f1", []byte("asm"), hdr); err != nil {
 		t.Fatalf("Publish: %v", err)
 	}
-	m, err := tf.f.FetchAssembly(ctx, 3*time.Second)
+	m, err := tf.f.Sources(Capabilities{}).FetchAssembly(ctx, 3*time.Second)
 	if err != nil || m == nil {
 		t.Fatalf("FetchAssembly = %v, %v", m, err)
 	}
@@ -98,7 +98,7 @@ func TestDeadLetterNowCopiesThenTerms(t *testing.T) {
 		t.Fatalf("DeadLetterNow: %v", err)
 	}
 	eventually(t, 5*time.Second, "terminated message to leave TILES", func() bool { return tilesCount(t, tf.f) == 0 })
-	if m, err := tf.f.FetchAssembly(ctx, 1500*time.Millisecond); err != nil || m != nil {
+	if m, err := tf.f.Sources(Capabilities{}).FetchAssembly(ctx, 1500*time.Millisecond); err != nil || m != nil {
 		t.Fatalf("terminated message delivered again (err %v)", err)
 	}
 	list, err := tf.f.ListDeadLetters(ctx)

@@ -80,7 +80,7 @@ func tilesCount(t *testing.T, f *Queue) uint64 {
 
 func mustFetch(t *testing.T, f *Queue, wait time.Duration) jetstream.Msg {
 	t.Helper()
-	m, err := f.FetchTile(testCtx(t), wait)
+	m, err := f.Sources(Capabilities{}).FetchTile(testCtx(t), wait)
 	if err != nil {
 		t.Fatalf("FetchTile: %v", err)
 	}

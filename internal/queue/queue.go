@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"strconv"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -61,8 +61,10 @@ type Queue struct {
 	Dropped    *Dropped // frames whose every job was cancelled
 	Workers    *Workers // live workers' heartbeats
 	Cfg        Config
-	// Log receives dead-letter watcher diagnostics; Setup sets slog.Default().
+	// Log receives the queue's own diagnostics; Setup sets slog.Default().
 	Log *slog.Logger
+
+	pools sync.Map // pools whose consumers this Queue ensured, by id (EnsurePool)
 }
 
 // Setup creates or updates, idempotently, the TILES work queue, EVENTS and DLQ streams, the shared durable
@@ -108,29 +110,14 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	if err != nil {
 		return nil, fmt.Errorf("setting up stream %s: %w", StreamDLQ, err)
 	}
-	// Two consumers on disjoint subjects, so workers can take assembly before more tiles: frames
-	// then complete as their tiles do instead of all at the end of a shot.
-	type consumerDef struct{ name, subject, what string }
-	defs := []consumerDef{{ConsumerAssemblers, SubjectAssemble, "frame assembly jobs"}}
-	for b := range NumBands {
-		defs = append(defs, consumerDef{b.Consumer(), b.Subject(), "tile render jobs of the " + b.String() + " priority band"})
-	}
+	// Consumers on disjoint subjects, so workers can take assembly before more tiles (frames
+	// then complete as their tiles do instead of all at the end of a shot), and one per band.
+	var pool Pool
+	defs := cfg.poolConsumers(pool)
 	consumers := make([]jetstream.Consumer, len(defs))
 	for i, c := range defs {
-		consumers[i], err = js.CreateOrUpdateConsumer(ctx, StreamTiles, jetstream.ConsumerConfig{
-			Durable:       c.name,
-			Description:   "shared pull consumer of all tileworkers: " + c.what,
-			FilterSubject: c.subject,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			AckWait:       cfg.AckWait,
-			MaxDeliver:    -1,
-			BackOff:       cfg.Backoff,
-			MaxAckPending: maxAckPending,
-			Metadata:      map[string]string{MetaMaxFailures: strconv.Itoa(cfg.MaxFailures), MetaMaxDeliver: strconv.Itoa(cfg.MaxDeliver)},
-		})
-		if err != nil {
-			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.name, err)
+		if consumers[i], err = js.CreateOrUpdateConsumer(ctx, StreamTiles, c); err != nil {
+			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.Durable, err)
 		}
 	}
 	// A farm set up before hand-backs were free captured MAX_DELIVERIES advisories for a
@@ -198,11 +185,6 @@ func (f *Queue) Publish(ctx context.Context, subject, msgID string, data []byte,
 		return false, fmt.Errorf("publishing %q to %q: %w", msgID, subject, err)
 	}
 	return ack.Duplicate, nil
-}
-
-// FetchAssembly pulls one frame assembly job, waiting at most wait; (nil, nil) when none arrived.
-func (f *Queue) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
-	return f.fetchOne(ctx, f.Assemblers, wait)
 }
 
 // fetchOne pulls one message from cons, waiting at most wait; (nil, nil) on timeout.

@@ -141,7 +141,7 @@ func TestFetchAckAndDepth(t *testing.T) {
 	tf := startFarm(t, fastConfig())
 	ctx := testCtx(t)
 
-	if m, err := tf.f.FetchTile(ctx, 200*time.Millisecond); err != nil || m != nil {
+	if m, err := tf.f.Sources(Capabilities{}).FetchTile(ctx, 200*time.Millisecond); err != nil || m != nil {
 		t.Fatalf("FetchTile on empty stream = %v, %v; want nil, nil", m, err)
 	}
 	if n, age, err := tf.f.Depth(ctx); err != nil || n != 0 || age != 0 {
@@ -161,7 +161,7 @@ func TestFetchAckAndDepth(t *testing.T) {
 	if n := tilesCount(t, tf.f); n != 0 {
 		t.Fatalf("acked work-queue message still stored: %d", n)
 	}
-	if m, err := tf.f.FetchTile(ctx, 1500*time.Millisecond); err != nil || m != nil {
+	if m, err := tf.f.Sources(Capabilities{}).FetchTile(ctx, 1500*time.Millisecond); err != nil || m != nil {
 		t.Fatalf("acked message redelivered: %v, %v", m, err)
 	}
 }
@@ -201,7 +201,7 @@ func TestInProgressExtendsAckWait(t *testing.T) {
 		if err := m.InProgress(); err != nil {
 			t.Fatalf("InProgress: %v", err)
 		}
-		if other, err := tf.f.FetchTile(ctx, 300*time.Millisecond); err != nil || other != nil {
+		if other, err := tf.f.Sources(Capabilities{}).FetchTile(ctx, 300*time.Millisecond); err != nil || other != nil {
 			t.Fatalf("message redelivered while in progress after %v (err %v)", time.Since(start), err)
 		}
 	}
@@ -221,17 +221,17 @@ func TestFetchTileHonoursContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(testCtx(t))
 	time.AfterFunc(300*time.Millisecond, cancel)
 	start := time.Now()
-	m, err := tf.f.FetchTile(ctx, 2*time.Second)
+	m, err := tf.f.Sources(Capabilities{}).FetchTile(ctx, 2*time.Second)
 	if m != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("FetchTile with cancelled ctx = %v, %v; want context.Canceled", m, err)
 	}
 	if since := time.Since(start); since > 4*time.Second {
 		t.Fatalf("FetchTile blocked %v past its 2s wait after cancellation", since)
 	}
-	if m, err := tf.f.FetchTile(ctx, time.Second); m != nil || !errors.Is(err, context.Canceled) {
+	if m, err := tf.f.Sources(Capabilities{}).FetchTile(ctx, time.Second); m != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("FetchTile with an already cancelled ctx = %v, %v; want context.Canceled", m, err)
 	}
-	if _, err := tf.f.FetchTile(testCtx(t), 0); err == nil {
+	if _, err := tf.f.Sources(Capabilities{}).FetchTile(testCtx(t), 0); err == nil {
 		t.Fatalf("FetchTile accepted a zero wait")
 	}
 }
@@ -272,7 +272,7 @@ func TestFetchTakesEachConsumer(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	m, err := tf.f.FetchAssembly(ctx, time.Second)
+	m, err := tf.f.Sources(Capabilities{}).FetchAssembly(ctx, time.Second)
 	if err != nil || m == nil || m.Subject() != SubjectAssemble {
 		t.Fatalf("FetchAssembly = %v, %v; want the assemble job", m, err)
 	}
@@ -284,7 +284,7 @@ func TestFetchTakesEachConsumer(t *testing.T) {
 		}
 		_ = m.Ack()
 	}
-	if m, err := tf.f.FetchAssembly(ctx, 200*time.Millisecond); err != nil || m != nil {
+	if m, err := tf.f.Sources(Capabilities{}).FetchAssembly(ctx, 200*time.Millisecond); err != nil || m != nil {
 		t.Fatalf("FetchAssembly on an empty consumer = %v, %v", m, err)
 	}
 }

@@ -115,6 +115,7 @@ func (a *activity) snapshot() ([]api.WorkerTile, []string, int64) {
 // queue.WorkerBeat it writes what the worker renders, how fast and what it blocklisted. A beat
 // that fails is logged and tried again at the next; the entry outlives a few lost beats.
 func (w *Worker) beat(ctx context.Context) {
+	caps := w.capabilities(ctx)
 	host, _ := os.Hostname()
 	t := time.NewTicker(queue.WorkerBeat)
 	defer t.Stop()
@@ -128,7 +129,8 @@ func (w *Worker) beat(ctx context.Context) {
 			lastTime, lastSamples = now, samples
 		}
 		info := api.Worker{Name: w.cfg.Name, Host: host, Slots: w.cfg.Concurrency, Tiles: tiles,
-			SamplesPerSecond: rate, LastSeen: now.UTC(), Blocklisted: blocked}
+			SamplesPerSecond: rate, LastSeen: now.UTC(), Blocklisted: blocked,
+			Tags: caps.Tags, Builds: caps.Builds}
 		if err := w.queue.Workers.Beat(ctx, info); err != nil && ctx.Err() == nil {
 			w.log.Warn("worker heartbeat", "err", err)
 		}
@@ -143,6 +145,27 @@ func (w *Worker) beat(ctx context.Context) {
 		case <-t.C:
 		}
 	}
+}
+
+// capabilities completes the worker's with the builds of this machine's renderers (a
+// Blender's fingerprint, asked of the kinds: starting a Blender takes a second or two) and
+// has the worker pull from the pools they serve. The worker beats only after, so the
+// directory never lists it without its builds, while its slots take the tiles of any worker
+// meanwhile.
+func (w *Worker) capabilities(ctx context.Context) queue.Capabilities {
+	caps := w.cfg.Capabilities
+	builds, errs := w.scenes.kinds.Builds(ctx)
+	for _, b := range builds {
+		w.log.Info("renderer available", "build", b)
+	}
+	for _, err := range errs {
+		if ctx.Err() == nil {
+			w.log.Warn("renderer unavailable: this worker renders none of its scenes", "err", err)
+		}
+	}
+	caps.Builds = append(slices.Clip(caps.Builds), builds...)
+	w.sources.SetCapabilities(caps)
+	return caps
 }
 
 // frameDropped reports whether the tile's frame was dropped. A directory that cannot be read

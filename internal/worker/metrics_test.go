@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"strings"
 	"testing"
 	"time"
@@ -97,7 +98,7 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 
 	// The Nak put the tile straight back; a second worker resumes it from the local checkpoint.
 	w2, m2 := h.worker(t, Config{PassesPerTile: 4})
-	msg, err = h.queue.FetchTile(h.ctx, 5*time.Second)
+	msg, err = h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 5*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile after the shutdown = %v, %v", msg, err)
 	}

@@ -132,7 +132,7 @@ func (h *runHarness) publishAndFetch(t *testing.T, job wire.TileJob) jetstream.M
 	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
 		t.Fatal(err)
 	}
-	msg, err := h.queue.FetchTile(h.ctx, 2*time.Second)
+	msg, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 2*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile = %v, %v", msg, err)
 	}
@@ -316,7 +316,7 @@ func TestUndecodableJobIsDeadLettered(t *testing.T) {
 	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, "garbage", []byte("{not json"), nil); err != nil {
 		t.Fatal(err)
 	}
-	msg, err := h.queue.FetchTile(h.ctx, 2*time.Second)
+	msg, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 2*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile = %v, %v", msg, err)
 	}

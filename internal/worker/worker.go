@@ -47,6 +47,9 @@ type Config struct {
 	BlocklistAfter int
 	// Faults is what the worker breaks for fault tests (faults.Plan); zero breaks nothing.
 	Faults faults.Plan
+	// Capabilities are the renderer builds this machine runs and the operator's tags: the
+	// worker pulls the tiles of the pools they serve, and announces them in its heartbeat.
+	Capabilities queue.Capabilities
 }
 
 // DefaultPasses is how many passes a JSON scene's tile is split into. A pass is what a kill
@@ -105,6 +108,7 @@ type Worker struct {
 	m       *metrics.Worker
 	store   *storeHealth
 	act     *activity        // what it renders and what it blocklisted (directory.go)
+	sources *queue.Sources   // the consumers of the pools it serves
 	faults  *faults.Injector // nil unless a fault test asked for some
 	publish faults.Publish   // publishes an event: the queue's, wrapped by the faults
 
@@ -141,7 +145,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	inj := faults.New(cfg.Faults, log)
 	w := &Worker{
 		cfg: cfg, queue: f, objects: inj.Store(d.Objects), ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
-		log: log, act: newActivity(), faults: inj,
+		log: log, act: newActivity(), faults: inj, sources: f.Sources(cfg.Capabilities),
 		publish: inj.Publisher(func(ctx context.Context, subject string, data []byte) error {
 			_, err := f.Publish(ctx, subject, "", data, nil)
 			return err
@@ -168,9 +172,9 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.beat(ctx)
 	}()
 	for i := 0; i <= w.cfg.Concurrency; i++ {
-		fetch := w.queue.FetchTile
+		fetch := w.sources.FetchTile
 		if i == w.cfg.Concurrency {
-			fetch = w.queue.FetchAssembly
+			fetch = w.sources.FetchAssembly
 		}
 		wg.Add(1)
 		go func() {
@@ -336,7 +340,7 @@ func (w *Worker) runOf(d *delivery) (run, error) {
 			return nil, failure.Terminalf("decoding tile job: %w", err)
 		}
 		return w.newTileRun(d, job), nil
-	case subject == queue.SubjectAssemble:
+	case queue.IsAssembleSubject(subject):
 		var job wire.AssembleJob
 		if err := json.Unmarshal(d.msg.Data(), &job); err != nil {
 			return nil, failure.Terminalf("decoding assemble job: %w", err)

@@ -1,0 +1,124 @@
+package coordinator
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// Which workers may render a job (docs/design.md, "Dispatch"): its renderer build, chosen here
+// among the live workers' at submit, and the tags it requires.
+
+// capabilities are what a live worker announced it can render.
+func capabilities(w api.Worker) queue.Capabilities {
+	return queue.Capabilities{Builds: w.Builds, Tags: w.Tags}
+}
+
+// renderer names the renderer of a build fingerprint: "blender" of "blender/3.4.1 (...) ...".
+func renderer(build string) string {
+	name, _, _ := strings.Cut(build, "/")
+	return name
+}
+
+// chooseBuild picks the build a job's frames render with, for a scene whose renderer is an
+// external one (described: the build of the machine that inspected it, its artist's). The
+// build is in every frame's identity, so one build renders all of a job's frames. Among the
+// live workers carrying the tags the job requires and running the scene's renderer: the build
+// asked for (a part of its fingerprint, e.g. "3.4.1" or "cycles-cpu/sse41"), else the
+// artist's own if a worker runs it (nothing changes then), else the build with the most slots.
+// With no live worker at all (a farm starting) the artist's build or the one asked for is
+// kept, and the job waits for its pool; with live workers none of which fits, ErrNoWorker.
+func chooseBuild(described, asked string, requires []string, live []api.Worker) (string, error) {
+	slots := map[string]int{}
+	for _, w := range live {
+		if !(queue.Pool{Requires: requires}).Serves(capabilities(w)) {
+			continue
+		}
+		for _, b := range w.Builds {
+			if renderer(b) == renderer(described) && strings.Contains(b, asked) {
+				slots[b] += max(w.Slots, 1)
+			}
+		}
+	}
+	builds := make([]string, 0, len(slots))
+	for b := range slots {
+		builds = append(builds, b)
+	}
+	slices.SortFunc(builds, func(a, b string) int { return cmp.Or(slots[b]-slots[a], strings.Compare(a, b)) })
+	switch {
+	case len(live) == 0 && asked == "":
+		return described, nil
+	case len(live) == 0:
+		return "", badInput("no live worker runs a build matching %q yet: submit without --build, or once the farm's workers run", asked)
+	case slices.Contains(builds, described) && asked == "":
+		return described, nil
+	case asked != "" && len(builds) > 1:
+		return "", badInput("--build %q matches %d live builds: %s", asked, len(builds), strings.Join(builds, "; "))
+	case len(builds) == 0:
+		what := renderer(described)
+		if asked != "" {
+			what += " build matching " + fmt.Sprintf("%q", asked)
+		}
+		return "", noWorker(what, requires, live)
+	}
+	return builds[0], nil
+}
+
+// checkPool refuses a job of pool p when workers are live and none of them is in p.
+func checkPool(p queue.Pool, live []api.Worker) error {
+	if len(live) == 0 || liveIn(p, live) > 0 {
+		return nil
+	}
+	return noWorker(p.Build, p.Requires, live)
+}
+
+// liveIn counts the live workers of pool p.
+func liveIn(p queue.Pool, live []api.Worker) int {
+	n := 0
+	for _, w := range live {
+		if p.Serves(capabilities(w)) {
+			n++
+		}
+	}
+	return n
+}
+
+// noWorker is ErrNoWorker for a job needing build (may be "") and requires, listing the live
+// workers by what they offer.
+func noWorker(build string, requires []string, live []api.Worker) error {
+	need := (queue.Pool{Build: build, Requires: requires}).String()
+	return fmt.Errorf("%w: it needs %s; the live pools are: %s", api.ErrNoWorker, need, livePools(live))
+}
+
+// livePools describes the live workers grouped by what they offer: "tags gpu; blender/...:
+// w1, w2 | no tags: w3".
+func livePools(live []api.Worker) string {
+	groups := map[string][]string{}
+	for _, w := range live {
+		tags := "no tags"
+		if len(w.Tags) > 0 {
+			tags = "tags " + strings.Join(w.Tags, ",")
+		}
+		offer := strings.Join(append([]string{tags}, w.Builds...), "; ")
+		groups[offer] = append(groups[offer], w.Name)
+	}
+	keys := make([]string, 0, len(groups))
+	for k := range groups {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for i, k := range keys {
+		keys[i] = k + ": " + strings.Join(groups[k], ", ")
+	}
+	return strings.Join(keys, " | ")
+}
+
+// jobPool is the pool of job j's tiles (poolOf with the job's own settings).
+func jobPool(j *coorddb.Job) queue.Pool {
+	return poolOf(j, &coorddb.Frame{Settings: j.Settings})
+}

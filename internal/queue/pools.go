@@ -1,0 +1,290 @@
+package queue
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Pool is the workers that may render a job's tiles: those running its renderer build (a
+// Blender job's Settings.Build) and carrying every tag it requires. Each pool has its own
+// subjects and consumers, so a tile reaches only workers of its pool, without being pulled
+// and handed back by the others (docs/design.md, "Dispatch"). The zero Pool, any worker, keeps
+// the subjects and consumers of a farm without pools.
+type Pool struct {
+	Build    string   `json:"build,omitempty"`
+	Requires []string `json:"requires,omitempty"` // sorted, without repeats
+	// Job and Slots make the pool one job's own, holding at most Slots of its tiles at once
+	// (its consumers' MaxAckPending): submit --max-slots. Its assemblies go to the pool
+	// without them.
+	Job   string `json:"job,omitempty"`
+	Slots int    `json:"slots,omitempty"`
+}
+
+// Capabilities are what a worker can render: its renderer builds and its operator's tags.
+type Capabilities struct {
+	Builds []string
+	Tags   []string
+}
+
+// IsDefault reports whether p is the pool of every worker.
+func (p Pool) IsDefault() bool { return p.Build == "" && len(p.Requires) == 0 && p.Job == "" }
+
+// id names a pool in subjects and consumer names: a hash of what makes it.
+func (p Pool) id() string {
+	if p.IsDefault() {
+		return ""
+	}
+	h := sha256.Sum256([]byte(p.Build + "\x00" + strings.Join(p.Requires, ",") + "\x00" + p.Job + "\x00" + strconv.Itoa(p.Slots)))
+	return "p" + hex.EncodeToString(h[:6])
+}
+
+// Assemblies is the pool that assembles p's frames: the same build and tags, no slot limit.
+func (p Pool) Assemblies() Pool { return Pool{Build: p.Build, Requires: p.Requires} }
+
+// Subject is where p's tiles of band b are published.
+func (p Pool) Subject(b Band) string {
+	if p.IsDefault() {
+		return b.Subject()
+	}
+	return SubjectRender + "." + p.id() + "." + b.String()
+}
+
+// Consumer is p's shared durable pull consumer of band b.
+func (p Pool) Consumer(b Band) string {
+	if p.IsDefault() {
+		return b.Consumer()
+	}
+	return ConsumerWorkers + "-" + p.id() + "-" + b.String()
+}
+
+// AssembleSubject is where the assemblies of p's frames are published.
+func (p Pool) AssembleSubject() string {
+	if a := p.Assemblies(); !a.IsDefault() {
+		return SubjectAssemble + "." + a.id()
+	}
+	return SubjectAssemble
+}
+
+// assemblers is the consumer of AssembleSubject.
+func (p Pool) assemblers() string {
+	if a := p.Assemblies(); !a.IsDefault() {
+		return ConsumerAssemblers + "-" + a.id()
+	}
+	return ConsumerAssemblers
+}
+
+// IsAssembleSubject reports whether subject carries frame assembly jobs, of any pool.
+func IsAssembleSubject(subject string) bool {
+	return subject == SubjectAssemble || strings.HasPrefix(subject, SubjectAssemble+".")
+}
+
+// Serves reports whether a worker with caps may render p's tiles.
+func (p Pool) Serves(caps Capabilities) bool {
+	if p.Build != "" && !slices.Contains(caps.Builds, p.Build) {
+		return false
+	}
+	for _, t := range p.Requires {
+		if !slices.Contains(caps.Tags, t) {
+			return false
+		}
+	}
+	return true
+}
+
+// String describes p for an operator: "any worker", "workers tagged gpu", "blender/3.4.1 ...".
+func (p Pool) String() string {
+	var parts []string
+	if p.Build != "" {
+		parts = append(parts, p.Build)
+	}
+	if len(p.Requires) > 0 {
+		parts = append(parts, "tagged "+strings.Join(p.Requires, ","))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "any worker")
+	}
+	if p.Slots > 0 {
+		parts = append(parts, fmt.Sprintf("at most %d slots", p.Slots))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// MetaPool is the consumer metadata key holding a pool's consumer's Pool (JSON): workers list
+// the TILES consumers and pull from the pools they serve.
+const MetaPool = "tilefarm.pool"
+
+// consumerConfig is the configuration of every TILES consumer: explicit acks, the farm's
+// ack-wait and backoff, no server-side delivery limit (a hand-back is free; the safety net
+// is the workers', MetaMaxDeliver), and the farm's limits in its metadata.
+func (cfg Config) consumerConfig(name, subject, what string, pool Pool, maxPending int) jetstream.ConsumerConfig {
+	meta := map[string]string{MetaMaxFailures: strconv.Itoa(cfg.MaxFailures), MetaMaxDeliver: strconv.Itoa(cfg.MaxDeliver)}
+	if !pool.IsDefault() {
+		data, _ := json.Marshal(pool)
+		meta[MetaPool] = string(data)
+	}
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "shared pull consumer of tileworkers: " + what,
+		FilterSubject: subject,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cfg.AckWait,
+		MaxDeliver:    -1,
+		BackOff:       cfg.Backoff,
+		MaxAckPending: maxPending,
+		Metadata:      meta,
+	}
+}
+
+// poolConsumers are the consumer configurations of pool p: one per band and its assemblers.
+func (cfg Config) poolConsumers(p Pool) []jetstream.ConsumerConfig {
+	slots := maxAckPending
+	if p.Slots > 0 {
+		slots = p.Slots
+	}
+	a := p.Assemblies()
+	out := []jetstream.ConsumerConfig{cfg.consumerConfig(p.assemblers(), p.AssembleSubject(), "frame assembly jobs of "+a.String(), a, maxAckPending)}
+	for b := range NumBands {
+		out = append(out, cfg.consumerConfig(p.Consumer(b), p.Subject(b), "tile render jobs of the "+b.String()+" priority band of "+p.String(), p, slots))
+	}
+	return out
+}
+
+// EnsurePool creates p's consumers unless this Queue made them already; the coordinator calls
+// it before it publishes a job's tiles, and for every unfinished job when it starts. A pool's
+// consumers stay: a job's own pool (a slot limit) is small, and deleting one under a live
+// message would strand it.
+func (f *Queue) EnsurePool(ctx context.Context, p Pool) error {
+	if p.IsDefault() {
+		return nil
+	}
+	id := p.id()
+	if _, ok := f.pools.Load(id); ok {
+		return nil
+	}
+	for _, c := range f.Cfg.poolConsumers(p) {
+		if _, err := f.JS.CreateOrUpdateConsumer(ctx, StreamTiles, c); err != nil {
+			return fmt.Errorf("setting up consumer %s/%s for %s: %w", StreamTiles, c.Durable, p, err)
+		}
+	}
+	f.pools.Store(id, p)
+	return nil
+}
+
+// Sources are the consumers a worker pulls from: the default pool's and those of every pool
+// it serves, found by listing the TILES consumers at most every sourcesRefresh.
+type Sources struct {
+	q    *Queue
+	caps Capabilities
+
+	mu        sync.Mutex
+	refreshed time.Time
+	tiles     [NumBands][]jetstream.Consumer // the default pool's first
+	asm       []jetstream.Consumer           // the default assemblers first
+	known     map[string]jetstream.Consumer
+	turn      int // rotates the pools a band is pulled from first, so no pool starves another
+}
+
+// sourcesRefresh is how often a worker looks for new pools: a job of a new pool waits at most
+// this long for its first tile to be taken.
+const sourcesRefresh = 2 * time.Second
+
+// SetCapabilities changes what the worker serves (once it knows its renderer builds); the
+// next pull lists the pools afresh.
+func (s *Sources) SetCapabilities(caps Capabilities) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.caps, s.refreshed = caps, time.Time{}
+}
+
+// Sources returns the consumers of the pools a worker with caps serves.
+func (f *Queue) Sources(caps Capabilities) *Sources {
+	s := &Sources{q: f, caps: caps, known: map[string]jetstream.Consumer{}}
+	for b := range NumBands {
+		s.tiles[b] = []jetstream.Consumer{f.Bands[b]}
+	}
+	s.asm = []jetstream.Consumer{f.Assemblers}
+	return s
+}
+
+// refresh lists the TILES consumers when the last listing is older than sourcesRefresh. A
+// failed listing keeps the pools known so far.
+func (s *Sources) refresh(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.refreshed) < sourcesRefresh {
+		return
+	}
+	s.refreshed = time.Now()
+	var tiles [NumBands][]jetstream.Consumer
+	var asm []jetstream.Consumer
+	lister := s.q.Tiles.ListConsumers(ctx)
+	for info := range lister.Info() {
+		raw, ok := info.Config.Metadata[MetaPool]
+		if !ok {
+			continue
+		}
+		var p Pool
+		if json.Unmarshal([]byte(raw), &p) != nil || !p.Serves(s.caps) {
+			continue
+		}
+		c, ok := s.known[info.Name]
+		if !ok {
+			var err error
+			if c, err = s.q.Tiles.Consumer(ctx, info.Name); err != nil {
+				continue // deleted meanwhile
+			}
+			s.known[info.Name] = c
+		}
+		switch {
+		case IsAssembleSubject(info.Config.FilterSubject):
+			asm = append(asm, c)
+		default:
+			for b := range NumBands {
+				if info.Name == p.Consumer(b) {
+					tiles[b] = append(tiles[b], c)
+				}
+			}
+		}
+	}
+	if err := lister.Err(); err != nil && !errors.Is(err, context.Canceled) {
+		s.q.logger().Warn("listing the farm's pools; keeping those known", "err", err)
+		return
+	}
+	for b := range NumBands {
+		s.tiles[b] = append([]jetstream.Consumer{s.q.Bands[b]}, tiles[b]...)
+	}
+	s.asm = append([]jetstream.Consumer{s.q.Assemblers}, asm...)
+}
+
+// snapshot returns the consumers to pull tiles from per band and the assemblers, pools
+// rotated by one each call.
+func (s *Sources) snapshot() (tiles [NumBands][]jetstream.Consumer, asm []jetstream.Consumer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.turn++
+	for b := range NumBands {
+		tiles[b] = rotate(s.tiles[b], s.turn)
+	}
+	return tiles, rotate(s.asm, s.turn)
+}
+
+// rotate returns cs starting at its turn-th element (modulo its length).
+func rotate(cs []jetstream.Consumer, turn int) []jetstream.Consumer {
+	if len(cs) < 2 {
+		return cs
+	}
+	i := turn % len(cs)
+	return append(slices.Clone(cs[i:]), cs[:i]...)
+}
