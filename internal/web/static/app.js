@@ -319,6 +319,8 @@
         el('h2', {}, 'Job ', st.job_id, ' ', badge(st.state)),
         el('p', {}, `Scene ${st.scene}, camera ${st.camera || 'default'}, frames ${st.first_frame}-${st.last_frame}${st.frame_step > 1 ? ', every ' + st.frame_step : ''}, formats ${st.formats.join(', ')}`),
         st.preview_frames ? el('p', { id: 'preview' }, `Preview frames ${st.preview_frames.join(', ')}: `, badge(st.preview_done ? 'completed' : 'rendering')) : null,
+        st.pool && st.pool !== 'any worker' ? el('p', { id: 'pool' }, `Renders on ${st.pool}`) : null,
+        st.waiting_for ? el('p', { id: 'waiting', class: 'error' }, `Waiting for ${st.waiting_for}`) : null,
         el('p', {}, `Frames ${st.frames_completed}/${st.frames_total}, tiles ${st.tiles_completed}/${st.tiles_total}, samples ${pct(st.samples_done, st.samples_total)}, ETA ${st.eta_seconds != null ? duration(st.eta_seconds) : '–'}, priority ${st.priority}, age ${age(st.created)}`),
         jobActions(st),
         st.failures && st.failures.length ? el('ul', { class: 'error' }, st.failures.map((f) => el('li', {}, f))) : null].filter(Boolean));
@@ -487,7 +489,8 @@
     const table = el('table', { id: 'workers' },
       el('thead', {}, el('tr', {}, el('th', { scope: 'col' }, 'Worker'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Host'),
         el('th', { scope: 'col' }, 'Slots'), el('th', { scope: 'col' }, 'Rendering'), el('th', { scope: 'col' }, 'Samples/s'),
-        el('th', { scope: 'col', class: 'hide-narrow' }, 'Last seen'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Blocklisted jobs'))),
+        el('th', { scope: 'col', class: 'hide-narrow' }, 'Last seen'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Blocklisted jobs'),
+        el('th', { scope: 'col', class: 'hide-narrow' }, 'Pools'))),
       el('tbody', {}));
     view.replaceChildren(el('h2', {}, 'Workers'), el('div', { class: 'scroll' }, table));
     const refresh = async () => {
@@ -499,8 +502,9 @@
           el('a', { href: `#/jobs/${encodeURIComponent(t.job_id)}/frames/${t.frame}` }, `${t.job_id} frame ${t.frame}`),
           ` tile ${t.tile_key.slice(0, 8)} ${t.samples_done}/${t.samples_total}`))) : el('span', { class: 'muted' }, 'idle')),
         el('td', {}, w.samples_per_second.toFixed(1)), el('td', { class: 'hide-narrow' }, age(w.last_seen) + ' ago'),
-        el('td', { class: 'hide-narrow' }, (w.blocklisted_jobs || []).join(', ') || '–')))
-        : [el('tr', {}, el('td', { colspan: 7, class: 'muted' }, 'No live workers.'))]));
+        el('td', { class: 'hide-narrow' }, (w.blocklisted_jobs || []).join(', ') || '–'),
+        el('td', { class: 'hide-narrow' }, [(w.tags || []).length ? 'tags ' + w.tags.join(',') : 'no tags', ...(w.builds || [])].join('; '))))
+        : [el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No live workers.'))]));
     };
     await refresh();
     every(2000, () => refresh().catch(fail));

@@ -1,0 +1,108 @@
+package queue
+
+import (
+	"testing"
+	"time"
+)
+
+// Property: a pool's tiles reach only the workers it serves, through consumers the workers
+// find by listing; the pool of any worker keeps the plain subjects; and a job's own pool
+// holds at most its slots of tiles unacknowledged at once.
+func TestPoolsRouteAndLimit(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.AckWait = 20 * time.Second // a held tile stays held for the test
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+	gpu := Pool{Requires: []string{"gpu"}}
+	limited := Pool{Job: "job-1", Slots: 1}
+	for _, p := range []Pool{gpu, limited} {
+		if err := tf.f.EnsurePool(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if (Pool{}).Subject(BandNormal) != SubjectRender || (Pool{}).AssembleSubject() != SubjectAssemble {
+		t.Fatalf("the pool of any worker moved off the plain subjects")
+	}
+	if gpu.Subject(BandHigh) == limited.Subject(BandHigh) || gpu.Consumer(BandLow) == (Pool{}).Consumer(BandLow) {
+		t.Fatalf("pools share a subject or consumer")
+	}
+	for _, m := range []struct {
+		subject, id string
+	}{{gpu.Subject(BandNormal), "gpu-1"}, {limited.Subject(BandHigh), "lim-1"}, {limited.Subject(BandHigh), "lim-2"}} {
+		if _, err := tf.f.Publish(ctx, m.subject, m.id, []byte(m.id), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := tf.f.Sources(Capabilities{Builds: []string{"blender/x"}})
+	tagged := tf.f.Sources(Capabilities{Tags: []string{"gpu", "highmem"}})
+
+	// A worker without the tag takes the limited pool's tiles, one at a time, never the gpu tile.
+	m := mustFetchFrom(t, plain)
+	if string(m.Data()) != "lim-1" {
+		t.Fatalf("plain worker fetched %q first, want lim-1", m.Data())
+	}
+	if other, err := plain.FetchTile(ctx, 500*time.Millisecond); other != nil || err != nil {
+		t.Fatalf("a second tile of a 1-slot pool was delivered while the first is held (%v): %s", err, other.Data())
+	}
+	if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if m := mustFetchFrom(t, plain); string(m.Data()) != "lim-2" {
+		t.Fatalf("plain worker fetched %q after the ack, want lim-2", m.Data())
+	} else if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if other, err := plain.FetchTile(ctx, 500*time.Millisecond); other != nil || err != nil {
+		t.Fatalf("a worker without the tag was given %v (%v)", other, err)
+	}
+	if m := mustFetchFrom(t, tagged); string(m.Data()) != "gpu-1" {
+		t.Fatalf("tagged worker fetched %q, want gpu-1", m.Data())
+	}
+
+	// A worker learning its capabilities later serves its pools from the next pull on.
+	late := tf.f.Sources(Capabilities{})
+	if _, err := tf.f.Publish(ctx, gpu.Subject(BandLow), "gpu-2", []byte("gpu-2"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if other, err := late.FetchTile(ctx, 300*time.Millisecond); other != nil || err != nil {
+		t.Fatalf("a worker of no tags was given %v (%v)", other, err)
+	}
+	late.SetCapabilities(Capabilities{Tags: []string{"gpu"}})
+	if m := mustFetchFrom(t, late); string(m.Data()) != "gpu-2" {
+		t.Fatalf("worker with its tags known fetched %q, want gpu-2", m.Data())
+	}
+}
+
+func TestPoolServes(t *testing.T) {
+	caps := Capabilities{Builds: []string{"blender/3.4.1 a"}, Tags: []string{"gpu", "highmem"}}
+	for _, c := range []struct {
+		p    Pool
+		want bool
+	}{
+		{Pool{}, true},
+		{Pool{Build: "blender/3.4.1 a"}, true},
+		{Pool{Build: "blender/3.4.1 b"}, false},
+		{Pool{Requires: []string{"gpu"}}, true},
+		{Pool{Requires: []string{"gpu", "highmem"}, Build: "blender/3.4.1 a"}, true},
+		{Pool{Requires: []string{"gpu", "ssd"}}, false},
+		{Pool{Job: "j", Slots: 2}, true},
+	} {
+		if got := c.p.Serves(caps); got != c.want {
+			t.Errorf("%+v.Serves = %v, want %v", c.p, got, c.want)
+		}
+	}
+}
+
+// mustFetchFrom takes one tile from s within a few seconds.
+func mustFetchFrom(t *testing.T, s *Sources) interface {
+	Data() []byte
+	Ack() error
+} {
+	t.Helper()
+	m, err := s.FetchTile(testCtx(t), 3*time.Second)
+	if err != nil || m == nil {
+		t.Fatalf("FetchTile = %v, %v", m, err)
+	}
+	return m
+}
