@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
@@ -66,10 +68,16 @@ func (s *syncBuffer) String() string {
 
 func newRunHarness(t *testing.T) *runHarness {
 	t.Helper()
+	return newRunHarnessWith(t, queue.DefaultConfig())
+}
+
+// newRunHarnessWith is newRunHarness on a farm set up with cfg.
+func newRunHarnessWith(t *testing.T, cfg queue.Config) *runHarness {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	t.Cleanup(cancel)
 	_, js, _ := natstest.InProcess(t)
-	f, err := queue.Setup(ctx, js, queue.DefaultConfig())
+	f, err := queue.Setup(ctx, js, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,5 +332,67 @@ func TestUndecodableJobIsDeadLettered(t *testing.T) {
 	dls, err := h.queue.ListDeadLetters(h.ctx)
 	if err != nil || len(dls) != 1 || !strings.Contains(dls[0].Reason, "decoding tile job") {
 		t.Fatalf("dead letters %+v (%v), want the undecodable job with its error", dls, err)
+	}
+}
+
+// Property: only lost deliveries count toward the MaxDeliver safety net (docs/design.md,
+// "Failures, deliveries and the failure budget"). A tile handed back more often than
+// MaxDeliver renders when a worker takes it; a tile whose deliveries were lost MaxDeliver
+// times (its workers killed before a word) is dead-lettered as max_deliveries by the next
+// worker, unrendered.
+func TestOnlyLostDeliveriesSpendTheSafetyNet(t *testing.T) {
+	cfg := queue.DefaultConfig()
+	cfg.MaxDeliver, cfg.AckWait = 2, time.Second
+	h := newRunHarnessWith(t, cfg)
+	w, _ := h.worker(t, Config{})
+	src := h.queue.Sources(queue.Capabilities{})
+	fetch := func(id string) jetstream.Msg {
+		t.Helper()
+		msg, err := src.FetchTile(h.ctx, 5*time.Second)
+		if err != nil || msg == nil || msg.Headers().Get(jetstream.MsgIDHeader) != id {
+			t.Fatalf("FetchTile = %v, %v; want %s", msg, err, id)
+		}
+		return msg
+	}
+
+	handed := h.job()
+	data, _ := json.Marshal(handed)
+	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, handed.TileKey, data, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range cfg.MaxDeliver + 1 {
+		h.queue.HandBack(h.ctx, fetch(handed.TileKey), 0)
+	}
+	w.handle(h.ctx, fetch(handed.TileKey))
+	if got, want := h.promoted(t, handed), h.reference(t, handed, h.st.SPP).Pixels(); !slices.Equal(got, want) {
+		t.Fatal("the tile handed back more than MaxDeliver times was not rendered as the reference")
+	}
+
+	lost := h.job()
+	lost.Rect = render.Rect{X1: 16, Y1: 16}
+	lost.TileKey = identity.TileKey(lost.FrameKey, lost.Rect)
+	data, _ = json.Marshal(lost)
+	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, lost.TileKey, data, nil); err != nil {
+		t.Fatal(err)
+	}
+	for range cfg.MaxDeliver {
+		fetch(lost.TileKey) // and never a word: the ack-wait runs out
+	}
+	w.handle(h.ctx, fetch(lost.TileKey))
+	dls, err := h.queue.ListDeadLetters(h.ctx)
+	if err != nil || len(dls) != 1 || dls[0].MsgID != lost.TileKey || !strings.Contains(dls[0].Reason, "max deliveries exceeded") {
+		t.Fatalf("dead letters %+v (%v), want the tile whose deliveries were lost", dls, err)
+	}
+	var dead *wire.Event
+	for _, ev := range h.events(t) {
+		if ev.Type == wire.EventTileFailed && ev.TileKey == lost.TileKey {
+			dead = &ev
+		}
+	}
+	if dead == nil || !dead.Terminal || dead.Code != failure.CodeMaxDeliveries {
+		t.Fatalf("failure event of the lost tile: %+v", dead)
+	}
+	if ok, err := finalize.ManifestExists(h.ctx, h.objects, layout.TileManifestKey(lost.FrameKey, lost.TileKey)); err != nil || ok {
+		t.Fatalf("the tile whose deliveries were lost was rendered (%v)", err)
 	}
 }
