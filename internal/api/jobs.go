@@ -148,8 +148,9 @@ type Status struct {
 	ETASeconds *float64 `json:"eta_seconds,omitempty"`
 	// BlocklistedWorkers are the live workers that no longer take this job's tiles.
 	BlocklistedWorkers []string `json:"blocklisted_workers,omitempty"`
-	// Build is the renderer build the job's frames render with (a Blender's fingerprint),
-	// Requires the tags its workers must carry, MaxSlots its limit on tiles rendering at once.
+	// Build is the renderer build that renders the job (a Blender's fingerprint, or tilefarm's
+	// own for a JSON scene), Requires the tags its workers must carry, MaxSlots its limit on
+	// tiles rendering at once.
 	Build    string   `json:"build,omitempty"`
 	Requires []string `json:"requires,omitempty"`
 	MaxSlots int      `json:"max_slots,omitempty"`

@@ -67,7 +67,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 			return 0, err
 		}
 		st := res.Status
-		if st.Build != local.Build {
+		if local.Build != "" && st.Build != local.Build {
 			fmt.Fprintf(stderr, "%s: renders with the farm's %s (this machine runs %s)\n", filepath.Base(pos[0]), st.Build, local.Build)
 		}
 		before := st.TilesCompleted

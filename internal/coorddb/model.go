@@ -38,8 +38,12 @@ type Job struct {
 	// Requires are the tags a worker must carry to render the job's tiles (sorted).
 	Requires []string `json:"requires,omitempty"`
 	// MaxSlots is how many of the job's tiles may render at once; 0 is no limit.
-	MaxSlots int       `json:"max_slots,omitempty"`
-	Created  time.Time `json:"created"`
+	MaxSlots int `json:"max_slots,omitempty"`
+	// Build is the renderer build that renders the job: Settings.Build for a renderer whose
+	// build is in the frames' identity (Blender), else the built-in renderer's chosen at submit.
+	// Empty for a job of an older coordinator: any worker.
+	Build   string    `json:"build,omitempty"`
+	Created time.Time `json:"created"`
 	// Cancelled is when the job was cancelled; zero while it is not.
 	Cancelled time.Time `json:"cancelled,omitzero"`
 	// Failed says why the farm gave up on the job as a whole (every live worker blocklisted

@@ -302,3 +302,14 @@ func (h *harness) outboxKinds(t *testing.T) map[coorddb.OutboxKind]int {
 	}
 	return out
 }
+
+// workerSources are the consumers a worker of this coordinator's own build pulls from: where
+// the harness's JSON jobs render.
+func (h *harness) workerSources(t *testing.T) *queue.Sources {
+	t.Helper()
+	build, err := jsonscene.Kind{}.Build(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.queue.Sources(queue.Capabilities{Builds: []string{build}})
+}

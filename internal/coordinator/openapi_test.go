@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/tilefarm/tilefarm/internal/queue"
 	"image"
 	"image/png"
 	"io"
@@ -30,6 +29,7 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
@@ -567,7 +567,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "dead letter", method: "GET", path: "/v1/dlq", want: 200,
 			setup: func(t *testing.T) func() {
 				h.relay(t)
-				m, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 5*time.Second)
+				m, err := h.workerSources(t).FetchTile(h.ctx, 5*time.Second)
 				if err != nil || m == nil {
 					t.Fatalf("fetching a tile to dead-letter: %v (message %v)", err, m)
 				}
@@ -598,7 +598,8 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "submit again to a full queue", method: "POST", path: "/v1/jobs", body: marshal(t, req), ctype: "application/json", want: 200},
 		{name: "workers", method: "GET", path: "/v1/workers", want: 200,
 			setup: func(t *testing.T) func() {
-				if err := h.queue.Workers.Beat(h.ctx, api.Worker{Name: "w1", Host: "h", Slots: 2, LastSeen: time.Now().UTC(),
+				own, _ := jsonscene.Kind{}.Build(h.ctx)
+				if err := h.queue.Workers.Beat(h.ctx, api.Worker{Name: "w1", Host: "h", Slots: 2, LastSeen: time.Now().UTC(), Builds: []string{own}, Tags: []string{"gpu"},
 					Tiles: []api.WorkerTile{{JobID: job, Frame: 2, TileKey: strings.Repeat("a", 64), SamplesDone: 1, SamplesTotal: 8}}, Blocklisted: []string{}}); err != nil {
 					t.Fatal(err)
 				}

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"slices"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 // Which workers may render a job (docs/design.md, "Dispatch"): its renderer build, chosen here
@@ -67,6 +70,30 @@ func chooseBuild(described, asked string, requires []string, live []api.Worker) 
 		return "", noWorker(what, requires, live)
 	}
 	return builds[0], nil
+}
+
+// renderBuild chooses the renderer build that renders a job of a scene of kind with settings
+// st (chooseBuild): for a renderer whose build is in the frames' identity (Settings.Build, a
+// Blender's), it replaces st.Build; for the built-in renderer it is the job's alone, starting
+// from this coordinator's own build. A kind that names no build renders anywhere ("").
+func (c *Coordinator) renderBuild(ctx context.Context, kind scene.Kind, st *render.Settings, asked string, requires []string, live []api.Worker) (string, error) {
+	if st.Build != "" {
+		b, err := chooseBuild(st.Build, asked, requires, live)
+		st.Build = b
+		return b, err
+	}
+	builder, ok := kind.(scene.Builder)
+	if !ok {
+		if asked != "" {
+			return "", badInput("build %q: a %s renders with any worker's renderer", asked, kind.Name())
+		}
+		return "", nil
+	}
+	own, err := builder.Build(ctx)
+	if err != nil {
+		return "", fmt.Errorf("the coordinator's build of the %s renderer: %w", kind.Name(), err)
+	}
+	return chooseBuild(own, asked, requires, live)
 }
 
 // checkPool refuses a job of pool p when workers are live and none of them is in p.

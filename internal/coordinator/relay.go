@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -166,6 +167,7 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 func poolOf(j *coorddb.Job, f *coorddb.Frame) queue.Pool {
 	p := queue.Pool{Build: f.Settings.Build}
 	if j != nil {
+		p.Build = cmp.Or(j.Build, p.Build)
 		p.Requires = j.Requires
 		if j.MaxSlots > 0 {
 			p.Job, p.Slots = j.ID, j.MaxSlots

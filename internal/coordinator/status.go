@@ -106,7 +106,7 @@ const maxFailuresShown = 50
 func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.Frame, error)) (api.Status, error) {
 	st := api.Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
 		FirstFrame: j.First, LastFrame: j.Last, FrameStep: j.Step, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{},
-		Build: j.Settings.Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String()}
+		Build: jobPool(j).Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String()}
 	states := make([]coorddb.FrameState, 0, j.Frames())
 	for n := range j.FrameNumbers() {
 		f, err := frame(j.FrameKey(n))

@@ -89,13 +89,9 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 		return nil, 0, badInput("max slots %d: want 0 (no limit) to %d", req.MaxSlots, MaxSlots)
 	}
 	live := c.directory.list()
-	switch {
-	case st.Build != "":
-		if st.Build, err = chooseBuild(st.Build, req.Build, requires, live); err != nil {
-			return nil, 0, err
-		}
-	case req.Build != "":
-		return nil, 0, badInput("build %q: a %s renders with the farm's own renderer, whatever the build", req.Build, sc.kind.Name())
+	build, err := c.renderBuild(ctx, sc.kind, &st, req.Build, requires, live)
+	if err != nil {
+		return nil, 0, err
 	}
 	first, last := req.First, req.Last
 	if req.SceneFrames {
@@ -160,7 +156,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	j := &coorddb.Job{
 		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
 		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Preview: req.Preview, Settings: st,
-		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Requires: requires, MaxSlots: req.MaxSlots, Created: c.now(),
+		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Requires: requires, MaxSlots: req.MaxSlots, Build: build, Created: c.now(),
 	}
 	if err := checkPool(jobPool(j), live); err != nil {
 		return nil, 0, err

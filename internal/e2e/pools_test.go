@@ -28,7 +28,7 @@ func TestPoolsRouteTilesOnlyToTheirWorkers(t *testing.T) {
 		t.Fatalf("workers does not show w-gpu's tag:\n%s", r.stdout)
 	}
 	st, r := f.submit(append([]string{scene, "--frames", "1", "--requires", "gpu"}, small...)...)
-	if r.code != 42 || st.Pool != "tagged gpu" || !slices.Equal(st.Requires, []string{"gpu"}) {
+	if r.code != 42 || !strings.HasPrefix(st.Pool, "tilefarm/") || !strings.HasSuffix(st.Pool, ", tagged gpu") || !slices.Equal(st.Requires, []string{"gpu"}) {
 		t.Fatalf("submit --requires gpu: pool %q requires %v: %s", st.Pool, st.Requires, r)
 	}
 	for deadline := time.Now().Add(time.Minute); ; {
@@ -50,7 +50,7 @@ func TestPoolsRouteTilesOnlyToTheirWorkers(t *testing.T) {
 		if now.State == api.JobCompleted {
 			t.Fatalf("the job completed without a worker of its pool: %+v", now)
 		}
-		if strings.Contains(now.WaitingFor, "tagged gpu") {
+		if strings.HasSuffix(now.WaitingFor, "tagged gpu") {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -58,7 +58,7 @@ func TestPoolsRouteTilesOnlyToTheirWorkers(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if r := f.cli("status", st.JobID); !strings.Contains(r.stdout, "waiting for a live worker of the pool: tagged gpu") {
+	if r := f.cli("status", st.JobID); !strings.Contains(r.stdout, "waiting for a live worker of the pool: tilefarm/") {
 		t.Fatalf("status text does not say what the job waits for:\n%s", r.stdout)
 	}
 

@@ -83,39 +83,39 @@ func (s *Sources) FetchTile(ctx context.Context, wait time.Duration) (jetstream.
 		tiles, _ := s.snapshot()
 		for b := NumBands - 1; b >= 0; b-- {
 			for _, c := range tiles[b] {
-				msg, err := fetchNoWait(ctx, c)
-				if msg != nil || err != nil {
-					return msg, err
+				if msg, err := fetchNoWait(ctx, c); msg != nil || err != nil {
+					return s.settle(msg, err, c, false)
 				}
 			}
 		}
-		// Every band is empty: wait on the default pool's normal band, where most tiles are, a
-		// little at a time, so a tile arriving in another band or pool is seen soon.
+		// Every band is empty: wait where the last tile came from, a little at a time, so a
+		// tile arriving in another band or pool is seen soon.
 		left := time.Until(deadline)
 		if left <= 0 {
 			return nil, ctx.Err()
 		}
-		msg, err := s.q.fetchOne(ctx, s.q.Bands[BandNormal], min(left, bandIdle))
-		if msg != nil || err != nil {
-			return msg, err
+		home, _ := s.homes()
+		if msg, err := s.q.fetchOne(ctx, home, min(left, bandIdle)); msg != nil || err != nil {
+			return s.settle(msg, err, home, false)
 		}
 	}
 }
 
 // FetchAssembly pulls one frame assembly job of a pool the worker serves, waiting at most
-// wait; (nil, nil) when none arrived.
+// wait (and at most bandIdle where the last one came from, so other pools are looked at
+// again soon); (nil, nil) when none arrived.
 func (s *Sources) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	s.refresh(ctx)
 	if _, asm := s.snapshot(); len(asm) > 1 {
 		for _, c := range asm {
-			msg, err := fetchNoWait(ctx, c)
-			if msg != nil || err != nil {
-				return msg, err
+			if msg, err := fetchNoWait(ctx, c); msg != nil || err != nil {
+				return s.settle(msg, err, c, true)
 			}
 		}
-		wait = min(wait, bandIdle) // and look at the other pools again soon
 	}
-	return s.q.fetchOne(ctx, s.q.Assemblers, wait)
+	_, home := s.homes()
+	msg, err := s.q.fetchOne(ctx, home, min(wait, bandIdle))
+	return s.settle(msg, err, home, true)
 }
 
 // fetchNoWait takes one message from cons if it has one ready, without waiting.
@@ -132,11 +132,15 @@ func fetchNoWait(ctx context.Context, cons jetstream.Consumer) (jetstream.Msg, e
 			return msg, nil
 		}
 	}
-	// A pool at its slot limit (MaxAckPending) answers 409 "Exceeded MaxAckPending": nothing
-	// for now, as if empty.
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) &&
-		!strings.Contains(err.Error(), "MaxAckPending") {
+	if err := batch.Error(); err != nil && !nothingNow(err) {
 		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
 	return nil, nil
+}
+
+// nothingNow reports whether a pull's error only says that nothing is there for now: no
+// message, the wait over, or a pool at its slot limit (MaxAckPending; the server answers 409
+// "Exceeded MaxAckPending").
+func nothingNow(err error) bool {
+	return errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) || strings.Contains(err.Error(), "MaxAckPending")
 }

@@ -194,6 +194,10 @@ type Sources struct {
 	asm       []jetstream.Consumer           // the default assemblers first
 	known     map[string]jetstream.Consumer
 	turn      int // rotates the pools a band is pulled from first, so no pool starves another
+	// home and homeAsm are where the worker's last tile and assembly came from: an idle pull
+	// waits there, so the pool a worker is busy with delivers at once, the others within
+	// bandIdle. Both start as the default pool's.
+	home, homeAsm jetstream.Consumer
 }
 
 // sourcesRefresh is how often a worker looks for new pools: a job of a new pool waits at most
@@ -210,7 +214,7 @@ func (s *Sources) SetCapabilities(caps Capabilities) {
 
 // Sources returns the consumers of the pools a worker with caps serves.
 func (f *Queue) Sources(caps Capabilities) *Sources {
-	s := &Sources{q: f, caps: caps, known: map[string]jetstream.Consumer{}}
+	s := &Sources{q: f, caps: caps, known: map[string]jetstream.Consumer{}, home: f.Bands[BandNormal], homeAsm: f.Assemblers}
 	for b := range NumBands {
 		s.tiles[b] = []jetstream.Consumer{f.Bands[b]}
 	}
@@ -266,6 +270,27 @@ func (s *Sources) refresh(ctx context.Context) {
 		s.tiles[b] = append([]jetstream.Consumer{s.q.Bands[b]}, tiles[b]...)
 	}
 	s.asm = append([]jetstream.Consumer{s.q.Assemblers}, asm...)
+}
+
+// settle records where a pulled message came from (see home) and returns it.
+func (s *Sources) settle(msg jetstream.Msg, err error, from jetstream.Consumer, asm bool) (jetstream.Msg, error) {
+	if msg != nil {
+		s.mu.Lock()
+		if asm {
+			s.homeAsm = from
+		} else {
+			s.home = from
+		}
+		s.mu.Unlock()
+	}
+	return msg, err
+}
+
+// homes returns where idle pulls of tiles and of assemblies wait.
+func (s *Sources) homes() (tile, asm jetstream.Consumer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.home, s.homeAsm
 }
 
 // snapshot returns the consumers to pull tiles from per band and the assemblers, pools

@@ -216,7 +216,7 @@ func (f *Queue) fetchOne(ctx context.Context, cons jetstream.Consumer, wait time
 		}
 		return nil, ctx.Err()
 	}
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
+	if err := batch.Error(); err != nil && !nothingNow(err) {
 		return nil, fmt.Errorf("fetching from %s/%s: %w", StreamTiles, cons.CachedInfo().Name, err)
 	}
 	return nil, ctx.Err()

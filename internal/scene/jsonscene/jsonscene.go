@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/scene"
@@ -91,6 +92,13 @@ func (Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.
 
 // TileSize is the default tile edge.
 func (Kind) TileSize() int { return TileSize }
+
+// Build is the path tracer's build (scene.Builder): this tilefarm binary's, as its manifests
+// record it (identity.BuildFingerprint), under the renderer name "tilefarm". A job's tiles
+// render on workers of one such build, so a frame never mixes two across a rolling upgrade.
+func (Kind) Build(context.Context) (string, error) {
+	return "tilefarm/" + identity.BuildFingerprint(), nil
+}
 
 // Formats are PNG (the default), 16-bit PNG and OpenEXR.
 func (Kind) Formats() []string { return scene.RGBFormats }
