@@ -29,11 +29,11 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/scene"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 )
