@@ -28,12 +28,12 @@ func renderer(build string) string {
 	return name
 }
 
-// chooseBuild picks the build a job's frames render with, for a scene whose renderer is an
-// external one (described: the build of the machine that inspected it, its artist's). The
-// build is in every frame's identity, so one build renders all of a job's frames. Among the
-// live workers carrying the tags the job requires and running the scene's renderer: the build
-// asked for (a part of its fingerprint, e.g. "3.4.1" or "cycles-cpu/sse41"), else the
-// artist's own if a worker runs it (nothing changes then), else the build with the most slots.
+// chooseBuild picks the build that renders a job, so one build renders all of its frames;
+// described is the build the job would have by itself (a .blend's: the Blender that inspected
+// it, its artist's; a JSON scene's: this coordinator's). Among the live workers carrying the
+// tags the job requires and running the scene's renderer: the build asked for (a part of its
+// fingerprint, e.g. "3.4.1" or "cycles-cpu/sse41"), else described if a worker runs it
+// (nothing changes then), else the build with the most slots.
 // With no live worker at all (a farm starting) the artist's build or the one asked for is
 // kept, and the job waits for its pool; with live workers none of which fits, ErrNoWorker.
 func chooseBuild(described, asked string, requires []string, live []api.Worker) (string, error) {
