@@ -286,8 +286,8 @@ func (c *Coordinator) handleDeadLetters(w http.ResponseWriter, r *http.Request) 
 
 func (c *Coordinator) handleRequeue(w http.ResponseWriter, r *http.Request) {
 	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
-	if err != nil {
-		writeError(w, badInput("dead letter %q is not a sequence number", r.PathValue("seq")))
+	if err != nil || seq == 0 {
+		writeError(w, badInput("dead letter %q is not a sequence number (they start at 1)", r.PathValue("seq")))
 		return
 	}
 	if err := c.RequeueDeadLetter(r.Context(), seq); err != nil {

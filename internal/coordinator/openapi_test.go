@@ -592,6 +592,7 @@ func TestOpenAPIResponses(t *testing.T) {
 				}
 			}},
 		{name: "requeue again", method: "POST", path: "/v1/dlq/1/requeue", want: 404, check: expectKind("not_found")},
+		{name: "requeue sequence 0", method: "POST", path: "/v1/dlq/0/requeue", want: 400, check: expectKind("bad_input")},
 		{name: "requeue not a number", method: "POST", path: "/v1/dlq/seven/requeue", want: 400},
 		{name: "submit to a full queue", method: "POST", path: "/v1/jobs", body: marshal(t, another), ctype: "application/json", want: 429,
 			check: expectKind("busy")},
