@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -139,7 +138,7 @@ are this process's client certificate and the servers' CA.`)
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
 	kf := kinds.AddFlags(fs, true)
 	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
-	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default)")
+	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default; beyond loopback they need the API token)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
 	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
 	ff := faults.AddFlags(fs, append(slices.Clone(faults.CoordinatorSeams), faults.WorkerSeams...))
@@ -160,13 +159,13 @@ are this process's client certificate and the servers' CA.`)
 		}
 		embedded := nf.URLs == ""
 		if !*insecure {
-			if token == "" && !isLoopback(*listen) {
+			if token == "" && !node.IsLoopback(*listen) {
 				return usagef("refusing to serve the HTTP API on %s without a token: anyone who can reach it could submit and cancel jobs; set --api-token-file or %s, or pass --insecure", *listen, client.EnvToken)
 			}
-			if embedded && !isLoopback(*natsListen) {
+			if embedded && !node.IsLoopback(*natsListen) {
 				*natsAuth = true // beyond loopback, JetStream is never open to anyone
 			}
-		} else if token == "" && !isLoopback(*listen) {
+		} else if token == "" && !node.IsLoopback(*listen) {
 			log.Warn("serving the HTTP API beyond loopback without a token (--insecure)", "listen", *listen)
 		}
 		sync, err := queue.ParseSync(*natsSync)
@@ -235,19 +234,6 @@ func apiToken(file string) (string, error) {
 		return "", fmt.Errorf("the API token in %s is shorter than 16 characters", file)
 	}
 	return token, nil
-}
-
-// isLoopback reports whether a listen address only accepts this host's connections.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 func (p *program) credentialsCommand() *cobra.Command {

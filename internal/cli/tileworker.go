@@ -10,6 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
@@ -40,7 +41,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	concurrency := fs.Int("concurrency", runtime.NumCPU(), "tiles rendered at once")
 	name := fs.String("name", "", "worker name in logs, leases and events (default: host-random)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
-	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address (off by default)")
+	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address (off by default; beyond loopback they need the API token, TILEFARM_API_TOKEN)")
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	var ckptEvery, remoteEvery checkpointInterval
 	fs.Var(&ckptEvery, "checkpoint-every", "minimum time between checkpoints, saved in the background: auto (after a pass, keeping saves under 2% of the render's time and 4 MB/s), 0 (after every pass) or a duration")
@@ -74,7 +75,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		ks := kf.Open(scene.Env{Dir: *ckptDir, Slots: *concurrency, Log: log})
 		defer ks.Close()
 		return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
-			MetricsListen: *metricsListen, DebugListen: *debugListen, Worker: wc, Kinds: ks, Log: log})
+			MetricsListen: *metricsListen, DebugListen: *debugListen, DebugToken: os.Getenv(client.EnvToken), Worker: wc, Kinds: ks, Log: log})
 	})
 	c.AddCommand(p.localRenderCommand())
 	return c

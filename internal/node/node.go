@@ -137,7 +137,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		}
 		n.goRun(func() { _ = w.Run(rctx) })
 	}
-	stopDebug, err := serveDebug(o.DebugListen)
+	stopDebug, err := serveDebug(o.DebugListen, o.APIToken)
 	if err != nil {
 		return nil, err
 	}
@@ -285,6 +285,7 @@ type WorkerOptions struct {
 	CheckpointDir string
 	MetricsListen string
 	DebugListen   string // Go profiles (/debug/pprof/); empty means none
+	DebugToken    string // the bearer token profiles need (required beyond loopback)
 	Worker        worker.Config
 	Kinds         scene.Kinds // the kinds of scene the worker renders; the caller closes them
 	Log           *slog.Logger
@@ -334,7 +335,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	}
 	f.Log = log
 	m := metrics.NewWorker(metrics.NewRegistry())
-	stopDebug, err := serveDebug(o.DebugListen)
+	stopDebug, err := serveDebug(o.DebugListen, o.DebugToken)
 	if err != nil {
 		return err
 	}
