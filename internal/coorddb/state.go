@@ -39,9 +39,10 @@ const (
 	TileRequeued                         // a new message was dispatched for a dead-lettered tile
 	TileLost                             // its message left the queue unrendered; a new one was dispatched
 	TileMoved                            // a new message was dispatched while the old one may still queue (reprioritize, revive)
+	TileUnproven                         // recorded completed, but its manifest is not in the store; a new message was dispatched
 )
 
-var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued", "lost", "moved"}
+var tileChangeNames = [...]string{"", "started", "failed", "dead_letter", "done", "requeued", "lost", "moved", "unproven"}
 
 func (c TileChange) String() string { return enumName(tileChangeNames[:], c, "tile_change") }
 
@@ -82,8 +83,11 @@ func (o Order) After(p Order) bool {
 // order after ch (made at order ord), and whether either changed.
 //
 // Rules (docs/design.md, "States"):
-//   - done completes a tile from any state, in any order (manifests are the truth), and
-//     completed is final: nothing moves a completed tile to another state;
+//   - done completes a tile from any state, in any order, and completed is final: nothing but
+//     unproven moves a completed tile to another state;
+//   - unproven turns a completed tile whose manifest the store does not hold back into a
+//     queued one, keeping its order (a completion is believed only with its manifest: a
+//     forged or mistaken tile.completed cannot skip work);
 //   - started, failed and dead_letter apply only when they come after what the tile recorded,
 //     so a stale event about an older message or delivery changes nothing. On a completed
 //     tile they still advance its order, so an attempt whose start arrives after the
@@ -105,6 +109,11 @@ func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (Til
 		return TileCompleted, curOrder, cur != TileCompleted
 	case TileRequeued:
 		if cur != TileDeadLettered {
+			return cur, curOrder, false
+		}
+		return TileQueued, curOrder, true
+	case TileUnproven:
+		if cur != TileCompleted {
 			return cur, curOrder, false
 		}
 		return TileQueued, curOrder, true

@@ -74,6 +74,12 @@ func TestNextTileStateTable(t *testing.T) {
 		{f, coorddb.TileMoved, coorddb.DeadLetterOrder(12), q, true},
 		{d, coorddb.TileMoved, coorddb.DeadLetterOrder(12), q, true},
 		{c, coorddb.TileMoved, coorddb.DeadLetterOrder(12), c, false},
+		// unproven: only a completed tile, back to queued keeping its order
+		{q, coorddb.TileUnproven, coorddb.Order{}, q, false},
+		{r, coorddb.TileUnproven, coorddb.Order{}, r, false},
+		{f, coorddb.TileUnproven, coorddb.Order{}, f, false},
+		{d, coorddb.TileUnproven, coorddb.Order{}, d, false},
+		{c, coorddb.TileUnproven, coorddb.Order{}, q, true},
 	}
 	for _, row := range rows {
 		t.Run(fmt.Sprintf("%s+%s@%d.%d", row.from, row.change, row.order.Seq, row.order.Rank), func(t *testing.T) {
@@ -91,13 +97,18 @@ func TestNextTileStateTable(t *testing.T) {
 			switch {
 			case !changed && ord != from:
 				t.Errorf("an ignored change moved the order from %+v to %+v", from, ord)
-			case changed && (row.change == coorddb.TileDone || row.change == coorddb.TileRequeued) && ord != from:
+			case changed && keepsOrder(row.change) && ord != from:
 				t.Errorf("%s moved the order from %+v to %+v; it keeps it", row.change, from, ord)
-			case changed && row.change != coorddb.TileDone && row.change != coorddb.TileRequeued && ord != row.order:
+			case changed && !keepsOrder(row.change) && ord != row.order:
 				t.Errorf("order after %s = %+v, want %+v", row.change, ord, row.order)
 			}
 		})
 	}
+}
+
+// keepsOrder reports whether a change keeps the order the tile recorded.
+func keepsOrder(ch coorddb.TileChange) bool {
+	return ch == coorddb.TileDone || ch == coorddb.TileRequeued || ch == coorddb.TileUnproven
 }
 
 // After a tile's message was lost, the events of the message dispatched again apply even when

@@ -120,7 +120,7 @@ func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j
 	if err != nil {
 		return err
 	}
-	_, err = p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool { return s != coorddb.TileCompleted }, coorddb.TileMoved, ord)
+	_, err = p.redispatch(e.f.Key, j, func(_ int, s coorddb.TileState) bool { return s != coorddb.TileCompleted }, coorddb.TileMoved, ord)
 	return err
 }
 

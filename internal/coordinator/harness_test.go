@@ -259,12 +259,14 @@ func tileEvent(t *testing.T, f *coorddb.Frame, i int, typ string, seq, d uint64)
 		FrameKey: f.Key, Seq: seq, Delivery: d, Attempt: fmt.Sprintf("a%d-%d", seq, d), Worker: "w1"}
 }
 
-// completeTiles applies tile.completed for every tile of frame fk.
+// completeTiles promotes every tile of frame fk and applies its tile.completed, as workers
+// would.
 func (h *harness) completeTiles(t *testing.T, fk string) {
 	t.Helper()
 	f := h.frame(t, fk)
 	var evs []wire.Event
 	for i := range frameTiles(t, f) {
+		h.promoteTile(t, f, i)
 		evs = append(evs, tileEvent(t, f, i, wire.EventTileCompleted, uint64(i+1), 1))
 	}
 	h.apply(t, evs...)

@@ -53,7 +53,7 @@ func (l *lostTracker) again(found map[string]*coorddb.Job) map[string]*coorddb.J
 
 // lostState selects the tiles a lost message leaves undelivered: every state but completed
 // and dead-lettered (whose message went to the DLQ, for an operator to requeue).
-func lostState(s coorddb.TileState) bool {
+func lostState(_ int, s coorddb.TileState) bool {
 	return s == coorddb.TileQueued || s == coorddb.TileRendering || s == coorddb.TileFailedRetryable
 }
 
@@ -113,7 +113,7 @@ func lostFrame(tx *coorddb.Tx, fk string) (*coorddb.Job, error) {
 	undelivered := false
 	for i := 0; i < table.Len() && !undelivered; i++ {
 		s, _ := table.Get(i)
-		undelivered = lostState(s)
+		undelivered = lostState(i, s)
 	}
 	if !undelivered {
 		return nil, nil

@@ -543,7 +543,19 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "tile PNG not a number", method: "GET", path: tilesOf(1) + "/x/png", want: 400},
 		{name: "tile PNG out of the frame", method: "GET", path: tilesOf(1) + "/4/png", want: 400},
 		{name: "tile PNG of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/tiles/0/png", want: 404},
-		{name: "tile PNG without its manifest", method: "GET", path: tilesOf(1) + "/1/png", want: 404, check: expectKind("not_found")},
+		{name: "tile PNG without its manifest", method: "GET", path: tilesOf(1) + "/1/png", want: 404, check: expectKind("not_found"),
+			setup: func(t *testing.T) func() { // recorded completed, its manifest gone from the store
+				f := h.frame(t, h.job(t, job).FrameKey(1))
+				key := finalize.ManifestKey(layout.TileManifestKey(f.Key, frameTiles(t, f)[1].Key))
+				data, err := h.objects.Get(h.ctx, key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := h.objects.Delete(h.ctx, key); err != nil {
+					t.Fatal(err)
+				}
+				return func() { _ = h.objects.Put(h.ctx, key, data) }
+			}},
 		{name: "tile PNG corrupt", method: "GET", path: tilesOf(1) + "/0/png", want: 500, check: expectKind("corrupt"),
 			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
 		{name: "events", method: "GET", path: "/v1/events", want: 200,

@@ -149,8 +149,11 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	if next == cur {
 		return false, nil
 	}
-	if cur == coorddb.TileDeadLettered {
+	switch cur {
+	case coorddb.TileDeadLettered:
 		f.TilesFailed--
+	case coorddb.TileCompleted: // unproven: its completion is taken back
+		f.TilesCompleted--
 	}
 	switch next {
 	case coorddb.TileDeadLettered:
@@ -268,7 +271,7 @@ func (p *projection) retry(fk string, j *coorddb.Job) (bool, error) {
 	f := e.f
 	retried := false
 	if f.TilesFailed > 0 {
-		n, err := p.redispatch(fk, j, func(s coorddb.TileState) bool { return s == coorddb.TileDeadLettered }, coorddb.TileRequeued, coorddb.Order{})
+		n, err := p.redispatch(fk, j, func(_ int, s coorddb.TileState) bool { return s == coorddb.TileDeadLettered }, coorddb.TileRequeued, coorddb.Order{})
 		if err != nil {
 			return false, err
 		}
@@ -289,7 +292,7 @@ func (p *projection) retry(fk string, j *coorddb.Job) (bool, error) {
 // of their events counts any more). A copy of a tile still in the queue is harmless: whichever
 // attempt promotes first wins, and the other finds the manifest. It returns how many it
 // dispatched.
-func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(coorddb.TileState) bool, change coorddb.TileChange, ord coorddb.Order) (int, error) {
+func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(i int, s coorddb.TileState) bool, change coorddb.TileChange, ord coorddb.Order) (int, error) {
 	e, err := p.edit(fk)
 	if err != nil {
 		return 0, err
@@ -300,7 +303,7 @@ func (p *projection) redispatch(fk string, j *coorddb.Job, pick func(coorddb.Til
 	}
 	var idx []int
 	for i := 0; i < t.Len(); i++ {
-		if s, _ := t.Get(i); pick(s) {
+		if s, _ := t.Get(i); pick(i, s) {
 			idx = append(idx, i)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 )
@@ -151,6 +152,9 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 	case coorddb.OutboxTiles:
 		return tileMessages(f, r, pool)
 	case coorddb.OutboxAssemble:
+		if proven, err := c.proveTiles(ctx, f, j); err != nil || !proven {
+			return nil, err
+		}
 		data, err := json.Marshal(wire.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
 			Settings: f.Settings, Frame: f.Frame, TileSize: f.TileSize, Formats: f.Formats})
 		if err != nil {
@@ -159,6 +163,53 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 		return []*nats.Msg{newMsg(pool.AssembleSubject(), AssembleMsgID(f.Key, r.Assembly), data)}, nil
 	}
 	return nil, fmt.Errorf("unknown outbox record kind %q", r.Kind)
+}
+
+// proveTiles checks, before frame f is assembled, that every tile recorded completed has its
+// manifest in the store (one listing): a completion is believed only with its proof, so a
+// forged or mistaken tile.completed cannot skip work. Tiles without one go back to queued
+// (coorddb.TileUnproven) and are dispatched again, the frame's assembly request is forgotten
+// (flush asks again once they complete), and proven is false: nothing to publish. j is the
+// record's job, nil when it is not known: then the tiles are trusted as before.
+func (c *Coordinator) proveTiles(ctx context.Context, f *coorddb.Frame, j *coorddb.Job) (proven bool, err error) {
+	if j == nil {
+		return true, nil
+	}
+	promoted, err := c.listed(ctx, layout.TileManifestPrefix(f.Key))
+	if err != nil {
+		return false, err
+	}
+	ft, err := f.Tiles()
+	if err != nil {
+		return false, err
+	}
+	unproven := map[int]bool{}
+	for i, t := range ft {
+		if !promoted[t.Key] {
+			unproven[i] = true
+		}
+	}
+	if len(unproven) == 0 {
+		return true, nil
+	}
+	n := 0
+	err = c.update(ctx, func(p *projection) error {
+		var err error
+		if n, err = p.redispatch(f.Key, j, func(i int, s coorddb.TileState) bool {
+			return unproven[i] && s == coorddb.TileCompleted
+		}, coorddb.TileUnproven, coorddb.Order{}); err != nil || n == 0 {
+			return err
+		}
+		return p.staleAssembly(f.Key)
+	})
+	if err != nil {
+		return false, err
+	}
+	if n > 0 {
+		c.log.Warn("tiles recorded completed have no manifest: dispatching them again", "frame_key", f.Key, "tiles", n)
+		return false, nil
+	}
+	return true, nil // not recorded completed (yet): the assembly finds out
 }
 
 // poolOf is the pool that renders frame f for job j (nil: a job not known): the workers of the

@@ -8,6 +8,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
@@ -77,5 +79,60 @@ func TestRelayDispatchesLargeFrame(t *testing.T) {
 	m, err := h.workerSources(t).FetchTile(h.ctx, time.Second)
 	if err != nil || m == nil || !queue.IsRenderSubject(m.Subject()) {
 		t.Fatalf("a worker cannot take a dispatched tile: %v, %v", m, err)
+	}
+}
+
+// Property: nothing believed without proof. Completions of tiles whose manifests the store
+// does not hold (forged by a worker credential, or mistaken) never get a frame assembled: before
+// asking for the assembly the relay finds them unproven, dispatches them again and forgets the
+// request; the frame is assembled once they complete with their manifests.
+func TestForgedCompletionsAreDispatchedAgain(t *testing.T) {
+	h := newHarness(t, Config{})
+	res, fk := h.submitFrame(t, 32, 32, 16) // 4 tiles
+	f := h.frame(t, fk)
+	h.promoteTile(t, f, 0)
+	h.promoteTile(t, f, 1)
+	for i := range 4 { // tiles 2 and 3 forged
+		h.apply(t, tileEvent(t, f, i, wire.EventTileCompleted, uint64(i+1), 1))
+	}
+	if recs := h.outbox(t); len(recs) != 1 || recs[0].Kind != coorddb.OutboxAssemble {
+		t.Fatalf("outbox after every tile claimed completed: %+v, want the assembly request", recs)
+	}
+	before, err := h.queue.LastSeq(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.relay(t)
+	after, err := h.queue.LastSeq(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after != before+2 {
+		for seq := before + 1; seq <= after; seq++ {
+			if m, err := h.queue.Tiles.GetMsg(h.ctx, seq); err == nil {
+				t.Logf("published %d: %s %s", seq, m.Subject, m.Header.Get(jetstream.MsgIDHeader))
+			}
+		}
+		t.Fatalf("the relay published %d messages, want the 2 unproven tiles again and no assembly", after-before)
+	}
+	for i, want := range []coorddb.TileState{coorddb.TileCompleted, coorddb.TileCompleted, coorddb.TileQueued, coorddb.TileQueued} {
+		if s := h.tileState(t, fk, i); s != want {
+			t.Fatalf("tile %d is %s, want %s", i, s, want)
+		}
+	}
+	if st := h.status(t, res.Status.JobID); st.TilesCompleted != 2 || st.Frames[0].State != api.FrameQueued && st.Frames[0].State != api.FrameRendering {
+		t.Fatalf("status after the unproven tiles went back: %+v", st)
+	}
+	// The tiles complete for real, each on its new message: the frame is assembled.
+	for i := 2; i < 4; i++ {
+		h.promoteTile(t, f, i)
+		h.apply(t, tileEvent(t, f, i, wire.EventTileCompleted, after-uint64(3-i), 1))
+	}
+	if recs := h.outbox(t); len(recs) != 1 || recs[0].Kind != coorddb.OutboxAssemble {
+		t.Fatalf("outbox after the tiles completed with their manifests: %+v, want the assembly request", recs)
+	}
+	h.relay(t)
+	if last, _ := h.queue.LastSeq(h.ctx); last != after+1 {
+		t.Fatalf("the relay published %d messages, want the assembly", last-after)
 	}
 }

@@ -50,7 +50,7 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 			if e.f.Dropped || e.f.TilesCompleted == e.f.TilesTotal {
 				continue
 			}
-			k, err := p.redispatch(e.f.Key, j, func(s coorddb.TileState) bool {
+			k, err := p.redispatch(e.f.Key, j, func(_ int, s coorddb.TileState) bool {
 				return s == coorddb.TileQueued || s == coorddb.TileFailedRetryable
 			}, coorddb.TileMoved, ord)
 			if err != nil {
