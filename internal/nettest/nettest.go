@@ -26,16 +26,16 @@ import (
 // fixHint tells whoever sees a failing New how to make it work.
 const fixHint = "needs root and nft (apt-get install nftables)"
 
-// nftTable is the ruleset every host starts with: two address sets that
-// the drop rules consult. Cutting or healing a link only adds or removes
-// set elements, which keeps both idempotent. There is deliberately no
-// "ct state established accept" rule: a cut must stop flows that are
-// already open, not only new ones.
+// nftTable is the ruleset every host starts with: a set of peer addresses
+// whose packets the input chain drops. Cutting or healing a link only adds
+// or removes set elements, which keeps both idempotent. Packets are dropped
+// at the receiver only: a drop in the sender's output hook would make its
+// send calls fail with EPERM, which a real broken link never does. There
+// is deliberately no "ct state established accept" rule: a cut must stop
+// flows that are already open, not only new ones.
 const nftTable = `table inet tilefarm {
 	set drop_in { type ipv4_addr; }
-	set drop_out { type ipv4_addr; }
 	chain input { type filter hook input priority 0; policy accept; ip saddr @drop_in drop; }
-	chain output { type filter hook output priority 0; policy accept; ip daddr @drop_out drop; }
 }
 `
 
@@ -147,13 +147,12 @@ func (n *Net) Cut(a, b *Host) {
 	n.CutOneWay(b, a)
 }
 
-// CutOneWay drops packets sent from `from` to `to` only (in from's output
-// and to's input); packets from `to` to `from` still pass. Note that TCP
+// CutOneWay drops packets sent from `from` to `to` only (on arrival at
+// to); packets from `to` to `from` still pass. Note that TCP
 // connections need both ways, so they hang in either direction; this
 // mostly matters for UDP and for asymmetric-failure tests.
 func (n *Net) CutOneWay(from, to *Host) {
 	n.t.Helper()
-	n.nft(from, fmt.Sprintf("add element inet tilefarm drop_out { %s }\n", to.Addr))
 	n.nft(to, fmt.Sprintf("add element inet tilefarm drop_in { %s }\n", from.Addr))
 }
 
@@ -162,14 +161,10 @@ func (n *Net) CutOneWay(from, to *Host) {
 func (n *Net) Heal(a, b *Host) {
 	n.t.Helper()
 	for _, p := range [][2]*Host{{a, b}, {b, a}} {
-		var s strings.Builder
-		for _, set := range []string{"drop_in", "drop_out"} {
-			// Adding before deleting, in one nft transaction, makes the
-			// delete succeed whether or not the element was there.
-			fmt.Fprintf(&s, "add element inet tilefarm %s { %s }\n", set, p[1].Addr)
-			fmt.Fprintf(&s, "delete element inet tilefarm %s { %s }\n", set, p[1].Addr)
-		}
-		n.nft(p[0], s.String())
+		// Adding before deleting, in one nft transaction, makes the delete
+		// succeed whether or not the element was there.
+		n.nft(p[1], fmt.Sprintf("add element inet tilefarm drop_in { %[1]s }\n"+
+			"delete element inet tilefarm drop_in { %[1]s }\n", p[0].Addr))
 	}
 }
 
