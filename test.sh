@@ -61,6 +61,18 @@ if ! command -v oiiotool >/dev/null || ! /usr/bin/python3 -c 'import OpenImageIO
     { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openimageio-tools python3-openimageio python3-numpy >/dev/null; }
 fi
 
+# nftables: the partition tests run each process of a farm as a host in its own network
+# namespace and cut links between them with nft (as root, which CI is).
+if ! command -v nft >/dev/null; then
+  echo "installing nftables from Debian for the partition tests (first run only)..."
+  if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: nft is needed by the partition tests, which run as root: install it (apt-get install nftables)" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null; }
+fi
+
 if [ -z "${TILEFARM_CHROMIUM:-}" ]; then
   if ! command -v chromium >/dev/null; then
     echo "installing Chromium from Debian for the web tests (first run only)..."
