@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -14,8 +15,10 @@ import (
 
 // heartbeat keeps a message (and, for tiles, its lease) alive while the worker holds it:
 // every Heartbeat it extends the ack-wait with InProgress and renews the lease by CAS. A lost
-// lease cancels ctx at once. The lease is only touched under mu, because a renewal changes
-// its fencing token.
+// lease cancels ctx at once, and so does the lease's TTL passing on this worker's clock since
+// the last renewal that succeeded (counted from when it was sent): a worker cut off from NATS
+// stops rendering a tile that may already be another's, whatever the network says. The lease
+// is only touched under mu, because a renewal changes its fencing token.
 type heartbeat struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -33,8 +36,20 @@ func (w *Worker) startHeartbeat(ctx context.Context, msg jetstream.Msg, lease *q
 	hctx, cancel := context.WithCancelCause(ctx)
 	hb := &heartbeat{ctx: hctx, cancel: cancel, leases: w.queue.Leases, lease: lease,
 		stopped: make(chan struct{}), done: make(chan struct{})}
+	var expiry *time.Timer
+	if lease != nil {
+		ttl := w.queue.Leases.TTL()
+		expiry = time.AfterFunc(ttl, func() {
+			w.m.LeaseRenewalFailures.Inc()
+			log.Warn("lease expired on this worker's clock: no renewal succeeded for its TTL; stopping the tile", "ttl", ttl)
+			cancel(fmt.Errorf("%w: not renewed for the lease TTL %v", queue.ErrLeaseLost, ttl))
+		})
+	}
 	go func() {
 		defer close(hb.done)
+		if expiry != nil {
+			defer expiry.Stop()
+		}
 		t := time.NewTicker(w.cfg.Heartbeat)
 		defer t.Stop()
 		for {
@@ -51,9 +66,17 @@ func (w *Worker) startHeartbeat(ctx context.Context, msg jetstream.Msg, lease *q
 			if lease == nil {
 				continue
 			}
+			sent := time.Now()
 			hb.mu.Lock()
-			err := hb.leases.Renew(hctx, lease)
+			rctx, rcancel := context.WithTimeout(hctx, w.cfg.Heartbeat)
+			err := hb.leases.Renew(rctx, lease)
+			rcancel()
 			hb.mu.Unlock()
+			if err == nil && hctx.Err() == nil {
+				// The server wrote the renewal after it was sent: the lease lives at least a TTL
+				// from then.
+				expiry.Reset(time.Until(sent.Add(hb.leases.TTL())))
+			}
 			if errors.Is(err, queue.ErrLeaseLost) {
 				w.m.LeaseRenewalFailures.Inc()
 				cancel(err)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"math"
 	"path/filepath"
@@ -394,5 +395,36 @@ func TestOnlyLostDeliveriesSpendTheSafetyNet(t *testing.T) {
 	}
 	if ok, err := finalize.ManifestExists(h.ctx, h.objects, layout.TileManifestKey(lost.FrameKey, lost.TileKey)); err != nil || ok {
 		t.Fatalf("the tile whose deliveries were lost was rendered (%v)", err)
+	}
+}
+
+// Property: a worker stops a tile once its lease's TTL has passed on its own clock without a
+// renewal getting through, whatever the network says: here every renewal is stuck (as behind a
+// link that drops packets), and the tile's context ends as a lost lease within the TTL.
+func TestLeaseExpiresOnTheWorkersClock(t *testing.T) {
+	cfg := queue.DefaultConfig()
+	cfg.LeaseTTL = 600 * time.Millisecond
+	h := newRunHarnessWith(t, cfg)
+	w, _ := h.worker(t, Config{})
+	lease, err := h.queue.Leases.Acquire(h.ctx, "tile-cut-off", "w1/a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := h.publishAndFetch(t, h.job())
+	hb := w.startHeartbeat(h.ctx, msg, lease, slog.New(slog.DiscardHandler))
+	hb.mu.Lock() // no renewal gets through from now on
+	start := time.Now()
+	select {
+	case <-hb.ctx.Done():
+	case <-time.After(5 * cfg.LeaseTTL):
+		hb.mu.Unlock()
+		t.Fatal("the tile's context outlived its lease by far")
+	}
+	hb.mu.Unlock()
+	if took := time.Since(start); took > 2*cfg.LeaseTTL { // the bound is one TTL; a noisy machine gets a second
+		t.Fatalf("the tile stopped %v after its last renewal, its lease lives %v", took, cfg.LeaseTTL)
+	}
+	if err := hb.stop(); !errors.Is(err, queue.ErrLeaseLost) {
+		t.Fatalf("stop = %v, want a lost lease", err)
 	}
 }
