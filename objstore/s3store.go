@@ -33,11 +33,16 @@ func NewS3Store(ctx context.Context, endpoint, bucket string, secure bool, acces
 	if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
 		return nil, fmt.Errorf("s3 store: bucket %q: %w", bucket, err)
 	}
+	transport, err := s3Transport(secure)
+	if err != nil {
+		return nil, fmt.Errorf("s3 store %s: %w", endpoint, err)
+	}
 	client, err := minio.New(endpoint, &minio.Options{
 		Creds:        credentials.NewStaticV4(accessKey, secretKey, ""),
 		Secure:       secure,
 		BucketLookup: minio.BucketLookupPath,
 		MaxRetries:   s3MaxRetries,
+		Transport:    transport,
 	})
 	if err != nil {
 		return nil, redactError(fmt.Errorf("s3 store %s: %w", endpoint, err), secretKey)

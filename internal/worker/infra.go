@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,11 +46,21 @@ func (w *Worker) retryStore(ctx context.Context, d *delivery, what string, op fu
 	})
 }
 
+// handOnAfter is how long a job waits for its infrastructure in place before its worker
+// hands it on (errHandOn): an outage of everyone's store or NATS is waited out by any worker
+// alike, but a worker cut off alone should let another, which may still reach them, take over.
+const handOnAfter = 30 * time.Second
+
+// errHandOn means the job's infrastructure stayed unavailable for handOnAfter: the worker
+// hands the job back (no failure, no delivery spent) for a worker that can reach it.
+var errHandOn = errors.New("infrastructure unavailable for too long: handing the job on")
+
 // retryInPlace runs op, retrying in place with backoff while it fails with an infrastructure
-// error, for as long as the outage lasts. The message's ack-wait is extended meanwhile, so an
-// outage costs the tile neither deliveries nor failures. Only a job error, or ctx ending,
-// returns.
+// error, for up to handOnAfter. The message's ack-wait is extended meanwhile, so an outage
+// costs the tile neither deliveries nor failures. Only a job error, ctx ending, or the outage
+// outlasting handOnAfter (errHandOn) returns.
 func (w *Worker) retryInPlace(ctx context.Context, d *delivery, what string, op func(context.Context) error) error {
+	start := time.Now()
 	for try := 1; ; try++ {
 		err := op(ctx)
 		if !isInfra(err) || ctx.Err() != nil {
@@ -57,6 +68,9 @@ func (w *Worker) retryInPlace(ctx context.Context, d *delivery, what string, op 
 				err = fmt.Errorf("%s: %w", what, err)
 			}
 			return err
+		}
+		if time.Since(start) > handOnAfter {
+			return fmt.Errorf("%w: %s: %w", errHandOn, what, err)
 		}
 		delay := queue.Backoff(try, w.cfg.RetryBase, 8*w.cfg.RetryBase, w.jitter)
 		if try == 1 || try%10 == 0 {

@@ -376,6 +376,10 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) (hande
 		w.queue.HandBack(cctx, d.msg, queue.Backoff(int(d.num), w.cfg.RetryBase, w.cfg.RetryMax, w.jitter))
 		return true
 	}
+	if errors.Is(err, errHandOn) {
+		d.log.Warn("handing the job on to a worker that can reach the farm's store and NATS", "err", err)
+		return handBack()
+	}
 	if r != nil {
 		if done, perr := r.promoted(cctx); perr == nil && done {
 			d.log.Warn("attempt failed after its work was promoted; completing it", "err", err)
