@@ -2,6 +2,7 @@ package nettest
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -81,6 +82,37 @@ func TestNet(t *testing.T) {
 		cc.want(dialB, "ok")
 
 		ca.want("fill "+tmp, "enospc")
+
+		// The test process itself dials from inside a host: as a, it reaches b while the link
+		// is up and hangs once it is cut; its own thread is back home after.
+		dial := func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			c, err := a.DialContext(ctx, "tcp", b.HostPort(port))
+			if err == nil {
+				err = roundTrip(c, "from the test")
+				c.Close()
+			}
+			return err
+		}
+		if err := dial(); err != nil {
+			t.Fatalf("dialing b from inside a: %v", err)
+		}
+		n.Cut(a, b)
+		if err := dial(); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("dialing b from inside a across a cut link = %v, want a timeout", err)
+		}
+		n.Heal(a, b)
+		home, err := os.Readlink("/proc/self/ns/net")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tasks, _ := filepath.Glob("/proc/self/task/*/ns/net")
+		for _, task := range tasks {
+			if ns, err := os.Readlink(task); err == nil && ns != home {
+				t.Fatalf("thread %s of the test process was left in namespace %s, not %s", task, ns, home)
+			}
+		}
 	})
 
 	out, err := exec.Command("ip", "netns", "list").Output()
