@@ -77,13 +77,31 @@ func run(t *testing.T, name string, args ...string) result {
 // runEnv runs a binary to completion with extra environment variables.
 func runEnv(t *testing.T, env []string, name string, args ...string) result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, bins.Path(name), args...)
+	return runOn(t, nil, env, name, args...)
+}
+
+// runOn is runEnv on host (nil: this machine), killed after three minutes.
+func runOn(t *testing.T, host farmtest.Host, env []string, name string, args ...string) result {
+	t.Helper()
+	cmd := exec.Command(bins.Path(name), args...)
+	if host != nil {
+		cmd = host.Command(bins.Path(name), args...)
+	}
 	cmd.Env = append(os.Environ(), env...)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	err := cmd.Run()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("running %s %v: %v", name, args, err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(3 * time.Minute):
+		_ = cmd.Process.Kill()
+		err = <-done
+	}
 	code := 0
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -148,6 +166,9 @@ func freePort(t *testing.T) string {
 type farmProc struct {
 	t *testing.T
 	*farmtest.Farm
+	// client is the host the test's commands run on when the farm's hosts are network
+	// namespaces (nettest); nil is this machine.
+	client farmtest.Host
 }
 
 // newFarm is a farm, not yet started, with its coordinator's data and filesystem store under
@@ -293,10 +314,10 @@ func (f *farmProc) worker(name, ckptDir string, extra ...string) *proctest.Proc 
 	return w.Proc
 }
 
-// cli runs a client command against this farm.
+// cli runs a client command against this farm, on its client host if it has one.
 func (f *farmProc) cli(args ...string) result {
 	f.t.Helper()
-	return runEnv(f.t, f.Env, "coordinator", append(args, "--server", f.HTTP)...)
+	return runOn(f.t, f.client, f.Env, "coordinator", append(args, "--server", f.HTTP)...)
 }
 
 // submit submits and decodes the JSON status.

@@ -248,19 +248,26 @@ func TestNoDeliveryLostToLatency(t *testing.T) {
 		}
 	}
 	ctx := context.Background()
-	js := f.js()
-	for _, name := range []string{queue.ConsumerWorkers, queue.ConsumerAssemblers} {
-		c, err := js.Consumer(ctx, queue.StreamTiles, name)
-		if err != nil {
-			t.Fatal(err)
+	tiles, err := f.js().Stream(ctx, queue.StreamTiles)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var delivered, redelivered [2]uint64 // tiles and assemblies, over every pool's consumers
+	lister := tiles.ListConsumers(ctx)
+	for info := range lister.Info() {
+		kind := 0
+		if queue.IsAssembleSubject(info.Config.FilterSubject) {
+			kind = 1
 		}
-		info, err := c.Info(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if info.Delivered.Consumer < jobs || info.NumRedelivered != 0 {
-			t.Fatalf("consumer %s: %d deliveries, %d redelivered; want %d delivered once each",
-				name, info.Delivered.Consumer, info.NumRedelivered, jobs)
+		delivered[kind] += info.Delivered.Consumer
+		redelivered[kind] += uint64(info.NumRedelivered)
+	}
+	if err := lister.Err(); err != nil {
+		t.Fatal(err)
+	}
+	for kind, what := range []string{"tiles", "assemblies"} {
+		if delivered[kind] < jobs || redelivered[kind] != 0 {
+			t.Fatalf("%s: %d deliveries, %d redelivered; want %d delivered once each", what, delivered[kind], redelivered[kind], jobs)
 		}
 	}
 	if n := countLines(w.Log(), `delivery=[2-9]`); n != 0 {

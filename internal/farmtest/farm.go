@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -53,6 +54,10 @@ type Farm struct {
 	// HealthTimeout is how long a start of the coordinator waits for /healthz; 0 is a minute.
 	HealthTimeout time.Duration
 
+	// CoordHost is the host the coordinator (and its embedded NATS) runs on, a network
+	// namespace of nettest; nil is this machine. Its health is probed from there.
+	CoordHost Host
+
 	Coord   *proctest.Proc // the coordinator started last
 	Workers []*Worker      // every worker started, in order
 
@@ -75,6 +80,14 @@ type WorkerSpec struct {
 	Concurrency int      // --concurrency; 0 is 1
 	Metrics     bool     // serve /metrics on a free loopback port (Worker.Metrics)
 	Args        []string // further flags, after the farm's, so they override them
+	Host        Host     // the host it runs on (a nettest namespace); nil is this machine
+}
+
+// Host is a machine a farm process runs on: a network namespace of nettest, whose commands
+// run inside it and whose HTTP client connects from inside it.
+type Host interface {
+	Command(name string, args ...string) *exec.Cmd
+	HTTPClient() *http.Client
 }
 
 // NATS is a NATS server or cluster (natstest) a farm runs on.
@@ -150,27 +163,32 @@ func (f *Farm) StartCoordinator(ctx context.Context, extra ...string) error {
 		args = append(args, "--store", f.Store)
 	}
 	args = append(append(append(args, "--log-level", cmp.Or(f.LogLevel, "debug")), f.ServeArgs...), extra...)
-	p, err := f.start("coordinator", f.Bins.Coordinator, args)
+	p, err := f.start("coordinator", f.CoordHost, f.Bins.Coordinator, args)
 	if err != nil {
 		return err
 	}
 	f.Coord = p
-	if err := waitHealthy(ctx, f.HTTP, p, cmp.Or(f.HealthTimeout, time.Minute)); err != nil {
+	client := http.DefaultClient
+	if f.CoordHost != nil {
+		client = f.CoordHost.HTTPClient()
+	}
+	if err := waitHealthy(ctx, client, f.HTTP, p, cmp.Or(f.HealthTimeout, time.Minute)); err != nil {
 		p.Kill()
 		return err
 	}
 	return nil
 }
 
-// waitHealthy polls the coordinator p's /healthz at addr until it answers 200, for up to d.
-func waitHealthy(ctx context.Context, addr string, p *proctest.Proc, d time.Duration) error {
+// waitHealthy polls the coordinator p's /healthz at addr with client until it answers 200,
+// for up to d.
+func waitHealthy(ctx context.Context, client *http.Client, addr string, p *proctest.Proc, d time.Duration) error {
 	deadline := time.Now().Add(d)
 	for {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
 		if err != nil {
 			return err
 		}
-		if resp, err := http.DefaultClient.Do(req); err == nil {
+		if resp, err := client.Do(req); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return nil
@@ -207,7 +225,7 @@ func (f *Farm) StartWorker(w WorkerSpec) (*Worker, error) {
 		args = append(args, "--metrics-listen", addr)
 	}
 	args = append(append(args, "--log-level", "debug"), w.Args...)
-	p, err := f.start(w.Name, f.Bins.Tileworker, args)
+	p, err := f.start(w.Name, w.Host, f.Bins.Tileworker, args)
 	if err != nil {
 		return nil, err
 	}
@@ -216,14 +234,18 @@ func (f *Farm) StartWorker(w WorkerSpec) (*Worker, error) {
 	return wk, nil
 }
 
-// start starts a farm process with its log numbered in Dir.
-func (f *Farm) start(name, bin string, args []string) (*proctest.Proc, error) {
+// start starts a farm process on host (nil: this machine) with its log numbered in Dir.
+func (f *Farm) start(name string, host Host, bin string, args []string) (*proctest.Proc, error) {
 	if err := os.MkdirAll(f.Dir, 0o755); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	f.started++
 	logPath := filepath.Join(f.Dir, fmt.Sprintf("%02d-%s.log", f.started, name))
-	return proctest.Start(name, bin, logPath, append([]string{TextLogs}, f.Env...), args...)
+	cmd := exec.Command(bin, args...)
+	if host != nil {
+		cmd = host.Command(bin, args...)
+	}
+	return proctest.StartCmd(name, cmd, logPath, append([]string{TextLogs}, f.Env...))
 }
 
 // Close kills the farm's processes, then the servers UseNATS and UseMinIO were given.

@@ -73,9 +73,9 @@ func Start(t testing.TB) *Server {
 // Launch is Start outside a test: data and log go under dir, and the caller kills the server
 // (Kill) when done.
 func Launch(dir string) (*Server, error) {
-	bin, err := findBinary()
+	bin, err := Binary()
 	if err != nil {
-		return nil, fmt.Errorf("%v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
+		return nil, err
 	}
 	s := &Server{
 		AccessKey: "tilefarm-" + randomHex(4),
@@ -364,6 +364,16 @@ func storeURL(endpoint, bucket string) string { return "s3+http://" + endpoint +
 
 func credentialEnv(accessKey, secretKey string) []string {
 	return []string{"AWS_ACCESS_KEY_ID=" + accessKey, "AWS_SECRET_ACCESS_KEY=" + secretKey}
+}
+
+// Binary is the MinIO executable Start runs, for a test that starts MinIO its own way (on a
+// host of its own); a missing one is an error that says how to install it.
+func Binary() (string, error) {
+	bin, err := findBinary()
+	if err != nil {
+		return "", fmt.Errorf("%v; run the test command from README.md, which installs it (go install %s)", err, MinIOModule)
+	}
+	return bin, nil
 }
 
 // findBinary locates the minio executable.

@@ -32,9 +32,15 @@ type Proc struct {
 // what the process wrote, so neither a later process appending to the same file nor an
 // argument echoed in the banner (a password in a URL, say) shows in them.
 func Start(name, bin, logPath string, env []string, args ...string) (*Proc, error) {
-	cmd := exec.Command(bin, args...)
+	return StartCmd(name, exec.Command(bin, args...), logPath, env)
+}
+
+// StartCmd is Start of a command made elsewhere (one that runs on another host, say: a
+// network namespace's "ip netns exec", which execs the program in its own process, so
+// signals reach the program itself); env is added to this process's environment.
+func StartCmd(name string, cmd *exec.Cmd, logPath string, env []string) (*Proc, error) {
 	cmd.Env = append(os.Environ(), env...)
-	done, start, err := launch(cmd, logPath, name+" "+strings.Join(args, " "))
+	done, start, err := launch(cmd, logPath, name+" "+strings.Join(cmd.Args[1:], " "))
 	if err != nil {
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}

@@ -206,24 +206,6 @@ type Builder interface {
 	Build(ctx context.Context) (string, error)
 }
 
-// Builds are the builds of this machine's external renderers. A kind whose renderer is missing
-// or broken here is left out, with the reason in errs: this machine renders none of its scenes.
-func (ks Kinds) Builds(ctx context.Context) (builds []string, errs []error) {
-	for _, k := range ks {
-		b, ok := k.(Builder)
-		if !ok {
-			continue
-		}
-		fp, err := b.Build(ctx)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", k.Name(), err))
-			continue
-		}
-		builds = append(builds, fp)
-	}
-	return builds, errs
-}
-
 // Close stops the renderer processes of the kinds that run any.
 func (ks Kinds) Close() error {
 	var errs []error

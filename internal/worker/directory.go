@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 )
 
 // What a worker tells the farm about itself and decides for itself (docs/design.md, "Flows":
@@ -147,24 +149,45 @@ func (w *Worker) beat(ctx context.Context) {
 	}
 }
 
-// capabilities completes the worker's with the builds of this machine's renderers (a
-// Blender's fingerprint, asked of the kinds: starting a Blender takes a second or two) and
-// has the worker pull from the pools they serve. The worker beats only after, so the
-// directory never lists it without its builds, while its slots take the tiles of any worker
-// meanwhile.
+// capabilities completes the worker's with the builds of this machine's renderers (asked of
+// each kind that has one, scene.Builder, at once: the built-in renderer answers at once,
+// Blender once a process of it started, a second or two) and has the worker pull from the
+// pools each serves as soon as it is known. The worker beats only after every kind answered,
+// so the directory never lists it without its builds.
 func (w *Worker) capabilities(ctx context.Context) queue.Capabilities {
 	caps := w.cfg.Capabilities
-	builds, errs := w.scenes.kinds.Builds(ctx)
-	for _, b := range builds {
-		w.log.Info("renderer available", "build", b)
+	caps.Builds = slices.Clone(caps.Builds)
+	type answer struct {
+		build string
+		err   error
 	}
-	for _, err := range errs {
-		if ctx.Err() == nil {
-			w.log.Warn("renderer unavailable: this worker renders none of its scenes", "err", err)
+	answers := make(chan answer)
+	asked := 0
+	for _, k := range w.scenes.kinds {
+		if b, ok := k.(scene.Builder); ok {
+			asked++
+			go func() {
+				build, err := b.Build(ctx)
+				if err != nil {
+					err = fmt.Errorf("%s: %w", k.Name(), err)
+				}
+				answers <- answer{build, err}
+			}()
 		}
 	}
-	caps.Builds = append(slices.Clip(caps.Builds), builds...)
-	w.sources.SetCapabilities(caps)
+	for range asked {
+		a := <-answers
+		if a.err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("renderer unavailable: this worker renders none of its scenes", "err", a.err)
+			}
+			continue
+		}
+		w.log.Info("renderer available", "build", a.build)
+		caps.Builds = append(caps.Builds, a.build)
+		slices.Sort(caps.Builds)
+		w.sources.SetCapabilities(caps)
+	}
 	return caps
 }
 

@@ -289,6 +289,9 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 	} else {
 		w.m.TilesCompleted.Inc()
+		// What an operator tailing a worker's log follows, and what tests read.
+		r.log.Info("tile promoted", "frame", r.job.Frame, "rect", r.job.Rect, "render_seconds", time.Since(start).Seconds(),
+			"samples_recovered", recovered)
 	}
 	return r.complete(ctx, r.job.Settings.SPP-recovered, recovered, p.Existing)
 }
