@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"image"
 	"image/png"
 	"os"
@@ -12,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/objstore"
 )
 
 const shotScene = "../../examples/shot/scene.json"
@@ -291,5 +295,39 @@ func TestRenderSameDataOtherFormat(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dir, "a_0003.exr")); err != nil {
 		t.Errorf("exr not written: %v", err)
+	}
+}
+
+// Property: gc never deletes the checkpoint of a tile not promoted (its frame may render again
+// or be revived and resume from it), and deletes an old one of a promoted tile.
+func TestGCKeepsCheckpointsOfTilesNotPromoted(t *testing.T) {
+	data := t.TempDir()
+	store, err := objstore.NewFSStore(filepath.Join(data, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := cmdCtx(t)
+	for _, tile := range []string{"done", "open"} {
+		if err := store.Put(ctx, layout.CheckpointKey(tile), []byte("checkpoint of "+tile)); err != nil {
+			t.Fatal(err)
+		}
+		old := time.Now().Add(-48 * time.Hour)
+		if err := os.Chtimes(filepath.Join(data, "store", layout.CheckpointKey(tile)), old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := finalize.Promote(ctx, store, layout.TileManifestKey("frame", "done"), "a1", "build",
+		[]finalize.Output{{Name: layout.TileOutputName, Data: []byte("pixels")}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := run(t, "gc", "--data", data)
+	if code != 0 {
+		t.Fatalf("gc: %d %s %s", code, out, errs)
+	}
+	if _, err := store.Get(ctx, layout.CheckpointKey("open")); err != nil {
+		t.Fatalf("gc deleted the checkpoint of a tile not promoted: %v (%s)", err, out)
+	}
+	if _, err := store.Get(ctx, layout.CheckpointKey("done")); !errors.Is(err, objstore.ErrNotFound) {
+		t.Fatalf("gc kept the old checkpoint of a promoted tile: %v (%s)", err, out)
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -22,8 +24,9 @@ const minGrace = time.Hour
 func (p *program) gcCommand() *cobra.Command {
 	c := newCommand("gc [--store URL | --data DIR] [--grace D]", "delete unreferenced attempt objects and old checkpoints", `
 Delete attempt objects and remote checkpoints that no manifest references and that are older
-than --grace. Nothing a manifest names is ever deleted, and a tile still rendering keeps its
-checkpoint fresh, so the grace period protects it. Run it from cron on the coordinator host.`)
+than --grace. Nothing a manifest names is ever deleted, and the checkpoint of a tile not
+promoted yet is kept whatever its age: its frame may still render, or be revived by a new job
+or a retry, and resume from it. Run it from cron on the coordinator host.`)
 	fs := c.Flags()
 	storeURL := fs.String("store", "", "object store URL (default: the filesystem store under --data)")
 	data := fs.String("data", ".tilefarm", "coordinator data directory, for the default filesystem store")
@@ -47,16 +50,38 @@ checkpoint fresh, so the grace period protects it. Run it from cron on the coord
 		if err != nil {
 			return err
 		}
-		rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), nil)
+		unfinished, err := unpromotedCheckpoints(ctx, objects)
+		if err != nil {
+			return err
+		}
+		rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), unfinished)
 		if err != nil {
 			return err
 		}
 		if p.jsonOut {
 			return writeJSON(stdout, rep)
 		}
-		fmt.Fprintf(stdout, "deleted %d objects; kept %d referenced, %d younger than %v; %d manifests checked\n",
-			len(rep.Deleted), len(rep.Referenced), len(rep.Young), *grace, rep.Manifests)
+		fmt.Fprintf(stdout, "deleted %d objects; kept %d referenced, %d younger than %v, %d checkpoints of tiles not promoted; %d manifests checked\n",
+			len(rep.Deleted), len(rep.Referenced), len(rep.Young), *grace, len(rep.Protected), rep.Manifests)
 		return nil
 	})
 	return c
+}
+
+// unpromotedCheckpoints returns the keep function of gc: a remote checkpoint is kept while its
+// tile has no manifest (a frame not finished may render it again, or be revived, and resume
+// from it), found by one listing of the tile manifests.
+func unpromotedCheckpoints(ctx context.Context, objects objstore.Store) (func(key string) bool, error) {
+	manifests, err := objects.List(ctx, finalize.ManifestPrefix+layout.TileManifests)
+	if err != nil {
+		return nil, fmt.Errorf("listing tile manifests: %w", err)
+	}
+	promoted := make(map[string]bool, len(manifests))
+	for _, m := range manifests {
+		promoted[strings.TrimSuffix(path.Base(m.Key), ".json")] = true
+	}
+	return func(key string) bool {
+		tile, ok := strings.CutPrefix(key, layout.CheckpointKey(""))
+		return ok && !promoted[tile]
+	}, nil
 }

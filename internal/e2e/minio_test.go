@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -238,10 +239,20 @@ func TestMinIOOutageThenGC(t *testing.T) {
 		samePixels(t, frameFile(out, fr), reference(t, scene, fr, small...))
 	}
 
-	// gc: plant what crashed attempts leave behind, then collect with no grace period.
+	// gc: plant what crashed attempts leave behind (an attempt no manifest names, a checkpoint
+	// of a tile promoted since), then collect with no grace period.
 	ctx := context.Background()
 	objects := s3Store(t, m)
-	orphans := []string{"attempts/tiles/" + strings.Repeat("ab", 32) + "/deadbeef/rgb.f32", layout.CheckpointKey(strings.Repeat("cd", 32))}
+	tileManifests, err := objects.List(ctx, finalize.ManifestPrefix+layout.TileManifests)
+	if err != nil || len(tileManifests) == 0 {
+		t.Fatalf("tile manifests: %d, %v", len(tileManifests), err)
+	}
+	promotedTile := strings.TrimSuffix(path.Base(tileManifests[0].Key), ".json")
+	orphans := []string{"attempts/tiles/" + strings.Repeat("ab", 32) + "/deadbeef/rgb.f32", layout.CheckpointKey(promotedTile)}
+	unfinished := layout.CheckpointKey(strings.Repeat("cd", 32)) // a tile never promoted: kept, whatever its age
+	if err := objects.Put(ctx, unfinished, []byte("checkpoint")); err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range orphans {
 		if err := objects.Put(ctx, k, []byte("orphan")); err != nil {
 			t.Fatal(err)
@@ -266,6 +277,9 @@ func TestMinIOOutageThenGC(t *testing.T) {
 		if _, err := objects.Stat(ctx, k); err == nil {
 			t.Fatalf("gc left the orphan %s", k)
 		}
+	}
+	if _, err := objects.Stat(ctx, unfinished); err != nil {
+		t.Fatalf("gc deleted the checkpoint of a tile not promoted: %v", err)
 	}
 	if len(rep.Referenced) == 0 {
 		t.Fatalf("gc saw no referenced objects: %+v", rep)

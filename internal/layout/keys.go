@@ -17,10 +17,10 @@ func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".
 func TileManifestKey(frameKey, tileKey string) string { return TileManifestPrefix(frameKey) + tileKey }
 
 // TileManifestPrefix is the logical key prefix of every tile manifest of a frame.
-func TileManifestPrefix(frameKey string) string { return tileManifests + frameKey + "/" }
+func TileManifestPrefix(frameKey string) string { return TileManifests + frameKey + "/" }
 
-// tileManifests is the logical key prefix of every tile manifest.
-const tileManifests = "tiles/"
+// TileManifests is the logical key prefix of every tile manifest.
+const TileManifests = "tiles/"
 
 // FrameManifestPrefix is the logical key prefix of every output manifest of a frame.
 func FrameManifestPrefix(frameKey string) string { return "frames/" + frameKey + "/" }
@@ -91,7 +91,7 @@ func TileManifestTile(objectKey string) (tileKey string, ok bool) {
 	if logical, ok = strings.CutSuffix(logical, ".json"); !ok {
 		return "", false
 	}
-	if logical, ok = strings.CutPrefix(logical, tileManifests); !ok {
+	if logical, ok = strings.CutPrefix(logical, TileManifests); !ok {
 		return "", false
 	}
 	_, tileKey, ok = strings.Cut(logical, "/")
