@@ -88,6 +88,23 @@ func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
 	outputsEqualReference(t, f, st.JobID, scene, []int{3}, oneTile...)
 }
 
+// A worker's own failure events are retried like its completions: the publishes of tile.failed
+// fail twice for a tile that panics in every attempt (one failure allowed), and the coordinator
+// still learns it was dead-lettered: the job fails, naming the tile, instead of waiting for it.
+func TestFailureEventPublishIsRetried(t *testing.T) {
+	scene := example("shot")
+	f := startServe(t, t.TempDir(), "--max-failures", "1")
+	w := f.worker("flaky", t.TempDir(), "--fault-panic-tile", "3:0,0,64,36", "--fault-fail-publish", "tile.failed:2")
+	st, _ := f.submit(append([]string{scene, "--frames", "3"}, oneTile...)...)
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "failed" || done.TilesFailed != 1 {
+		t.Fatalf("job whose tile was dead-lettered while its failure event's publishes failed: %+v", done)
+	}
+	if !strings.Contains(w.Log(), `op="publishing failure event"`) || !strings.Contains(w.Log(), "injected fault") {
+		t.Fatalf("the injected publish failures never hit the tile's failure event:\n%s", w.Log())
+	}
+}
+
 // Re-assembly ids are unique per request: other formats of a finished frame asked for back to back, the second while the
 // first re-assembly is queued or running. Each re-assembly has a dedup id of its own, so both
 // complete; and the job that finished first stays completed throughout.

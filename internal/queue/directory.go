@@ -17,7 +17,9 @@ import (
 // Buckets through which the coordinator and the workers tell each other what is live.
 const (
 	// BucketDropped holds the frames no live job wants any more (their jobs were cancelled);
-	// workers drop such a frame's tiles before leasing one and between passes.
+	// workers drop such a frame's tiles before leasing one and between passes. A mark lasts
+	// EventsRetention, so the bucket stays bounded: a tile of a cancelled frame still queued
+	// after that is rendered (wasted, never wrong).
 	BucketDropped = "dropped"
 	// BucketWorkers holds each live worker's heartbeat; an entry expires WorkerTTL after the
 	// worker's last beat, so a killed worker leaves the list by itself.
@@ -33,7 +35,7 @@ const (
 func setupDirectory(ctx context.Context, js jetstream.JetStream, cfg Config) (*Dropped, *Workers, error) {
 	dkv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{
 		Bucket: BucketDropped, Description: "tilefarm frames whose jobs were all cancelled", History: 1,
-		Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
+		TTL: EventsRetention, Storage: jetstream.FileStorage, Replicas: cfg.Replicas,
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("setting up bucket %s: %w", BucketDropped, err)

@@ -76,6 +76,10 @@ func TestSetupIsIdempotentAndConfiguresStreams(t *testing.T) {
 	if st.TTL() != cfg.LeaseTTL || st.History() != 1 {
 		t.Errorf("leases bucket ttl %v history %d, want %v and 1", st.TTL(), st.History(), cfg.LeaseTTL)
 	}
+	// The dropped frames are bounded: a mark outlives no events retention.
+	if ds, err := f2.Dropped.kv.Status(ctx); err != nil || ds.TTL() != EventsRetention {
+		t.Errorf("dropped bucket ttl %v (%v), want %v", ds.TTL(), err, EventsRetention)
+	}
 
 	// A changed config is applied by the next Setup.
 	cfg.MaxDeliver = 6

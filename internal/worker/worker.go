@@ -417,9 +417,13 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) (hande
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
 	// or about to be retried). A message that did not even decode names nothing to report.
+	// It is retried in place like a completion (up to handOnAfter): a lost one would leave the
+	// coordinator believing the tile renders, or, for a dead letter, lost.
 	if r != nil {
 		ev := r.failureEvent(wire.Event{Error: err.Error(), Terminal: terminal, Code: failure.Classify(err, objstore.IsRetryable)})
-		if perr := w.publishEvent(cctx, d, ev); perr != nil {
+		if perr := w.retryInPlace(context.WithoutCancel(ctx), d, "publishing failure event", func(ctx context.Context) error {
+			return w.publishEvent(ctx, d, ev)
+		}); perr != nil {
 			d.log.Warn("publishing failure event", "err", perr)
 		}
 	}
