@@ -4,10 +4,25 @@
 # and nats-server, built from the nats-server/v2 module pinned in go.mod; and Blender 3.4.1
 # from Debian (about 40 s), unless TILEFARM_BLENDER already names one; OpenImageIO's tools and
 # Python module from Debian, the independent reader of Blender's multilayer EXRs; and Chromium
-# from Debian, for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one.
+# from Debian, for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one;
+# and nftables from Debian, for the partition tests between network namespaces.
 # Extra arguments go to `go test` (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
 cd "$(dirname "$0")"
+
+# apt_install WHAT HINT PACKAGE... installs Debian packages for the tests of WHAT, as root, or
+# says what is needed (HINT) and stops.
+apt_install() {
+  local what=$1 hint=$2
+  shift 2
+  echo "installing $* from Debian for $what (first run only)..."
+  if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
+    echo "test.sh: $hint: install it (apt-get install $*)" >&2
+    exit 1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null ||
+    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+}
 
 CACHE="${XDG_CACHE_HOME:-${HOME:-/root}/.cache}/tilefarm"
 
@@ -33,13 +48,7 @@ BLENDER_VERSION=3.4.1
 BLENDER_PACKAGE="blender=3.4.1+dfsg-2+b1"
 if [ -z "${TILEFARM_BLENDER:-}" ]; then
   if ! command -v blender >/dev/null; then
-    echo "installing Blender $BLENDER_VERSION from Debian (first run only, about 40 s)..."
-    if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
-      echo "test.sh: Blender $BLENDER_VERSION is needed: install it (apt-get install $BLENDER_PACKAGE) or set TILEFARM_BLENDER" >&2
-      exit 1
-    fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$BLENDER_PACKAGE" >/dev/null ||
-      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$BLENDER_PACKAGE" >/dev/null; }
+    apt_install "the Blender tests (about 40 s)" "Blender $BLENDER_VERSION is needed (or set TILEFARM_BLENDER)" "$BLENDER_PACKAGE"
   fi
   TILEFARM_BLENDER=$(command -v blender)
 fi
@@ -52,36 +61,18 @@ export TILEFARM_BLENDER
 # OpenImageIO (oiiotool and its Python module, with numpy): the tests' independent reader of
 # Blender's multilayer EXRs, channel by channel.
 if ! command -v oiiotool >/dev/null || ! /usr/bin/python3 -c 'import OpenImageIO, numpy' 2>/dev/null; then
-  echo "installing OpenImageIO's tools from Debian for the Blender output tests (first run only)..."
-  if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
-    echo "test.sh: OpenImageIO is needed: install it (apt-get install openimageio-tools python3-openimageio python3-numpy)" >&2
-    exit 1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q openimageio-tools python3-openimageio python3-numpy >/dev/null ||
-    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q openimageio-tools python3-openimageio python3-numpy >/dev/null; }
+  apt_install "the Blender output tests" "OpenImageIO is needed" openimageio-tools python3-openimageio python3-numpy
 fi
 
 # nftables: the partition tests run each process of a farm as a host in its own network
 # namespace and cut links between them with nft (as root, which CI is).
 if ! command -v nft >/dev/null; then
-  echo "installing nftables from Debian for the partition tests (first run only)..."
-  if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
-    echo "test.sh: nft is needed by the partition tests, which run as root: install it (apt-get install nftables)" >&2
-    exit 1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null ||
-    { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null; }
+  apt_install "the partition tests" "nft is needed by the partition tests, which run as root" nftables
 fi
 
 if [ -z "${TILEFARM_CHROMIUM:-}" ]; then
   if ! command -v chromium >/dev/null; then
-    echo "installing Chromium from Debian for the web tests (first run only)..."
-    if ! command -v apt-get >/dev/null || [ "$(id -u)" -ne 0 ]; then
-      echo "test.sh: Chromium is needed by the web tests: install it (apt-get install chromium) or set TILEFARM_CHROMIUM" >&2
-      exit 1
-    fi
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null ||
-      { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+    apt_install "the web tests" "Chromium is needed by the web tests (or set TILEFARM_CHROMIUM)" chromium
   fi
   TILEFARM_CHROMIUM=$(command -v chromium)
 fi
