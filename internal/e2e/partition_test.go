@@ -127,10 +127,10 @@ func TestPartitionWorkerCutOffFromNATS(t *testing.T) {
 	h.net.Heal(slowHost, h.coord)
 	waitWorkers(t, h.farmProc, "w1,w2", time.Minute) // w1 rejoins
 	time.Sleep(2 * time.Second)                      // and says what it would say about its old tile
-	if strings.Contains(slow.Log(), "tile promoted") {
+	if strings.Contains(slow.Log(), `msg="tile promoted"`) {
 		t.Fatalf("w1 promoted the tile it had lost:\n%s", slow.Log())
 	}
-	if n := strings.Count(rescuer.Log(), "tile promoted"); n != 1 {
+	if n := strings.Count(rescuer.Log(), `msg="tile promoted"`); n != 1 {
 		t.Fatalf("w2 promoted %d tiles, want the one tile once:\n%s", n, rescuer.Log())
 	}
 	after := slow.Log()[end:]
@@ -167,7 +167,7 @@ func TestPartitionWorkerCutOffFromTheStore(t *testing.T) {
 	if done.State != "completed" || done.TilesFailed != 0 {
 		t.Fatalf("job after the store was cut off from w1: %+v", done)
 	}
-	if !strings.Contains(rescuer.Log(), "tile promoted") || strings.Contains(slow.Log(), "tile promoted") {
+	if !strings.Contains(rescuer.Log(), `msg="tile promoted"`) || strings.Contains(slow.Log(), `msg="tile promoted"`) {
 		t.Fatalf("the tile was not rendered by w2 alone:\nw1:\n%s\nw2:\n%s", slow.Log(), rescuer.Log())
 	}
 	h.assertNoDeadLetters()
@@ -175,4 +175,39 @@ func TestPartitionWorkerCutOffFromTheStore(t *testing.T) {
 	h.net.Heal(slowHost, h.store)
 	waitLog(t, slow, `object store available again`, time.Minute)
 	t.Log("figures: tiles lost 0, promoted twice 0, frames differing 0, false dead letters 0")
+}
+
+// Property: a link that flaps (cut and healed every few seconds) between a rendering worker and
+// NATS for half a minute costs nothing but time: the job completes equal to the reference,
+// nothing is dead-lettered, and no tile is promoted twice.
+func TestPartitionFlappingLink(t *testing.T) {
+	scene := example("shot")
+	h := startHostFarm(t)
+	flappy, flappyHost := h.worker("w1", "--fault-pass-delay", "150ms", "--checkpoint-every", "0")
+	steady, _ := h.worker("w2", "--fault-pass-delay", "150ms", "--checkpoint-every", "0")
+	st, r := h.submit(append([]string{scene, "--frames", "5-6"}, small...)...)
+	if r.code != 42 && r.code != 3 {
+		t.Fatalf("submit: %s", r)
+	}
+	waitCheckpoint(t, flappy, 2)
+	flaps := 0
+	for start := time.Now(); time.Since(start) < 30*time.Second; flaps++ {
+		if mid, _ := h.status(st.JobID); flaps == 0 && mid.State == "completed" {
+			t.Fatalf("the job completed before the link flapped: %+v", mid)
+		}
+		h.net.Cut(flappyHost, h.coord)
+		time.Sleep(time.Duration(1500+500*(flaps%3)) * time.Millisecond)
+		h.net.Heal(flappyHost, h.coord)
+		time.Sleep(2 * time.Second)
+	}
+	done := h.waitDone(st.JobID, 3*time.Minute)
+	if done.State != "completed" || done.TilesFailed != 0 {
+		t.Fatalf("job after %d flaps: %+v", flaps, done)
+	}
+	if promoted := strings.Count(flappy.Log(), `msg="tile promoted"`) + strings.Count(steady.Log(), `msg="tile promoted"`); promoted != done.TilesTotal {
+		t.Fatalf("%d promotions for %d tiles:\nw1:\n%s\nw2:\n%s", promoted, done.TilesTotal, flappy.Log(), steady.Log())
+	}
+	h.assertNoDeadLetters()
+	outputsEqualReference(t, h.farmProc, st.JobID, scene, []int{5, 6}, small...)
+	t.Logf("figures: %d flaps; tiles lost 0, promoted twice 0, frames differing 0, false dead letters 0", flaps)
 }
