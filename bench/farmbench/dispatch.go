@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/farmtest"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/tiles"
@@ -111,21 +112,32 @@ func MeasureShotDispatch(ctx context.Context, bins farmtest.Binaries, dir string
 	res.DBBytes = fi.Size()
 
 	// Then every tile reports completion, as workers would: the coordinator applies an event
-	// per tile and its tile tables fill in.
+	// per tile and its tile tables fill in. (No manifest backs these completions: a frame's
+	// assembly would find them unproven and send its tiles back, so what is timed is the events
+	// applied, the coordinator's consumer acking the last of them.)
 	start = time.Now()
 	if err := publishCompletions(ctx, js, big.Status, w); err != nil {
 		return res, err
 	}
+	events, err := js.Stream(ctx, queue.StreamEvents)
+	if err != nil {
+		return res, err
+	}
+	last := events.CachedInfo().State.LastSeq
+	if info, err := events.Info(ctx); err == nil {
+		last = info.State.LastSeq
+	}
 	for {
-		st, err := c.Status(ctx, big.Status.JobID)
+		cons, err := js.Consumer(ctx, queue.StreamEvents, coordinator.ConsumerEvents)
 		if err != nil {
 			return res, err
 		}
-		if st.TilesCompleted == st.TilesTotal {
+		info := cons.CachedInfo()
+		if info.AckFloor.Stream >= last && info.NumAckPending == 0 {
 			break
 		}
 		if !queue.Sleep(ctx, 50*time.Millisecond) {
-			return res, fmt.Errorf("waiting for %d tile events to be applied (%d so far): %w", st.TilesTotal, st.TilesCompleted, ctx.Err())
+			return res, fmt.Errorf("waiting for %d tile events to be applied (acked up to %d of %d): %w", res.Tiles, info.AckFloor.Stream, last, ctx.Err())
 		}
 	}
 	res.Applied = time.Since(start)

@@ -15,7 +15,11 @@ import (
 
 // consumerEvents is the coordinator's durable consumer on EVENTS: after a crash it resumes where
 // it stopped, and applying an event again changes nothing (see coorddb.NextTileState).
-const consumerEvents = "coordinator"
+const consumerEvents = ConsumerEvents
+
+// ConsumerEvents names the coordinator's durable consumer on EVENTS, for tools that wait until
+// it has applied what was published (farmbench).
+const ConsumerEvents = "coordinator"
 
 // eventBatch bounds the events applied in one transaction.
 const eventBatch = 512
