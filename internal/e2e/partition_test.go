@@ -211,3 +211,30 @@ func TestPartitionFlappingLink(t *testing.T) {
 	outputsEqualReference(t, h.farmProc, st.JobID, scene, []int{5, 6}, small...)
 	t.Logf("figures: %d flaps; tiles lost 0, promoted twice 0, frames differing 0, false dead letters 0", flaps)
 }
+
+// Property: a worker whose checkpoint disk is full says so and keeps rendering, its tiles still
+// resumable from their remote checkpoints: the job completes equal to the reference, nothing
+// dead-lettered, and the worker's local database stays readable (it starts again on it).
+func TestWorkerCheckpointDiskFull(t *testing.T) {
+	scene := example("shot")
+	disk := nettest.Tmpfs(t, "96k")
+	f := startServe(t, t.TempDir())
+	w := f.worker("w", disk, "--checkpoint-every", "0")
+	st, _ := f.submit(append([]string{scene, "--frames", "7"}, oneTile...)...)
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" || done.TilesFailed != 0 {
+		t.Fatalf("job on a worker with a full checkpoint disk: %+v", done)
+	}
+	if !strings.Contains(w.Log(), "saving local checkpoint") || !strings.Contains(w.Log(), "no space left on device") {
+		t.Fatalf("the worker never said its checkpoint disk was full:\n%s", w.Log())
+	}
+	if !strings.Contains(w.Log(), "remote checkpoint uploaded") {
+		t.Fatalf("no remote checkpoint while the local disk was full:\n%s", w.Log())
+	}
+	f.assertNoDeadLetters()
+	outputsEqualReference(t, f, st.JobID, scene, []int{7}, oneTile...)
+	w.Kill()
+	w.WaitExit(10 * time.Second)
+	again := f.worker("w", disk, "--checkpoint-every", "0")
+	waitLog(t, again, `worker started`, 30*time.Second)
+}

@@ -193,13 +193,13 @@ func (n *Net) Rejoin(h *Host) {
 // Tmpfs mounts a tmpfs of the given size (as for mount -o size=, e.g.
 // "8m") on a new temporary directory and returns the directory, so that a
 // test can fill a process's disk and watch it cope with ENOSPC. It is
-// unmounted at cleanup. Create it before starting processes on h that use
-// it: they only see mounts that exist when they start.
-func (h *Host) Tmpfs(t testing.TB, size string) string {
+// unmounted at cleanup. Create it before starting processes on a host that
+// use it: they only see mounts that exist when they start. It needs root.
+func Tmpfs(t testing.TB, size string) string {
 	t.Helper()
 	dir := t.TempDir() // its removal is registered first, so runs after the unmount
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("nettest: mount tmpfs on %s: %v: %s", dir, err, out)
+		t.Fatalf("nettest: mount tmpfs on %s: %v: %s (%s)", dir, err, out, fixHint)
 	}
 	t.Cleanup(func() {
 		if err := exec.Command("umount", dir).Run(); err != nil {

@@ -39,7 +39,7 @@ func TestNet(t *testing.T) {
 		n := New(t)
 		a, b, c := n.Host("a"), n.Host("b"), n.Host("c")
 		made = []string{n.sw, a.NS, b.NS, c.NS}
-		tmp = a.Tmpfs(t, "1m") // before starting a's processes, so they see it
+		tmp = Tmpfs(t, "1m") // before starting a's processes, so they see it
 
 		srv := start(t, b, "server", b.HostPort(port))
 		srv.expect("ready")
