@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -16,7 +17,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // violations collects the asynchronous errors a NATS connection reports.
@@ -273,4 +276,72 @@ func TestEmbeddedNATSBeyondLoopbackRequiresCredentials(t *testing.T) {
 		t.Fatalf("the worker credential was refused: %v", err)
 	}
 	nc.Close()
+}
+
+// Property: nothing believed without proof. A tile.completed forged with a worker credential
+// for every tile of a frame no worker rendered yet does not complete it: the relay finds no
+// manifest before asking for the frame's assembly and sends the tiles back, and the job
+// renders them and completes equal to the reference.
+func TestForgedCompletionDoesNotCompleteATile(t *testing.T) {
+	scene := example("shot")
+	data := t.TempDir()
+	f := newFarm(t, data)
+	f.restart("--nats-auth")
+	st, r := f.submit(append([]string{scene, "--frames", "9"}, small...)...)
+	if r.code != 42 {
+		t.Fatalf("submit: %s", r)
+	}
+	var tiles api.FrameTiles
+	if r := f.cli("status", st.JobID, "--json"); r.code != 42 {
+		t.Fatalf("status: %s", r)
+	}
+	resp, err := http.Get("http://" + f.HTTP + "/v1/jobs/" + st.JobID + "/frames/9/tiles")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&tiles); err != nil || len(tiles.Tiles) == 0 {
+		t.Fatalf("tiles of frame 9: %v %+v", err, tiles)
+	}
+	resp.Body.Close()
+	seed, err := nats.NkeyOptionFromSeed(filepath.Join(data, "worker.creds"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(f.NATSURL(), seed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frameKey := st.Frames[0].FrameKey
+	for _, tile := range tiles.Tiles {
+		ev := wire.Event{ID: "forged:" + tile.TileKey, Type: wire.EventTileCompleted, JobID: st.JobID, TileKey: tile.TileKey,
+			TileIndex: tile.Index, FrameKey: frameKey, Worker: "forger", Attempt: "forged", Time: time.Now().UTC()}
+		data, _ := json.Marshal(ev)
+		if _, err := js.Publish(t.Context(), ev.Subject(), data); err != nil {
+			t.Fatalf("publishing a forged completion with the worker credential: %v", err)
+		}
+	}
+	// The claims are applied, then found unproven before the frame is assembled.
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if strings.Contains(f.Coord.Log(), "tiles recorded completed have no manifest") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the forged completions were never found unproven:\n%s", f.Coord.Log())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if now, _ := f.status(st.JobID); now.State == "completed" || now.TilesCompleted == now.TilesTotal {
+		t.Fatalf("forged completions completed the frame: %+v", now)
+	}
+	w := f.worker("honest", t.TempDir(), "--nats-creds", filepath.Join(data, "worker.creds"))
+	done := f.waitDone(st.JobID, 2*time.Minute)
+	if done.State != "completed" || strings.Count(w.Log(), `msg="tile promoted"`) != done.TilesTotal {
+		t.Fatalf("job after forged completions: %+v\n%s", done, w.Log())
+	}
+	outputsEqualReference(t, f, st.JobID, scene, []int{9}, small...)
 }
