@@ -115,7 +115,7 @@ with its File Output nodes' files beside it.`)
 func (p *program) serveCommand() *cobra.Command {
 	c := newCommand("serve", "run the coordinator daemon (HTTP API, embedded NATS)", `
 Run the coordinator daemon: the HTTP API for submit/status/jobs/outputs and /metrics on --listen,
-the outbox relay, the event consumer, the dead-letter watcher and the reconciler. Without --nats
+the outbox relay, the event consumer and the reconciler. Without --nats
 it embeds a JetStream server on --nats-listen so tileworkers can join; without --store it keeps
 objects under --data/store. Stops cleanly on SIGINT/SIGTERM.
 

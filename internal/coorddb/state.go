@@ -26,8 +26,8 @@ func (s TileState) String() string { return enumName(tileStateNames[:], s, "tile
 // MarshalText makes the state read as its name in JSON.
 func (s TileState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
-// TileChange is something that happened to a tile, reported by an event, the dead-letter
-// watcher, the reconciler or an operator.
+// TileChange is something that happened to a tile, reported by an event, the relay (an
+// unproven completion), the reconciler or an operator.
 type TileChange uint8
 
 // Tile changes.

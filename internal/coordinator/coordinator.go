@@ -57,7 +57,7 @@ type Deps struct {
 	DB      *coorddb.DB
 	Queue   *queue.Queue
 	Kinds   scene.Kinds // the kinds of scene submissions may be of
-	NATS    *nats.Conn  // carries the dead-letter watcher and the relay's asynchronous publishes
+	NATS    *nats.Conn  // carries the relay's asynchronous publishes
 	Objects objstore.Store
 	Metrics *metrics.Coordinator // nil: a registry of its own
 	Log     *slog.Logger

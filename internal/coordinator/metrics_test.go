@@ -36,7 +36,7 @@ func TestSubmissionsCounted(t *testing.T) {
 }
 
 // A dead letter is counted once however often it reaches the coordinator (the worker's
-// terminal failure event, its redelivery, the dead-letter watcher), and a frame once when it
+// terminal failure event, its redelivery), and a frame once when it
 // completes, not again on a repeated frame.assembled.
 func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 	h := newHarness(t, Config{})

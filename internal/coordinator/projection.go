@@ -15,7 +15,7 @@ import (
 )
 
 // projection applies changes to frames inside one store transaction. It is the one writer of
-// frame and tile state: submit, the event consumer, the dead-letter watcher, the reconciler,
+// frame and tile state: submit, the event consumer, the relay, the reconciler,
 // retries and requeues all go through it, so every change passes the same state machine
 // (coorddb.NextTileState) and the same frame settling (docs/design.md, "States").
 type projection struct {
