@@ -237,25 +237,39 @@ func apiToken(file string) (string, error) {
 }
 
 func (p *program) credentialsCommand() *cobra.Command {
-	c := newCommand("credentials", "NATS identities and the account config for an external cluster", `
-Create (or reuse) the farm's two NATS identities in --data, as serve does when it embeds NATS
-with authentication: coordinator.creds (for 'serve --nats URL --nats-creds') and worker.creds
-(for 'tileworker --nats-creds' on render nodes), both mode 0600. Then print the nats-server
-configuration that grants them their permissions, to add to every node of an external JetStream
-cluster. Only public keys are printed; the seeds stay in the files.`)
+	c := newCommand("credentials", "NATS identities: one per render node, and the account config for a cluster", `
+Create (or reuse) the farm's NATS identities in --data, as serve does when it embeds NATS with
+authentication: coordinator.creds (for 'serve --nats URL --nats-creds') and worker.creds, a
+first worker identity, all mode 0600. With --worker NAME, also the identity of the render node
+NAME, in workers/NAME.creds: copy it to that node for 'tileworker --nats-creds'. Each worker
+identity reads only its own inbox, so give every render node its own; nodes sharing one can
+read each other's replies.
+
+Then print the nats-server configuration that grants every identity its permissions. A serve
+that embeds NATS on this --data loads identities added here within seconds, without a restart;
+an external JetStream cluster needs the printed block on every node, then a configuration
+reload (nats-server --signal reload). Only public keys are printed; the seeds stay in the files.`)
 	fs := c.Flags()
 	data := fs.String("data", ".tilefarm", "directory for the credential files")
+	workers := fs.StringSlice("worker", nil, "also create (or reuse) the identity of the render node `NAME` (repeatable, or comma-separated)")
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		if err := os.MkdirAll(*data, 0o700); err != nil {
 			return err
 		}
-		coord, work, err := node.EnsureCredentials(*data)
+		for _, name := range *workers {
+			path, err := node.EnsureWorkerCredentials(*data, name)
+			if err != nil {
+				return usagef("--worker: %v", err)
+			}
+			fmt.Fprintf(stderr, "worker identity %s: %s (copy it to the render node for tileworker --nats-creds)\n", name, mustAbs(path))
+		}
+		ids, err := node.EnsureCredentials(*data)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "# tilefarm account for nats-server; identities in %s (%s, %s)\n", mustAbs(*data),
-			node.CoordinatorCredsFile, node.WorkerCredsFile)
-		fmt.Fprint(stdout, queue.AccountConfig(coord, work))
+		fmt.Fprintf(stdout, "# tilefarm account for nats-server; identities in %s (%s, %s, %s/)\n", mustAbs(*data),
+			node.CoordinatorCredsFile, node.WorkerCredsFile, node.WorkerCredsDir)
+		fmt.Fprint(stdout, ids.AccountConfig())
 		return nil
 	})
 	return c

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -112,11 +114,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 
 	// A worker credential cannot do what only the coordinator may.
 	var v violations
-	seedOpt, err := nats.NkeyOptionFromSeed(workerCreds)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wnc, err := nats.Connect(f.NATSURL(), seedOpt, nats.ErrorHandler(v.handler), nats.NoReconnect())
+	wnc, err := nats.Connect(f.NATSURL(), workerIdentity(t, workerCreds), nats.ErrorHandler(v.handler), nats.NoReconnect())
 	if err != nil {
 		t.Fatalf("connecting with the worker credential: %v", err)
 	}
@@ -171,6 +169,32 @@ func TestAuthenticatedFarm(t *testing.T) {
 	}
 	cancel()
 
+	// A render node's own identity, added while serve runs, is loaded without a restart and
+	// renders; no other identity reads its inbox, and none reads the coordinator's.
+	if r := run(t, "coordinator", "credentials", "--data", data, "--worker", "node2"); r.code != 0 || !strings.Contains(r.stdout, "accounts") {
+		t.Fatalf("credentials --worker node2: %s", r)
+	}
+	node2Creds := filepath.Join(data, "workers", "node2.creds")
+	node2Pub := publicKey(t, node2Creds)
+	for _, sub := range []string{"_INBOX.>", queue.WorkerInboxPrefix(node2Pub) + ".>", "_INBOX_W.>"} {
+		if _, err := wnc.SubscribeSync(sub); err != nil {
+			t.Fatal(err)
+		}
+		v.wait(t, sub)
+	}
+	if _, err := f.Coord.WaitLog(t.Context(), regexp.MustCompile(`worker identities loaded[^\n]*added=1`), 0, 30*time.Second); err != nil {
+		t.Fatalf("serve never loaded the identity added to its data directory: %v\n%s", err, f.Coord.Log())
+	}
+	w.Kill()
+	w.WaitExit(10 * time.Second)
+	outputs = append(outputs, w.Log())
+	w = f.worker("node2", t.TempDir(), "--nats-creds", node2Creds)
+	st3, r := f.submit(append([]string{scene, "--frames", "4"}, small...)...)
+	outputs = append(outputs, r.stdout+r.stderr)
+	if done := f.waitDone(st3.JobID, 2*time.Minute); done.State != "completed" || !strings.Contains(w.Log(), `msg="tile promoted"`) {
+		t.Fatalf("job on a render node's own identity: %+v\n%s", done, w.Log())
+	}
+
 	// The coordinator's own credential sees everything intact.
 	copt, err := nats.NkeyOptionFromSeed(filepath.Join(data, "coordinator.creds"))
 	if err != nil {
@@ -195,7 +219,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 		t.Fatalf("a forged frame.completed reached EVENTS: %v", err)
 	}
 
-	// Credentials are reused on restart, and the same worker goes on rendering.
+	// Credentials are reused on restart, and the render node goes on rendering.
 	f.Coord.Kill()
 	f.restart("--nats-auth", "--api-token-file", tokenFile)
 	if credsAfter, _ := os.ReadFile(workerCreds); string(credsAfter) != string(credsBefore) {
@@ -208,7 +232,7 @@ func TestAuthenticatedFarm(t *testing.T) {
 	}
 
 	// No secret in any log or output.
-	seeds := secretLines(t, workerCreds, filepath.Join(data, "coordinator.creds"))
+	seeds := secretLines(t, workerCreds, node2Creds, filepath.Join(data, "coordinator.creds"))
 	logs := append(outputs, f.Coord.Log(), w.Log())
 	for _, l := range logs {
 		for _, secret := range append(seeds, token) {
@@ -217,6 +241,41 @@ func TestAuthenticatedFarm(t *testing.T) {
 			}
 		}
 	}
+}
+
+// workerIdentity is the option that connects as the worker identity in a credential file, as
+// a tileworker does: its seed, and its own inbox, the only one it may read.
+func workerIdentity(t *testing.T, path string) nats.Option {
+	t.Helper()
+	seed, err := nats.NkeyOptionFromSeed(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := queue.WorkerInboxPrefix(publicKey(t, path))
+	return func(o *nats.Options) error {
+		if err := seed(o); err != nil {
+			return err
+		}
+		return nats.CustomInboxPrefix(prefix)(o)
+	}
+}
+
+// publicKey is the public key of the nkey seed in a credential file.
+func publicKey(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, err := kp.PublicKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pub
 }
 
 // secretLines returns the nkey seeds in credential files.
@@ -303,11 +362,7 @@ func TestForgedCompletionDoesNotCompleteATile(t *testing.T) {
 		t.Fatalf("tiles of frame 9: %v %+v", err, tiles)
 	}
 	resp.Body.Close()
-	seed, err := nats.NkeyOptionFromSeed(filepath.Join(data, "worker.creds"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	nc, err := nats.Connect(f.NATSURL(), seed)
+	nc, err := nats.Connect(f.NATSURL(), workerIdentity(t, filepath.Join(data, "worker.creds")))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -36,16 +37,20 @@ type NATSClient struct {
 }
 
 // options are the nats.Options of c, reconnecting forever: a node lost or a leader change is
-// ridden through, not fatal.
-func (c NATSClient) options(name string) ([]nats.Option, error) {
+// ridden through, not fatal. A worker's connection (worker) with an nkey identity takes that
+// identity's own inbox prefix, the only inbox its credential may read.
+func (c NATSClient) options(name string, worker bool) ([]nats.Option, error) {
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(true), nats.Timeout(5 * time.Second)}
 	if c.Creds != "" {
-		o, err := credsOption(c.Creds)
+		o, pub, err := credsOption(c.Creds)
 		if err != nil {
 			return nil, err
 		}
 		opts = append(opts, o)
+		if worker {
+			opts = append(opts, nats.CustomInboxPrefix(queue.WorkerInboxPrefix(pub)))
+		}
 	}
 	if c.User != "" {
 		opts = append(opts, nats.UserInfo(c.User, c.Password))
@@ -65,30 +70,35 @@ func (c NATSClient) options(name string) ([]nats.Option, error) {
 	return opts, nil
 }
 
-// credsOption reads a credentials file: a NATS JWT .creds file, or an nkey user seed.
-func credsOption(path string) (nats.Option, error) {
+// credsOption reads a credentials file, a NATS JWT .creds file or an nkey user seed, and
+// returns the option that presents it and the identity's public key.
+func credsOption(path string) (opt nats.Option, pub string, err error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading NATS credentials: %w", err)
+		return nil, "", fmt.Errorf("reading NATS credentials: %w", err)
 	}
 	defer clear(data)
-	if bytes.Contains(data, []byte("BEGIN NATS USER JWT")) {
-		return nats.UserCredentials(path), nil
-	}
-	if _, err := nkeys.ParseDecoratedNKey(data); err != nil {
-		return nil, fmt.Errorf("NATS credentials %q: neither a .creds file nor an nkey seed", path)
-	}
-	o, err := nats.NkeyOptionFromSeed(path)
+	kp, err := nkeys.ParseDecoratedNKey(data) // a .creds file's seed too
 	if err != nil {
-		return nil, fmt.Errorf("NATS credentials %q: %w", path, err)
+		return nil, "", fmt.Errorf("NATS credentials %q: neither a .creds file nor an nkey seed", path)
 	}
-	return o, nil
+	defer kp.Wipe()
+	if pub, err = kp.PublicKey(); err != nil {
+		return nil, "", fmt.Errorf("NATS credentials %q: %w", path, err)
+	}
+	if bytes.Contains(data, []byte("BEGIN NATS USER JWT")) {
+		return nats.UserCredentials(path), pub, nil
+	}
+	if opt, err = nats.NkeyOptionFromSeed(path); err != nil {
+		return nil, "", fmt.Errorf("NATS credentials %q: %w", path, err)
+	}
+	return opt, pub, nil
 }
 
 // connect opens a connection to NATS. With RetryOnFailedConnect it returns at once even if no
 // server answers yet; the connection keeps trying.
-func (c NATSClient) connect(name string, log *slog.Logger) (*nats.Conn, error) {
-	opts, err := c.options(name)
+func (c NATSClient) connect(name string, worker bool, log *slog.Logger) (*nats.Conn, error) {
+	opts, err := c.options(name, worker)
 	if err != nil {
 		return nil, err
 	}
@@ -142,40 +152,97 @@ func redactURLs(urls string) string {
 }
 
 // Credential files serve writes into its data directory when it embeds NATS with
-// authentication: the coordinator's identity, and the workers' one an operator copies to
-// render nodes (tileworker --nats-creds FILE). Both are nkey user seeds, mode 0600, created
-// once and reused on restart.
+// authentication: the coordinator's identity, a first worker identity an operator may copy to
+// a render node (tileworker --nats-creds FILE), and one identity per render node under
+// WorkerCredsDir, NAME.creds, made by `coordinator credentials --worker NAME`. All are nkey
+// user seeds, mode 0600, created once and reused on restart. Each worker identity reads only
+// its own inbox (queue.WorkerInboxPrefix), so workers sharing one see each other's replies:
+// give each render node its own.
 const (
 	CoordinatorCredsFile = "coordinator.creds"
 	WorkerCredsFile      = "worker.creds"
+	WorkerCredsDir       = "workers"
 )
 
-// EnsureCredentials returns the public keys of the coordinator's and the workers' identities
-// under dir, creating their seed files the first time.
-func EnsureCredentials(dir string) (coordinator, worker string, err error) {
-	if coordinator, err = ensureSeed(filepath.Join(dir, CoordinatorCredsFile)); err != nil {
-		return "", "", err
+// Identities are the public keys of a farm's NATS identities.
+type Identities struct {
+	Coordinator string
+	Workers     []string // WorkerCredsFile's, then WorkerCredsDir's by file name
+}
+
+// AccountConfig is the nats-server configuration granting the identities their permissions.
+func (i Identities) AccountConfig() string { return queue.AccountConfig(i.Coordinator, i.Workers...) }
+
+// EnsureCredentials returns the public keys of the farm's identities under dir, creating the
+// coordinator's and the first worker's seed files the first time.
+func EnsureCredentials(dir string) (Identities, error) {
+	var ids Identities
+	var err error
+	if ids.Coordinator, err = ensureSeed(filepath.Join(dir, CoordinatorCredsFile)); err != nil {
+		return ids, err
 	}
-	if worker, err = ensureSeed(filepath.Join(dir, WorkerCredsFile)); err != nil {
-		return "", "", err
+	first, err := ensureSeed(filepath.Join(dir, WorkerCredsFile))
+	if err != nil {
+		return ids, err
 	}
-	return coordinator, worker, nil
+	ids.Workers = append(ids.Workers, first)
+	entries, err := os.ReadDir(filepath.Join(dir, WorkerCredsDir))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return ids, fmt.Errorf("reading worker identities: %w", err)
+	}
+	for _, e := range entries { // sorted by name
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".creds") {
+			continue
+		}
+		pub, err := readSeed(filepath.Join(dir, WorkerCredsDir, e.Name()))
+		if err != nil {
+			return ids, err
+		}
+		ids.Workers = append(ids.Workers, pub)
+	}
+	return ids, nil
+}
+
+// validIdentityName is what a worker identity may be called: a file name on every system.
+var validIdentityName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+
+// EnsureWorkerCredentials returns the seed file of the worker identity called name under dir,
+// creating it the first time.
+func EnsureWorkerCredentials(dir, name string) (string, error) {
+	if !validIdentityName.MatchString(name) {
+		return "", fmt.Errorf("worker identity %q: want letters, digits, '.', '_' or '-', at most 64", name)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, WorkerCredsDir), 0o700); err != nil {
+		return "", fmt.Errorf("creating the worker identities' directory: %w", err)
+	}
+	path := filepath.Join(dir, WorkerCredsDir, name+".creds")
+	_, err := ensureSeed(path)
+	return path, err
+}
+
+// readSeed returns the public key of the nkey user seed in path, which only its owner may read.
+func readSeed(path string) (string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("reading credentials: %w", err)
+	}
+	defer clear(data)
+	kp, err := nkeys.ParseDecoratedNKey(data)
+	if err != nil {
+		return "", fmt.Errorf("credentials %q are not an nkey seed; move the file away to make new ones", path)
+	}
+	defer kp.Wipe()
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		return "", fmt.Errorf("credentials %q can be read by other users (mode %v): chmod 600 it", path, fi.Mode().Perm())
+	}
+	return kp.PublicKey()
 }
 
 // ensureSeed returns the public key of the nkey user seed in path, writing a new one (0600)
 // if there is none.
 func ensureSeed(path string) (string, error) {
-	if data, err := os.ReadFile(path); err == nil {
-		defer clear(data)
-		kp, err := nkeys.ParseDecoratedNKey(data)
-		if err != nil {
-			return "", fmt.Errorf("credentials %q are not an nkey seed; move the file away to make new ones", path)
-		}
-		defer kp.Wipe()
-		if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
-			return "", fmt.Errorf("credentials %q can be read by other users (mode %v): chmod 600 it", path, fi.Mode().Perm())
-		}
-		return kp.PublicKey()
+	if _, err := os.Stat(path); err == nil {
+		return readSeed(path)
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return "", fmt.Errorf("reading credentials: %w", err)
 	}

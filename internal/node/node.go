@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -66,10 +67,11 @@ type Coordinator struct {
 	Embedded *queue.Embedded // nil with an external NATS
 	HTTPAddr string          // where the API listens, if it does
 
-	http    *http.Server
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
-	closers []func()
+	http       *http.Server
+	identities *identityWatch // the embedded server's worker identities, when it requires them
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup
+	closers    []func()
 }
 
 // StartCoordinator starts everything and returns once the coordinator accepts submissions.
@@ -119,6 +121,9 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	n.goRun(func() { _ = n.Coord.Run(rctx) })
+	if n.identities != nil {
+		n.goRun(func() { n.identities.run(rctx) })
+	}
 
 	if o.Workers > 0 {
 		ckpts, err := checkpoint.OpenLocal(filepath.Join(o.DataDir, "checkpoints.db"))
@@ -159,7 +164,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 
 func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *slog.Logger) (*nats.Conn, error) {
 	if o.NATS.URLs != "" {
-		nc, err := o.NATS.connect("tilefarm-coordinator", log)
+		nc, err := o.NATS.connect("tilefarm-coordinator", false, log)
 		if err != nil {
 			return nil, err
 		}
@@ -171,13 +176,13 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 		opts = append(opts, queue.WithSync(o.NATSSync))
 	}
 	var connOpts []nats.Option
+	var ids Identities
 	if o.NATSAuth {
-		coordKey, workerKey, err := EnsureCredentials(o.DataDir)
-		if err != nil {
+		var err error
+		if ids, err = EnsureCredentials(o.DataDir); err != nil {
 			return nil, err
 		}
-		opts = append(opts, queue.WithConfig(queue.AccountConfig(coordKey, workerKey)))
-		co, err := credsOption(filepath.Join(o.DataDir, CoordinatorCredsFile))
+		co, _, err := credsOption(filepath.Join(o.DataDir, CoordinatorCredsFile))
 		if err != nil {
 			return nil, err
 		}
@@ -193,11 +198,18 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 		}
 		connOpts = append(connOpts, co)
 	}
-	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen, opts...)
+	var auth []queue.EmbeddedOption
+	if o.NATSAuth {
+		auth = append(auth, queue.WithConfig(ids.AccountConfig()))
+	}
+	emb, err := queue.StartEmbedded(ctx, filepath.Join(o.DataDir, "jetstream"), o.NATSListen, append(auth, opts...)...)
 	if err != nil {
 		return nil, err
 	}
 	n.Embedded = emb
+	if o.NATSAuth {
+		n.identities = &identityWatch{dir: o.DataDir, emb: emb, opts: opts, current: ids, log: log}
+	}
 	n.closers = append(n.closers, emb.Shutdown)
 	nc, err := emb.Connect("tilefarm-coordinator", connOpts...)
 	if err != nil {
@@ -212,6 +224,50 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 		log.Info("embedded JetStream listening", attrs...)
 	}
 	return nc, nil
+}
+
+// identityWatchEvery is how often serve looks for worker identities added to its data directory.
+const identityWatchEvery = 2 * time.Second
+
+// identityWatch gives the embedded server the worker identities an operator adds under
+// WorkerCredsDir (coordinator credentials --worker NAME) while serve runs, as a nats-server
+// reloads its configuration: the new render node connects without a restart of the farm.
+type identityWatch struct {
+	dir     string
+	emb     *queue.Embedded
+	opts    []queue.EmbeddedOption // the server's options beside its account
+	current Identities
+	log     *slog.Logger
+}
+
+func (w *identityWatch) run(ctx context.Context) {
+	t := time.NewTicker(identityWatchEvery)
+	defer t.Stop()
+	var lastErr string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		ids, err := EnsureCredentials(w.dir)
+		if err == nil && slices.Equal(ids.Workers, w.current.Workers) {
+			continue
+		}
+		if err == nil {
+			err = w.emb.Reconfigure(append([]queue.EmbeddedOption{queue.WithConfig(ids.AccountConfig())}, w.opts...)...)
+		}
+		if err != nil {
+			if err.Error() != lastErr { // once per distinct problem, not every tick
+				w.log.Warn("cannot load the worker identities; the ones loaded before stay", "err", err)
+			}
+			lastErr = err.Error()
+			continue
+		}
+		lastErr = ""
+		w.log.Info("worker identities loaded", "identities", len(ids.Workers), "added", len(ids.Workers)-len(w.current.Workers))
+		w.current = ids
+	}
 }
 
 func mustAbs(p string) string {
@@ -311,7 +367,7 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		return err
 	}
 	defer ckpts.Close()
-	nc, err := o.NATS.connect("tilefarm-worker", log)
+	nc, err := o.NATS.connect("tilefarm-worker", true, log)
 	if err != nil {
 		return err
 	}

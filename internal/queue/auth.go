@@ -35,9 +35,15 @@ func WorkerPublish() []string {
 	return p
 }
 
-// WorkerSubscribe is everything a worker identity may subscribe to: replies to its own
-// requests and deliveries of its pulls.
-func WorkerSubscribe() []string { return []string{"_INBOX.>"} }
+// WorkerInboxPrefix is the inbox prefix of the worker identity whose nkey public key is pub:
+// its connection takes it (nats.CustomInboxPrefix) and its credential may subscribe under it
+// alone, so no worker reads another's replies and deliveries, nor the coordinator's, which
+// keep nats' default _INBOX. A worker finds it from its own seed; nothing else names it.
+func WorkerInboxPrefix(pub string) string { return "_INBOX_W." + pub }
+
+// WorkerSubscribe is everything the worker identity pub may subscribe to: its own inbox, where
+// the replies to its requests and the deliveries of its pulls arrive.
+func WorkerSubscribe(pub string) []string { return []string{WorkerInboxPrefix(pub) + ".>"} }
 
 // Event subjects the permissions name; they must agree with wire.Event.Subject.
 const (
@@ -46,11 +52,11 @@ const (
 	EventFrameFailedSubject    = "events.frame.failed"
 )
 
-// AccountConfig is the nats-server configuration of a farm's account with two nkey users: the
-// coordinator, who may do anything in the account, and workers, limited to WorkerPublish and
-// WorkerSubscribe. The embedded server uses it; an external cluster adds it to its
-// configuration (docs/reliability.md).
-func AccountConfig(coordinatorNkey, workerNkey string) string {
+// AccountConfig is the nats-server configuration of a farm's account with its nkey users: the
+// coordinator, who may do anything in the account, and one user per worker identity, limited
+// to WorkerPublish and its own WorkerSubscribe. The embedded server uses it; an external
+// cluster adds it to its configuration (docs/reliability.md).
+func AccountConfig(coordinatorNkey string, workerNkeys ...string) string {
 	quote := func(ss []string) string {
 		q := make([]string, len(ss))
 		for i, s := range ss {
@@ -58,17 +64,22 @@ func AccountConfig(coordinatorNkey, workerNkey string) string {
 		}
 		return strings.Join(q, ", ")
 	}
+	var users strings.Builder
+	fmt.Fprintf(&users, "      { nkey: %q }\n", coordinatorNkey)
+	publish := quote(WorkerPublish())
+	for _, w := range workerNkeys {
+		fmt.Fprintf(&users, `      { nkey: %q, permissions: {
+          publish: { allow: [%s] }
+          subscribe: { allow: [%s] }
+      } }
+`, w, publish, quote(WorkerSubscribe(w)))
+	}
 	return fmt.Sprintf(`accounts {
   %s {
     jetstream: enabled
     users: [
-      { nkey: %q }
-      { nkey: %q, permissions: {
-          publish: { allow: [%s] }
-          subscribe: { allow: [%s] }
-      } }
-    ]
+%s    ]
   }
 }
-`, Account, coordinatorNkey, workerNkey, quote(WorkerPublish()), quote(WorkerSubscribe()))
+`, Account, users.String())
 }

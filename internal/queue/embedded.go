@@ -18,8 +18,9 @@ const readyTimeout = 30 * time.Second
 // Embedded is an in-process JetStream server: the single-machine farm and every test run against a real
 // server rather than a fake, so dedup, ack-wait and KV semantics are the ones production sees.
 type Embedded struct {
-	srv *server.Server
-	dir string
+	srv  *server.Server
+	dir  string
+	base server.Options // the options before any EmbeddedOption, which Reconfigure starts from
 }
 
 // EmbeddedOption configures StartEmbedded.
@@ -125,10 +126,9 @@ func StartEmbedded(ctx context.Context, dir, listen string, opts ...EmbeddedOpti
 		NoLog:                  true,
 		DisableJetStreamBanner: true,
 	}
-	for _, o := range append([]EmbeddedOption{WithSync(DefaultSync)}, opts...) {
-		if err := o(sopts); err != nil {
-			return nil, fmt.Errorf("starting embedded nats: %w", err)
-		}
+	base := *sopts
+	if err := applyEmbedded(sopts, opts); err != nil {
+		return nil, fmt.Errorf("starting embedded nats: %w", err)
 	}
 	srv, err := server.NewServer(sopts)
 	if err != nil {
@@ -155,7 +155,33 @@ func StartEmbedded(ctx context.Context, dir, listen string, opts ...EmbeddedOpti
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("starting embedded nats in %q: jetstream did not start", dir)
 	}
-	return &Embedded{srv: srv, dir: dir}, nil
+	return &Embedded{srv: srv, dir: dir, base: base}, nil
+}
+
+func applyEmbedded(o *server.Options, opts []EmbeddedOption) error {
+	for _, opt := range append([]EmbeddedOption{WithSync(DefaultSync)}, opts...) {
+		if err := opt(o); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Reconfigure applies opts to the running server in place of those it started with, as a
+// nats-server reloads its configuration file: the farm's account with a worker identity added
+// (AccountConfig) takes effect without a restart, and connections stay up.
+func (e *Embedded) Reconfigure(opts ...EmbeddedOption) error {
+	o := e.base
+	if a, ok := e.srv.Addr().(*net.TCPAddr); ok {
+		o.Port = a.Port // the port it took, where it was asked for any
+	}
+	if err := applyEmbedded(&o, opts); err != nil {
+		return fmt.Errorf("reconfiguring embedded nats: %w", err)
+	}
+	if err := e.srv.ReloadOptions(&o); err != nil {
+		return fmt.Errorf("reconfiguring embedded nats: %w", err)
+	}
+	return nil
 }
 
 // ClientURL returns the TCP URL external clients (tileworkers in other processes) connect to.
