@@ -17,10 +17,17 @@ import (
 	"time"
 )
 
-// writeCert writes a PEM certificate and key for 127.0.0.1 signed by parent (self-signed
-// when parent is nil) and returns the certificate and key.
-func writeCert(t *testing.T, dir, name string, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey) (*x509.Certificate, *ecdsa.PrivateKey) {
+// writeCert writes a PEM certificate and key for the addresses ips (none: 127.0.0.1) signed
+// by parent (self-signed when parent is nil) and returns the certificate and key.
+func writeCert(t *testing.T, dir, name string, isCA bool, parent *x509.Certificate, parentKey *ecdsa.PrivateKey, ips ...string) (*x509.Certificate, *ecdsa.PrivateKey) {
 	t.Helper()
+	if len(ips) == 0 {
+		ips = []string{"127.0.0.1"}
+	}
+	var addrs []net.IP
+	for _, ip := range ips {
+		addrs = append(addrs, net.ParseIP(ip))
+	}
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +37,7 @@ func writeCert(t *testing.T, dir, name string, isCA bool, parent *x509.Certifica
 		Subject:      pkix.Name{CommonName: name},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(24 * time.Hour),
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		IPAddresses:  addrs,
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IsCA:         isCA, BasicConstraintsValid: true,

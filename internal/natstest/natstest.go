@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,26 @@ type Options struct {
 	// Connect are the options clients need to reach the servers (credentials, TLS); the
 	// readiness check uses them.
 	Connect []nats.Option
+	// Hosts, when set, are the machines the nodes run on, one each (nettest hosts): a node
+	// listens for clients on port 4222 and for routes on 6222 of its host's address, and the
+	// readiness check dials it from inside its host.
+	Hosts []Host
+}
+
+// Host is a machine a node runs on: a network namespace of nettest.
+type Host interface {
+	Command(name string, args ...string) *exec.Cmd
+	HostPort(port int) string
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// hostDialer dials from inside a host, as nats.CustomDialer.
+type hostDialer struct{ h Host }
+
+func (d hostDialer) Dial(network, address string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return d.h.DialContext(ctx, network, address)
 }
 
 // Server is one nats-server process with JetStream, on a loopback port, with its store in a
@@ -52,6 +73,7 @@ type Server struct {
 	logPath string
 	connect []nats.Option
 	cluster bool
+	host    Host // nil: this machine
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -86,8 +108,15 @@ func Launch(dir string, n int, o Options) (*Cluster, error) {
 
 func launchOnce(bin, dir string, n int, o Options) (*Cluster, error) {
 	c := &Cluster{}
+	if o.Hosts != nil && len(o.Hosts) != n {
+		return c, fmt.Errorf("%d hosts for %d nodes", len(o.Hosts), n)
+	}
 	clientAddrs, routeAddrs := make([]string, n), make([]string, n)
 	for i := range n {
+		if o.Hosts != nil {
+			clientAddrs[i], routeAddrs[i] = o.Hosts[i].HostPort(4222), o.Hosts[i].HostPort(6222)
+			continue
+		}
 		var err error
 		if clientAddrs[i], err = proctest.FreeAddr(); err != nil {
 			return c, err
@@ -113,6 +142,10 @@ func launchOnce(bin, dir string, n int, o Options) (*Cluster, error) {
 		conf += o.Config
 		s := &Server{Name: name, Addr: clientAddrs[i], binary: bin, conf: filepath.Join(ndir, "server.conf"),
 			logPath: filepath.Join(ndir, "server.log"), connect: o.Connect, cluster: n > 1}
+		if o.Hosts != nil {
+			s.host = o.Hosts[i]
+			s.connect = append([]nats.Option{nats.SetCustomDialer(hostDialer{s.host})}, o.Connect...)
+		}
 		if err := os.WriteFile(s.conf, []byte(conf), 0o600); err != nil {
 			return c, err
 		}
@@ -201,6 +234,9 @@ var errExited = errors.New("nats-server exited")
 
 func (s *Server) start() error {
 	cmd := exec.Command(s.binary, "-c", s.conf)
+	if s.host != nil {
+		cmd = s.host.Command(s.binary, "-c", s.conf)
+	}
 	done, err := proctest.Launch(cmd, s.logPath, "nats-server "+s.Name+" on "+s.Addr)
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -36,12 +37,67 @@ type NATSClient struct {
 	Token    string // token (from the environment)
 }
 
+// How a client finds its link to a server dead: a ping every pingInterval, and the link given
+// up when maxPingsOut go unanswered.
+const (
+	pingInterval = 5 * time.Second
+	maxPingsOut  = 3
+)
+
+// How a client finds that the server it is connected to no longer serves JetStream though the
+// link is up: a JetStream request every jetStreamCheckEvery, and the server left for another
+// of its pool after jetStreamCheckFails failures in a row.
+const (
+	jetStreamCheckEvery = 2 * time.Second
+	jetStreamCheckFails = 3
+)
+
+// watchJetStream moves nc to another server of its pool when the one it is connected to stops
+// answering JetStream requests while the link itself stays up: a node cut off from the rest
+// of its cluster keeps its clients, which would otherwise wait there, their work stalled,
+// until the cluster healed, though the other nodes serve. It runs until ctx is done.
+func watchJetStream(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, log *slog.Logger) {
+	t := time.NewTicker(jetStreamCheckEvery)
+	defer t.Stop()
+	fails := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !nc.IsConnected() {
+			fails = 0
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, jetStreamCheckEvery)
+		_, err := js.AccountInfo(cctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			fails = 0
+			continue
+		}
+		if fails++; fails < jetStreamCheckFails || len(nc.Servers()) < 2 {
+			continue
+		}
+		log.Warn("the NATS server does not answer JetStream requests; moving to another", "server", nc.ConnectedServerName(),
+			"tries", fails, "err", err)
+		fails = 0
+		if err := nc.ForceReconnect(); err != nil {
+			log.Warn("cannot move to another NATS server", "err", err)
+		}
+	}
+}
+
 // options are the nats.Options of c, reconnecting forever: a node lost or a leader change is
 // ridden through, not fatal. A worker's connection (worker) with an nkey identity takes that
 // identity's own inbox prefix, the only inbox its credential may read.
 func (c NATSClient) options(name string, worker bool) ([]nats.Option, error) {
 	opts := []nats.Option{nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
-		nats.RetryOnFailedConnect(true), nats.Timeout(5 * time.Second)}
+		nats.RetryOnFailedConnect(true), nats.Timeout(5 * time.Second),
+		// A link that drops packets is found dead in at most pingInterval*(maxPingsOut+1) and
+		// left for another server, rather than after nats' default of minutes.
+		nats.PingInterval(pingInterval), nats.MaxPingsOutstanding(maxPingsOut)}
 	if c.Creds != "" {
 		o, pub, err := credsOption(c.Creds)
 		if err != nil {

@@ -124,6 +124,9 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	if n.identities != nil {
 		n.goRun(func() { n.identities.run(rctx) })
 	}
+	if n.Embedded == nil {
+		n.goRun(func() { watchJetStream(rctx, nc, js, log) })
+	}
 
 	if o.Workers > 0 {
 		ckpts, err := checkpoint.OpenLocal(filepath.Join(o.DataDir, "checkpoints.db"))
@@ -376,6 +379,9 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	if err != nil {
 		return fmt.Errorf("opening JetStream: %w", err)
 	}
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go watchJetStream(wctx, nc, js, log)
 	var f *queue.Queue
 	for {
 		f, err = queue.Open(ctx, js)
