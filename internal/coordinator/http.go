@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
@@ -353,6 +354,10 @@ func (c *Coordinator) handlePutScene(w http.ResponseWriter, r *http.Request) {
 // writeError answers err with its catalogue entry's status and kind (api.Classify), after
 // serverError has named the entry of errors of the coordinator's own packages.
 func writeError(w http.ResponseWriter, err error) {
+	if errors.Is(err, syscall.ENOSPC) && api.Classify(err) == nil {
+		err = fmt.Errorf("%w: its data disk is full, so nothing was recorded; retry once an operator has freed space (%v)", api.ErrUnavailable, err)
+		w.Header().Set("Retry-After", "30")
+	}
 	e := serverError(err)
 	if e == api.ErrBusy {
 		retry := 5 * time.Second

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -443,5 +444,84 @@ func TestPartitionNATSNodeCutOffFromItsCluster(t *testing.T) {
 	}
 	h.assertNoDeadLetters()
 	outputsEqualReference(t, h.farmProc, st.JobID, scene, []int{4}, oneTile...)
+	t.Log("figures: tiles lost 0, promoted twice 0, frames differing 0, false dead letters 0")
+}
+
+// fillDisk writes a file into dir until its file system is full and returns its path.
+func fillDisk(t *testing.T, dir string) string {
+	t.Helper()
+	path := filepath.Join(dir, "filler")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for {
+		if _, err := f.Write(chunk); err != nil {
+			if !strings.Contains(err.Error(), "no space left on device") {
+				t.Fatalf("filling %s: %v", dir, err)
+			}
+			break
+		}
+	}
+	// The last bytes too, so nothing but the page cache holds them.
+	for n := 4096; n > 0; n /= 2 {
+		for {
+			if _, err := f.Write(chunk[:n]); err != nil {
+				break
+			}
+		}
+	}
+	return path
+}
+
+// Property: the coordinator's data disk filling up mid-render (its database and its embedded
+// JetStream's store on it) gives clear errors and loses nothing: when space returns the farm
+// goes on by itself, the job completes exactly and equal to the reference, nothing is
+// dead-lettered, and the database opens again after a restart with the same statuses.
+func TestCoordinatorDataDiskFull(t *testing.T) {
+	scene := example("shot")
+	disk := nettest.Tmpfs(t, "48m")
+	f := newFarm(t, disk)
+	f.Store = "file://" + filepath.Join(t.TempDir(), "store")
+	f.restart()
+	w := f.worker("w", t.TempDir(), "--fault-pass-delay", "150ms", "--checkpoint-every", "0")
+	st, r := f.submit(append([]string{scene, "--frames", "1-4"}, small...)...)
+	if r.code != 42 {
+		t.Fatalf("submit: %s", r)
+	}
+	waitCheckpoint(t, w, 2)
+	if mid, _ := f.status(st.JobID); mid.State == "completed" {
+		t.Fatalf("the job completed before the disk filled: %+v", mid)
+	}
+	filler := fillDisk(t, disk)
+	waitLog(t, f.Coord, `cannot write its store under --data`, 30*time.Second)
+	late, r := f.submit(append([]string{scene, "--frames", "5"}, small...)...)
+	if r.code != 75 || !strings.Contains(r.stderr, "data disk is full") || late.JobID != "" {
+		t.Fatalf("a submission while the coordinator's disk is full: %s (want exit 75 saying the disk is full)", r)
+	}
+	if mid, r := f.status(st.JobID); r.code != 3 || mid.State == "completed" {
+		t.Fatalf("the status while the disk is full: %s", r)
+	}
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, f.Coord, `restarted and writes its store again`, 30*time.Second)
+	assertExact(t, f.waitDone(st.JobID, 3*time.Minute))
+	f.assertNoDeadLetters()
+	outputsEqualReference(t, f, st.JobID, scene, []int{1, 2, 3, 4}, small...)
+	late, r = f.submit(append([]string{scene, "--frames", "5"}, small...)...)
+	if r.code != 42 {
+		t.Fatalf("a submission once space returned: %s", r)
+	}
+	assertExact(t, f.waitDone(late.JobID, 2*time.Minute))
+	// The database and the streams open again, with the same statuses.
+	f.Coord.Kill()
+	f.restart()
+	for _, job := range []string{st.JobID, late.JobID} {
+		again, _ := f.status(job)
+		assertExact(t, again)
+	}
 	t.Log("figures: tiles lost 0, promoted twice 0, frames differing 0, false dead letters 0")
 }

@@ -67,11 +67,11 @@ type Coordinator struct {
 	Embedded *queue.Embedded // nil with an external NATS
 	HTTPAddr string          // where the API listens, if it does
 
-	http       *http.Server
-	identities *identityWatch // the embedded server's worker identities, when it requires them
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
-	closers    []func()
+	http     *http.Server
+	embedded *embeddedWatch // looks after the embedded server, when there is one
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	closers  []func()
 }
 
 // StartCoordinator starts everything and returns once the coordinator accepts submissions.
@@ -121,10 +121,9 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	n.cancel = cancel
 	n.goRun(func() { _ = n.Coord.Run(rctx) })
-	if n.identities != nil {
-		n.goRun(func() { n.identities.run(rctx) })
-	}
-	if n.Embedded == nil {
+	if n.embedded != nil {
+		n.goRun(func() { n.embedded.run(rctx) })
+	} else {
 		n.goRun(func() { watchJetStream(rctx, nc, js, log) })
 	}
 
@@ -210,9 +209,8 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 		return nil, err
 	}
 	n.Embedded = emb
-	if o.NATSAuth {
-		n.identities = &identityWatch{dir: o.DataDir, emb: emb, opts: opts, current: ids, log: log}
-	}
+	emb.SetLog(log)
+	n.embedded = &embeddedWatch{dir: o.DataDir, emb: emb, auth: o.NATSAuth, opts: opts, current: ids, log: log}
 	n.closers = append(n.closers, emb.Shutdown)
 	nc, err := emb.Connect("tilefarm-coordinator", connOpts...)
 	if err != nil {
@@ -229,48 +227,79 @@ func (n *Coordinator) connect(ctx context.Context, o CoordinatorOptions, log *sl
 	return nc, nil
 }
 
-// identityWatchEvery is how often serve looks for worker identities added to its data directory.
-const identityWatchEvery = 2 * time.Second
+// embeddedWatchEvery is how often serve looks after its embedded server: whether JetStream
+// still runs, and which worker identities its data directory holds.
+const embeddedWatchEvery = 2 * time.Second
 
-// identityWatch gives the embedded server the worker identities an operator adds under
-// WorkerCredsDir (coordinator credentials --worker NAME) while serve runs, as a nats-server
-// reloads its configuration: the new render node connects without a restart of the farm.
-type identityWatch struct {
+// embeddedWatch looks after serve's embedded server. JetStream stops writing its store when
+// its disk is full, and does not start again by itself; the watch says so and restarts it
+// once there is room, so the farm goes on by itself when space returns. With authentication, it gives the server the
+// worker identities an operator adds under WorkerCredsDir (coordinator credentials --worker
+// NAME) while serve runs, as a nats-server reloads its configuration: the new render node
+// connects without a restart of the farm.
+type embeddedWatch struct {
 	dir     string
 	emb     *queue.Embedded
+	auth    bool
 	opts    []queue.EmbeddedOption // the server's options beside its account
 	current Identities
 	log     *slog.Logger
+
+	stopped bool   // JetStream was found unable to write and has not restarted since
+	lastErr string // the identities' last problem, said once
 }
 
-func (w *identityWatch) run(ctx context.Context) {
-	t := time.NewTicker(identityWatchEvery)
+func (w *embeddedWatch) run(ctx context.Context) {
+	t := time.NewTicker(embeddedWatchEvery)
 	defer t.Stop()
-	var lastErr string
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		ids, err := EnsureCredentials(w.dir)
-		if err == nil && slices.Equal(ids.Workers, w.current.Workers) {
-			continue
+		w.jetStream()
+		if w.auth {
+			w.identities()
 		}
-		if err == nil {
-			err = w.emb.Reconfigure(append([]queue.EmbeddedOption{queue.WithConfig(ids.AccountConfig())}, w.opts...)...)
-		}
-		if err != nil {
-			if err.Error() != lastErr { // once per distinct problem, not every tick
-				w.log.Warn("cannot load the worker identities; the ones loaded before stay", "err", err)
-			}
-			lastErr = err.Error()
-			continue
-		}
-		lastErr = ""
-		w.log.Info("worker identities loaded", "identities", len(ids.Workers), "added", len(ids.Workers)-len(w.current.Workers))
-		w.current = ids
 	}
+}
+
+func (w *embeddedWatch) jetStream() {
+	if w.emb.Writable() {
+		return
+	}
+	if !w.stopped {
+		w.stopped = true
+		w.log.Error("the embedded JetStream cannot write its store under --data (is the disk full?); the farm waits, and JetStream restarts once there is room",
+			"data", w.dir)
+	}
+	if err := w.emb.RestartJetStream(); err != nil {
+		w.log.Debug("the embedded JetStream does not restart yet", "err", err)
+		return
+	}
+	w.stopped = false
+	w.log.Info("the embedded JetStream restarted and writes its store again")
+}
+
+func (w *embeddedWatch) identities() {
+	ids, err := EnsureCredentials(w.dir)
+	if err == nil && slices.Equal(ids.Workers, w.current.Workers) {
+		return
+	}
+	if err == nil {
+		err = w.emb.Reconfigure(append([]queue.EmbeddedOption{queue.WithConfig(ids.AccountConfig())}, w.opts...)...)
+	}
+	if err != nil {
+		if err.Error() != w.lastErr { // once per distinct problem, not every tick
+			w.log.Warn("cannot load the worker identities; the ones loaded before stay", "err", err)
+		}
+		w.lastErr = err.Error()
+		return
+	}
+	w.lastErr = ""
+	w.log.Info("worker identities loaded", "identities", len(ids.Workers), "added", len(ids.Workers)-len(w.current.Workers))
+	w.current = ids
 }
 
 func mustAbs(p string) string {

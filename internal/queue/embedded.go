@@ -4,12 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"golang.org/x/sys/unix"
 )
 
 // readyTimeout bounds how long StartEmbedded waits for the server when ctx has no earlier deadline.
@@ -20,7 +24,12 @@ const readyTimeout = 30 * time.Second
 type Embedded struct {
 	srv  *server.Server
 	dir  string
-	base server.Options // the options before any EmbeddedOption, which Reconfigure starts from
+	base server.Options   // the options before any EmbeddedOption, which Reconfigure starts from
+	opts []EmbeddedOption // the options it runs with
+	// writeFailed is set when the server reports it could not write its store: a stream that
+	// hit a full disk refuses every write after, even once space returns, until JetStream
+	// restarts.
+	writeFailed atomic.Bool
 }
 
 // EmbeddedOption configures StartEmbedded.
@@ -155,7 +164,7 @@ func StartEmbedded(ctx context.Context, dir, listen string, opts ...EmbeddedOpti
 		srv.WaitForShutdown()
 		return nil, fmt.Errorf("starting embedded nats in %q: jetstream did not start", dir)
 	}
-	return &Embedded{srv: srv, dir: dir, base: base}, nil
+	return &Embedded{srv: srv, dir: dir, base: base, opts: opts}, nil
 }
 
 func applyEmbedded(o *server.Options, opts []EmbeddedOption) error {
@@ -181,6 +190,7 @@ func (e *Embedded) Reconfigure(opts ...EmbeddedOption) error {
 	if err := e.srv.ReloadOptions(&o); err != nil {
 		return fmt.Errorf("reconfiguring embedded nats: %w", err)
 	}
+	e.opts = opts
 	return nil
 }
 
@@ -201,4 +211,70 @@ func (e *Embedded) Connect(name string, opts ...nats.Option) (*nats.Conn, error)
 func (e *Embedded) Shutdown() {
 	e.srv.Shutdown()
 	e.srv.WaitForShutdown()
+}
+
+// Writable reports whether JetStream runs and has written its store without error since it
+// started. JetStream stops by itself, or a stream stops writing, when its disk is full; its
+// clients stay connected, their requests refused.
+func (e *Embedded) Writable() bool { return e.srv.JetStreamEnabled() && !e.writeFailed.Load() }
+
+// restartRoom is the free space the store's disk needs before RestartJetStream tries: a
+// restart on a disk still full would only fail again.
+const restartRoom = 16 << 20
+
+// RestartJetStream stops JetStream and starts it again from its store as it was left, which
+// clears the streams' write errors. It fails while the store's disk has less than restartRoom
+// free, or JetStream does not start.
+func (e *Embedded) RestartJetStream() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(e.dir, &st); err != nil {
+		return fmt.Errorf("restarting embedded JetStream: %w", err)
+	}
+	if free := uint64(st.Bavail) * uint64(st.Bsize); free < restartRoom {
+		return fmt.Errorf("restarting embedded JetStream: %d bytes free on the disk of %s, want %d", free, e.dir, restartRoom)
+	}
+	if e.srv.JetStreamEnabled() {
+		if err := e.srv.ShutdownJetStream(); err != nil {
+			return fmt.Errorf("restarting embedded JetStream: %w", err)
+		}
+	}
+	e.writeFailed.Store(false)
+	if err := e.Reconfigure(e.opts...); err != nil { // a reload starts a stopped JetStream
+		return err
+	}
+	if !e.srv.JetStreamEnabled() {
+		return errors.New("restarting embedded JetStream: it did not start")
+	}
+	return nil
+}
+
+// SetLog makes the server log its warnings and errors (a write to its store failing on a full
+// disk, say) to log, and its notices at debug level.
+func (e *Embedded) SetLog(log *slog.Logger) {
+	e.srv.SetLoggerV2(serverLog{log: log, writeFailed: &e.writeFailed}, false, false, false)
+}
+
+// serverLog is nats-server's logger interface on slog. It notes a failed write to the store,
+// which the server reports only in its log.
+type serverLog struct {
+	log         *slog.Logger
+	writeFailed *atomic.Bool
+}
+
+func (l serverLog) Noticef(format string, v ...any) {
+	l.log.Debug("nats-server: " + fmt.Sprintf(format, v...))
+}
+func (l serverLog) Warnf(format string, v ...any) {
+	l.log.Warn("nats-server: " + fmt.Sprintf(format, v...))
+}
+func (l serverLog) Fatalf(format string, v ...any) { l.Errorf(format, v...) }
+func (l serverLog) Debugf(string, ...any)          {}
+func (l serverLog) Tracef(string, ...any)          {}
+func (l serverLog) Errorf(format string, v ...any) {
+	msg := fmt.Sprintf(format, v...)
+	if strings.Contains(msg, "no space left on device") || strings.Contains(msg, "write error") || strings.Contains(msg, "out of space") ||
+		strings.Contains(msg, "out of resources") {
+		l.writeFailed.Store(true)
+	}
+	l.log.Error("nats-server: " + msg)
 }
