@@ -199,6 +199,7 @@ func waitLog(t *testing.T, p *proctest.Proc, re string, d time.Duration) (time.T
 // within its lease TTL of its last renewal and never promotes it; the tile resumes elsewhere
 // from its remote checkpoint; healed, the worker rejoins and nothing is published twice.
 func TestPartitionWorkerCutOffFromNATS(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	h := startHostFarm(t, hostFarmConfig{})
 	slow, slowHost := h.worker("w1", "--fault-pass-delay", "400ms", "--passes", "32", "--checkpoint-every", "0")
@@ -245,6 +246,7 @@ func TestPartitionWorkerCutOffFromNATS(t *testing.T) {
 // without spending a delivery, so another worker renders it: the job completes equal to the
 // reference, nothing dead-lettered.
 func TestPartitionWorkerCutOffFromTheStore(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	h := startHostFarm(t, hostFarmConfig{})
 	slow, slowHost := h.worker("w1", "--fault-pass-delay", "400ms", "--passes", "32", "--checkpoint-every", "0")
@@ -278,6 +280,7 @@ func TestPartitionWorkerCutOffFromTheStore(t *testing.T) {
 // NATS for half a minute costs nothing but time: the job completes equal to the reference,
 // nothing is dead-lettered, and no tile is promoted twice.
 func TestPartitionFlappingLink(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	h := startHostFarm(t, hostFarmConfig{})
 	flappy, flappyHost := h.worker("w1", "--fault-pass-delay", "150ms", "--checkpoint-every", "0")
@@ -313,6 +316,7 @@ func TestPartitionFlappingLink(t *testing.T) {
 // resumable from their remote checkpoints: the job completes equal to the reference, nothing
 // dead-lettered, and the worker's local database stays readable (it starts again on it).
 func TestWorkerCheckpointDiskFull(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	disk := nettest.Tmpfs(t, "96k")
 	f := startServe(t, t.TempDir())
@@ -364,6 +368,7 @@ func promotions(workers ...*proctest.Proc) int {
 // submitted during it is accepted and rendered after, no job is stranded, and the statuses are
 // exact: every tile promoted once, frames equal to the reference, nothing dead-lettered.
 func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	h := startHostFarm(t, hostFarmConfig{Cluster: true})
 	slow := []string{"--fault-pass-delay", "500ms", "--passes", "16", "--checkpoint-every", "0"}
@@ -413,6 +418,7 @@ func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
 // the tile resumes from its remote checkpoint, and healed, the node rejoins: the job completes
 // equal to the reference, each tile promoted once, nothing dead-lettered.
 func TestPartitionNATSNodeCutOffFromItsCluster(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	h := startHostFarm(t, hostFarmConfig{Cluster: true, Attach: []int{0}})
 	slow, _ := h.worker("w1", "--fault-pass-delay", "400ms", "--passes", "32", "--checkpoint-every", "0")
@@ -481,6 +487,7 @@ func fillDisk(t *testing.T, dir string) string {
 // goes on by itself, the job completes exactly and equal to the reference, nothing is
 // dead-lettered, and the database opens again after a restart with the same statuses.
 func TestCoordinatorDataDiskFull(t *testing.T) {
+	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	disk := nettest.Tmpfs(t, "48m")
 	f := newFarm(t, disk)
