@@ -363,8 +363,9 @@ func promotions(workers ...*proctest.Proc) int {
 	return n
 }
 
-// Property: a coordinator cut off from every node of its NATS cluster for 60 s while workers
-// render catches up when the link heals: the workers go on rendering through the cut, a job
+// Property: the whole namespaced farm (a 3-node cluster, MinIO, the coordinator and three
+// workers, each a host) renders equal to the reference; and a coordinator cut off from every
+// node of its NATS cluster for 60 s while workers render catches up when the link heals: the workers go on rendering through the cut, a job
 // submitted during it is accepted and rendered after, no job is stranded, and the statuses are
 // exact: every tile promoted once, frames equal to the reference, nothing dead-lettered.
 func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
@@ -374,6 +375,7 @@ func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
 	slow := []string{"--fault-pass-delay", "500ms", "--passes", "16", "--checkpoint-every", "0"}
 	w1, _ := h.worker("w1", slow...)
 	w2, _ := h.worker("w2", slow...)
+	w3, _ := h.worker("w3", slow...)
 	st, r := h.submit(append([]string{scene, "--frames", "1-2"}, small...)...)
 	if r.code != 42 {
 		t.Fatalf("submit: %s", r)
@@ -382,7 +384,7 @@ func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
 	if mid, _ := h.status(st.JobID); mid.State == "completed" {
 		t.Fatalf("the job completed before the cut: %+v", mid)
 	}
-	before := promotions(w1, w2)
+	before := promotions(w1, w2, w3)
 	for _, n := range h.nats {
 		h.net.Cut(h.coord, n)
 	}
@@ -393,7 +395,7 @@ func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
 		t.Fatalf("a job submitted while the coordinator is cut off from NATS: %s", r)
 	}
 	time.Sleep(time.Until(cut.Add(60 * time.Second)))
-	during := promotions(w1, w2) - before
+	during := promotions(w1, w2, w3) - before
 	if during == 0 {
 		t.Fatalf("the workers promoted nothing while the coordinator was cut off:\nw1:\n%s\nw2:\n%s", w1.Log(), w2.Log())
 	}
@@ -403,7 +405,7 @@ func TestPartitionCoordinatorCutOffFromNATS(t *testing.T) {
 	for _, job := range []string{st.JobID, late.JobID} {
 		assertExact(t, h.waitDone(job, 3*time.Minute))
 	}
-	if n, want := promotions(w1, w2), 3*6; n != want {
+	if n, want := promotions(w1, w2, w3), 3*6; n != want {
 		t.Fatalf("%d promotions for %d tiles", n, want)
 	}
 	h.assertNoDeadLetters()
