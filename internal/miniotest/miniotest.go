@@ -27,8 +27,22 @@ import (
 	"github.com/tilefarm/tilefarm/internal/proctest"
 )
 
-// MinIOModule is the MinIO version the project's test command installs.
-const MinIOModule = "github.com/minio/minio@v0.0.0-20260212201848-7aac2a2c5b7c"
+// MinIOVersion is the MinIO version the project's test command installs (test.sh's
+// MINIO_VERSION), into the cache directory cacheBinary names; MinIOModule is its module.
+const (
+	MinIOVersion = "v0.0.0-20260212201848-7aac2a2c5b7c"
+	MinIOModule  = "github.com/minio/minio@" + MinIOVersion
+)
+
+// cacheBinary is where the test command installs the MinIO of MinIOVersion: under the user's
+// cache directory (XDG_CACHE_HOME, else ~/.cache), as test.sh does.
+func cacheBinary() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "tilefarm", "minio-"+MinIOVersion, "minio")
+}
 
 // readyTimeout bounds how long Start, StartCluster and Restart wait for the servers.
 const readyTimeout = 60 * time.Second
@@ -384,6 +398,9 @@ func findBinary() (string, error) {
 		}
 		return "", fmt.Errorf("TILEFARM_MINIO=%s is not an executable file", p)
 	}
+	if p := cacheBinary(); p != "" && isExecutable(p) {
+		return p, nil
+	}
 	if p, err := exec.LookPath("minio"); err == nil {
 		return p, nil
 	}
@@ -399,7 +416,7 @@ func findBinary() (string, error) {
 			return p, nil
 		}
 	}
-	return "", errors.New("minio binary not found ($TILEFARM_MINIO, PATH, $(go env GOPATH)/bin)")
+	return "", fmt.Errorf("minio binary not found ($TILEFARM_MINIO, %s, PATH, $(go env GOPATH)/bin)", cacheBinary())
 }
 
 func isExecutable(p string) bool {

@@ -387,10 +387,26 @@ func findBinary() (string, error) {
 		}
 		return p, nil
 	}
+	if p := cacheBinary(); p != "" {
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() {
+			return p, nil
+		}
+	}
 	if p, err := exec.LookPath("nats-server"); err == nil {
 		return p, nil
 	}
-	return "", fmt.Errorf("no nats-server: set %s or put nats-server on PATH", EnvBinary)
+	return "", fmt.Errorf("no nats-server: not at %s, where the test command builds it, nor on PATH; set %s", cacheBinary(), EnvBinary)
+}
+
+// cacheBinary is where the test command builds the nats-server of the version go.mod pins:
+// under the user's cache directory (XDG_CACHE_HOME, else ~/.cache), as test.sh does. That is
+// the version of the server module this package is built with (a release: v + its VERSION).
+func cacheBinary() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "tilefarm", "nats-server-v"+server.VERSION, "nats-server")
 }
 
 // InProcess starts a real JetStream server inside the test process, with file storage in a

@@ -3,6 +3,9 @@ package natstest
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -66,5 +69,38 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 	}
 	if info, err := s.Info(ctx); err != nil || info.State.Msgs != 20 {
 		t.Fatalf("stream after the leader's restart: %d messages, %v", info.State.Msgs, err)
+	}
+}
+
+// Property: with nothing set, the nats-server the test command built under the cache directory
+// for the version go.mod pins is found, so the benchmarks run after ./test.sh as the tests do.
+func TestBinaryIsFoundWhereTheTestCommandBuildsIt(t *testing.T) {
+	cache := t.TempDir()
+	t.Setenv("XDG_CACHE_HOME", cache)
+	t.Setenv(EnvBinary, "")
+	t.Setenv("PATH", t.TempDir())
+	if _, err := findBinary(); err == nil {
+		t.Fatal("a nats-server was found with none built")
+	}
+	want := cacheBinary()
+	if !strings.HasPrefix(want, filepath.Join(cache, "tilefarm", "nats-server-v2.")) {
+		t.Fatalf("the cache path %q is not under %s for a v2 release", want, cache)
+	}
+	// The version is the one the test command builds: go.mod's.
+	gomod, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(gomod), "github.com/nats-io/nats-server/v2 v"+strings.TrimPrefix(filepath.Base(filepath.Dir(want)), "nats-server-v")+"\n") {
+		t.Fatalf("the cache path %q names another version than go.mod's", want)
+	}
+	if err := os.MkdirAll(filepath.Dir(want), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(want, []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := findBinary(); err != nil || got != want {
+		t.Fatalf("findBinary() = %q, %v; want %q", got, err, want)
 	}
 }
