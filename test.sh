@@ -6,7 +6,8 @@
 # Python module from Debian, the independent reader of Blender's multilayer EXRs; and Chromium
 # from Debian, for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one;
 # and nftables from Debian, for the partition tests between network namespaces.
-# Extra arguments go to `go test` (e.g. ./test.sh -run Farm ./internal/...).
+# Without arguments it also fuzzes every fuzz target for a few seconds (.ci/fuzz). Extra
+# arguments go to `go test` alone (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -78,8 +79,15 @@ if [ -z "${TILEFARM_CHROMIUM:-}" ]; then
 fi
 export TILEFARM_CHROMIUM
 
+fuzz=false
 if [ $# -eq 0 ]; then
   set -- ./...
+  fuzz=true
 fi
 go vet ./...
+# With no arguments, every fuzz target also fuzzes for a few seconds ($TILEFARM_FUZZTIME,
+# default 3s) on top of its corpus in testdata/fuzz.
+if $fuzz; then
+  ./.ci/fuzz
+fi
 exec go test -count=1 -timeout 30m "$@"

@@ -104,7 +104,9 @@ func (b *Bundle) Encode() []byte {
 
 // Decode parses an encoded bundle. The bundle's Scene and Assets are slices of data, not
 // copies, so a submission holds its bundle in memory once. Every size is checked against the
-// limits and against what data holds before anything is sliced.
+// limits and against what data holds before anything is sliced. The encoding is canonical:
+// varints are minimal and assets sorted by name, unique, so a bundle Decode accepts Encodes to
+// exactly the bytes it was decoded from.
 func Decode(data []byte) (*Bundle, error) {
 	if len(data) > MaxBytes+64*1024 {
 		return nil, fmt.Errorf("%w: %d bytes exceed the %d MiB limit", ErrInvalid, len(data), MaxBytes>>20)
@@ -187,6 +189,12 @@ func (r *bundleReader) uvarint(what string) uint64 {
 	v, n := binary.Uvarint(r.data[r.off:])
 	if n <= 0 {
 		r.err = fmt.Errorf("%w: truncated or malformed header at %s", ErrInvalid, what)
+		return 0
+	}
+	// A varint of more than one byte ending in a zero byte has padding Encode never writes
+	// (0x80 0x00 for 0): refused, so each bundle has one encoding and decodes only from it.
+	if n > 1 && r.data[r.off+n-1] == 0 {
+		r.err = fmt.Errorf("%w: non-minimal varint at %s", ErrInvalid, what)
 		return 0
 	}
 	r.off += n
