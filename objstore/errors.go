@@ -25,9 +25,9 @@ var ErrBadKey = errors.New("invalid object key")
 // manifest no longer matches the size or checksum the manifest recorded.
 var ErrCorrupt = errors.New("object corrupt")
 
-// ErrVerify is returned (wrapped) by Promote when an uploaded attempt object
-// does not read back with the size and checksum that were written. It is
-// retryable: a fresh attempt uploads again.
+// ErrVerify is returned (wrapped) when a store refuses an upload whose bytes
+// arrived damaged (an S3 server's BadDigest: they do not match the request's
+// Content-MD5 or signed payload hash). It is retryable: the upload goes again.
 var ErrVerify = errors.New("upload verification failed")
 
 // IsRetryable reports whether err is worth retrying later: network errors,

@@ -30,12 +30,23 @@ var _ Store = (*S3Store)(nil)
 // NewS3Store connects to endpoint (HOST:PORT), over TLS when secure, and
 // creates bucket if it does not exist yet.
 func NewS3Store(ctx context.Context, endpoint, bucket string, secure bool, accessKey, secretKey string) (*S3Store, error) {
+	return newS3Store(ctx, endpoint, bucket, secure, accessKey, secretKey, nil)
+}
+
+// newS3Store is NewS3Store whose requests go through wrap's round tripper when wrap is set:
+// a test's, which damages them on the way.
+func newS3Store(ctx context.Context, endpoint, bucket string, secure bool, accessKey, secretKey string,
+	wrap func(http.RoundTripper) http.RoundTripper) (*S3Store, error) {
 	if err := s3utils.CheckValidBucketNameStrict(bucket); err != nil {
 		return nil, fmt.Errorf("s3 store: bucket %q: %w", bucket, err)
 	}
-	transport, err := s3Transport(secure)
+	t, err := s3Transport(secure)
 	if err != nil {
 		return nil, fmt.Errorf("s3 store %s: %w", endpoint, err)
+	}
+	var transport http.RoundTripper = t
+	if wrap != nil {
+		transport = wrap(t)
 	}
 	client, err := minio.New(endpoint, &minio.Options{
 		Creds:        credentials.NewStaticV4(accessKey, secretKey, ""),
@@ -82,7 +93,15 @@ func (s *S3Store) put(ctx context.Context, key string, data []byte, opts minio.P
 	// One request per object: the conditional header applies to a single PUT,
 	// and farm objects (tiles, frames, checkpoints) fit far below its limit.
 	opts.DisableMultipart = true
+	// The server checks the body against its MD5 and refuses one damaged on the way
+	// (BadDigest): what it stores is what was sent, so nobody reads an upload back. The
+	// signature then leaves the body out (a SHA-256 of it costs more CPU than its MD5).
+	opts.SendContentMd5, opts.DisableContentSha256 = true, true
 	_, err := s.client.PutObject(ctx, s.bucket, key, bytes.NewReader(data), int64(len(data)), opts)
+	var resp minio.ErrorResponse
+	if errors.As(err, &resp) && (resp.Code == "BadDigest" || resp.Code == "XAmzContentSHA256Mismatch") {
+		return fmt.Errorf("%w: the server received other bytes than were sent: %w", ErrVerify, err)
+	}
 	return err
 }
 

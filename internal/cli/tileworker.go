@@ -45,7 +45,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	heartbeat := fs.Duration("heartbeat", 0, "heartbeat interval (default: min(ack-wait, lease TTL)/5)")
 	var ckptEvery, remoteEvery checkpointInterval
 	fs.Var(&ckptEvery, "checkpoint-every", "minimum time between checkpoints, saved in the background: auto (after a pass, keeping saves under 2% of the render's time and 4 MB/s), 0 (after every pass) or a duration")
-	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto, 0 (with every checkpoint) or a duration")
+	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto (at least 1 s apart and after the first second, so a short tile uploads none), 0 (with every checkpoint) or a duration")
 	tags := fs.StringSlice("tags", nil, "the operator's tags of this worker (e.g. gpu,highmem): jobs submitted with --requires render only on workers with every tag they name")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")

@@ -333,4 +333,6 @@ type OutboxRecord struct {
 	Assembly int `json:"assembly,omitempty"`
 	// Priority is the priority of the job the tiles are dispatched for: it picks their band.
 	Priority int `json:"priority,omitempty"`
+	// First marks the first dispatch of a frame new at submission (wire.TileJob.First).
+	First bool `json:"first,omitempty"`
 }

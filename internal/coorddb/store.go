@@ -20,10 +20,11 @@ var (
 	bucketIdem     = []byte("idempotency")
 	bucketFrames   = []byte("frames")
 	bucketTiles    = []byte("tiles")    // frame_key -> TileTable
+	bucketObjects  = []byte("objects")  // frame_key -> TileObjects
 	bucketFailures = []byte("failures") // frame_key/tile index -> []Failure
 	bucketOpen     = []byte("open")     // frame_key of every frame not completed
 	bucketOutbox   = []byte("outbox")
-	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketFailures, bucketOpen, bucketOutbox}
+	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketFailures, bucketOpen, bucketOutbox}
 )
 
 // ErrNotFound is returned when a job or frame does not exist.

@@ -198,7 +198,7 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 		case wire.EventTileStarted:
 			u.Change, u.Order, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
 		case wire.EventTileCompleted:
-			u.Change, u.SamplesRendered = coorddb.TileDone, ev.SamplesRendered
+			u.Change, u.SamplesRendered, u.Object = coorddb.TileDone, ev.SamplesRendered, ev.Object
 		case wire.EventTileFailed:
 			u.Change, u.Order = coorddb.TileFailed, coorddb.FailedOrder(ev.Seq, ev.Delivery)
 			if ev.Terminal {

@@ -10,6 +10,7 @@ import (
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -37,6 +38,10 @@ type frameEdit struct {
 	reason   string            // why the frame fails, for its next transition
 	tableMod bool
 	dirty    bool // changed: flush writes it
+	// objects are the tiles' promoted objects as reported (loaded on first need); objectsMod
+	// says flush must write them.
+	objects    coorddb.TileObjects
+	objectsMod bool
 }
 
 func newProjection(tx *coorddb.Tx, now time.Time) *projection {
@@ -114,6 +119,7 @@ type tileUpdate struct {
 	Failure          *coorddb.Failure // failed and dead-letter changes: what went wrong
 	SamplesRecovered int              // started: samples resumed from a checkpoint
 	SamplesRendered  int              // done: samples rendered by the attempt that promoted it
+	Object           *wire.TileObject // done: the object promoted, as its worker reported it
 }
 
 // errUnknownTile is an update naming a tile its frame does not have.
@@ -154,6 +160,9 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 		f.TilesFailed--
 	case coorddb.TileCompleted: // unproven: its completion is taken back
 		f.TilesCompleted--
+		if err := p.setObject(e, u.Index, nil); err != nil {
+			return false, err
+		}
 	}
 	switch next {
 	case coorddb.TileDeadLettered:
@@ -162,6 +171,11 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	case coorddb.TileCompleted:
 		f.TilesCompleted++
 		f.SamplesRendered += u.SamplesRendered
+		if u.Object != nil {
+			if err := p.setObject(e, u.Index, u.Object); err != nil {
+				return false, err
+			}
+		}
 	}
 	if u.Failure != nil && (next == coorddb.TileFailedRetryable || next == coorddb.TileDeadLettered) {
 		u.Failure.DeadLettered = next == coorddb.TileDeadLettered
@@ -170,6 +184,24 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// setObject records tile i's promoted object (nil: forgets it).
+func (p *projection) setObject(e *frameEdit, i int, o *wire.TileObject) error {
+	if e.objects == nil {
+		t, err := p.tx.TileObjects(e.f)
+		if err != nil {
+			return err
+		}
+		e.objects = t
+	}
+	if o == nil {
+		e.objects.Forget(i)
+	} else {
+		e.objects = e.objects.Set(i, o.Attempt, o.SHA256, o.Build)
+	}
+	e.objectsMod = true
+	return nil
 }
 
 // tileChecked is tile for an update that names the tile by key too, as messages and events do:
@@ -372,6 +404,11 @@ func (p *projection) flush() (bool, error) {
 		}
 		if e.tableMod {
 			if err := p.tx.PutTileTable(fk, e.table); err != nil {
+				return false, err
+			}
+		}
+		if e.objectsMod {
+			if err := p.tx.PutTileObjects(fk, e.objects); err != nil {
 				return false, err
 			}
 		}

@@ -128,9 +128,15 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord) ([]*nats.Msg, error) {
 	var f *coorddb.Frame
 	var j *coorddb.Job
+	var objects coorddb.TileObjects
 	err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
 		if f, err = tx.Frame(r.FrameKey); err != nil {
 			return err
+		}
+		if r.Kind == coorddb.OutboxAssemble {
+			if objects, err = tx.TileObjects(f); err != nil {
+				return err
+			}
 		}
 		if j, err = tx.Job(r.JobID); errors.Is(err, coorddb.ErrNotFound) {
 			err = nil // a record of an older farm, or of a job since forgotten: the frame's build alone
@@ -155,14 +161,34 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 		if proven, err := c.proveTiles(ctx, f, j); err != nil || !proven {
 			return nil, err
 		}
-		data, err := json.Marshal(wire.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
-			Settings: f.Settings, Frame: f.Frame, TileSize: f.TileSize, Formats: f.Formats})
+		job := wire.AssembleJob{JobID: r.JobID, FrameKey: f.Key, SceneVersion: f.SceneVersion,
+			Settings: f.Settings, Frame: f.Frame, TileSize: f.TileSize, Formats: f.Formats}
+		withTileObjects(&job, objects)
+		data, err := json.Marshal(job)
 		if err != nil {
 			return nil, err
 		}
 		return []*nats.Msg{newMsg(pool.AssembleSubject(), AssembleMsgID(f.Key, r.Assembly), data)}, nil
 	}
 	return nil, fmt.Errorf("unknown outbox record kind %q", r.Kind)
+}
+
+// maxTileObjects bounds the tiles whose objects an assembly job names (about 84 bytes each):
+// a frame of more is assembled through its manifests, so the message stays far below
+// JetStream's 1 MiB.
+const maxTileObjects = 4096
+
+// withTileObjects names in job the tiles' promoted objects the frame's workers reported, so
+// the assembler reads each tile once; a frame with none known, or too many tiles, names none.
+func withTileObjects(job *wire.AssembleJob, objects coorddb.TileObjects) {
+	if objects.Build() == "" || objects.Len() > maxTileObjects {
+		return
+	}
+	job.TileBuild = objects.Build()
+	job.TileObjects = make([]string, objects.Len())
+	for i := range job.TileObjects {
+		job.TileObjects[i] = objects.Get(i)
+	}
 }
 
 // proveTiles checks, before frame f is assembled, that every tile recorded completed has its
@@ -250,7 +276,7 @@ func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord, pool queue.Pool) ([]
 		t := ft[i]
 		data, err := json.Marshal(wire.TileJob{JobID: r.JobID, TileKey: t.Key, FrameKey: f.Key, Index: i,
 			SceneVersion: f.SceneVersion, Settings: f.Settings, Frame: f.Frame, Rect: t.Rect,
-			InputHash: identity.InputHashFor(f.SceneVersion, sh, f.Frame, t.Rect)})
+			InputHash: identity.InputHashFor(f.SceneVersion, sh, f.Frame, t.Rect), First: r.First && r.Tiles == nil && r.Retry == 0})
 		if err != nil {
 			return nil, err
 		}

@@ -2,6 +2,8 @@ package coordinator
 
 import (
 	"encoding/json"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -134,5 +136,69 @@ func TestForgedCompletionsAreDispatchedAgain(t *testing.T) {
 	h.relay(t)
 	if last, _ := h.queue.LastSeq(h.ctx); last != after+1 {
 		t.Fatalf("the relay published %d messages, want the assembly", last-after)
+	}
+}
+
+// Property: a frame new at submission is dispatched marked First (its workers skip the store
+// reads that find earlier attempts), and its assembly job names the object each tile's worker
+// reported with its completion, so the assembler reads each tile once; a tile whose
+// completion is taken back (no manifest) is no longer named.
+func TestFirstDispatchAndReportedTileObjects(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 48, 32, 16)) // 1 frame of 6 tiles
+	h.relay(t)
+	for seq := uint64(1); seq <= 6; seq++ {
+		raw, err := h.queue.Tiles.GetMsg(h.ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var job wire.TileJob
+		if err := json.Unmarshal(raw.Data, &job); err != nil || !job.First {
+			t.Fatalf("tile message %d of a new frame: %+v, %v; want First", seq, job, err)
+		}
+	}
+	j := h.job(t, res.Status.JobID)
+	f := h.frame(t, j.FrameKey(1))
+	var evs []wire.Event
+	want := make([]string, 6)
+	for i := range frameTiles(t, f) {
+		if i != 5 { // tile 5's completion has no manifest: it is taken back
+			h.promoteTile(t, f, i)
+		}
+		ev := tileEvent(t, f, i, wire.EventTileCompleted, uint64(i+1), 1)
+		sum := fmt.Sprintf("%064x", i+1)
+		ev.Object = &wire.TileObject{Attempt: fmt.Sprintf("%016x", i+1), SHA256: sum, Build: "build-1"}
+		want[i] = fmt.Sprintf("%016x:%s", i+1, sum)
+		evs = append(evs, ev)
+	}
+	h.apply(t, evs...)
+	h.relay(t) // tile 5 goes back to queued and is dispatched again, not First
+	info, err := h.queue.Tiles.Info(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := h.queue.Tiles.GetMsg(h.ctx, info.State.LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var again wire.TileJob
+	if err := json.Unmarshal(raw.Data, &again); err != nil || again.Index != 5 || again.First {
+		t.Fatalf("the tile dispatched again: %+v, %v; want tile 5, not First", again, err)
+	}
+	h.promoteTile(t, f, 5)
+	ev := tileEvent(t, f, 5, wire.EventTileCompleted, 7, 1)
+	h.apply(t, ev) // reported no object this time
+	h.relay(t)
+	raw, err = h.queue.Tiles.GetLastMsgForSubject(h.ctx, poolOf(j, f).AssembleSubject())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var asm wire.AssembleJob
+	if err := json.Unmarshal(raw.Data, &asm); err != nil {
+		t.Fatal(err)
+	}
+	want[5] = ""
+	if asm.TileBuild != "build-1" || !slices.Equal(asm.TileObjects, want) {
+		t.Fatalf("the assembly names %q of build %q, want %q of build-1", asm.TileObjects, asm.TileBuild, want)
 	}
 }

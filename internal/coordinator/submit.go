@@ -206,7 +206,7 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 			}
 			p.add(&coorddb.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
 				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles})
-			if err := tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: j.ID, Priority: j.Priority}); err != nil {
+			if err := tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: j.ID, Priority: j.Priority, First: true}); err != nil {
 				return err
 			}
 		}

@@ -320,7 +320,7 @@ func TestWorkerCheckpointDiskFull(t *testing.T) {
 	scene := example("shot")
 	disk := nettest.Tmpfs(t, "96k")
 	f := startServe(t, t.TempDir())
-	w := f.worker("w", disk, "--checkpoint-every", "0")
+	w := f.worker("w", disk, "--checkpoint-every", "0", "--remote-checkpoint-every", "0")
 	st, _ := f.submit(append([]string{scene, "--frames", "7"}, oneTile...)...)
 	done := f.waitDone(st.JobID, 2*time.Minute)
 	if done.State != "completed" || done.TilesFailed != 0 {

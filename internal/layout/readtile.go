@@ -2,8 +2,11 @@ package layout
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
@@ -33,9 +36,43 @@ func ReadTile(ctx context.Context, objects objstore.Store, frameKey string, t ti
 	if err != nil {
 		return nil, fmt.Errorf("reading tile %s: %w", t.Key, err)
 	}
+	return decodeTile(data, t, st)
+}
+
+func decodeTile(data []byte, t tiles.FrameTile, st render.Settings) ([]float32, error) {
 	pix, err := raster.DecodeTile(data, t.Rect.Dx()*t.Rect.Dy()*st.Values())
 	if err != nil {
 		return nil, failure.Terminalf("decoding tile %s: %w", t.Key, err)
 	}
 	return pix, nil
 }
+
+// ReadReportedTile reads a promoted tile's float buffer straight from its object, as the
+// worker that promoted it reported it ("attempt:sha256", wire.AssembleJob.TileObjects): one
+// request instead of two. The object must exist and match the sha256 reported; otherwise the
+// error wraps ErrNotReported and the caller reads the tile through its manifest (ReadTile),
+// which stays the truth.
+func ReadReportedTile(ctx context.Context, objects objstore.Store, frameKey string, t tiles.FrameTile, st render.Settings, reported string) ([]float32, error) {
+	attempt, sum, ok := strings.Cut(reported, ":")
+	if !ok {
+		return nil, fmt.Errorf("tile %s: object %q: %w", t.Key, reported, ErrNotReported)
+	}
+	key := finalize.AttemptKey(TileManifestKey(frameKey, t.Key), attempt, TileOutputName)
+	if err := objstore.ValidateKey(key); err != nil {
+		return nil, fmt.Errorf("tile %s: %w: %w", t.Key, ErrNotReported, err)
+	}
+	data, err := objects.Get(ctx, key)
+	if errors.Is(err, objstore.ErrNotFound) {
+		return nil, fmt.Errorf("tile %s: %w: %w", t.Key, ErrNotReported, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading tile %s: %w", t.Key, err)
+	}
+	if got := sha256.Sum256(data); hex.EncodeToString(got[:]) != sum {
+		return nil, fmt.Errorf("tile %s: %w: its object does not have the sha256 reported", t.Key, ErrNotReported)
+	}
+	return decodeTile(data, t, st)
+}
+
+// ErrNotReported is a tile whose reported object cannot be read as reported.
+var ErrNotReported = errors.New("the tile's object is not as reported")

@@ -22,6 +22,11 @@ type TileJob struct {
 	Frame        int             `json:"frame"`
 	Rect         render.Rect     `json:"rect"`
 	InputHash    string          `json:"input_hash"`
+	// First marks the tile's first dispatch: its frame was new when submitted, so no attempt,
+	// checkpoint or manifest of the tile can exist yet. A first delivery of it skips the store
+	// reads that would find them (docs/design.md, "Store requests of a tile"): promotion is
+	// create-if-absent, so the skip can cost a wasted render, never a second publication.
+	First bool `json:"first,omitempty"`
 }
 
 // AssembleJob asks a worker to assemble a frame from its promoted tiles.
@@ -33,6 +38,20 @@ type AssembleJob struct {
 	Frame        int             `json:"frame"`
 	TileSize     int             `json:"tile_size"` // the tiles are derived with tiles.FrameTiles
 	Formats      []string        `json:"formats"`   // sorted; always has "png"; "png16", "exr" on request
+	// TileBuild and TileObjects, when set, name each tile's promoted object as the worker that
+	// promoted it reported it (Event.Object), indexed like the frame's tiles: "attempt:sha256",
+	// or "" where not known. The assembler reads such a tile's object alone, one request, and
+	// reads it through its manifest where the entry is empty or the object does not match.
+	TileBuild   string   `json:"tile_build,omitempty"`
+	TileObjects []string `json:"tile_objects,omitempty"`
+}
+
+// TileObject is the object a tile was promoted as (its manifest's), reported with
+// tile.completed so its frame's assembly can read it without reading the manifest first.
+type TileObject struct {
+	Attempt string `json:"attempt"` // the attempt whose object the manifest names
+	SHA256  string `json:"sha256"`
+	Build   string `json:"build"`
 }
 
 // Event types published by workers to the EVENTS stream.
@@ -51,24 +70,25 @@ const (
 // delivery of it the event is about: the coordinator orders a tile's events by them, so an event
 // applied late can never overwrite a newer state (docs/design.md, "States").
 type Event struct {
-	ID               string    `json:"id"`
-	Type             string    `json:"type"`
-	JobID            string    `json:"job_id,omitempty"`
-	TileKey          string    `json:"tile_key,omitempty"`
-	TileIndex        int       `json:"tile_index,omitempty"`
-	FrameKey         string    `json:"frame_key"`
-	Seq              uint64    `json:"seq,omitempty"`
-	Delivery         uint64    `json:"delivery,omitempty"`
-	Attempt          string    `json:"attempt"`
-	Worker           string    `json:"worker"`
-	SamplesRendered  int       `json:"samples_rendered,omitempty"`
-	SamplesRecovered int       `json:"samples_recovered,omitempty"`
-	Duplicate        bool      `json:"duplicate,omitempty"` // the tile was already promoted by someone else
-	Terminal         bool      `json:"terminal,omitempty"`
-	Code             string    `json:"code,omitempty"`    // tile.failed, frame.failed: see ErrorCode
-	Formats          []string  `json:"formats,omitempty"` // frame.completed: the formats now promoted
-	Error            string    `json:"error,omitempty"`
-	Time             time.Time `json:"time"`
+	ID               string      `json:"id"`
+	Type             string      `json:"type"`
+	JobID            string      `json:"job_id,omitempty"`
+	TileKey          string      `json:"tile_key,omitempty"`
+	TileIndex        int         `json:"tile_index,omitempty"`
+	FrameKey         string      `json:"frame_key"`
+	Seq              uint64      `json:"seq,omitempty"`
+	Delivery         uint64      `json:"delivery,omitempty"`
+	Attempt          string      `json:"attempt"`
+	Worker           string      `json:"worker"`
+	SamplesRendered  int         `json:"samples_rendered,omitempty"`
+	SamplesRecovered int         `json:"samples_recovered,omitempty"`
+	Duplicate        bool        `json:"duplicate,omitempty"` // the tile was already promoted by someone else
+	Terminal         bool        `json:"terminal,omitempty"`
+	Code             string      `json:"code,omitempty"`    // tile.failed, frame.failed: see ErrorCode
+	Formats          []string    `json:"formats,omitempty"` // frame.completed: the formats now promoted
+	Object           *TileObject `json:"object,omitempty"`  // tile.completed: the object promoted, when the worker read its manifest
+	Error            string      `json:"error,omitempty"`
+	Time             time.Time   `json:"time"`
 }
 
 // Progress reports the samples a tile has rendered so far, after each pass of a tile that has

@@ -95,10 +95,14 @@ func (a *assembly) perform(ctx context.Context) error {
 	}
 	for i, out := range outputs {
 		var p finalize.Promotion
+		// The manifest was missing just now: the first try skips reading it again.
+		opts := []finalize.PromoteOption{finalize.Absent()}
 		err = w.retryStore(ctx, a.delivery, "promoting frame", func(ctx context.Context) (err error) {
 			p, err = finalize.Promote(ctx, w.objects, layout.FrameManifestKey(job.FrameKey, missing[i]), a.attempt,
 				identity.BuildFor(job.Settings), out,
-				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name})
+				map[string]string{"frame_key": job.FrameKey, "frame": fmt.Sprint(job.Frame), "format": missing[i], "worker": w.cfg.Name},
+				opts...)
+			opts = nil // a retry reads the manifest first, and may find its own promotion
 			return err
 		})
 		if err != nil {
@@ -135,7 +139,8 @@ func (a *assembly) frameCompleted(ctx context.Context, duplicate bool) error {
 	return nil
 }
 
-// outputs reads the frame's tiles through their manifests and encodes the formats asked for,
+// outputs reads the frame's tiles, each straight from the object its worker reported where the
+// job names one (one request), else through its manifest, and encodes the formats asked for,
 // with the scene's renderer (a Blender scene's by Blender, compositor and all): per format the
 // objects of its manifest.
 func (a *assembly) outputs(ctx context.Context, formats []string) ([][]finalize.Output, error) {
@@ -150,8 +155,18 @@ func (a *assembly) outputs(ctx context.Context, formats []string) ([][]finalize.
 	if err != nil {
 		return nil, failure.Terminalf("tiling frame: %w", err)
 	}
-	for _, t := range frameTiles {
-		pix, err := layout.ReadTile(ctx, a.w.objects, job.FrameKey, t, st)
+	reported := job.TileBuild != "" && job.TileBuild == identity.BuildFor(st) && len(job.TileObjects) == len(frameTiles)
+	for i, t := range frameTiles {
+		var pix []float32
+		if reported && job.TileObjects[i] != "" {
+			pix, err = layout.ReadReportedTile(ctx, a.w.objects, job.FrameKey, t, st, job.TileObjects[i])
+			if errors.Is(err, layout.ErrNotReported) {
+				a.log.Warn("reading the tile through its manifest", "tile_key", t.Key, "err", err)
+				pix, err = layout.ReadTile(ctx, a.w.objects, job.FrameKey, t, st)
+			}
+		} else {
+			pix, err = layout.ReadTile(ctx, a.w.objects, job.FrameKey, t, st)
+		}
 		if err != nil {
 			return nil, err
 		}

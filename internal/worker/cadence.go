@@ -22,6 +22,23 @@ const checkpointBudget = 49
 // proportion.
 const checkpointRate = 4 << 20 // bytes per second
 
+// remoteFloor is the least time between remote checkpoint uploads, and before the first, when
+// their cadence is automatic: a remote checkpoint is what another node resumes from, and
+// rendering less than this again costs less than the upload and its delete (two store
+// requests). So a tile rendered within it costs no store request for checkpoints at all, and a
+// long one uploads at most once a second, riding along with its local checkpoints.
+const remoteFloor = time.Second
+
+// newRemoteCadence is the cadence of remote uploads (Config.RemoteEvery): 0 is automatic (at
+// least remoteFloor apart, and the local budgets), negative uploads with every local
+// checkpoint and positive is a minimum interval.
+func newRemoteCadence(every time.Duration, cost *saveCost, start time.Time) cadence {
+	if every == 0 {
+		return cadence{every: remoteFloor, auto: true, cost: cost, last: start}
+	}
+	return newCadence(every, cost, start)
+}
+
 // cadence decides, after each pass, whether a checkpoint is due. An every of 0 saves after
 // every pass; a positive every is a minimum interval; auto adds the cost budget.
 type cadence struct {

@@ -36,14 +36,8 @@ type saveJob struct {
 // lease's, so a lost lease ends a save in flight.
 func (r *tileRun) startCheckpointer(ctx context.Context, start time.Time) *checkpointer {
 	w := r.w
-	// Remote checkpoints ride along with every local one unless an interval is set: the upload
-	// costs the render nothing, and it is what another node resumes from.
-	remoteEvery := w.cfg.RemoteEvery
-	if remoteEvery == 0 {
-		remoteEvery = -1
-	}
 	k := &checkpointer{r: r, local: newCadence(w.cfg.CheckpointEvery, &w.saveCost, start),
-		remote: newCadence(remoteEvery, &w.saveCost, start), jobs: make(chan saveJob, 1), done: make(chan struct{})}
+		remote: newRemoteCadence(w.cfg.RemoteEvery, &w.saveCost, start), jobs: make(chan saveJob, 1), done: make(chan struct{})}
 	go func() {
 		defer close(k.done)
 		for j := range k.jobs {

@@ -120,10 +120,16 @@ func (h *runHarness) job() wire.TileJob {
 
 func (h *runHarness) worker(t *testing.T, cfg Config) (*Worker, *metrics.Worker) {
 	t.Helper()
+	return h.workerOn(t, cfg, h.objects)
+}
+
+// workerOn is worker on another view of the harness's store (a counting one, say).
+func (h *runHarness) workerOn(t *testing.T, cfg Config, objects objstore.Store) (*Worker, *metrics.Worker) {
+	t.Helper()
 	m := metrics.NewWorker(metrics.NewRegistry())
 	cfg.Name = "w1"
-	w, err := New(cfg, Deps{Queue: h.queue, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
-		Scenes: NewScenes(h.objects, "", scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler)),
+	w, err := New(cfg, Deps{Queue: h.queue, Objects: objects, Checkpoints: h.ckpts, Metrics: m,
+		Scenes: NewScenes(objects, "", scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler)),
 		Log:    slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

@@ -36,7 +36,18 @@ type tileRun struct {
 	left  *leftCheckpoints // nil: unknown, complete deletes both
 	// released is set once finish has ended the heartbeat and let the lease go.
 	released bool
+	// waited is set when the lease was held by another worker when this run first asked.
+	waited bool
+	// object is the tile's promoted object, once this run promoted it or found it promoted by
+	// reading its manifest: tile.completed reports it (wire.TileObject).
+	object *wire.TileObject
 }
+
+// fresh reports whether the run may skip the store reads that find an earlier attempt of the
+// tile: the manifest check under the lease and the remote checkpoint. That is the tile's first
+// dispatch (wire.TileJob.First), delivered the first time, with nobody holding its lease
+// before: no attempt of it can have begun.
+func (r *tileRun) fresh() bool { return r.job.First && r.num == 1 && !r.waited }
 
 var _ run = (*tileRun)(nil)
 
@@ -100,10 +111,12 @@ func (r *tileRun) perform(ctx context.Context) error {
 	r.lease = lease
 	r.log = r.log.With("fencing_token", lease.Token)
 	// The holder may have promoted the tile just before its lease went: check again, or a
-	// duplicate would render the whole tile a second time.
-	if done, err := r.promotedNow(ctx); err != nil || done {
-		r.release(ctx)
-		return err
+	// duplicate would render the whole tile a second time. A fresh run had no holder before it.
+	if !r.fresh() {
+		if done, err := r.promotedNow(ctx); err != nil || done {
+			r.release(ctx)
+			return err
+		}
 	}
 	r.hb = w.startHeartbeat(ctx, r.msg, lease, r.log)
 	defer r.finish(ctx)
@@ -179,6 +192,7 @@ func (r *tileRun) acquire(ctx context.Context) (*queue.Lease, error) {
 		}
 		switch {
 		case errors.Is(err, queue.ErrLeaseHeld):
+			r.waited = true
 			if !waiting {
 				waiting = true
 				r.log.Info("tile leased by another worker; waiting while it renews")
@@ -285,6 +299,9 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 		}
 		return err
 	}
+	if o, ok := p.Manifest.Object(layout.TileOutputName); ok && o.Key == finalize.AttemptKey(r.manifestKey(), p.Manifest.Attempt, o.Name) {
+		r.object = &wire.TileObject{Attempt: p.Manifest.Attempt, SHA256: o.SHA256, Build: p.Manifest.Build}
+	}
 	if p.Existing {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
 	} else {
@@ -310,7 +327,7 @@ func (r *tileRun) complete(ctx context.Context, rendered, recovered int, duplica
 	w := r.w
 	ev := wire.Event{ID: wire.EventTileCompleted + ":" + r.job.TileKey, Type: wire.EventTileCompleted, JobID: r.job.JobID,
 		TileKey: r.job.TileKey, TileIndex: r.job.Index, FrameKey: r.job.FrameKey,
-		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate}
+		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate, Object: r.object}
 	if err := w.retryInPlace(ctx, r.delivery, "publishing completion event", func(ctx context.Context) error {
 		return w.publishEvent(ctx, r.delivery, ev)
 	}); err != nil {
@@ -353,6 +370,9 @@ func (r *tileRun) resume(ctx context.Context, tile scene.Tile) int {
 			return c, ok && err == nil
 		},
 		func() (checkpoint.Checkpoint, bool) {
+			if r.fresh() { // no attempt of the tile began: there is no remote checkpoint
+				return checkpoint.Checkpoint{}, false
+			}
 			data, err := w.objects.Get(ctx, layout.CheckpointKey(r.job.TileKey))
 			r.left.remote = !errors.Is(err, objstore.ErrNotFound)
 			if err != nil {

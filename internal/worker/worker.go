@@ -37,7 +37,8 @@ type Config struct {
 	CheckpointEvery time.Duration
 	PassesPerTile   int // passes a tile's samples are split into; default 32
 	// RemoteEvery is the minimum time between remote checkpoint uploads, made with a local
-	// checkpoint; 0 (the default) and negative upload with every checkpoint.
+	// checkpoint; 0 (the default) is automatic: never within a second (remoteFloor), so a
+	// short tile uploads none; negative uploads with every checkpoint.
 	RemoteEvery time.Duration
 	RetryBase   time.Duration // first retry backoff; default 1 s
 	RetryMax    time.Duration // backoff cap; default 30 s
