@@ -118,23 +118,9 @@ func (h *hostFarm) startCluster(t *testing.T, accounts string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := natstest.Launch(t.TempDir(), 3, natstest.Options{Config: conf,
+	h.cluster = natstest.StartCluster(t, 3, natstest.Options{Config: conf,
 		Connect: []nats.Option{coordSeed, nats.RootCAs(filepath.Join(h.creds, "ca.pem"))},
 		Hosts:   []natstest.Host{h.nats[0], h.nats[1], h.nats[2]}})
-	if c != nil {
-		t.Cleanup(func() {
-			c.Kill()
-			if t.Failed() {
-				var b strings.Builder
-				c.DumpLogs(&b)
-				t.Logf("NATS nodes' logs:\n%s", b.String())
-			}
-		})
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.cluster = c
 }
 
 // natsURLs are the client URLs of the cluster's nodes named, comma-separated.
