@@ -79,8 +79,8 @@ func TestReconcileRedispatchesLostTiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	reconcile("lost, seen twice", 3)
-	if dropped, err := h.queue.Dropped.Has(h.ctx, fk); err != nil || dropped {
-		t.Fatalf("the frame dispatched again is still marked dropped (%v, %v)", dropped, err)
+	if mark, err := h.queue.Dropped.Mark(h.ctx, fk); err != nil || mark.Dropped {
+		t.Fatalf("the frame dispatched again is still marked dropped (%+v, %v)", mark, err)
 	}
 	// The new messages' events apply even at a lower stream sequence than the lost one's (a
 	// stream that lost its unsynced tail numbers on from its last synced message).

@@ -28,6 +28,9 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 	if err != nil {
 		return api.Status{}, err
 	}
+	if err := c.markCopies(ctx, jobID, priority); err != nil {
+		return api.Status{}, err
+	}
 	moved := 0
 	err = c.update(ctx, func(p *projection) error {
 		j, err := p.tx.Job(jobID)
@@ -65,4 +68,37 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 	}
 	c.log.Info("job reprioritized", "job_id", jobID, "priority", priority, "band", queue.BandOf(priority).String(), "tiles_moved", moved)
 	return c.Status(ctx, jobID)
+}
+
+// markCopies marks, before a job moves to another band, every frame of it whose tiles may be
+// dispatched again there (queue.Dropped.MarkCopies): the first copies stay queued in the old
+// band, and a worker taking one after the tile was promoted from its new copy must check, not
+// render it again as a first dispatch would (docs/design.md, "Store requests of a tile").
+func (c *Coordinator) markCopies(ctx context.Context, jobID string, priority int) error {
+	var frames []string
+	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
+		j, err := tx.Job(jobID)
+		if err != nil || queue.BandOf(j.Priority) == queue.BandOf(priority) {
+			return err
+		}
+		for n := range j.FrameNumbers() {
+			f, err := tx.Frame(j.FrameKey(n))
+			if err != nil {
+				return err
+			}
+			if !f.Dropped && f.TilesCompleted < f.TilesTotal {
+				frames = append(frames, f.Key)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, fk := range frames {
+		if err := c.queue.Dropped.MarkCopies(ctx, fk); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -63,12 +63,37 @@ func openDirectory(ctx context.Context, js jetstream.JetStream) (*Dropped, *Work
 	return &Dropped{kv: dkv}, &Workers{kv: wkv}, nil
 }
 
-// Dropped is the set of frames whose every job was cancelled.
+// Dropped is the set of frames whose every job was cancelled, and of frames whose tiles have
+// copies queued in another band (a reprioritized job's): each frame's mark (FrameMark).
 type Dropped struct{ kv jetstream.KeyValue }
+
+// Marks of a frame in the dropped bucket.
+const (
+	markDropped = "1"
+	markCopies  = "copies"
+)
+
+// FrameMark is what the dropped bucket says of a frame.
+type FrameMark struct {
+	// Dropped: every job asking for the frame was cancelled; its tiles are not rendered.
+	Dropped bool
+	// Copies: the frame's tiles were dispatched again in another band while their first
+	// copies stayed queued, so a tile message marked First (wire.TileJob) may be a stale copy
+	// of a tile promoted since, and is checked as a redelivery is.
+	Copies bool
+}
+
+// MarkCopies marks that frameKey's tiles have copies in another band. A dropped mark stays.
+func (d *Dropped) MarkCopies(ctx context.Context, frameKey string) error {
+	if _, err := d.kv.Create(ctx, frameKey, []byte(markCopies)); err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+		return fmt.Errorf("marking frame %.12s copied: %w", frameKey, err)
+	}
+	return nil
+}
 
 // Add marks frameKey dropped.
 func (d *Dropped) Add(ctx context.Context, frameKey string) error {
-	if _, err := d.kv.Put(ctx, frameKey, []byte("1")); err != nil {
+	if _, err := d.kv.Put(ctx, frameKey, []byte(markDropped)); err != nil {
 		return fmt.Errorf("marking frame %.12s dropped: %w", frameKey, err)
 	}
 	return nil
@@ -82,16 +107,16 @@ func (d *Dropped) Remove(ctx context.Context, frameKey string) error {
 	return nil
 }
 
-// Has reports whether frameKey is dropped.
-func (d *Dropped) Has(ctx context.Context, frameKey string) (bool, error) {
-	_, err := d.kv.Get(ctx, frameKey)
+// Mark reads frameKey's mark: one read of the bucket.
+func (d *Dropped) Mark(ctx context.Context, frameKey string) (FrameMark, error) {
+	e, err := d.kv.Get(ctx, frameKey)
 	switch {
 	case err == nil:
-		return true, nil
+		return FrameMark{Dropped: string(e.Value()) != markCopies, Copies: string(e.Value()) == markCopies}, nil
 	case errors.Is(err, jetstream.ErrKeyNotFound):
-		return false, nil
+		return FrameMark{}, nil
 	}
-	return false, fmt.Errorf("reading whether frame %.12s is dropped: %w", frameKey, err)
+	return FrameMark{}, fmt.Errorf("reading the mark of frame %.12s: %w", frameKey, err)
 }
 
 // Workers is the heartbeat directory.

@@ -350,3 +350,36 @@ func TestOpenReadsMaxFailures(t *testing.T) {
 		t.Fatalf("Open read max failures %d, max deliver %d (failures bucket %v), want 7 and 9", f.Cfg.MaxFailures, f.Cfg.MaxDeliver, f.Failures)
 	}
 }
+
+// A frame's mark says dropped or copied: marking a frame's copies keeps a dropped mark, and a
+// frame made wanted again loses both.
+func TestFrameMarks(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+	d := tf.f.Dropped
+	if m, err := d.Mark(ctx, "f1"); err != nil || m != (FrameMark{}) {
+		t.Fatalf("an unmarked frame: %+v, %v", m, err)
+	}
+	if err := d.MarkCopies(ctx, "f1"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := d.Mark(ctx, "f1"); !m.Copies || m.Dropped {
+		t.Fatalf("a copied frame: %+v", m)
+	}
+	if err := d.Add(ctx, "f2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.MarkCopies(ctx, "f2"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := d.Mark(ctx, "f2"); !m.Dropped || m.Copies {
+		t.Fatalf("a dropped frame marked copied: %+v", m)
+	}
+	if err := d.Remove(ctx, "f1"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := d.Mark(ctx, "f1"); m != (FrameMark{}) {
+		t.Fatalf("a frame wanted again: %+v", m)
+	}
+}

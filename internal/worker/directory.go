@@ -195,12 +195,14 @@ func (w *Worker) capabilities(ctx context.Context) queue.Capabilities {
 // counts as not dropped: rendering a tile nobody wants wastes time, dropping one somebody
 // wants would strand its job.
 func (r *tileRun) frameDropped(ctx context.Context) bool {
-	dropped, err := r.w.queue.Dropped.Has(ctx, r.job.FrameKey)
+	mark, err := r.w.queue.Dropped.Mark(ctx, r.job.FrameKey)
 	if err != nil {
 		r.log.Debug("reading dropped frames", "err", err)
+		r.copies = true // not known: no store read is skipped
 		return false
 	}
-	return dropped
+	r.copies = mark.Copies
+	return mark.Dropped
 }
 
 // drop settles the delivery of a tile of a dropped frame: acked, so it leaves the queue. Its

@@ -80,3 +80,37 @@ func TestFirstDispatchCostsThreeStoreRequestsPerTile(t *testing.T) {
 		t.Fatalf("the assembly read the tile's manifest: %v\n%s", tile, h.logs)
 	}
 }
+
+// Property: a stale first copy of a tile, left queued in its old band when its job moved to
+// another, is checked as a redelivery is once its frame is marked (queue.Dropped.MarkCopies):
+// the tile promoted from its new copy is acked as a duplicate, not rendered again.
+func TestStaleFirstCopyOfAMovedFrameIsChecked(t *testing.T) {
+	h := newRunHarness(t)
+	w, _ := h.worker(t, Config{})
+	job := h.job()
+	job.First = true
+	h.deliver(t, w, job)
+	if n := strings.Count(h.logs.String(), `msg="tile promoted"`); n != 1 {
+		t.Fatalf("%d promotions of the first copy:\n%s", n, h.logs)
+	}
+	if err := h.queue.Dropped.MarkCopies(h.ctx, job.FrameKey); err != nil {
+		t.Fatal(err)
+	}
+	stale := job
+	stale.JobID = "job-stale" // a message of its own, not absorbed by the dedup window
+	data, err := json.Marshal(stale)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, job.TileKey+":copy", data, nil); err != nil {
+		t.Fatal(err)
+	}
+	msg, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 2*time.Second)
+	if err != nil || msg == nil {
+		t.Fatalf("FetchTile = %v, %v", msg, err)
+	}
+	w.handle(h.ctx, msg)
+	if n := strings.Count(h.logs.String(), `msg="tile promoted"`); n != 1 || !strings.Contains(h.logs.String(), "tile already promoted; acking duplicate delivery") {
+		t.Fatalf("the stale copy was rendered again (%d promotions):\n%s", n, h.logs)
+	}
+}

@@ -38,6 +38,9 @@ type tileRun struct {
 	released bool
 	// waited is set when the lease was held by another worker when this run first asked.
 	waited bool
+	// copies is set when the tile's frame has copies queued in another band (queue.FrameMark),
+	// or that is not known.
+	copies bool
 	// object is the tile's promoted object, once this run promoted it or found it promoted by
 	// reading its manifest: tile.completed reports it (wire.TileObject).
 	object *wire.TileObject
@@ -46,8 +49,9 @@ type tileRun struct {
 // fresh reports whether the run may skip the store reads that find an earlier attempt of the
 // tile: the manifest check under the lease and the remote checkpoint. That is the tile's first
 // dispatch (wire.TileJob.First), delivered the first time, with nobody holding its lease
-// before: no attempt of it can have begun.
-func (r *tileRun) fresh() bool { return r.job.First && r.num == 1 && !r.waited }
+// before, and its frame's tiles never dispatched again in another band: no attempt of it can
+// have begun.
+func (r *tileRun) fresh() bool { return r.job.First && r.num == 1 && !r.waited && !r.copies }
 
 var _ run = (*tileRun)(nil)
 
