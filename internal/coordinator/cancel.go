@@ -109,7 +109,7 @@ func liveJob(tx *coorddb.Tx, f *coorddb.Frame, except string) (*coorddb.Job, err
 // completed are dispatched anew (completed ones are reused, in-flight ones resume from their
 // checkpoints), inside the transaction, so no new message can meet the old mark.
 func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j *coorddb.Job) error {
-	if err := c.queue.Dropped.Remove(ctx, e.f.Key); err != nil {
+	if err := c.queue.Dropped.Revive(ctx, e.f.Key); err != nil {
 		return err
 	}
 	e.f.Dropped = false

@@ -99,7 +99,17 @@ func (d *Dropped) Add(ctx context.Context, frameKey string) error {
 	return nil
 }
 
-// Remove makes frameKey wanted again, before its tiles are dispatched anew.
+// Revive makes the dropped frameKey wanted again, before its tiles are dispatched anew: its
+// dropped copies may still queue, so it stays marked as having copies (FrameMark.Copies).
+func (d *Dropped) Revive(ctx context.Context, frameKey string) error {
+	if _, err := d.kv.Put(ctx, frameKey, []byte(markCopies)); err != nil {
+		return fmt.Errorf("marking frame %.12s wanted: %w", frameKey, err)
+	}
+	return nil
+}
+
+// Remove makes frameKey wanted again, with no copies of its tiles queued (the stream lost
+// them), before its tiles are dispatched anew.
 func (d *Dropped) Remove(ctx context.Context, frameKey string) error {
 	if err := d.kv.Purge(ctx, frameKey); err != nil && !errors.Is(err, jetstream.ErrKeyNotFound) {
 		return fmt.Errorf("marking frame %.12s wanted: %w", frameKey, err)

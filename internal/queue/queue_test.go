@@ -351,8 +351,9 @@ func TestOpenReadsMaxFailures(t *testing.T) {
 	}
 }
 
-// A frame's mark says dropped or copied: marking a frame's copies keeps a dropped mark, and a
-// frame made wanted again loses both.
+// A frame's mark says dropped or copied: marking a frame's copies keeps a dropped mark, a
+// revived frame is marked copied (its dropped copies may queue), and a frame whose messages the
+// stream lost loses both.
 func TestFrameMarks(t *testing.T) {
 	t.Parallel()
 	tf := startFarm(t, fastConfig())
@@ -375,6 +376,12 @@ func TestFrameMarks(t *testing.T) {
 	}
 	if m, _ := d.Mark(ctx, "f2"); !m.Dropped || m.Copies {
 		t.Fatalf("a dropped frame marked copied: %+v", m)
+	}
+	if err := d.Revive(ctx, "f2"); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ := d.Mark(ctx, "f2"); m.Dropped || !m.Copies {
+		t.Fatalf("a dropped frame revived, its dropped copies maybe queued: %+v", m)
 	}
 	if err := d.Remove(ctx, "f1"); err != nil {
 		t.Fatal(err)
