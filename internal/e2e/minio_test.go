@@ -191,6 +191,7 @@ func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
 // place and take no new work meanwhile, nothing is dead-lettered or lost, frames equal the
 // reference; then gc deletes only unreferenced objects and every manifest still resolves.
 func TestMinIOOutageThenGC(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	m := miniotest.Start(t)
 	scene := example("shot")
 	// An outage of five ack-waits, with a failure budget of one and a safety net of three

@@ -204,6 +204,7 @@ func waitWorkers(t *testing.T, f *farmProc, want string, d time.Duration) []api.
 // fails a job's tiles stops taking them and the job completes on another worker; a killed
 // worker leaves the list within its TTL; and a job every live worker blocklisted fails, saying so.
 func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	// w-bad fails tile (0,0)-(32,32) of frame 1, whatever the job, and blocklists a job at once.
@@ -293,6 +294,7 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 // tile again and again and hands it back more than MaxDeliver times, without a hot loop. The
 // tile is never dead-lettered, and renders on the healthy worker once it is free.
 func TestBlocklistHandBacksNeverDeadLetterAHealthyTile(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	good := f.worker("w-good", t.TempDir(), "--fault-pass-delay", "1500ms", "--passes", "24", "--checkpoint-every", "0")

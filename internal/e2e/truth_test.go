@@ -169,6 +169,7 @@ func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
 // duplicate waits while the holder renews its lease, however long, and is acked once the
 // holder promotes: no delivery spent, nothing dead-lettered, the tile rendered once.
 func TestDuplicateOfALongTileWaitsForTheHolder(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
 	const ttl = 2 * time.Second
 	f := startServe(t, t.TempDir(), "--ack-wait", ttl.String(), "--lease-ttl", ttl.String(), "--max-deliver", "2", "--max-failures", "1")
@@ -243,6 +244,7 @@ func TestHandbacksAreNoFailures(t *testing.T) {
 // while it idles. Its idle pulls wait with the server's own expiry, so no delivery is lost to
 // latency: in a clean run every tile and assembly is delivered exactly once.
 func TestNoDeliveryLostToLatency(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "3s", "--lease-ttl", "3s")
 	proxy := delayProxy(t, f.NATSListen, 50*time.Millisecond) // 100 ms round trip
