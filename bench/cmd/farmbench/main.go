@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -39,8 +40,16 @@ func main() {
 	flag.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the kill schedule")
 	flag.IntVar(&c.RSSTiles, "rss-tiles", 0, "also track a job of this many tiles on coordinator serve --workers 0 (e.g. 1000000)")
 	flag.BoolVar(&c.Growth, "growth", false, "also measure the key figures at three sizes of tiles per frame, frames per job and workers")
-	flag.StringVar(&c.ProfileDir, "profile", "", "write CPU profiles of the overhead farm's coordinator and first worker to this directory")
+	flag.StringVar(&c.ProfileDir, "profile", "", "write CPU profiles of the overhead farm's coordinator and first worker, and of each fleet's coordinator and nats-server nodes, to this directory")
 	flag.DurationVar(&c.ProfileDuration, "profile-seconds", 5*time.Second, "length of the CPU profiles")
+	sizes := flag.String("fleet", "", "also measure a simulated fleet of each of these numbers of workers, comma-separated (default 10,100,1000 with --only fleet)")
+	flag.Float64Var(&c.Fleet.TileSeconds, "fleet-tile-seconds", 1, "each simulated tile's render time")
+	flag.Float64Var(&c.Fleet.WorkSeconds, "fleet-work-seconds", 30, "each simulated worker's share of the fleet's job, in seconds of tiles")
+	flag.IntVar(&c.Fleet.Passes, "fleet-passes", 0, "passes a simulated tile is rendered in (0: the worker's default, 32)")
+	flag.IntVar(&c.Fleet.PerProcess, "fleet-per-process", 250, "simulated workers per process")
+	flag.BoolVar(&c.Fleet.Cluster, "fleet-cluster", false, "run the fleet on a 3-node JetStream cluster (replicas 3) instead of one nats-server")
+	flag.BoolVar(&c.Fleet.SharedConn, "fleet-shared-conn", false, "one NATS connection per worker process instead of one per simulated worker")
+	flag.IntVar(&c.Fleet.Nice, "fleet-nice", 10, "niceness of the simulated workers' processes, so they take only the CPU the coordinator and JetStream leave (-1: none)")
 	verbose := flag.Bool("v", false, "log progress on stderr")
 	only := flag.String("only", "", "comma-separated measurements to make, of "+strings.Join(farmbench.Steps, ",")+" (default: all; the others' figures stay 0)")
 	flag.Parse()
@@ -52,6 +61,20 @@ func main() {
 				os.Exit(2)
 			}
 		}
+	}
+	if *sizes == "" && slices.Contains(c.Only, "fleet") {
+		*sizes = "10,100,1000"
+	}
+	for _, f := range strings.Split(*sizes, ",") {
+		if f == "" {
+			continue
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "farmbench: --fleet %q: want positive numbers of workers, comma-separated\n", *sizes)
+			os.Exit(2)
+		}
+		c.Fleet.Sizes = append(c.Fleet.Sizes, n)
 	}
 	c.Overhead.First = 1
 	if *serve != "" {
