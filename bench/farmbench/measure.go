@@ -58,6 +58,10 @@ type FarmRun struct {
 	Attempts         int
 	Slots            int           // every worker's slots, and the local renders' -j
 	Rendering        time.Duration // the workers' tilefarm_tile_render_seconds, summed
+	// StoreRequestsPerTile is the S3 requests MinIO served during the job per tile, in all and
+	// by API (0 and nil on the file store): the farm's own requests, counted by MinIO.
+	StoreRequestsPerTile      float64
+	StoreRequestsPerTileByAPI map[string]float64
 }
 
 // Efficiency is local time / farm time: 1.0 means the farm costs nothing over the reference.
@@ -139,6 +143,10 @@ func MeasureFarm(ctx context.Context, bins farmtest.Binaries, scene string, b *b
 			profErrs = append(profErrs, f.Profile(name, filepath.Join(prof.Dir, name+".pprof"), prof.Seconds))
 		}
 	}
+	reqs0, err := f.StoreRequests(ctx)
+	if err != nil {
+		return r, err
+	}
 	res, err := f.API.Submit(ctx, b, s.request(b))
 	if err != nil {
 		return r, fmt.Errorf("submitting: %w", err)
@@ -148,6 +156,11 @@ func MeasureFarm(ctx context.Context, bins farmtest.Binaries, scene string, b *b
 		return r, err
 	}
 	r.Farm = time.Since(start)
+	reqs1, err := f.StoreRequests(ctx)
+	if err != nil {
+		return r, err
+	}
+	r.StoreRequestsPerTile, r.StoreRequestsPerTileByAPI = requestsPerTile(reqs0, reqs1, st.TilesTotal)
 	cpu1, err := f.CPU()
 	if err != nil {
 		return r, err

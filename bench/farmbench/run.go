@@ -12,9 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/tilefarm/tilefarm/bench/fleet"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
@@ -37,16 +39,37 @@ type Config struct {
 	Seed            uint64
 	RSSTiles        int // tiles of the --workers 0 job of coordinator_rss_job_mb (0: skip)
 	Growth          bool
-	ProfileDir      string // CPU profiles of the overhead farm's coordinator and first worker
+	ProfileDir      string // CPU profiles of the overhead farm's coordinator and first worker, and of each fleet's servers
 	ProfileDuration time.Duration
 	Log             io.Writer
+	// Fleet is the simulated fleet (bench/fleet); it runs when it names sizes.
+	Fleet FleetConfig
 	// Only names the measurements to make (Steps); empty is all of them. The figures of the
 	// others stay 0, and Result.Steps says which were made.
 	Only []string
 }
 
+// FleetConfig sizes the fleet step: one fleet measured per size, each against a fresh
+// coordinator and JetStream (fleet.Spec says what each field does).
+type FleetConfig struct {
+	Sizes       []int   // workers of each fleet; empty skips the step
+	TileSeconds float64 // 0 is 1 s
+	WorkSeconds float64 // each worker's share of a job in seconds of tiles; 0 is 30
+	Passes      int     // passes per tile; 0 is the worker's default
+	PerProcess  int     // workers per fleetnode process; 0 is 250
+	FrameTiles  int     // a frame is FrameTiles x FrameTiles tiles; 0 is 16
+	Cluster     bool    // a 3-node JetStream cluster instead of one server
+	SharedConn  bool    // one NATS connection per worker process
+	Nice        int     // niceness of the worker processes; 0 is 10, -1 none
+	SampleEvery time.Duration
+}
+
+// FleetSaturation is the fraction of its ideal throughput (workers / tile seconds) below which
+// a fleet counts as saturated.
+const FleetSaturation = 0.8
+
 // Steps are the measurements of a run, in order, by the names Config.Only takes.
-var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", "resume", "rss", "growth"}
+var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", "resume", "rss", "growth", "fleet"}
 
 // Default is the full run: a realistic shot of about a second a tile.
 func Default() Config {
@@ -58,13 +81,14 @@ func Default() Config {
 // Targets are the figures' goals, printed next to them.
 var Targets = map[string]string{
 	"farm_efficiency":                 ">= 0.97",
-	"farm_efficiency_small":           ">= 0.85",
+	"farm_efficiency_small":           ">= 0.9",
 	"tile_overhead_cpu_ms":            "<= 5",
+	"store_requests_per_tile":         "<= 3 per tile; the farm's own per frame on top",
 	"tile_overhead_cpu_ms_file_store": "<= 5",
 	"recovery_seconds_p99":            "<= 5",
 	"resume_rate":                     ">= 0.95",
 	"dispatch_tiles_per_s":            ">= 50000",
-	"coordinator_rss_mb":              "<= 200",
+	"coordinator_rss_mb":              "<= 150",
 }
 
 // GrowthRow is the key figures of one farm of a growth table.
@@ -93,26 +117,35 @@ type Result struct {
 	// own cost without MinIO's.
 	TileOverheadFileCPUms float64            `json:"tile_overhead_cpu_ms_file_store"`
 	TileOverheadFileBy    map[string]float64 `json:"tile_overhead_cpu_ms_file_store_by_process"`
-	DispatchTilesPerS     float64            `json:"dispatch_tiles_per_s"`
-	DispatchTiles         int                `json:"dispatch_tiles"`
-	RecoveryP50           float64            `json:"recovery_seconds_p50"`
-	RecoveryP99           float64            `json:"recovery_seconds_p99"`
-	ResumeRate            float64            `json:"resume_rate"`
-	ResumeKills           int                `json:"resume_kills"`
-	ResumeRecovered       int64              `json:"resume_samples_recovered"`
-	ResumeAgain           float64            `json:"resume_samples_rendered_again"`
-	CoordinatorRSSMB      float64            `json:"coordinator_rss_mb"`
-	CoordinatorRSSTiles   int                `json:"coordinator_rss_tiles"`
-	WorkerRSSMBPerSlot    float64            `json:"worker_rss_mb_per_slot"`
-	FarmSeconds           float64            `json:"farm_seconds"`
-	LocalSeconds          float64            `json:"local_seconds"`
-	ShotTiles             int                `json:"shot_tiles"`
-	ShotTileSeconds       float64            `json:"shot_tile_cpu_seconds"`
-	Targets               map[string]string  `json:"targets"`
-	Growth                []GrowthRow        `json:"growth,omitempty"`
-	Profiles              []string           `json:"profiles,omitempty"`
-	Machine               string             `json:"machine"`
-	Steps                 []string           `json:"steps"` // the measurements made
+	// StoreRequestsPerTile is the S3 requests MinIO served per tile of the overhead job, by its
+	// own counters: every request of the farm (frames', scenes' and checkpoints' too), over its
+	// tiles; by API beside. docs/design.md, "Store requests of a tile", says what a tile costs.
+	StoreRequestsPerTile      float64            `json:"store_requests_per_tile"`
+	StoreRequestsPerTileByAPI map[string]float64 `json:"store_requests_per_tile_by_api,omitempty"`
+	DispatchTilesPerS         float64            `json:"dispatch_tiles_per_s"`
+	DispatchTiles             int                `json:"dispatch_tiles"`
+	RecoveryP50               float64            `json:"recovery_seconds_p50"`
+	RecoveryP99               float64            `json:"recovery_seconds_p99"`
+	ResumeRate                float64            `json:"resume_rate"`
+	ResumeKills               int                `json:"resume_kills"`
+	ResumeRecovered           int64              `json:"resume_samples_recovered"`
+	ResumeAgain               float64            `json:"resume_samples_rendered_again"`
+	CoordinatorRSSMB          float64            `json:"coordinator_rss_mb"`
+	CoordinatorRSSTiles       int                `json:"coordinator_rss_tiles"`
+	WorkerRSSMBPerSlot        float64            `json:"worker_rss_mb_per_slot"`
+	FarmSeconds               float64            `json:"farm_seconds"`
+	LocalSeconds              float64            `json:"local_seconds"`
+	ShotTiles                 int                `json:"shot_tiles"`
+	ShotTileSeconds           float64            `json:"shot_tile_cpu_seconds"`
+	Targets                   map[string]string  `json:"targets"`
+	Growth                    []GrowthRow        `json:"growth,omitempty"`
+	// Fleet is one row per fleet size; FleetSaturation the first size whose tiles_per_s fell
+	// below FleetSaturation of its ideal, 0 if none did (absent when no fleet was measured).
+	Fleet           []fleet.Row `json:"fleet,omitempty"`
+	FleetSaturation *int        `json:"fleet_saturation_workers,omitempty"`
+	Profiles        []string    `json:"profiles,omitempty"`
+	Machine         string      `json:"machine"`
+	Steps           []string    `json:"steps"` // the measurements made
 }
 
 // Run builds the binaries and makes every measurement of c.
@@ -128,10 +161,20 @@ func Run(ctx context.Context, c Config) (Result, error) {
 	}
 	defer os.RemoveAll(dir)
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Log, "farmbench: "+format+"\n", args...) }
-	logf("building the farm")
-	bins, err := farmtest.Build(filepath.Join(dir, "bin"), farmtest.BuildOptions{})
-	if err != nil {
-		return res, err
+	off := map[string]bool{"rss": c.RSSTiles == 0, "growth": !c.Growth, "fleet": len(c.Fleet.Sizes) == 0}
+	var run []string
+	for _, name := range Steps {
+		if !off[name] && (len(c.Only) == 0 || slices.Contains(c.Only, name)) {
+			run = append(run, name)
+		}
+	}
+	// The fleet runs binaries of its own: the farm's are built only for the other steps.
+	var bins farmtest.Binaries
+	if slices.ContainsFunc(run, func(name string) bool { return name != "fleet" }) {
+		logf("building the farm")
+		if bins, err = farmtest.Build(filepath.Join(dir, "bin"), farmtest.BuildOptions{}); err != nil {
+			return res, err
+		}
 	}
 	scene := filepath.Join(root, "examples", "shot", "scene.json")
 	b, err := jsonscene.ReadFile(scene)
@@ -173,6 +216,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 				return fmt.Errorf("tile overhead: %w", err)
 			}
 			res.TileOverheadCPUms, res.TileOverheadBy = over.OverheadCPUms(), over.OverheadByProcess()
+			res.StoreRequestsPerTile, res.StoreRequestsPerTileByAPI = over.StoreRequestsPerTile, over.StoreRequestsPerTileByAPI
 			res.OverheadStore = map[bool]string{true: "minio", false: "file"}[c.MinIO]
 			if c.MinIO {
 				fileSpec := spec
@@ -232,12 +276,21 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			res.Growth, err = growth(ctx, c, bins, scene, b, filepath.Join(dir, "growth"), logf)
 			return err
 		},
+		"fleet": func() error {
+			rows, err := measureFleet(ctx, c, filepath.Join(dir, "fleet"))
+			res.Fleet = rows
+			if err != nil {
+				return err
+			}
+			at := fleet.Saturation(rows, FleetSaturation)
+			res.FleetSaturation = &at
+			for _, r := range rows {
+				res.Profiles = append(res.Profiles, r.Profiles...)
+			}
+			return nil
+		},
 	}
-	off := map[string]bool{"rss": c.RSSTiles == 0, "growth": !c.Growth}
-	for _, name := range Steps {
-		if off[name] || len(c.Only) > 0 && !slices.Contains(c.Only, name) {
-			continue
-		}
+	for _, name := range run {
 		if err := steps[name](); err != nil {
 			return res, err
 		}
@@ -282,6 +335,40 @@ func growth(ctx context.Context, c Config, bins farmtest.Binaries, scene string,
 		if err := run("workers", n, base, sp); err != nil {
 			return nil, err
 		}
+	}
+	return rows, nil
+}
+
+// measureFleet measures a simulated fleet of each of c.Fleet.Sizes, each in a directory of its
+// own under dir, with CPU profiles during each window when c.ProfileDir is set.
+func measureFleet(ctx context.Context, c Config, dir string) ([]fleet.Row, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if c.ProfileDir != "" {
+		if err := os.MkdirAll(c.ProfileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(c.Log, "farmbench: building fleetnode\n")
+	bin, err := fleet.Build(dir)
+	if err != nil {
+		return nil, err
+	}
+	fc := c.Fleet
+	if fc.TileSeconds <= 0 {
+		fc.TileSeconds = 1
+	}
+	var rows []fleet.Row
+	for _, n := range fc.Sizes {
+		row, err := fleet.Measure(ctx, fleet.Spec{Bin: bin, Dir: filepath.Join(dir, strconv.Itoa(n)), Workers: n, PerProcess: fc.PerProcess,
+			TileSeconds: fc.TileSeconds, WorkSeconds: fc.WorkSeconds, FrameTiles: fc.FrameTiles, Passes: fc.Passes,
+			Cluster: fc.Cluster, SharedConn: fc.SharedConn, Nice: fc.Nice, SampleEvery: fc.SampleEvery,
+			ProfileDir: c.ProfileDir, ProfileSeconds: c.ProfileDuration, Log: c.Log})
+		if err != nil {
+			return rows, fmt.Errorf("fleet of %d: %w", n, err)
+		}
+		rows = append(rows, row)
 	}
 	return rows, nil
 }
@@ -333,6 +420,23 @@ func (r Result) Table(w io.Writer) {
 		if e.factors != nil {
 			fmt.Fprintf(w, "%s = slot_busy %.3f / render_slowdown %.3f / local_busy %.3f\n", e.name,
 				e.factors["slot_busy"], e.factors["render_slowdown"], e.factors["local_busy"])
+		}
+	}
+	if len(r.Fleet) > 0 {
+		f := r.Fleet[0]
+		fmt.Fprintf(w, "\nfleet: %gs tiles in %d passes, %s, %s, workers at nice %d\n", f.TileSeconds, f.Passes, f.JetStream, f.Store, f.WorkersNice)
+		fmt.Fprintf(w, "%8s %9s %9s %9s %8s %8s %7s %7s %7s %10s\n", "workers", "tiles/s", "ideal", "events/s",
+			"p50-ms", "p99-ms", "coord", "jetstr", "wrkrs", "job")
+		for _, f := range r.Fleet {
+			fmt.Fprintf(w, "%8d %9.1f %9.1f %9.1f %8.1f %8.1f %7.2f %7.2f %7.2f %10s\n", f.Workers, f.TilesPerS, f.IdealTilesPerS,
+				f.EventsPerS, f.DispatchP50ms, f.DispatchP99ms, f.CoordinatorCPU, f.JetStreamCPU, f.WorkersCPU, f.JobState)
+		}
+		if r.FleetSaturation != nil {
+			if *r.FleetSaturation == 0 {
+				fmt.Fprintf(w, "no fleet size fell below %.0f%% of its ideal throughput\n", 100*FleetSaturation)
+			} else {
+				fmt.Fprintf(w, "throughput stops growing at %d workers (below %.0f%% of ideal)\n", *r.FleetSaturation, 100*FleetSaturation)
+			}
 		}
 	}
 	if len(r.Growth) > 0 {
