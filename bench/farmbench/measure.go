@@ -132,6 +132,12 @@ func MeasureFarm(ctx context.Context, bins farmtest.Binaries, scene string, b *b
 		return r, err
 	}
 	defer f.Close()
+	// MinIO's counters before the job, read first: the reading waits out their cache, which
+	// neither the job's time nor its CPU may include.
+	reqs0, err := f.StoreRequests(ctx)
+	if err != nil {
+		return r, err
+	}
 	cpu0, err := f.CPU()
 	if err != nil {
 		return r, err
@@ -143,10 +149,6 @@ func MeasureFarm(ctx context.Context, bins farmtest.Binaries, scene string, b *b
 			profErrs = append(profErrs, f.Profile(name, filepath.Join(prof.Dir, name+".pprof"), prof.Seconds))
 		}
 	}
-	reqs0, err := f.StoreRequests(ctx)
-	if err != nil {
-		return r, err
-	}
 	res, err := f.API.Submit(ctx, b, s.request(b))
 	if err != nil {
 		return r, fmt.Errorf("submitting: %w", err)
@@ -156,15 +158,15 @@ func MeasureFarm(ctx context.Context, bins farmtest.Binaries, scene string, b *b
 		return r, err
 	}
 	r.Farm = time.Since(start)
-	reqs1, err := f.StoreRequests(ctx)
-	if err != nil {
-		return r, err
-	}
-	r.StoreRequestsPerTile, r.StoreRequestsPerTileByAPI = requestsPerTile(reqs0, reqs1, st.TilesTotal)
 	cpu1, err := f.CPU()
 	if err != nil {
 		return r, err
 	}
+	reqs1, err := f.StoreRequests(ctx) // after the CPU reading: it waits out MinIO's cache
+	if err != nil {
+		return r, err
+	}
+	r.StoreRequestsPerTile, r.StoreRequestsPerTileByAPI = requestsPerTile(reqs0, reqs1, st.TilesTotal)
 	r.FarmCPU, r.Tiles, r.Attempts = cpu1.Sub(cpu0), st.TilesTotal, st.TileAttempts
 	for _, ch := range profErrs {
 		if err := <-ch; err != nil {
