@@ -35,25 +35,27 @@ func TestLeaseAcquireRenewRelease(t *testing.T) {
 		t.Fatalf("Check of a fresh lease: %v", err)
 	}
 
-	stale := *a
+	before := a.Token
 	if err := l.Renew(ctx, a); err != nil {
 		t.Fatalf("Renew: %v", err)
 	}
-	if a.Token <= stale.Token {
-		t.Fatalf("Renew kept token %d (was %d), want a newer revision", a.Token, stale.Token)
+	if a.Token <= before {
+		t.Fatalf("Renew kept token %d (was %d), want a newer revision", a.Token, before)
 	}
-	if err := l.Renew(ctx, &stale); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("Renew with stale token = %v, want ErrLeaseLost", err)
+	// Another owner's stale view of the key renews, checks and releases nothing.
+	other := &Lease{Key: "tile.k1", Owner: "worker-b", Token: before}
+	if err := l.Renew(ctx, other); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Renew by another owner = %v, want ErrLeaseLost", err)
 	}
-	if err := l.Check(ctx, &stale); !errors.Is(err, ErrLeaseLost) {
-		t.Fatalf("Check with stale token = %v, want ErrLeaseLost", err)
+	if err := l.Check(ctx, other); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Check by another owner = %v, want ErrLeaseLost", err)
 	}
-	// Releasing with a stale token is a no-op, not an error, and leaves the real holder in place.
-	if err := l.Release(ctx, &stale); err != nil {
-		t.Fatalf("Release with stale token: %v", err)
+	// Releasing another's lease is a no-op, not an error, and leaves the real holder in place.
+	if err := l.Release(ctx, other); err != nil {
+		t.Fatalf("Release by another owner: %v", err)
 	}
 	if owner, _, _ := l.Owner(ctx, "tile.k1"); owner != "worker-a" {
-		t.Fatalf("stale Release removed the live lease; owner now %q", owner)
+		t.Fatalf("another owner's Release removed the live lease; owner now %q", owner)
 	}
 
 	if err := l.Release(ctx, a); err != nil {
@@ -168,5 +170,63 @@ func TestRenewedLeaseSurvives(t *testing.T) {
 	}
 	if renewals < 7 {
 		t.Fatalf("only %d renewals in 3xTTL", renewals)
+	}
+}
+
+// A renewal the server applied but whose answer never reached the holder (it timed out on a busy
+// server) leaves the holder's token one revision behind. The lease is still the holder's, so the
+// next Renew, Check and Release adopt the current revision instead of abandoning a held tile; a
+// lease another owner took over stays lost.
+func TestLeaseAdoptsAnUnansweredRenewal(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.LeaseTTL = time.Minute
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+	l := tf.f.Leases
+
+	a, err := l.Acquire(ctx, "tile.k2", "worker-a/attempt-1")
+	if err != nil {
+		t.Fatalf("Acquire: %v", err)
+	}
+	// The renewal that was applied but not answered: the same compare-and-set Renew sends.
+	applied, err := l.kv.Update(ctx, a.Key, []byte(a.Owner), a.Token)
+	if err != nil {
+		t.Fatalf("applying a renewal behind the holder's back: %v", err)
+	}
+	if err := l.Renew(ctx, a); err != nil {
+		t.Fatalf("Renew after an unanswered renewal = %v, want the lease kept", err)
+	}
+	if a.Token <= applied {
+		t.Fatalf("Renew left token %d, want past the unanswered renewal's %d", a.Token, applied)
+	}
+	if owner, tok, _ := l.Owner(ctx, a.Key); owner != a.Owner || tok != a.Token {
+		t.Fatalf("key holds %q at %d, want %q at %d", owner, tok, a.Owner, a.Token)
+	}
+
+	applied, _ = l.kv.Update(ctx, a.Key, []byte(a.Owner), a.Token)
+	if err := l.Check(ctx, a); err != nil || a.Token != applied {
+		t.Fatalf("Check after an unanswered renewal = %v at token %d, want nil at %d", err, a.Token, applied)
+	}
+
+	if _, err := l.kv.Update(ctx, a.Key, []byte(a.Owner), a.Token); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Release(ctx, a); err != nil {
+		t.Fatalf("Release after an unanswered renewal: %v", err)
+	}
+	if owner, _, _ := l.Owner(ctx, a.Key); owner != "" {
+		t.Fatalf("Release after an unanswered renewal left the lease with %q", owner)
+	}
+
+	// Taken over in between: the old holder's next renewal is refused, whatever its token.
+	if _, err := l.Acquire(ctx, "tile.k2", "worker-b/attempt-2"); err != nil {
+		t.Fatalf("Acquire by the next holder: %v", err)
+	}
+	if err := l.Renew(ctx, a); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Renew by the previous holder = %v, want ErrLeaseLost", err)
+	}
+	if err := l.Check(ctx, a); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("Check by the previous holder = %v, want ErrLeaseLost", err)
 	}
 }

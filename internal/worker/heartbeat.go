@@ -17,8 +17,9 @@ import (
 // every Heartbeat it extends the ack-wait with InProgress and renews the lease by CAS. A lost
 // lease cancels ctx at once, and so does the lease's TTL passing on this worker's clock since
 // the last renewal that succeeded (counted from when it was sent): a worker cut off from NATS
-// stops rendering a tile that may already be another's, whatever the network says. The lease
-// is only touched under mu, because a renewal changes its fencing token.
+// stops rendering a tile that may already be another's, whatever the network says. A renewal
+// may wait for its answer until then. The lease is only touched under mu, because a renewal
+// changes its fencing token.
 type heartbeat struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -26,6 +27,7 @@ type heartbeat struct {
 	lease  *queue.Lease // nil for work that needs no lease (assembly)
 
 	mu      sync.Mutex
+	quit    context.CancelFunc // ends a renewal in flight when the heartbeat stops
 	stopped chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -34,11 +36,14 @@ type heartbeat struct {
 
 func (w *Worker) startHeartbeat(ctx context.Context, msg jetstream.Msg, lease *queue.Lease, log *slog.Logger) *heartbeat {
 	hctx, cancel := context.WithCancelCause(ctx)
-	hb := &heartbeat{ctx: hctx, cancel: cancel, leases: w.queue.Leases, lease: lease,
+	lctx, quit := context.WithCancel(hctx)
+	hb := &heartbeat{ctx: hctx, cancel: cancel, leases: w.queue.Leases, lease: lease, quit: quit,
 		stopped: make(chan struct{}), done: make(chan struct{})}
 	var expiry *time.Timer
+	var expiresAt time.Time // when the lease lapses on this worker's clock
 	if lease != nil {
 		ttl := w.queue.Leases.TTL()
+		expiresAt = time.Now().Add(ttl)
 		expiry = time.AfterFunc(ttl, func() {
 			w.m.LeaseRenewalFailures.Inc()
 			log.Warn("lease expired on this worker's clock: no renewal succeeded for its TTL; stopping the tile", "ttl", ttl)
@@ -66,23 +71,26 @@ func (w *Worker) startHeartbeat(ctx context.Context, msg jetstream.Msg, lease *q
 			if lease == nil {
 				continue
 			}
+			// The renewal may take until the lease lapses: on a busy server an answer slower than
+			// a heartbeat is still worth having (and one that never comes is adopted next time).
 			sent := time.Now()
 			hb.mu.Lock()
-			rctx, rcancel := context.WithTimeout(hctx, w.cfg.Heartbeat)
+			rctx, rcancel := context.WithDeadline(lctx, expiresAt)
 			err := hb.leases.Renew(rctx, lease)
 			rcancel()
 			hb.mu.Unlock()
 			if err == nil && hctx.Err() == nil {
 				// The server wrote the renewal after it was sent: the lease lives at least a TTL
 				// from then.
-				expiry.Reset(time.Until(sent.Add(hb.leases.TTL())))
+				expiresAt = sent.Add(hb.leases.TTL())
+				expiry.Reset(time.Until(expiresAt))
 			}
 			if errors.Is(err, queue.ErrLeaseLost) {
 				w.m.LeaseRenewalFailures.Inc()
 				cancel(err)
 				return
 			}
-			if err != nil {
+			if err != nil && lctx.Err() == nil {
 				log.Warn("renewing lease", "err", err)
 			}
 		}
@@ -100,6 +108,7 @@ func (hb *heartbeat) check(ctx context.Context) error {
 // stop ends the heartbeat and reports whether the lease was lost; it is safe to call twice.
 func (hb *heartbeat) stop() error {
 	hb.once.Do(func() {
+		hb.quit()
 		close(hb.stopped)
 		<-hb.done
 		if cause := context.Cause(hb.ctx); errors.Is(cause, queue.ErrLeaseLost) {
