@@ -429,7 +429,7 @@ func (r *tileRun) resume(ctx context.Context, tile scene.Tile) int {
 // the worker's), checkpointing after passes and reporting progress while passes remain.
 func (r *tileRun) renderPasses(ctx context.Context, tile scene.Tile) error {
 	spp := r.job.Settings.SPP
-	var lastDropCheck time.Time
+	var lastDropCheck, lastReport time.Time
 	for _, to := range r.job.Settings.PassEnds(r.w.cfg.PassesPerTile) {
 		if to <= tile.Next() {
 			continue
@@ -440,12 +440,16 @@ func (r *tileRun) renderPasses(ctx context.Context, tile scene.Tile) error {
 		if to == spp {
 			break
 		}
-		r.reportProgress(to)
+		now := time.Now()
+		if now.Sub(lastReport) >= progressEvery {
+			lastReport = now
+			r.reportProgress(to)
+		}
 		r.ckpt.afterPass(tile)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if now := time.Now(); now.Sub(lastDropCheck) >= dropCheckEvery {
+		if now.Sub(lastDropCheck) >= dropCheckEvery {
 			lastDropCheck = now
 			if r.frameDropped(ctx) {
 				r.ckpt.saveNow(ctx, tile, true) // a job asking for the frame again resumes here
@@ -456,10 +460,15 @@ func (r *tileRun) renderPasses(ctx context.Context, tile scene.Tile) error {
 	return nil
 }
 
-// dropCheckEvery is how often a tile in progress asks whether its frame was dropped: after a
-// pass, but at most this often, since the answer is a round trip to JetStream and a tile may
-// have dozens of short passes.
-const dropCheckEvery = 250 * time.Millisecond
+// A tile in progress reports its samples and asks whether its frame was dropped after a pass,
+// but at most this often: a tile may have dozens of short passes, and at 32 passes a second
+// per worker a fleet's reports and checks would be most of its messages, which grow with the
+// passes and not with the work done (docs/benchmarks.md, "Fleet"). The first pass reports at
+// once, so a tile shows progress as soon as it has any.
+const (
+	progressEvery  = time.Second
+	dropCheckEvery = time.Second
+)
 
 // counted is a tile of a run that counts in tilefarm_samples_rendered_total, and in the
 // worker's activity, the samples the tile really gains, even when a render stops early
