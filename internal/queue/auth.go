@@ -21,8 +21,8 @@ func WorkerPublish() []string {
 		"KV_" + BucketDropped, "KV_" + BucketWorkers} {
 		p = append(p, "$JS.API.STREAM.INFO."+s)
 	}
-	// Every TILES consumer is a pool's, made for workers: they list them to find their pools.
-	p = append(p, "$JS.API.CONSUMER.LIST."+StreamTiles, "$JS.API.CONSUMER.INFO."+StreamTiles+".*", "$JS.API.CONSUMER.MSG.NEXT."+StreamTiles+".*")
+	// Every TILES consumer is a pool's, made for workers: they list their names to find their pools.
+	p = append(p, "$JS.API.CONSUMER.NAMES."+StreamTiles, "$JS.API.CONSUMER.INFO."+StreamTiles+".*", "$JS.API.CONSUMER.MSG.NEXT."+StreamTiles+".*")
 	p = append(p, "$JS.ACK."+StreamTiles+".>")
 	for _, b := range []string{BucketLeases, BucketFailures, BucketWorkers, BucketDropped} {
 		p = append(p, "$JS.API.DIRECT.GET.KV_"+b+".>", "$JS.API.STREAM.MSG.GET.KV_"+b)

@@ -102,11 +102,15 @@ func (s *Sources) FetchTile(ctx context.Context, wait time.Duration) (jetstream.
 }
 
 // FetchAssembly pulls one frame assembly job of a pool the worker serves, waiting at most
-// wait (and at most bandIdle where the last one came from, so other pools are looked at
-// again soon); (nil, nil) when none arrived.
+// wait; (nil, nil) when none arrived. A worker of several pools waits at most bandIdle where
+// the last one came from, so the other pools are looked at again soon; a worker of one waits
+// the whole wait there, since every worker keeps this pull waiting and a fleet's short ones
+// would be a load that grows with its workers (docs/benchmarks.md, "Fleet").
 func (s *Sources) FetchAssembly(ctx context.Context, wait time.Duration) (jetstream.Msg, error) {
 	s.refresh(ctx)
+	idle := wait
 	if _, asm := s.snapshot(); len(asm) > 1 {
+		idle = min(wait, bandIdle)
 		for _, c := range asm {
 			if msg, err := fetchNoWait(ctx, c); msg != nil || err != nil {
 				return s.settle(msg, err, c, true)
@@ -114,7 +118,7 @@ func (s *Sources) FetchAssembly(ctx context.Context, wait time.Duration) (jetstr
 		}
 	}
 	_, home := s.homes()
-	msg, err := s.q.fetchOne(ctx, home, min(wait, bandIdle))
+	msg, err := s.q.fetchOne(ctx, home, idle)
 	return s.settle(msg, err, home, true)
 }
 

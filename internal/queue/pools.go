@@ -143,6 +143,7 @@ func (cfg Config) consumerConfig(name, subject, what string, pool Pool, maxPendi
 		MaxDeliver:    -1,
 		BackOff:       cfg.Backoff,
 		MaxAckPending: maxPending,
+		MaxWaiting:    maxWaiting,
 		Metadata:      meta,
 	}
 }
@@ -174,12 +175,28 @@ func (f *Queue) EnsurePool(ctx context.Context, p Pool) error {
 		return nil
 	}
 	for _, c := range f.Cfg.poolConsumers(p) {
-		if _, err := f.JS.CreateOrUpdateConsumer(ctx, StreamTiles, c); err != nil {
-			return fmt.Errorf("setting up consumer %s/%s for %s: %w", StreamTiles, c.Durable, p, err)
+		if _, err := ensureConsumer(ctx, f.JS, c); err != nil {
+			return fmt.Errorf("pool %s: %w", p, err)
 		}
 	}
 	f.pools.Store(id, p)
 	return nil
+}
+
+// ensureConsumer creates or updates the TILES consumer cfg. A consumer that exists keeps its
+// MaxWaiting, which the server never lets change: a farm made before it was set keeps the
+// server's default until its consumers are made anew.
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	if c, err := js.Consumer(ctx, StreamTiles, cfg.Durable); err == nil {
+		cfg.MaxWaiting = c.CachedInfo().Config.MaxWaiting
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil, fmt.Errorf("reading consumer %s/%s: %w", StreamTiles, cfg.Durable, err)
+	}
+	c, err := js.CreateOrUpdateConsumer(ctx, StreamTiles, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, cfg.Durable, err)
+	}
+	return c, nil
 }
 
 // Sources are the consumers a worker pulls from: the default pool's and those of every pool
@@ -192,7 +209,7 @@ type Sources struct {
 	refreshed time.Time
 	tiles     [NumBands][]jetstream.Consumer // the default pool's first
 	asm       []jetstream.Consumer           // the default assemblers first
-	known     map[string]jetstream.Consumer
+	known     map[string]poolSource // by consumer name
 	turn      int // rotates the pools a band is pulled from first, so no pool starves another
 	// home and homeAsm are where the worker's last tile and assembly came from: an idle pull
 	// waits there, so the pool a worker is busy with delivers at once, the others within
@@ -214,7 +231,7 @@ func (s *Sources) SetCapabilities(caps Capabilities) {
 
 // Sources returns the consumers of the pools a worker with caps serves.
 func (f *Queue) Sources(caps Capabilities) *Sources {
-	s := &Sources{q: f, caps: caps, known: map[string]jetstream.Consumer{}, home: f.Bands[BandNormal], homeAsm: f.Assemblers}
+	s := &Sources{q: f, caps: caps, known: map[string]poolSource{}, home: f.Bands[BandNormal], homeAsm: f.Assemblers}
 	for b := range NumBands {
 		s.tiles[b] = []jetstream.Consumer{f.Bands[b]}
 	}
@@ -222,8 +239,11 @@ func (f *Queue) Sources(caps Capabilities) *Sources {
 	return s
 }
 
-// refresh lists the TILES consumers when the last listing is older than sourcesRefresh. A
-// failed listing keeps the pools known so far.
+// refresh lists the names of the TILES consumers when the last listing is older than
+// sourcesRefresh, and reads a consumer's pool (its metadata) only the first time its name is
+// seen: a names listing costs the server a fraction of listing every consumer's info, which a
+// fleet of workers each asking every 2 s made a tenth of JetStream's work (docs/benchmarks.md,
+// "Fleet"). A failed listing keeps the pools known so far.
 func (s *Sources) refresh(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -233,31 +253,26 @@ func (s *Sources) refresh(ctx context.Context) {
 	s.refreshed = time.Now()
 	var tiles [NumBands][]jetstream.Consumer
 	var asm []jetstream.Consumer
-	lister := s.q.Tiles.ListConsumers(ctx)
-	for info := range lister.Info() {
-		raw, ok := info.Config.Metadata[MetaPool]
-		if !ok {
-			continue
-		}
-		var p Pool
-		if json.Unmarshal([]byte(raw), &p) != nil || !p.Serves(s.caps) {
-			continue
-		}
-		c, ok := s.known[info.Name]
+	lister := s.q.Tiles.ConsumerNames(ctx)
+	for name := range lister.Name() {
+		src, ok := s.known[name]
 		if !ok {
 			var err error
-			if c, err = s.q.Tiles.Consumer(ctx, info.Name); err != nil {
-				continue // deleted meanwhile
+			if src, err = s.q.poolSource(ctx, name); err != nil {
+				continue // deleted meanwhile, or not readable now: looked at again next time
 			}
-			s.known[info.Name] = c
+			s.known[name] = src
+		}
+		if src.cons == nil || !src.pool.Serves(s.caps) {
+			continue
 		}
 		switch {
-		case IsAssembleSubject(info.Config.FilterSubject):
-			asm = append(asm, c)
+		case src.asm:
+			asm = append(asm, src.cons)
 		default:
 			for b := range NumBands {
-				if info.Name == p.Consumer(b) {
-					tiles[b] = append(tiles[b], c)
+				if name == src.pool.Consumer(b) {
+					tiles[b] = append(tiles[b], src.cons)
 				}
 			}
 		}
@@ -270,6 +285,32 @@ func (s *Sources) refresh(ctx context.Context) {
 		s.tiles[b] = append([]jetstream.Consumer{s.q.Bands[b]}, tiles[b]...)
 	}
 	s.asm = append([]jetstream.Consumer{s.q.Assemblers}, asm...)
+}
+
+// poolSource is a TILES consumer as a worker sees it: a pool's consumer of tiles or of
+// assemblies, or (cons nil) one of no pool, the default pool's, which a worker always has.
+type poolSource struct {
+	cons jetstream.Consumer
+	pool Pool
+	asm  bool
+}
+
+// poolSource reads the consumer name once: its pool from its metadata.
+func (f *Queue) poolSource(ctx context.Context, name string) (poolSource, error) {
+	c, err := f.Tiles.Consumer(ctx, name)
+	if err != nil {
+		return poolSource{}, err
+	}
+	info := c.CachedInfo()
+	raw, ok := info.Config.Metadata[MetaPool]
+	if !ok {
+		return poolSource{}, nil
+	}
+	var p Pool
+	if err := json.Unmarshal([]byte(raw), &p); err != nil {
+		return poolSource{}, nil
+	}
+	return poolSource{cons: c, pool: p, asm: IsAssembleSubject(info.Config.FilterSubject)}, nil
 }
 
 // settle records where a pulled message came from (see home) and returns it.

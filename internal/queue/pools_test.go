@@ -106,3 +106,45 @@ func mustFetchFrom(t *testing.T, s *Sources) interface {
 	}
 	return m
 }
+
+// Every TILES consumer lets a large fleet keep its pulls waiting (maxWaiting, not the
+// server's default of 512, which refuses the 513th), and a farm whose consumers were made
+// with the default opens again unchanged, since the server never lets MaxWaiting change.
+func TestConsumersKeepAFleetsPullsWaiting(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	tf := startFarm(t, fastConfig())
+	gpu := Pool{Requires: []string{"gpu"}}
+	if err := tf.f.EnsurePool(ctx, gpu); err != nil {
+		t.Fatalf("EnsurePool: %v", err)
+	}
+	for _, name := range []string{BandNormal.Consumer(), ConsumerAssemblers, gpu.Consumer(BandHigh)} {
+		c, err := tf.f.Tiles.Consumer(ctx, name)
+		if err != nil {
+			t.Fatalf("consumer %s: %v", name, err)
+		}
+		if got := c.CachedInfo().Config.MaxWaiting; got != maxWaiting {
+			t.Errorf("consumer %s MaxWaiting = %d, want %d", name, got, maxWaiting)
+		}
+	}
+
+	// An older farm: its consumers made with the server's default.
+	old := tf.f.Cfg.consumerConfig(BandLow.Consumer(), BandLow.Subject(), "old", Pool{}, maxAckPending)
+	old.MaxWaiting = 0
+	if err := tf.f.JS.DeleteConsumer(ctx, StreamTiles, old.Durable); err != nil {
+		t.Fatalf("DeleteConsumer: %v", err)
+	}
+	if _, err := tf.f.JS.CreateConsumer(ctx, StreamTiles, old); err != nil {
+		t.Fatalf("CreateConsumer: %v", err)
+	}
+	if _, err := Setup(ctx, tf.f.JS, fastConfig()); err != nil {
+		t.Fatalf("Setup of a farm whose consumer has the default MaxWaiting: %v", err)
+	}
+	c, err := tf.f.Tiles.Consumer(ctx, old.Durable)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.CachedInfo().Config.MaxWaiting; got != 512 {
+		t.Errorf("older consumer's MaxWaiting = %d after Setup, want the 512 it was made with", got)
+	}
+}

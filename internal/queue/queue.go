@@ -46,6 +46,12 @@ const (
 // silently stall dispatch on a big farm.
 const maxAckPending = 1 << 16
 
+// maxWaiting lets every worker of a large farm keep a pull waiting on a consumer: each worker's
+// idle slots and its assembly loop wait on one, and the server default of 512 refuses the
+// 513th ("Exceeded MaxWaiting"), which a fleet of a thousand workers hit tens of thousands of
+// times a run (docs/benchmarks.md, "Fleet").
+const maxWaiting = 1 << 16
+
 // Queue is the set of JetStream objects one coordinator or worker uses. Create it with Setup
 // (the coordinator) or Open (a worker).
 type Queue struct {
@@ -116,8 +122,8 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	defs := cfg.poolConsumers(pool)
 	consumers := make([]jetstream.Consumer, len(defs))
 	for i, c := range defs {
-		if consumers[i], err = js.CreateOrUpdateConsumer(ctx, StreamTiles, c); err != nil {
-			return nil, fmt.Errorf("setting up consumer %s/%s: %w", StreamTiles, c.Durable, err)
+		if consumers[i], err = ensureConsumer(ctx, js, c); err != nil {
+			return nil, err
 		}
 	}
 	// A farm set up before hand-backs were free captured MAX_DELIVERIES advisories for a
