@@ -209,8 +209,8 @@ type Sources struct {
 	refreshed time.Time
 	tiles     [NumBands][]jetstream.Consumer // the default pool's first
 	asm       []jetstream.Consumer           // the default assemblers first
-	known     map[string]poolSource // by consumer name
-	turn      int // rotates the pools a band is pulled from first, so no pool starves another
+	known     map[string]poolSource          // by consumer name
+	turn      int                            // rotates the pools a band is pulled from first, so no pool starves another
 	// home and homeAsm are where the worker's last tile and assembly came from: an idle pull
 	// waits there, so the pool a worker is busy with delivers at once, the others within
 	// bandIdle. Both start as the default pool's.
