@@ -127,18 +127,20 @@ func New(cfg Config, d Deps) *Coordinator {
 	return c
 }
 
-// Run runs the outbox relay, the event consumer, the reconciler, the
-// progress watcher and the metrics sampler until ctx is done. Each restarts after an error, so
+// Run runs the outbox relay, the event consumer, the reconciler, the progress watcher, the
+// metrics sampler and the worker directory (read from a watch of the heartbeats) until ctx is
+// done. Each restarts after an error, so
 // a NATS or storage outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	loops := map[string]func(context.Context) error{
-		"outbox relay":     c.relay,
-		"event consumer":   c.consumeEvents,
-		"reconciler":       c.reconcileLoop,
-		"progress watcher": c.watchProgress,
-		"metrics sampler":  c.sampleMetrics,
-		"worker directory": c.watchWorkers,
+		"outbox relay":      c.relay,
+		"event consumer":    c.consumeEvents,
+		"reconciler":        c.reconcileLoop,
+		"progress watcher":  c.watchProgress,
+		"metrics sampler":   c.sampleMetrics,
+		"worker directory":  c.watchWorkers,
+		"worker heartbeats": c.queue.Workers.Follow,
 	}
 	for name, loop := range loops {
 		wg.Add(1)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -129,8 +130,22 @@ func (d *Dropped) Mark(ctx context.Context, frameKey string) (FrameMark, error) 
 	return FrameMark{}, fmt.Errorf("reading the mark of frame %.12s: %w", frameKey, err)
 }
 
-// Workers is the heartbeat directory.
-type Workers struct{ kv jetstream.KeyValue }
+// Workers is the heartbeat directory. A process that lists it often runs Follow, which keeps
+// a copy current from a watch of the bucket; List reads that copy while it is current.
+type Workers struct {
+	kv jetstream.KeyValue
+
+	mu        sync.Mutex
+	following bool                   // the copy is current: Follow has the bucket's values
+	beats     map[string]workerEntry // by key
+}
+
+// workerEntry is a worker's last heartbeat and when it was written, which is when the bucket
+// expires it (WorkerTTL later).
+type workerEntry struct {
+	info api.Worker
+	at   time.Time
+}
 
 // workerKey is a key for any worker name: names may hold characters keys may not.
 func workerKey(name string) string { return hex.EncodeToString([]byte(name)) }
@@ -155,9 +170,24 @@ func (w *Workers) Leave(ctx context.Context, name string) error {
 	return nil
 }
 
-// List returns the live workers, by name. An entry that does not decode is skipped: it cannot
-// be a worker of this farm's version.
+// List returns the live workers, by name: from the copy Follow keeps when it is current (no
+// request at all), else read from the bucket, a key listing and a get per worker.
 func (w *Workers) List(ctx context.Context) ([]api.Worker, error) {
+	w.mu.Lock()
+	if w.following {
+		out := make([]api.Worker, 0, len(w.beats))
+		for k, e := range w.beats {
+			if time.Since(e.at) > WorkerTTL {
+				delete(w.beats, k) // expired: the bucket removed it without a word
+				continue
+			}
+			out = append(out, e.info)
+		}
+		w.mu.Unlock()
+		sortWorkers(out)
+		return out, nil
+	}
+	w.mu.Unlock()
 	lister, err := w.kv.ListKeys(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing workers: %w", err)
@@ -171,11 +201,68 @@ func (w *Workers) List(ctx context.Context) ([]api.Worker, error) {
 		if err != nil {
 			return nil, fmt.Errorf("reading worker %s: %w", k, err)
 		}
-		var info api.Worker
-		if json.Unmarshal(e.Value(), &info) == nil && info.Name != "" {
+		if info, ok := decodeWorker(e.Value()); ok {
 			out = append(out, info)
 		}
 	}
-	slices.SortFunc(out, func(a, b api.Worker) int { return strings.Compare(a.Name, b.Name) })
+	sortWorkers(out)
 	return out, nil
+}
+
+// decodeWorker decodes a heartbeat. An entry that does not decode is skipped: it cannot be a
+// worker of this farm's version.
+func decodeWorker(data []byte) (api.Worker, bool) {
+	var info api.Worker
+	return info, json.Unmarshal(data, &info) == nil && info.Name != ""
+}
+
+func sortWorkers(ws []api.Worker) {
+	slices.SortFunc(ws, func(a, b api.Worker) int { return strings.Compare(a.Name, b.Name) })
+}
+
+// Follow keeps List's copy of the directory current from a watch of the bucket until ctx is
+// done or the watch fails (List then reads the bucket again). A heartbeat counts from when the
+// watch delivered it (the bucket's own time for those it held when the watch began), so the
+// copy expires a worker WorkerTTL after its last beat as the bucket does, whatever the
+// server's clock says; a worker that leaves is removed at once. Listing the bucket instead
+// costs a get per worker each time, a load that grows with the fleet (docs/benchmarks.md,
+// "Fleet").
+func (w *Workers) Follow(ctx context.Context) error {
+	watch, err := w.kv.WatchAll(ctx)
+	if err != nil {
+		return fmt.Errorf("watching the worker directory: %w", err)
+	}
+	defer watch.Stop()
+	defer func() {
+		w.mu.Lock()
+		w.following, w.beats = false, nil
+		w.mu.Unlock()
+	}()
+	beats := map[string]workerEntry{}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return errors.New("watching the worker directory: the watch ended")
+			}
+			w.mu.Lock()
+			switch {
+			case e == nil: // every value the bucket held is in: the copy is current from now
+				w.following, w.beats = true, beats
+			case e.Operation() != jetstream.KeyValuePut:
+				delete(beats, e.Key())
+			default:
+				at := time.Now()
+				if !w.following && e.Created().Before(at) {
+					at = e.Created()
+				}
+				if info, ok := decodeWorker(e.Value()); ok {
+					beats[e.Key()] = workerEntry{info: info, at: at}
+				}
+			}
+			w.mu.Unlock()
+		}
+	}
 }
