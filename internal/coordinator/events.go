@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -179,6 +180,11 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []wire.Event) error {
 	})
 	if err == nil {
 		c.counted(p)
+		for _, ev := range evs {
+			if slices.Contains(wire.EventTypes, ev.Type) { // a forged type adds no series
+				c.m.EventsApplied.WithLabelValues(ev.Type).Inc()
+			}
+		}
 		c.progress.finished(evs) // a completed or failed tile is no longer in progress
 		c.countCompletions(evs)
 		c.kickRelay() // an event may have asked for an assembly

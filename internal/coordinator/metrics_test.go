@@ -77,3 +77,24 @@ func TestDeadLettersAndFramesCountedOnce(t *testing.T) {
 		t.Fatalf("frames completed after a failed frame = %v, want still 1", got)
 	}
 }
+
+// Applied events are counted by type once their transaction commits; an event of a type no
+// worker publishes adds no series.
+func TestEventsAppliedCountedByType(t *testing.T) {
+	h := newHarness(t, Config{})
+	res := h.submit(t, h.request(1, 1, 64, 64, 32))
+	h.relay(t)
+	f := h.frame(t, h.job(t, res.Status.JobID).FrameKey(1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileStarted, 7, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileFailed, 7, 1))
+	h.apply(t, tileEvent(t, f, 0, wire.EventTileStarted, 7, 2))
+	h.apply(t, wire.Event{ID: "forged", Type: "tile.forged", FrameKey: f.Key})
+	for typ, want := range map[string]float64{wire.EventTileStarted: 2, wire.EventTileFailed: 1, wire.EventTileCompleted: 0} {
+		if got := testutil.ToFloat64(h.m.EventsApplied.WithLabelValues(typ)); got != want {
+			t.Errorf("events applied{type=%q} = %v, want %v", typ, got, want)
+		}
+	}
+	if n := testutil.CollectAndCount(h.m.EventsApplied); n != len(wire.EventTypes) {
+		t.Errorf("events applied has %d series, want %d (one per event type, none for a forged one)", n, len(wire.EventTypes))
+	}
+}

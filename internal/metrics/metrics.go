@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tilefarm/tilefarm/internal/buildinfo"
+	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -73,6 +74,7 @@ type Coordinator struct {
 	DuplicatesSuppressed *prometheus.CounterVec // layer publish_dedup
 	Submissions          *prometheus.CounterVec // by result
 	WorkersLive          prometheus.Gauge
+	EventsApplied        *prometheus.CounterVec // by type
 }
 
 // NewCoordinator registers the coordinator's families (and tilefarm_build_info) into reg.
@@ -92,6 +94,9 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		Submissions: counterVec(reg, "submissions_total",
 			"Job submissions answered, by result: a new job, an existing job for the same idempotency key and payload, a conflict, or refused as busy.",
 			"result", SubmissionCreated, SubmissionExisting, SubmissionConflict, SubmissionBusy),
+		EventsApplied: counterVec(reg, "events_applied_total",
+			"Worker events the coordinator applied to its database, by type, counted once their transaction committed: the farm's event load, which grows with tiles and passes, not with workers.",
+			"type", wire.EventTypes...),
 	}
 	return m
 }
@@ -112,6 +117,7 @@ type Worker struct {
 	SamplesRecovered     prometheus.Counter
 	SamplesRendered      prometheus.Counter
 	TileRenderSeconds    prometheus.Histogram
+	TileDispatchSeconds  prometheus.Histogram
 	FinalizeFailures     prometheus.Counter
 	FramesAssembled      prometheus.Counter
 	StoreAvailable       prometheus.Gauge
@@ -141,6 +147,11 @@ func NewWorker(reg *prometheus.Registry) *Worker {
 			Name:    "tilefarm_tile_render_seconds",
 			Help:    "Wall time a tile attempt spent rendering its remaining samples, for attempts that rendered them all.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 2, 16),
+		})),
+		TileDispatchSeconds: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tilefarm_tile_dispatch_seconds",
+			Help:    "Time from when a tile could first be taken (its message published, or this slot began the fetch that returned it, whichever is later) to its lease taken: the farm's own dispatch latency, without the wait for a free slot.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
 		})),
 	}
 	return m
@@ -210,6 +221,7 @@ var (
 		"tilefarm_build_info",
 		"tilefarm_dead_letters_total",
 		"tilefarm_duplicates_suppressed_total",
+		"tilefarm_events_applied_total",
 		"tilefarm_frames_completed_total",
 		"tilefarm_outbox_pending",
 		"tilefarm_queue_depth",
@@ -227,6 +239,7 @@ var (
 		"tilefarm_retries_total",
 		"tilefarm_samples_recovered_total",
 		"tilefarm_samples_rendered_total",
+		"tilefarm_tile_dispatch_seconds",
 		"tilefarm_tile_render_seconds",
 		"tilefarm_tiles_completed_total",
 		"tilefarm_tiles_in_flight",

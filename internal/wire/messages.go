@@ -65,6 +65,9 @@ const (
 	EventFrameFailed    = "frame.failed"
 )
 
+// EventTypes are every event type a worker publishes, in the order above.
+var EventTypes = []string{EventTileStarted, EventTileCompleted, EventTileFailed, EventFrameAssembled, EventFrameFailed}
+
 // Event reports progress from a worker. ID is unique per logical event so a republished event is
 // deduplicated by JetStream. Seq and Delivery name the TILES message (stream sequence) and the
 // delivery of it the event is about: the coordinator orders a tile's events by them, so an event

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/render"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
@@ -126,11 +128,53 @@ func TestSamplesRenderedAcrossAnInterruptedAttempt(t *testing.T) {
 // histogramCount is how many tile render times m observed.
 func histogramCount(t *testing.T, m *metrics.Worker) uint64 {
 	t.Helper()
+	n, _ := histogram(t, m.TileRenderSeconds)
+	return n
+}
+
+// histogram is the sample count and sum of h.
+func histogram(t *testing.T, h prometheus.Histogram) (uint64, float64) {
+	t.Helper()
 	var pb dto.Metric
-	if err := m.TileRenderSeconds.Write(&pb); err != nil {
+	if err := h.Write(&pb); err != nil {
 		t.Fatal(err)
 	}
-	return pb.GetHistogram().GetSampleCount()
+	return pb.GetHistogram().GetSampleCount(), pb.GetHistogram().GetSampleSum()
+}
+
+// A first delivery leased at once observes its dispatch latency, from when the slot could take
+// it to its lease, no longer than the test saw pass; a redelivery, whose wait includes an
+// earlier attempt's, observes none.
+func TestDispatchLatencyOfFirstDeliveries(t *testing.T) {
+	h := newRunHarness(t)
+	w, m := h.worker(t, Config{})
+	began := time.Now()
+	msg := h.publishAndFetch(t, h.job())
+	w.serve(h.ctx, msg, began, nil)
+	n, sum := histogram(t, m.TileDispatchSeconds)
+	if n != 1 || sum <= 0 || sum > time.Since(began).Seconds() {
+		t.Fatalf("dispatch latency: %d observations summing %.4fs, want one within the %.4fs the test took", n, sum, time.Since(began).Seconds())
+	}
+
+	job := h.job() // another tile of the frame, not promoted yet
+	job.Rect = render.Rect{X1: 16, Y1: 16}
+	job.TileKey, job.InputHash = identity.TileKey(job.FrameKey, job.Rect), identity.InputHash(job.SceneVersion, job.Settings, 1, job.Rect)
+	msg = h.publishAndFetch(t, job)
+	if err := msg.Nak(); err != nil {
+		t.Fatal(err)
+	}
+	began = time.Now()
+	again, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 5*time.Second)
+	if err != nil || again == nil {
+		t.Fatalf("FetchTile of the redelivery = %v, %v", again, err)
+	}
+	w.serve(h.ctx, again, began, nil)
+	if got := testutil.ToFloat64(m.TilesCompleted); got != 2 {
+		t.Fatalf("tiles completed = %v, want the redelivered tile rendered too", got)
+	}
+	if n, _ := histogram(t, m.TileDispatchSeconds); n != 1 {
+		t.Fatalf("dispatch latency observations after a redelivery = %d, want still 1", n)
+	}
 }
 
 // An attempt that panics mid-render is retried and leaves no tile in flight.

@@ -114,6 +114,10 @@ func (r *tileRun) perform(ctx context.Context) error {
 	}
 	r.lease = lease
 	r.log = r.log.With("fencing_token", lease.Token)
+	if r.num == 1 && !r.waited && !r.ready.IsZero() {
+		// Dispatch latency: a first delivery leased without waiting for another holder.
+		w.m.TileDispatchSeconds.Observe(time.Since(r.ready).Seconds())
+	}
 	// The holder may have promoted the tile just before its lease went: check again, or a
 	// duplicate would render the whole tile a second time. A fresh run had no holder before it.
 	if !r.fresh() {

@@ -204,6 +204,7 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 		if handedBack > 0 && !queue.Sleep(ctx, handBackPause(handedBack)) {
 			return
 		}
+		began := time.Now()
 		msg, err := fetch(ctx, w.cfg.FetchWait)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -221,7 +222,7 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 		var back bool
 		go func() {
 			defer close(done)
-			back = w.serve(ctx, msg, func() { once.Do(func() { close(freed) }) })
+			back = w.serve(ctx, msg, began, func() { once.Do(func() { close(freed) }) })
 		}()
 		select {
 		case <-freed:
@@ -250,6 +251,9 @@ type delivery struct {
 	// free lets the slot take its next job while this one finishes: called once a tile is
 	// rendered (loop). Nil when nothing waits for it.
 	free func()
+	// ready is when the message could first be taken by this slot: the later of its
+	// publication and the start of the fetch that returned it; zero when not known.
+	ready time.Time
 }
 
 // run is one delivery carried through its flow: a tileRun (the Render flow) or an assembly.
@@ -269,14 +273,21 @@ type run interface {
 
 // handle dispatches one message and settles it: ack on success, NakWithDelay on a retryable
 // failure, dead-letter on a terminal one or when the failure budget is used up.
-func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, msg, nil) }
+func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, msg, time.Time{}, nil) }
 
-// serve is handle, calling free (if not nil) as soon as the slot may take its next job. It
-// reports whether it handed the message back unrendered.
-func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, free func()) (handedBack bool) {
+// serve is handle for a message a slot began fetching at began (zero if not known), calling
+// free (if not nil) as soon as the slot may take its next job. It reports whether it handed
+// the message back unrendered.
+func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, began time.Time, free func()) (handedBack bool) {
 	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: identity.NewAttemptID(), num: 1, free: free}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
+		if !began.IsZero() {
+			d.ready = began
+			if md.Timestamp.After(began) {
+				d.ready = md.Timestamp
+			}
+		}
 	}
 	d.log = w.log.With("attempt_id", d.attempt, "subject", msg.Subject(), "stream_seq", d.seq, "delivery", d.num)
 	var r run
