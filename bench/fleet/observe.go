@@ -199,7 +199,7 @@ func (b *tapBatch) note(msg jetstream.Msg) {
 		return
 	}
 	// A tile's message id is its tile key, with ":retry:N" or ":requeue:N" after a retry.
-	key, _, _ := strings.Cut(msg.Headers().Get(jetstream.MsgIDHeader), ":")
+	key, _, _ := strings.Cut(queue.MsgID(msg.Headers()), ":")
 	if key != "" {
 		b.p.fetched(key, md.Timestamp)
 	}

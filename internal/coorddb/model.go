@@ -335,4 +335,8 @@ type OutboxRecord struct {
 	Priority int `json:"priority,omitempty"`
 	// First marks the first dispatch of a frame new at submission (wire.TileJob.First).
 	First bool `json:"first,omitempty"`
+	// Tried is set (MarkOutboxTried) before the relay first publishes the record: a record
+	// found tried may have its messages in the stream already, from a publish a crash or an
+	// error cut short, and tile messages carry no dedup id (docs/design.md, "Dispatch").
+	Tried bool `json:"tried,omitempty"`
 }

@@ -306,6 +306,29 @@ func (s *DB) PendingOutbox(ctx context.Context, limit int) ([]OutboxRecord, erro
 	return recs, err
 }
 
+// MarkOutboxTried sets Tried on the records with these seqs (those deleted meanwhile are
+// skipped) in one transaction.
+func (s *DB) MarkOutboxTried(ctx context.Context, seqs ...uint64) error {
+	return s.Update(ctx, func(tx *Tx) error {
+		b := tx.tx.Bucket(bucketOutbox)
+		for _, seq := range seqs {
+			v := b.Get([]byte(seqKey(seq)))
+			if v == nil {
+				continue
+			}
+			var r OutboxRecord
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("decoding outbox record %d: %w", seq, err)
+			}
+			r.Tried = true
+			if err := put(tx, bucketOutbox, seqKey(seq), r); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
 // DeleteOutbox removes published records in one transaction.
 func (s *DB) DeleteOutbox(ctx context.Context, seqs ...uint64) error {
 	return s.Update(ctx, func(tx *Tx) error {

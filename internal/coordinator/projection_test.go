@@ -13,6 +13,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/failure"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -170,7 +171,7 @@ func TestDeadLetteredTileFailsFrameAndRetryRequeuesIt(t *testing.T) {
 		t.Fatalf("retry outbox %+v, want tile 1 only as retry 1", recs)
 	}
 	msgs, err := h.c.outboxMessages(h.ctx, recs[0])
-	if err != nil || len(msgs) != 1 || msgs[0].Header.Get("Nats-Msg-Id") != ft[1].Key+":retry:1" {
+	if err != nil || len(msgs) != 1 || queue.MsgID(msgs[0].Header) != ft[1].Key+":retry:1" {
 		t.Fatalf("retry messages %v, %v", msgs, err)
 	}
 	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering {

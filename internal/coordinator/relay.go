@@ -28,9 +28,11 @@ const (
 )
 
 // relay publishes the outbox. Each record names a frame; the relay derives its messages (one
-// per tile, or one assembly), publishes them asynchronously with their dedup ids, and deletes
-// the record only once every PubAck of it is in. A crash anywhere republishes the record;
-// JetStream's dedup window (or, past it, the worker's manifest check) absorbs the repeats.
+// per tile, or one assembly), publishes them asynchronously, and deletes the record only once
+// every PubAck of it is in. A crash anywhere republishes the record: an assembly's repeat is
+// absorbed by JetStream's dedup window, and a tile's, which carries no dedup id, by the
+// worker's manifest check, since a record published again marks its frame as having copies
+// (beginPublishing).
 func (c *Coordinator) relay(ctx context.Context) error {
 	js, err := jetstream.New(c.nc, jetstream.WithPublishAsyncMaxPending(2*relayWindow))
 	if err != nil {
@@ -85,6 +87,9 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 		window = window[n:]
 		return nil
 	}
+	if err := c.beginPublishing(ctx, recs); err != nil {
+		return err
+	}
 	seqs := make([]uint64, 0, len(recs))
 	for _, r := range recs {
 		msgs, err := c.outboxMessages(ctx, r)
@@ -99,8 +104,8 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 				}
 				c.faults.At(c.log, faults.OutboxMidPublish)
 			}
-			id := m.Header.Get(jetstream.MsgIDHeader)
-			fut, err := js.PublishMsgAsync(m, jetstream.WithMsgID(id))
+			id := queue.MsgID(m.Header)
+			fut, err := js.PublishMsgAsync(m)
 			if err != nil {
 				return fmt.Errorf("publishing %s: %w", id, err)
 			}
@@ -119,6 +124,33 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 	c.faults.At(c.log, faults.OutboxAfterPublish)
 	if err := c.db.DeleteOutbox(ctx, seqs...); err != nil {
 		return fmt.Errorf("deleting %d outbox records: %w", len(seqs), err)
+	}
+	return nil
+}
+
+// beginPublishing prepares recs for publishing. A record tried before may have put some or all
+// of its messages in the stream already; its tiles carry no dedup id, so they may queue twice,
+// and its frame is marked as having copies (queue.Dropped.MarkCopies) before it is published
+// again: a worker then checks a copy marked First as it checks a redelivery, and the copy that
+// comes second finds the tile promoted instead of rendering it again. The others are marked
+// tried, durably, before any of their messages is published.
+func (c *Coordinator) beginPublishing(ctx context.Context, recs []coorddb.OutboxRecord) error {
+	var fresh []uint64
+	for _, r := range recs {
+		switch {
+		case !r.Tried:
+			fresh = append(fresh, r.Seq)
+		case r.Kind == coorddb.OutboxTiles:
+			if err := c.queue.Dropped.MarkCopies(ctx, r.FrameKey); err != nil {
+				return fmt.Errorf("outbox record %d tried before: %w", r.Seq, err)
+			}
+		}
+	}
+	if len(fresh) == 0 {
+		return nil
+	}
+	if err := c.db.MarkOutboxTried(ctx, fresh...); err != nil {
+		return fmt.Errorf("marking %d outbox records tried: %w", len(fresh), err)
 	}
 	return nil
 }
@@ -280,11 +312,15 @@ func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord, pool queue.Pool) ([]
 		if err != nil {
 			return nil, err
 		}
-		msgs = append(msgs, newMsg(pool.Subject(queue.BandOf(r.Priority)), TileMsgID(t.Key, r.Retry), data))
+		m := nats.NewMsg(pool.Subject(queue.BandOf(r.Priority)))
+		m.Data = data
+		m.Header.Set(queue.HeaderMsgID, TileMsgID(t.Key, r.Retry))
+		msgs = append(msgs, m)
 	}
 	return msgs, nil
 }
 
+// newMsg is a message JetStream deduplicates by id within the stream's dedup window.
 func newMsg(subject, id string, data []byte) *nats.Msg {
 	m := nats.NewMsg(subject)
 	m.Data = data
@@ -292,8 +328,8 @@ func newMsg(subject, id string, data []byte) *nats.Msg {
 	return m
 }
 
-// TileMsgID is the dedup id of a tile's dispatch: its tile key the first time, and a suffix
-// naming the frame's retry after, since the first id may still sit in the dedup window.
+// TileMsgID is the id of a tile's dispatch (queue.HeaderMsgID): its tile key the first time,
+// and a suffix naming the frame's retry after, so a retry's failures count afresh.
 func TileMsgID(tileKey string, retry int) string {
 	if retry == 0 {
 		return tileKey

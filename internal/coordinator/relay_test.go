@@ -12,16 +12,15 @@ import (
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
-	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/wire"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// The relay publishes every tile of a frame record with its tile key as dedup id, in tile
-// order, and deletes the record; publishing the same record again (a crash before the delete)
-// is absorbed by the dedup window and counted.
+// The relay publishes every tile of a frame record with its tile key as its id (not a dedup
+// id: the stream keeps no entry per tile), in tile order, and deletes the record. A record
+// whose publish began before (a crash before the delete) is published again with its frame
+// marked as having copies, so a worker checks even the copy marked First before rendering it,
+// and the copy that comes second finds the tile promoted.
 func TestRelayPublishesDerivedTilesOnceEach(t *testing.T) {
 	h := newHarness(t, Config{})
 	res := h.submit(t, h.request(1, 2, 48, 32, 16)) // 2 frames of 6 tiles
@@ -49,20 +48,54 @@ func TestRelayPublishesDerivedTilesOnceEach(t *testing.T) {
 		}
 		f := h.frame(t, j.FrameKey(1+n/6))
 		ft := frameTiles(t, f)[n%6]
-		if job.Index != n%6 || job.TileKey != ft.Key || raw.Header.Get(jetstream.MsgIDHeader) != ft.Key ||
-			job.InputHash != identity.InputHash(f.SceneVersion, f.Settings, f.Frame, ft.Rect) || job.JobID != res.Status.JobID {
-			t.Fatalf("message %d: %+v with id %s", n+1, job, raw.Header.Get(jetstream.MsgIDHeader))
+		if job.Index != n%6 || job.TileKey != ft.Key || queue.MsgID(raw.Header) != ft.Key || raw.Header.Get(jetstream.MsgIDHeader) != "" ||
+			job.InputHash != identity.InputHash(f.SceneVersion, f.Settings, f.Frame, ft.Rect) || job.JobID != res.Status.JobID || !job.First {
+			t.Fatalf("message %d: %+v with id %q and dedup id %q", n+1, job, queue.MsgID(raw.Header), raw.Header.Get(jetstream.MsgIDHeader))
+		}
+		if mark, err := h.queue.Dropped.Mark(h.ctx, f.Key); err != nil || mark.Copies {
+			t.Fatalf("frame %d after its first publish: mark %+v, %v; want no copies", 1+n/6, mark, err)
 		}
 	}
-	// A crash after the PubAcks and before the delete republishes the records.
-	if err := h.c.publishRecords(h.ctx, h.js, recs); err != nil {
+
+	// A crash after the PubAcks and before the delete: the records are still there, tried.
+	if err := h.st.Update(h.ctx, func(tx *coorddb.Tx) error {
+		for _, r := range recs {
+			r.Tried = true
+			if err := tx.AddOutbox(r); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
-	if info, _ := h.queue.Tiles.Info(h.ctx); info.State.Msgs != 12 {
-		t.Fatalf("republishing stored %d messages, want still 12", info.State.Msgs)
+	h.relay(t)
+	if info, _ := h.queue.Tiles.Info(h.ctx); info.State.Msgs != 24 {
+		t.Fatalf("republishing stored %d messages in all, want 24 (no dedup id)", info.State.Msgs)
 	}
-	if got := testutil.ToFloat64(h.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerPublishDedup)); got != 12 {
-		t.Fatalf("publish dedup counted %v, want 12", got)
+	for _, n := range []int{1, 2} {
+		if mark, err := h.queue.Dropped.Mark(h.ctx, j.FrameKey(n)); err != nil || !mark.Copies || mark.Dropped {
+			t.Fatalf("frame %d after a republish: mark %+v, %v; want copies", n, mark, err)
+		}
+	}
+}
+
+// A record is marked tried, durably, before its first message is published.
+func TestRelayMarksARecordTriedBeforePublishing(t *testing.T) {
+	h := newHarness(t, Config{})
+	h.submit(t, h.request(1, 1, 32, 32, 16))
+	recs := h.outbox(t)
+	if len(recs) != 1 || recs[0].Tried {
+		t.Fatalf("outbox after submit: %+v, want one record not tried", recs)
+	}
+	if err := h.c.beginPublishing(h.ctx, recs); err != nil {
+		t.Fatal(err)
+	}
+	if recs := h.outbox(t); len(recs) != 1 || !recs[0].Tried {
+		t.Fatalf("outbox after beginPublishing: %+v, want the record tried", recs)
+	}
+	if last, _ := h.queue.LastSeq(h.ctx); last != 0 {
+		t.Fatalf("beginPublishing published %d messages, want none", last)
 	}
 }
 

@@ -27,6 +27,21 @@ const (
 	reasonMaxDelivers = "max deliveries exceeded"
 )
 
+// HeaderMsgID is the id of a tile render job (coordinator.TileMsgID): what the farm counts a
+// message's failures and hand-backs by and names its dead letter with. A tile carries it in
+// this header rather than in Nats-Msg-Id, so the stream keeps no dedup entry per tile, which at
+// a million tiles queued was most of the coordinator's memory (docs/design.md, "Dispatch").
+const HeaderMsgID = "Tilefarm-Msg-Id"
+
+// MsgID is the id of a TILES message: its HeaderMsgID, else its Nats-Msg-Id (an assembly, a
+// requeued dead letter, a tile of an older coordinator).
+func MsgID(h nats.Header) string {
+	if id := h.Get(HeaderMsgID); id != "" {
+		return id
+	}
+	return h.Get(jetstream.MsgIDHeader)
+}
+
 // ErrDeadLetterNotFound is returned by RequeueDeadLetter for a DLQ sequence that holds no dead letter.
 var ErrDeadLetterNotFound = errors.New("dead letter not found")
 
@@ -89,7 +104,7 @@ func (f *Queue) DeadLetterNow(ctx context.Context, msg jetstream.Msg, reason str
 		return fmt.Errorf("dead-lettering message on %q: reading metadata: %w", msg.Subject(), err)
 	}
 	hdr := msg.Headers()
-	msgID := hdr.Get(jetstream.MsgIDHeader)
+	msgID := MsgID(hdr)
 	if reason == "" {
 		reason = reasonFor(hdr)
 	}
@@ -148,6 +163,7 @@ func (f *Queue) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadL
 	}
 	hdr := appHeaders(dl.Header)
 	hdr.Del(HeaderLastError) // the requeued attempt starts with a clean slate
+	hdr.Del(HeaderMsgID)     // and with its own id, so its failures count afresh
 	id := fmt.Sprintf("%s:requeue:%d", dl.MsgID, dlqSeq)
 	if _, err := f.Publish(ctx, dl.Subject, id, dl.Data, hdr); err != nil {
 		return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)

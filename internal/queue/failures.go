@@ -107,7 +107,7 @@ func (b *Failures) Count(ctx context.Context, msgID string) (Tally, error) {
 func (f *Queue) HandBack(ctx context.Context, msg jetstream.Msg, delay time.Duration) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
 	defer cancel()
-	if err := f.Failures.HandBack(cctx, msg.Headers().Get(jetstream.MsgIDHeader)); err != nil {
+	if err := f.Failures.HandBack(cctx, MsgID(msg.Headers())); err != nil {
 		f.logger().Warn("counting a hand-back", "subject", msg.Subject(), "err", err)
 	}
 	if delay > 0 {

@@ -279,7 +279,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, m
 // free (if not nil) as soon as the slot may take its next job. It reports whether it handed
 // the message back unrendered.
 func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, began time.Time, free func()) (handedBack bool) {
-	d := &delivery{msg: msg, msgID: msg.Headers().Get(jetstream.MsgIDHeader), attempt: identity.NewAttemptID(), num: 1, free: free}
+	d := &delivery{msg: msg, msgID: queue.MsgID(msg.Headers()), attempt: identity.NewAttemptID(), num: 1, free: free}
 	if md, err := msg.Metadata(); err == nil {
 		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
 		if !began.IsZero() {
