@@ -43,7 +43,7 @@ func TestFleetTiny(t *testing.T) {
 	figures := []string{"workers", "tiles_per_s", "ideal_tiles_per_s", "events_per_s", "dispatch_p50_ms", "dispatch_p99_ms",
 		"coordinator_cpu_cores", "jetstream_cpu_cores", "workers_cpu_cores", "nats_msgs_in_per_s", "lease_writes_per_s",
 		"heartbeat_msgs_per_s", "tiles", "tiles_completed", "duration_s", "window_s", "dispatch_samples", "leases_lost",
-		"lease_renewal_timeouts", "pulls_refused_max_waiting"}
+		"leases_expired_on_worker_clock", "lease_renewal_timeouts", "pulls_refused_max_waiting"}
 	for i, row := range got.Fleet {
 		num := map[string]float64{}
 		for _, name := range figures {

@@ -151,10 +151,14 @@ type Row struct {
 	HeartbeatMsgsPerS float64 `json:"heartbeat_msgs_per_s"`
 	Connections       int     `json:"nats_connections"`
 	// Over the whole run: leases the workers found lost when renewing (their
-	// tilefarm_lease_renewal_failures_total), renewals that timed out (a warning in their log),
+	// tilefarm_lease_renewal_failures_total), of them those whose TTL passed on the worker's
+	// clock without a renewal getting through (a warning in their log: the server answered
+	// no renewal within the TTL, so the lease lapsed there too), renewals that timed out (a
+	// warning in their log),
 	// and pulls the server refused with "Exceeded MaxWaiting" (more waiting pulls on a consumer
 	// than its MaxWaiting, JetStream's default 512).
 	LeasesLost       int      `json:"leases_lost"`
+	LeasesExpired    int      `json:"leases_expired_on_worker_clock"`
 	RenewalTimeouts  int      `json:"lease_renewal_timeouts"`
 	MaxWaitingPulls  int      `json:"pulls_refused_max_waiting"`
 	CoordinatorRSSMB float64  `json:"coordinator_rss_mb"`
@@ -327,6 +331,8 @@ func (f *fleet) troubles(ctx context.Context, r *Row) error {
 			switch {
 			case strings.Contains(line, `msg="renewing lease"`) && strings.Contains(line, "deadline exceeded"):
 				r.RenewalTimeouts++
+			case strings.Contains(line, "lease expired on this worker's clock"):
+				r.LeasesExpired++
 			case strings.Contains(line, "Exceeded MaxWaiting"):
 				r.MaxWaitingPulls++
 			}
