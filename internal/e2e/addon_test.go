@@ -179,10 +179,13 @@ func TestBlenderAddonSubmitsAndFollowsTheJob(t *testing.T) {
 			"priority": 5, "preview": 2, "tile_size": 80, "passes": 2, "requires": "cpu"}},
 		map[string]any{"save": true},
 		map[string]any{"open": blend},
+		map[string]any{"draw": true},
 		map[string]any{"op": "submit"},
-		map[string]any{"wait": 120},
+		map[string]any{"follow": 120},
+		map[string]any{"draw": true},
+		map[string]any{"wait": 30},
 	)
-	reopened, submitted, waited := steps[4], steps[5], steps[6]
+	reopened, before, submitted, followed, drawn, waited := steps[4], steps[5], steps[6], steps[7], steps[8], steps[9]
 	for name, want := range map[string]string{"server": server, "use_scene_range": "false", "frame_start": "1", "frame_end": "2",
 		"priority": "5", "preview": "2", "tile_size": "80", "passes": "2", "requires": "cpu", "unsplittable": "WHOLE"} {
 		if got := reopened.prop(name); got != want {
@@ -202,9 +205,27 @@ func TestBlenderAddonSubmitsAndFollowsTheJob(t *testing.T) {
 	if !strings.Contains(r.stdout, "Submitted job "+job) {
 		t.Errorf("no report says the job was submitted:\n%s", r.stdout)
 	}
-	if waited.Error != "" || waited.prop("job_state") != "completed" || waited.prop("progress") != "100" ||
-		!strings.Contains(waited.prop("job_detail"), "frames 2/2") {
-		t.Fatalf("following the job with tilefarm.refresh: %+v\n%s", waited, r)
+	// Followed as the user interface's timer does, then asked once more with tilefarm.refresh.
+	if followed.Error != "" || !slices.Contains(followed.Result, "FINISHED") || followed.prop("job_state") != "completed" ||
+		followed.prop("progress") != "100" || !strings.Contains(followed.prop("job_detail"), "frames 2/2") {
+		t.Fatalf("following the job: %+v\n%s", followed, r)
+	}
+	if waited.Error != "" || waited.prop("job_state") != "completed" || waited.prop("progress") != "100" {
+		t.Fatalf("tilefarm.refresh of the finished job: %+v\n%s", waited, r)
+	}
+	// The panel: the settings and the button before, the job, its progress and its monitor link after.
+	for _, want := range []string{"prop:server", "prop:frame_start", "prop:priority", "prop:unsplittable", "prop:requires", "operator:tilefarm.submit"} {
+		if !slices.Contains(before.Result, want) || !slices.Contains(drawn.Result, want) {
+			t.Errorf("the panel does not draw %s: %q, %q", want, before.Result, drawn.Result)
+		}
+	}
+	for _, want := range []string{"label:Job " + job, "label:completed, 100%", "label:frames 2/2, tiles 8/8", "operator:tilefarm.refresh", "operator:wm.url_open"} {
+		if !slices.Contains(drawn.Result, want) {
+			t.Errorf("the panel of the finished job does not show %q: %q", want, drawn.Result)
+		}
+	}
+	if slices.Contains(before.Result, "operator:tilefarm.refresh") {
+		t.Errorf("the panel shows a job before one was submitted: %q", before.Result)
 	}
 
 	// The farm has the job as the panel asked for it.

@@ -15,6 +15,11 @@
 #                        clears it on saving or opening, so save only an unchanged file here)
 #   "op": NAME           run bpy.ops.tilefarm.NAME(): its result, or the error it reported
 #   "wait": SECONDS      run tilefarm.refresh every half second until the job is finished
+#   "follow": SECONDS    follow the job as the user interface does, until it is finished:
+#                        headless Blender runs no timers, so this calls the add-on's timer
+#                        function (tilefarm.progress) by hand
+#   "draw": true         draw the tilefarm panel into a layout that records what it shows and
+#                        checks that every property and operator it names exists
 # Each line holds the step's name, "error" (the text of an ERROR report, which bpy.ops raises
 # as RuntimeError), "result" and "props" (scene.tilefarm after the step).
 
@@ -43,6 +48,47 @@ def op(name):
         return sorted(getattr(bpy.ops.tilefarm, name)()), ""
     except RuntimeError as e:  # an ERROR report
         return ["CANCELLED"], str(e).strip()
+
+
+class Layout:
+    """Records what a panel draws: its labels and its progress text, every property and operator
+    checked against what is registered."""
+
+    def __init__(self, out):
+        self.out = out
+        self.use_property_split = self.use_property_decorate = False
+        self.active = self.enabled = True
+        self.scale_y = 1.0
+
+    def column(self, **kw):
+        return Layout(self.out)
+
+    row = box = column
+
+    def prop(self, data, name, **kw):
+        if name not in data.bl_rna.properties:
+            raise AssertionError("the panel draws %s, which %s does not have" % (name, data))
+        self.out.append("prop:" + name)
+
+    def label(self, text="", **kw):
+        self.out.append("label:" + text)
+
+    def progress(self, text="", **kw):  # Blender 4.0 and later
+        self.out.append("label:" + text)
+
+    def operator(self, idname, text="", **kw):
+        group, name = idname.split(".")
+        getattr(getattr(bpy.ops, group), name).get_rna_type()  # raises KeyError if unknown
+        self.out.append("operator:" + idname)
+        return type("OperatorProperties", (), {})()
+
+
+def draw():
+    import tilefarm.panel
+    out = []
+    panel = tilefarm.panel.TILEFARM_PT_farm
+    panel.draw(type("Panel", (), {"layout": Layout(out)})(), bpy.context)
+    return out
 
 
 def main():
@@ -86,6 +132,18 @@ def main():
                 time.sleep(0.5)
                 result, error = op("refresh")
             emit("wait", result=result, error=error)
+        elif "follow" in s:
+            import tilefarm.progress as progress
+            name = bpy.context.scene.name
+            progress._watched[name] = progress._Watch()
+            deadline = time.monotonic() + s["follow"]
+            while name in progress._watched and time.monotonic() < deadline:
+                if progress._tick() is None:
+                    break
+                time.sleep(progress.TICK)
+            emit("follow", result=["RUNNING_MODAL"] if name in progress._watched else ["FINISHED"])
+        elif "draw" in s:
+            emit("draw", result=draw())
         else:
             raise SystemExit("unknown step %r" % s)
 
