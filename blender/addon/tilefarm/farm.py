@@ -1,0 +1,280 @@
+# The farm as the add-on reaches it: the tilefarm command line to submit (so a .blend is bundled
+# and checked exactly as `coordinator submit` does it: docs/design.md, "Flows": Scene file and
+# Submit), and the HTTP API for a job's status (GET /v1/jobs/{id}). Nothing here imports bpy:
+# these functions take plain values and raise FarmError with the reason to report.
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.error
+import urllib.parse
+import urllib.request
+
+DEFAULT_SERVER = "http://127.0.0.1:7070"
+
+# The environment the command line reads too (docs/operations.md).
+ENV_SERVER = "TILEFARM_SERVER"
+ENV_TOKEN = "TILEFARM_API_TOKEN"
+ENV_BLENDER = "TILEFARM_BLENDER"
+# The add-on's own: where the coordinator command is, when not in the preferences.
+ENV_COORDINATOR = "TILEFARM_COORDINATOR"
+
+# The exit codes of submit (the command contract; internal/api/errors.go).
+EXIT_COMPLETED = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_RENDERING = 3
+EXIT_QUEUED = 42
+EXIT_BUSY = 75
+EXIT_INTERRUPTED = 130
+
+FINISHED_STATES = ("completed", "failed", "cancelled")
+
+PREFERENCES = "Edit > Preferences > Add-ons > tilefarm"
+
+
+class FarmError(Exception):
+    """Something the artist is told as it is: the message is the whole reason."""
+
+
+def normalize_server(server):
+    """The farm's base URL: http:// when no scheme is given, no trailing slash."""
+    server = server.strip()
+    if "://" not in server:
+        server = "http://" + server
+    return server.rstrip("/")
+
+
+def monitor_url(server, job_id):
+    """The job's page in the web monitor (docs/web.md: the route #/jobs/ID)."""
+    return "%s/#/jobs/%s" % (normalize_server(server), urllib.parse.quote(job_id, safe=""))
+
+
+def find_coordinator(configured):
+    """The coordinator command: the one the preferences name, else $TILEFARM_COORDINATOR, else
+    `coordinator` on PATH. One named but missing is an error, never silently another one."""
+    for candidate, where in ((configured, "the add-on's preferences"),
+                             (os.environ.get(ENV_COORDINATOR, ""), ENV_COORDINATOR)):
+        candidate = candidate.strip()
+        if not candidate:
+            continue
+        path = os.path.expanduser(candidate)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            return path
+        if os.sep not in path:
+            found = shutil.which(path)
+            if found:
+                return found
+        raise FarmError("The coordinator command %r set in %s does not exist or cannot run: "
+                        "set the path of tilefarm's coordinator there" % (candidate, where))
+    found = shutil.which("coordinator")
+    if found:
+        return found
+    raise FarmError("tilefarm's coordinator command was not found: set its path in %s (or %s), "
+                    "or put it on PATH" % (PREFERENCES, ENV_COORDINATOR))
+
+
+class Submission:
+    """A submission of a saved .blend, as the panel's settings make it."""
+
+    def __init__(self, blend, server, token="", frames=None, priority=0, preview=0, tile=0,
+                 passes=0, split=False, requires=(), blender=""):
+        self.blend = blend
+        self.server = normalize_server(server)
+        self.token = token
+        self.frames = frames  # (first, last), or None for the scene's own range and step
+        self.priority = priority
+        self.preview = preview
+        self.tile = tile
+        self.passes = passes
+        self.split = split
+        self.requires = [t.strip() for t in requires if t.strip()]
+        self.blender = blender
+
+    def args(self, coordinator):
+        """The command line: `coordinator submit BLEND --json` and the settings' flags."""
+        a = [coordinator, "submit", self.blend, "--json", "--server", self.server,
+             "--priority", str(self.priority)]
+        if self.frames is not None:
+            first, last = self.frames
+            a += ["--frames", "%d-%d" % (first, last)]
+        if self.preview > 0:
+            a += ["--preview", str(self.preview)]
+        if self.tile > 0:
+            a += ["--tile", str(self.tile)]
+        if self.passes > 0:
+            a += ["--passes", str(self.passes)]
+        if self.split:
+            a.append("--split")
+        if self.requires:
+            a += ["--requires", ",".join(self.requires)]
+        if self.blender:
+            a += ["--blender", self.blender]
+        return a
+
+    def env(self):
+        """The command's environment: this one, with the token where the command reads it (never
+        on its command line, where a process listing shows it)."""
+        env = dict(os.environ)
+        if self.token:
+            env[ENV_TOKEN] = self.token
+        return env
+
+
+class Submitted:
+    """What submit answered: the job's status (submit --json) and the lines it said about the
+    scene (how the farm renders it: whole frames, settings switched off, the farm's build)."""
+
+    def __init__(self, status, notes, code):
+        self.status = status
+        self.notes = notes
+        self.code = code
+
+
+def submit(sub, coordinator, timeout):
+    """Runs `coordinator submit` for sub and returns Submitted, or raises FarmError saying why
+    the job was not accepted."""
+    kw = {}
+    if sys.platform == "win32":
+        kw["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
+    try:
+        p = subprocess.run(sub.args(coordinator), env=sub.env(), stdin=subprocess.DEVNULL,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                           encoding="utf-8", errors="replace", **kw)
+    except subprocess.TimeoutExpired:
+        raise FarmError("The submission took longer than %d s and was stopped; the farm may have "
+                        "accepted the job all the same: Submit again returns the same job"
+                        % timeout) from None
+    except OSError as e:
+        raise FarmError("Could not run %s: %s" % (coordinator, e.strerror or e)) from None
+    return interpret(p.returncode, p.stdout, p.stderr, sub.server, sub.token or os.environ.get(ENV_TOKEN, ""))
+
+
+def token_refused(server, token):
+    """The reason of a 401: no token, or one the farm does not take."""
+    if not token:
+        return ("The farm at %s needs its API token: set it in %s (or %s)"
+                % (server, PREFERENCES, ENV_TOKEN))
+    return ("The farm at %s refused the API token: set the farm's token in %s (or %s)"
+            % (server, PREFERENCES, ENV_TOKEN))
+
+
+def interpret(code, stdout, stderr, server, token):
+    """Reads submit's exit code, its JSON status on stdout and its lines on stderr."""
+    errors, notes = [], []
+    for line in stderr.splitlines():
+        line = line.strip()
+        if not line or line.startswith("Run '"):
+            continue
+        for prefix in ("coordinator submit: ", "coordinator: "):
+            if line.startswith(prefix):
+                errors.append(line[len(prefix):])
+                break
+        else:
+            notes.append(line)
+    status = None
+    if stdout.strip():
+        try:
+            status = json.loads(stdout)
+        except ValueError:
+            status = None
+    if isinstance(status, dict) and status.get("job_id"):
+        # Accepted (0, 42, 3), or the same request's job, which failed or was cancelled (1).
+        return Submitted(status, notes, code)
+    reason = "; ".join(errors) or (notes[-1] if notes else "no message (exit %d)" % code)
+    if code == EXIT_BUSY:
+        if reason.endswith(" (retry later)"):
+            reason = reason[:-len(" (retry later)")]
+        raise FarmError("The farm is busy or unreachable, try again later: %s" % reason)
+    if code == EXIT_FAILED and "unauthorized" in reason.lower():
+        raise FarmError(token_refused(server, token))
+    if code == EXIT_FAILED:
+        raise FarmError("The farm refused the job: %s" % reason)
+    if code == EXIT_USAGE:
+        raise FarmError("The submission's settings were refused: %s" % reason)
+    if code == EXIT_INTERRUPTED or code < 0:
+        raise FarmError("The submission was interrupted: %s" % reason)
+    raise FarmError("coordinator submit failed (exit %d): %s" % (code, reason))
+
+
+def fetch_status(server, token, job_id, timeout):
+    """The job's status from the farm's HTTP API, or FarmError saying why not."""
+    server = normalize_server(server)
+    url = "%s/v1/jobs/%s" % (server, urllib.parse.quote(job_id, safe=""))
+    req = urllib.request.Request(url, headers={"Accept": "application/json"})
+    if token:
+        req.add_header("Authorization", "Bearer " + token)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status = json.loads(resp.read().decode("utf-8"))
+    except urllib.error.HTTPError as e:
+        msg = _error_body(e)
+        if e.code == 401:
+            raise FarmError(token_refused(server, token)) from None
+        if e.code == 404:
+            raise FarmError("The farm at %s has no job %s" % (server, job_id)) from None
+        raise FarmError("The farm at %s answered %d: %s" % (server, e.code, msg)) from None
+    except urllib.error.URLError as e:
+        raise FarmError("The farm at %s is unreachable: %s" % (server, e.reason)) from None
+    except (OSError, ValueError) as e:  # a timeout, a connection reset, a body that is not JSON
+        raise FarmError("The farm at %s is unreachable: %s" % (server, e)) from None
+    if not isinstance(status, dict) or "state" not in status:
+        raise FarmError("The farm at %s answered something that is not a job's status" % server)
+    return status
+
+
+def _error_body(e):
+    """The coordinator's words in an error response ({"error": ..., "kind": ...})."""
+    try:
+        raw = e.read().decode("utf-8", "replace")
+    except OSError:
+        raw = ""
+    try:
+        body = json.loads(raw)
+        if isinstance(body, dict) and body.get("error"):
+            return body["error"]
+    except ValueError:
+        pass
+    return raw.strip() or e.reason or "HTTP %d" % e.code
+
+
+def progress(status):
+    """How far the job is, 0 to 1: its samples when the farm counts them (docs/design.md,
+    "Progress"), else its tiles."""
+    if status.get("state") == "completed":
+        return 1.0
+    total = status.get("samples_total") or 0
+    if total > 0:
+        return min(1.0, (status.get("samples_done") or 0) / total)
+    tiles = status.get("tiles_total") or 0
+    return min(1.0, (status.get("tiles_completed") or 0) / tiles) if tiles else 0.0
+
+
+def detail(status):
+    """One line on the job: frames and tiles done, the ETA, what it waits for, its first failure."""
+    parts = ["frames %d/%d" % (status.get("frames_completed") or 0, status.get("frames_total") or 0),
+             "tiles %d/%d" % (status.get("tiles_completed") or 0, status.get("tiles_total") or 0)]
+    if status.get("frames_failed"):
+        parts.append("%d frames failed" % status["frames_failed"])
+    if status.get("preview_frames") and status.get("state") not in FINISHED_STATES:
+        parts.append("preview done" if status.get("preview_done") else "preview frames first")
+    eta = status.get("eta_seconds")
+    if eta is not None and status.get("state") not in FINISHED_STATES:
+        parts.append("ETA %s" % _duration(eta))
+    if status.get("waiting_for"):
+        parts.append("waiting for %s" % status["waiting_for"])
+    failures = status.get("failures") or []
+    if failures:
+        parts.append(failures[0])
+    return ", ".join(parts)
+
+
+def _duration(seconds):
+    s = max(0, int(round(seconds)))
+    if s < 60:
+        return "%ds" % s
+    if s < 3600:
+        return "%dm%02ds" % (s // 60, s % 60)
+    return "%dh%02dm" % (s // 3600, s % 3600 // 60)
