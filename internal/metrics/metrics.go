@@ -40,6 +40,13 @@ const (
 	SubmissionBusy     = "busy"     // refused while the pending tiles would exceed --max-pending-tiles
 )
 
+// Notification delivery results, the label values of tilefarm_notification_deliveries_total.
+const (
+	DeliveryOK     = "ok"      // a receiver answered 2xx, or the NATS publish was acknowledged
+	DeliveryFailed = "failed"  // an attempt failed; it is retried with backoff
+	DeliveryGaveUp = "gave_up" // an attempt failed past the give-up time: the delivery is dropped
+)
+
 // Retry kinds, the label values of tilefarm_retries_total.
 const (
 	// RetryAttempt is a failed attempt handed back with a delay for another attempt.
@@ -73,6 +80,9 @@ type Coordinator struct {
 	DuplicatesSuppressed *prometheus.CounterVec // layer publish_dedup
 	Submissions          *prometheus.CounterVec // by result
 	WorkersLive          prometheus.Gauge
+	// NotificationsPending and NotificationDeliveries are the notifier's (internal/notify).
+	NotificationsPending   prometheus.Gauge
+	NotificationDeliveries *prometheus.CounterVec // by result
 }
 
 // NewCoordinator registers the coordinator's families (and tilefarm_build_info) into reg.
@@ -92,6 +102,10 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		Submissions: counterVec(reg, "submissions_total",
 			"Job submissions answered, by result: a new job, an existing job for the same idempotency key and payload, a conflict, or refused as busy.",
 			"result", SubmissionCreated, SubmissionExisting, SubmissionConflict, SubmissionBusy),
+		NotificationsPending: gauge(reg, "notifications_pending", "Notifications (job and frame events) recorded and not yet delivered to every destination."),
+		NotificationDeliveries: counterVec(reg, "notification_deliveries_total",
+			"Delivery attempts of notifications, one per destination (a webhook receiver, the NATS subject), by result: ok, failed (retried with backoff) or gave_up.",
+			"result", DeliveryOK, DeliveryFailed, DeliveryGaveUp),
 	}
 	return m
 }
@@ -211,6 +225,8 @@ var (
 		"tilefarm_dead_letters_total",
 		"tilefarm_duplicates_suppressed_total",
 		"tilefarm_frames_completed_total",
+		"tilefarm_notification_deliveries_total",
+		"tilefarm_notifications_pending",
 		"tilefarm_outbox_pending",
 		"tilefarm_queue_depth",
 		"tilefarm_queue_oldest_message_age_seconds",
