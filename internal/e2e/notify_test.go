@@ -90,7 +90,7 @@ func (r *hookReceiver) state() (int, map[string][]notify.Event, []string) {
 func described(evs []notify.Event) []string {
 	var out []string
 	for _, ev := range evs {
-		s := ev.Type + " " + ev.JobID[:8]
+		s := ev.Type + " " + ev.JobID[:12]
 		if ev.Frame != nil {
 			s += fmt.Sprintf(" %d", *ev.Frame)
 		}
@@ -163,8 +163,8 @@ func TestNotificationsSurviveCoordinatorKills(t *testing.T) {
 	f.restart()
 
 	want := map[string][]string{
-		"/farm": {"frame.completed " + st1.JobID[:8] + " 1", "frame.completed " + st1.JobID[:8] + " 2", "job.completed " + st1.JobID[:8], "job.completed " + st2.JobID[:8]},
-		"/job":  {"frame.completed " + st1.JobID[:8] + " 1", "frame.completed " + st1.JobID[:8] + " 2", "job.completed " + st1.JobID[:8]},
+		"/farm": {"frame.completed " + st1.JobID[:12] + " 1", "frame.completed " + st1.JobID[:12] + " 2", "job.completed " + st1.JobID[:12], "job.completed " + st2.JobID[:12]},
+		"/job":  {"frame.completed " + st1.JobID[:12] + " 1", "frame.completed " + st1.JobID[:12] + " 2", "job.completed " + st1.JobID[:12]},
 	}
 	slices.Sort(want["/farm"])
 	deadline := time.Now().Add(30 * time.Second)

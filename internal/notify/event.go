@@ -70,10 +70,14 @@ const maxReason = 1024
 
 // Record records ev for delivery to the NATS subject, the job's own receivers urls and the
 // farm-wide ones, inside the caller's transaction: the one way an event is recorded, and the
-// hook for whatever makes one (docs/design.md, "Notifications"). An empty ID gets a random one.
+// hook for whatever makes one (docs/design.md, "Notifications"). An empty ID gets a random one,
+// a zero Time the present.
 func Record(tx *coorddb.Tx, ev Event, urls []string) error {
 	if ev.ID == "" {
 		ev.ID = newID()
+	}
+	if ev.Time.IsZero() {
+		ev.Time = time.Now().UTC() // its deliveries' deadline counts from it
 	}
 	if len(ev.Reason) > maxReason {
 		ev.Reason = ev.Reason[:maxReason] + "..."
