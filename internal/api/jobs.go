@@ -89,6 +89,11 @@ type SubmitRequest struct {
 	Build string `json:"build,omitempty"`
 	// MaxSlots is how many of the job's tiles may render at once; 0 is no limit.
 	MaxSlots int `json:"max_slots,omitempty"`
+	// Notify are webhook receivers of the job's events (http or https URLs, at most 8), on top
+	// of the farm's; NotifyFrames asks for an event per frame completed or failed as well.
+	// Neither is part of the job's identity.
+	Notify       []string `json:"notify,omitempty"`
+	NotifyFrames bool     `json:"notify_frames,omitempty"`
 }
 
 // SubmitResult says which job holds the request and whether this call created it.
@@ -164,4 +169,9 @@ type Status struct {
 	TilesRendered int      `json:"tiles_rendered"`
 	TilesReused   int      `json:"tiles_reused"`
 	Outputs       []string `json:"outputs"`
+
+	// Notify are the job's own webhook receivers, without user information or query (which may
+	// hold credentials); NotifyFrames says it asked for frame events.
+	Notify       []string `json:"notify,omitempty"`
+	NotifyFrames bool     `json:"notify_frames,omitempty"`
 }

@@ -124,7 +124,13 @@ workers' to --data/worker.creds: copy it to render nodes for 'tileworker --nats-
 HTTP API needs a token (--api-token-file, or TILEFARM_API_TOKEN); serve refuses to start
 without one unless --insecure says so. When embedding, --nats-cert/--nats-key are the server's
 TLS certificate and --nats-ca the CA client certificates must chain to; with --nats URL they
-are this process's client certificate and the servers' CA.`)
+are this process's client certificate and the servers' CA.
+
+Notifications: when a job completes, fails or is cancelled, its event is published on the NATS
+subject notify.<type>.<job_id> (stream NOTIFY) and posted as JSON to every --notify URL and the
+job's own (submit --notify), signed with the secret of --notify-secret-file or
+TILEFARM_NOTIFY_SECRET in X-Tilefarm-Signature: sha256=<hex HMAC-SHA256 of the body>. Each is
+retried with backoff until --notify-give-up-after, and survives a restart.`)
 	fs := c.Flags()
 	data := fs.String("data", ".tilefarm", "directory for the coordinator database (and embedded JetStream, store)")
 	nf := natsFlags(fs, "")
@@ -144,6 +150,7 @@ are this process's client certificate and the servers' CA.`)
 	ff := faults.AddFlags(fs, append(slices.Clone(faults.CoordinatorSeams), faults.WorkerSeams...))
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
 	qcfg := farmFlags(fs)
+	nfl := addNotifyFlags(fs)
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		log, err := newLogger(stderr, *logLevel, p.logFormat)
 		if err != nil {
@@ -175,7 +182,11 @@ are this process's client certificate and the servers' CA.`)
 		if *reconcile <= 0 {
 			return usagef("--reconcile-every %v: must be positive", *reconcile)
 		}
-		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile}
+		ncfg, err := nfl.config()
+		if err != nil {
+			return err
+		}
+		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile, Notify: ncfg}
 		plan, err := ff.Plan(func(seam string) { killSelf(log, "coordinator", seam) })
 		if err != nil {
 			return usagef("%v", err)

@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/kinds"
+	"github.com/tilefarm/tilefarm/internal/notify"
 	"github.com/tilefarm/tilefarm/internal/scene"
 )
 
@@ -40,9 +41,14 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	requires := fs.StringSlice("requires", nil, "tags a worker must carry to render the job (tileworker --tags), e.g. gpu,highmem")
 	build := fs.String("build", "", "render with the live workers' renderer build matching this (e.g. 3.4.1 or cycles-cpu/sse41; default: this machine's if a worker runs it, else the farm's most common)")
 	maxSlots := fs.Int("max-slots", 0, "at most this many of the job's tiles render at once, so one job cannot take the whole farm (0: no limit)")
+	notifyTo := fs.StringArray("notify", nil, "also post the job's events (completed, failed, cancelled) to this http(s) `URL`, signed by the farm (repeatable; the farm needs a notification secret)")
+	notifyFrames := fs.Bool("notify-frames", false, "send an event for each frame completed or failed too")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
 		if *maxSlots < 0 {
 			return 0, usagef("--max-slots %d: want 0 (no limit) or more", *maxSlots)
+		}
+		if err := notify.CheckURLs(*notifyTo); err != nil {
+			return 0, usagef("--notify: %v", err)
 		}
 		formats, err := formatList(*format)
 		if err != nil {
@@ -61,6 +67,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 		}
 		req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
 		req.Requires, req.Build, req.MaxSlots = *requires, *build, *maxSlots
+		req.Notify, req.NotifyFrames = *notifyTo, *notifyFrames
 		api := p.client()
 		res, err := api.Submit(ctx, bundle, req)
 		if err != nil {

@@ -49,6 +49,11 @@ type Job struct {
 	// Failed says why the farm gave up on the job as a whole (every live worker blocklisted
 	// it); empty while it has not. Its frames' own failures are in the frames.
 	Failed string `json:"failed,omitempty"`
+	// Notify are the job's own webhook receivers (submit --notify), on top of the farm-wide
+	// ones; NotifyFrames asks for an event per frame as well (docs/design.md, "Notifications").
+	// Like tags, they are outside the payload hash.
+	Notify       []string `json:"notify,omitempty"`
+	NotifyFrames bool     `json:"notify_frames,omitempty"`
 }
 
 // State is the job's state given its frames' states as it sees them (Frame.StateFor with its

@@ -24,7 +24,8 @@ var (
 	bucketFailures = []byte("failures") // frame_key/tile index -> []Failure
 	bucketOpen     = []byte("open")     // frame_key of every frame not completed
 	bucketOutbox   = []byte("outbox")
-	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketFailures, bucketOpen, bucketOutbox}
+	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketFailures, bucketOpen, bucketOutbox,
+		bucketNotify, bucketAnnounced}
 )
 
 // ErrNotFound is returned when a job or frame does not exist.

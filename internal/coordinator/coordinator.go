@@ -17,6 +17,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/notify"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -38,6 +39,10 @@ type Config struct {
 	// Faults is what the coordinator breaks for fault tests (faults.Plan: a crash at one of
 	// faults.CoordinatorSeams); zero breaks nothing.
 	Faults faults.Plan
+	// Notify is where the notifier delivers job events besides the NATS subject: the
+	// farm-wide receivers and the secret signing every delivery (docs/design.md,
+	// "Notifications").
+	Notify notify.Config
 }
 
 func (c *Config) normalize() {
@@ -83,6 +88,7 @@ type Coordinator struct {
 	eta       *etaTracker      // samples per second of unfinished jobs (operate.go)
 	statuses  statusCache      // each job's status by the fingerprint of its records (status.go)
 	lost      lostTracker      // frames the last reconciliation found with lost tiles (lost.go)
+	notifier  *notify.Notifier // delivers the events announce records (announce.go)
 
 	completions atomic.Int64 // tile completions seen in events, for the drain rate
 	drainMu     sync.Mutex
@@ -122,14 +128,15 @@ func New(cfg Config, d Deps) *Coordinator {
 		streamMax:   defaultStreamMax,
 		streamsDone: make(chan struct{}),
 	}
+	c.notifier = notify.New(cfg.Notify, notify.Deps{DB: d.DB, NATS: d.NATS, Metrics: d.Metrics, Faults: c.faults, Log: log})
 	// The tracker asks c.now at each use, so a test that sets the clock sets it for progress too.
 	c.progress = newProgressTracker(func() time.Time { return c.now() }, log)
 	return c
 }
 
 // Run runs the outbox relay, the event consumer, the reconciler, the progress watcher, the
-// metrics sampler and the worker directory (read from a watch of the heartbeats) until ctx is
-// done. Each restarts after an error, so
+// metrics sampler, the worker directory (read from a watch of the heartbeats) and the
+// notifier until ctx is done. Each restarts after an error, so
 // a NATS or storage outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
@@ -141,6 +148,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"metrics sampler":   c.sampleMetrics,
 		"worker directory":  c.watchWorkers,
 		"worker heartbeats": c.queue.Workers.Follow,
+		"notifier":          c.notifier.Run,
 	}
 	for name, loop := range loops {
 		wg.Add(1)
@@ -188,6 +196,9 @@ func (c *Coordinator) counted(p *projection) {
 	c.m.DeadLetters.WithLabelValues(metrics.DeadLetterTile).Add(float64(p.tileDeadLetters))
 	c.m.DeadLetters.WithLabelValues(metrics.DeadLetterAssembly).Add(float64(p.assemblyDeadLetters))
 	c.m.FramesCompleted.Add(float64(p.framesCompleted))
+	if p.notices > 0 {
+		c.notifier.Kick()
+	}
 }
 
 // sampleMetrics keeps the gauges of the queue and the outbox current, every 2 s.

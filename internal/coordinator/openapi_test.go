@@ -32,6 +32,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/notify"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/wire"
@@ -352,7 +353,7 @@ func expectKind(kind api.ErrorKind) func(t *testing.T, body []byte) {
 // served route is produced here or named in unreachedResponses.
 func TestOpenAPIResponses(t *testing.T) {
 	v := newValidator(t)
-	h := newHarness(t, Config{MaxPendingTiles: 8})
+	h := newHarness(t, Config{MaxPendingTiles: 8, Notify: notify.Config{Secret: testNotifySecret}})
 	srv := httptest.NewServer(RequireToken(testToken, h.c.Handler()))
 	t.Cleanup(srv.Close)
 
@@ -364,6 +365,7 @@ func TestOpenAPIResponses(t *testing.T) {
 
 	req := h.request(1, 2, 64, 64, 32)
 	req.IdempotencyKey = "openapi-job"
+	req.Notify, req.NotifyFrames = []string{"https://ops:pw@hooks.example.com/render?token=t"}, true
 	job := identity.JobID(req.IdempotencyKey)
 	conflicting := req
 	conflicting.Last = 3

@@ -28,11 +28,17 @@ type projection struct {
 	// What the projection changed that the metrics count. Coordinator.counted adds them once
 	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
 	tileDeadLetters, assemblyDeadLetters, framesCompleted int
+
+	// touched are jobs whose announcement flush settles whatever their frames did, notices the
+	// events it recorded (announce.go).
+	touched []string
+	notices int
 }
 
 // frameEdit is one frame being changed in a projection.
 type frameEdit struct {
 	f        *coorddb.Frame
+	before   *coorddb.Frame    // the frame as stored before this projection; nil for a new one
 	table    coorddb.TileTable // loaded on first tile change
 	rects    []render.Rect     // the frame's tiles, derived on first need
 	reason   string            // why the frame fails, for its next transition
@@ -66,7 +72,9 @@ func (p *projection) frame(fk string) (*frameEdit, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &frameEdit{f: f}
+	before := *f
+	before.Done, before.History = slices.Clone(f.Done), nil
+	e := &frameEdit{f: f, before: &before}
 	p.frames[fk] = e
 	p.order = append(p.order, fk)
 	return e, nil
@@ -366,8 +374,8 @@ func (p *projection) staleAssembly(fk string) error {
 }
 
 // flush asks for the assembly of every frame whose tiles are all completed and whose formats
-// are not, settles each frame's state and writes everything touched. It reports whether any
-// frame's state changed.
+// are not, settles each frame's state, writes everything touched and records the events of
+// what changed (announce). It reports whether any frame's state changed.
 func (p *projection) flush() (bool, error) {
 	changed := false
 	for _, fk := range p.order {
@@ -413,7 +421,7 @@ func (p *projection) flush() (bool, error) {
 			}
 		}
 	}
-	return changed, nil
+	return changed, p.announce()
 }
 
 // update runs fn on a projection in one transaction and flushes it, then counts what the

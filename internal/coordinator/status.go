@@ -10,6 +10,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/notify"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
@@ -95,6 +96,7 @@ func cloneStatus(st api.Status) api.Status {
 	st.Failures = slices.Clone(st.Failures)
 	st.Outputs = slices.Clone(st.Outputs)
 	st.BlocklistedWorkers = slices.Clone(st.BlocklistedWorkers)
+	st.Notify = slices.Clone(st.Notify)
 	return st
 }
 
@@ -106,7 +108,10 @@ const maxFailuresShown = 50
 func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.Frame, error)) (api.Status, error) {
 	st := api.Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
 		FirstFrame: j.First, LastFrame: j.Last, FrameStep: j.Step, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{},
-		Build: jobPool(j).Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String()}
+		Build: jobPool(j).Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String(), NotifyFrames: j.NotifyFrames}
+	for _, u := range j.Notify {
+		st.Notify = append(st.Notify, notify.Redact(u))
+	}
 	states := make([]coorddb.FrameState, 0, j.Frames())
 	for n := range j.FrameNumbers() {
 		f, err := frame(j.FrameKey(n))

@@ -161,6 +161,10 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if err := checkPool(jobPool(j), live); err != nil {
 		return nil, 0, err
 	}
+	if j.Notify, err = c.checkNotify(req.Notify); err != nil {
+		return nil, 0, err
+	}
+	j.NotifyFrames = req.NotifyFrames
 	return j, len(rects), nil
 }
 
@@ -194,6 +198,8 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		}
 		created = true
 		p = newProjection(tx, c.now())
+		// Announced from now on: a job whose frames are all done completes here.
+		p.touchJob(j.ID)
 		for n := range j.DispatchOrder() { // the relay publishes the outbox in order
 			fk := j.FrameKey(n)
 			if _, err := p.frame(fk); err == nil {
@@ -210,10 +216,10 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 				return err
 			}
 		}
-		if _, err := p.flush(); err != nil {
+		if err := tx.PutJob(j); err != nil {
 			return err
 		}
-		if err := tx.PutJob(j); err != nil {
+		if _, err := p.flush(); err != nil {
 			return err
 		}
 		// The answer comes from the frames in memory: no need to read back what was just written.

@@ -35,18 +35,19 @@ const (
 	BeforeAck       = "before-ack"       // everything done but the ack
 )
 
-// The seams of the coordinator's submission and outbox relay.
+// The seams of the coordinator's submission, outbox relay and notifier.
 const (
 	SubmitAfterCommit   = "submit-after-commit"   // a submission committed, not answered
 	OutboxBeforePublish = "outbox-before-publish" // an outbox record read, nothing published
 	OutboxMidPublish    = "outbox-mid-publish"    // half of a record's messages published and acknowledged
 	OutboxAfterPublish  = "outbox-after-publish"  // the PubAcks in, the record not deleted
+	NotifyBeforeDeliver = "notify-before-deliver" // a notification recorded, nothing of it delivered
 )
 
 // WorkerSeams and CoordinatorSeams list the seams of each process, for --fault-crash.
 var (
 	WorkerSeams      = []string{BeforeLease, MidPass, AfterCheckpoint, AfterUpload, AfterManifest, AfterEvent, BeforeAck}
-	CoordinatorSeams = []string{SubmitAfterCommit, OutboxBeforePublish, OutboxMidPublish, OutboxAfterPublish}
+	CoordinatorSeams = []string{SubmitAfterCommit, OutboxBeforePublish, OutboxMidPublish, OutboxAfterPublish, NotifyBeforeDeliver}
 )
 
 // TileAt names one tile: a frame and a pixel rectangle.

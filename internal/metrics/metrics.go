@@ -41,6 +41,13 @@ const (
 	SubmissionBusy     = "busy"     // refused while the pending tiles would exceed --max-pending-tiles
 )
 
+// Notification delivery results, the label values of tilefarm_notification_deliveries_total.
+const (
+	DeliveryOK     = "ok"      // a receiver answered 2xx, or the NATS publish was acknowledged
+	DeliveryFailed = "failed"  // an attempt failed; it is retried with backoff
+	DeliveryGaveUp = "gave_up" // an attempt failed past the give-up time: the delivery is dropped
+)
+
 // Retry kinds, the label values of tilefarm_retries_total.
 const (
 	// RetryAttempt is a failed attempt handed back with a delay for another attempt.
@@ -75,6 +82,9 @@ type Coordinator struct {
 	Submissions          *prometheus.CounterVec // by result
 	WorkersLive          prometheus.Gauge
 	EventsApplied        *prometheus.CounterVec // by type
+	// NotificationsPending and NotificationDeliveries are the notifier's (internal/notify).
+	NotificationsPending   prometheus.Gauge
+	NotificationDeliveries *prometheus.CounterVec // by result
 }
 
 // NewCoordinator registers the coordinator's families (and tilefarm_build_info) into reg.
@@ -97,6 +107,10 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		EventsApplied: counterVec(reg, "events_applied_total",
 			"Worker events the coordinator applied to its database, by type, counted once their transaction committed: the farm's event load, which grows with tiles and passes, not with workers.",
 			"type", wire.EventTypes...),
+		NotificationsPending: gauge(reg, "notifications_pending", "Notifications (job and frame events) recorded and not yet delivered to every destination."),
+		NotificationDeliveries: counterVec(reg, "notification_deliveries_total",
+			"Delivery attempts of notifications, one per destination (a webhook receiver, the NATS subject), by result: ok, failed (retried with backoff) or gave_up.",
+			"result", DeliveryOK, DeliveryFailed, DeliveryGaveUp),
 	}
 	return m
 }
@@ -223,6 +237,8 @@ var (
 		"tilefarm_duplicates_suppressed_total",
 		"tilefarm_events_applied_total",
 		"tilefarm_frames_completed_total",
+		"tilefarm_notification_deliveries_total",
+		"tilefarm_notifications_pending",
 		"tilefarm_outbox_pending",
 		"tilefarm_queue_depth",
 		"tilefarm_queue_oldest_message_age_seconds",

@@ -21,6 +21,10 @@ const (
 	SubjectAssemble = "tiles.assemble"
 	StreamEvents    = "EVENTS"
 	StreamDLQ       = "DLQ"
+	// StreamNotify holds the coordinator's notifications for consumers inside the farm, on
+	// NotifyPrefix + <type> + "." + <job_id> (docs/operations.md, "Notifications").
+	StreamNotify    = "NOTIFY"
+	NotifyPrefix    = "notify."
 	ConsumerWorkers = "workers"
 	// ConsumerAssemblers is the consumer of assemble jobs, taken before tiles.
 	ConsumerAssemblers = "assemblers"
@@ -39,6 +43,7 @@ const (
 	tilesSubjects  = "tiles.>"
 	eventsSubjects = "events.>"
 	dlqSubjects    = "dlq.>"
+	notifySubjects = NotifyPrefix + ">"
 	dlqPrefix      = "dlq."
 )
 
@@ -115,6 +120,21 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("setting up stream %s: %w", StreamDLQ, err)
+	}
+	// Notifications are kept as long as events: a consumer inside the farm that was down for
+	// less reads every one it missed. The coordinator publishes each with its event id as
+	// msg id, so a redelivery within the dedup window stores nothing twice.
+	if _, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamNotify,
+		Description: "tilefarm job notifications: completed, failed, cancelled, blocked; frames when asked",
+		Subjects:    []string{notifySubjects},
+		Retention:   jetstream.LimitsPolicy,
+		Duplicates:  cfg.DedupWindow,
+		MaxAge:      EventsRetention,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	}); err != nil {
+		return nil, fmt.Errorf("setting up stream %s: %w", StreamNotify, err)
 	}
 	// Consumers on disjoint subjects, so workers can take assembly before more tiles (frames
 	// then complete as their tiles do instead of all at the end of a shot), and one per band.

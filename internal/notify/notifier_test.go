@@ -1,0 +1,376 @@
+package notify
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/natstest"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+var testSecret = []byte("a notification secret for tests")
+
+// receiver is a webhook receiver: it checks each delivery's signature and headers, answers 503
+// to the first failFirst attempts and 200 after, and keeps what it accepted.
+type receiver struct {
+	*httptest.Server
+	failFirst int
+
+	mu       sync.Mutex
+	attempts int
+	bad      []string // what was wrong with deliveries
+	accepted []Event
+}
+
+func newReceiver(t *testing.T, failFirst int) *receiver {
+	r := &receiver{failFirst: failFirst}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.attempts++
+		var ev Event
+		switch {
+		case req.Method != http.MethodPost || req.Header.Get("Content-Type") != "application/json":
+			r.bad = append(r.bad, req.Method+" "+req.Header.Get("Content-Type"))
+		case !Verify(testSecret, body, req.Header.Get(SignatureHeader)):
+			r.bad = append(r.bad, "signature "+req.Header.Get(SignatureHeader))
+		case json.Unmarshal(body, &ev) != nil || ev.ID != req.Header.Get(IDHeader) || ev.Type != req.Header.Get(EventHeader):
+			r.bad = append(r.bad, "body "+string(body))
+		}
+		if r.attempts <= r.failFirst {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		r.accepted = append(r.accepted, ev)
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+// state returns how many attempts the receiver saw, what it accepted and what was wrong.
+func (r *receiver) state() (int, []Event, []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.attempts, append([]Event(nil), r.accepted...), append([]string(nil), r.bad...)
+}
+
+// env is a notifier's world: a real bbolt database, a real JetStream with the farm's streams,
+// the coordinator's metrics and a log to read.
+type env struct {
+	t    *testing.T
+	ctx  context.Context
+	path string
+	db   *coorddb.DB
+	nc   *nats.Conn
+	js   jetstream.JetStream
+	m    *metrics.Coordinator
+	logs syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	nc, js, _ := natstest.InProcess(t)
+	if _, err := queue.Setup(ctx, js, queue.DefaultConfig()); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, ctx: ctx, path: filepath.Join(t.TempDir(), "coordinator.db"), nc: nc, js: js, m: metrics.NewCoordinator(metrics.NewRegistry())}
+	e.open()
+	t.Cleanup(func() { _ = e.db.Close() })
+	return e
+}
+
+func (e *env) open() {
+	e.t.Helper()
+	db, err := coorddb.Open(e.path)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.db = db
+}
+
+// record records events as the coordinator does, in one transaction.
+func (e *env) record(urls []string, evs ...Event) {
+	e.t.Helper()
+	err := e.db.Update(e.ctx, func(tx *coorddb.Tx) error {
+		for _, ev := range evs {
+			if err := Record(tx, ev, urls); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// run runs a notifier of cfg, its first retry after base, until the returned stop is called.
+func (e *env) run(cfg Config, base time.Duration) (n *Notifier, stop func()) {
+	n = New(cfg, Deps{DB: e.db, NATS: e.nc, Metrics: e.m, Log: slog.New(slog.NewTextHandler(&e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	n.base = base
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := n.Run(ctx); err != nil {
+			e.t.Errorf("Run: %v", err)
+		}
+	}()
+	return n, func() { cancel(); <-done }
+}
+
+func (e *env) pending() []coorddb.Notification {
+	e.t.Helper()
+	recs, err := e.db.Notifications(e.ctx, 0, 1000)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return recs
+}
+
+// waitFor polls cond until it holds, failing the test after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %v", what, d)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// published reads every message of the NOTIFY stream: subject, msg id and event.
+func (e *env) published() []*nats.Msg {
+	e.t.Helper()
+	cons, err := e.js.OrderedConsumer(e.ctx, queue.StreamNotify, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var out []*nats.Msg
+	for {
+		batch, err := cons.FetchNoWait(100)
+		if err != nil {
+			e.t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			out = append(out, &nats.Msg{Subject: m.Subject(), Header: m.Headers(), Data: m.Data()})
+			n++
+		}
+		if n == 0 {
+			return out
+		}
+	}
+}
+
+func events(ids ...string) []Event {
+	var out []Event
+	for i, id := range ids {
+		out = append(out, Event{ID: id, Type: JobCompleted, Time: time.Now().UTC(), JobID: strings.Repeat("a", 63) + string(rune('0'+i)), State: "completed"})
+	}
+	return out
+}
+
+// Every recorded event reaches the job's receiver and the farm-wide one once each, signed, with
+// its id and type in headers, and the NOTIFY stream once under its subject with its id as msg
+// id; then nothing is pending and the metrics counted each delivery.
+func TestNotifierDeliversEachEventOnceSignedAndPublishes(t *testing.T) {
+	e := newEnv(t)
+	job, farm := newReceiver(t, 0), newReceiver(t, 0)
+	evs := events("ev_a", "ev_b", "ev_c")
+	e.record([]string{job.URL}, evs...)
+	_, stop := e.run(Config{URLs: []string{farm.URL}, Secret: testSecret}, 10*time.Millisecond)
+	defer stop()
+	waitFor(t, 10*time.Second, "every notification delivered", func() bool { return len(e.pending()) == 0 })
+	for name, r := range map[string]*receiver{"job's": job, "farm-wide": farm} {
+		attempts, got, bad := r.state()
+		if len(bad) > 0 || attempts != len(evs) || len(got) != len(evs) {
+			t.Fatalf("%s receiver: %d attempts, accepted %v, wrong: %v", name, attempts, got, bad)
+		}
+		seen := map[string]bool{}
+		for _, ev := range got {
+			seen[ev.ID] = true
+		}
+		for _, ev := range evs {
+			if !seen[ev.ID] {
+				t.Fatalf("%s receiver never got %s: %v", name, ev.ID, got)
+			}
+		}
+	}
+	msgs := e.published()
+	if len(msgs) != len(evs) {
+		t.Fatalf("NOTIFY holds %d messages, want %d", len(msgs), len(evs))
+	}
+	for _, m := range msgs {
+		var ev Event
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if m.Subject != "notify.job.completed."+ev.JobID || m.Header.Get(jetstream.MsgIDHeader) != ev.ID {
+			t.Fatalf("published %s with msg id %q: %s", m.Subject, m.Header.Get(jetstream.MsgIDHeader), m.Data)
+		}
+	}
+	if ok := testutil.ToFloat64(e.m.NotificationDeliveries.WithLabelValues(metrics.DeliveryOK)); ok != 9 {
+		t.Fatalf("deliveries ok = %v, want 9 (3 events to NATS and two receivers)", ok)
+	}
+}
+
+// A receiver that answers 503 gets the event again, after a backoff, until it takes it: once,
+// with the same id and signature; the failed attempts are counted and recorded with the
+// notification meanwhile.
+func TestNotifierRetriesAFailedDeliveryWithBackoff(t *testing.T) {
+	e := newEnv(t)
+	r := newReceiver(t, 2)
+	e.record([]string{r.URL}, events("ev_retried")...)
+	_, stop := e.run(Config{Secret: testSecret}, 50*time.Millisecond)
+	defer stop()
+	var sawFailure bool
+	waitFor(t, 10*time.Second, "the notification delivered", func() bool {
+		p := e.pending()
+		for _, n := range p {
+			for _, d := range n.Targets {
+				sawFailure = sawFailure || (d.Attempts > 0 && strings.Contains(d.Error, "503") && d.Next.After(n.Created))
+			}
+		}
+		return len(p) == 0
+	})
+	attempts, got, bad := r.state()
+	if attempts != 3 || len(got) != 1 || got[0].ID != "ev_retried" || len(bad) > 0 {
+		t.Fatalf("%d attempts, accepted %v, wrong %v; want 3 attempts and the event accepted once", attempts, got, bad)
+	}
+	if !sawFailure {
+		t.Fatal("the failed attempts were never recorded with a later next try")
+	}
+	if failed := testutil.ToFloat64(e.m.NotificationDeliveries.WithLabelValues(metrics.DeliveryFailed)); failed != 2 {
+		t.Fatalf("failed deliveries = %v, want 2", failed)
+	}
+}
+
+// A receiver that never takes an event is given up on once the give-up time has passed since
+// the event: its notification is dropped with a log line that shows neither the URL's
+// credentials nor its query, and the NATS publish of the same event is unaffected.
+func TestNotifierGivesUpAfterTheDeadline(t *testing.T) {
+	e := newEnv(t)
+	r := newReceiver(t, 1<<30)
+	url := strings.Replace(r.URL, "http://", "http://alice:hunter2@", 1) + "/hook?token=topsecret"
+	e.record([]string{url}, events("ev_doomed")...)
+	start := time.Now()
+	_, stop := e.run(Config{Secret: testSecret, GiveUpAfter: 400 * time.Millisecond}, 50*time.Millisecond)
+	waitFor(t, 10*time.Second, "the notification given up", func() bool { return len(e.pending()) == 0 })
+	stop()
+	if took := time.Since(start); took < 350*time.Millisecond {
+		t.Fatalf("given up after %v, before its deadline", took)
+	}
+	attempts, got, _ := r.state()
+	if attempts < 2 || len(got) != 0 {
+		t.Fatalf("%d attempts, accepted %v; want retries and nothing accepted", attempts, got)
+	}
+	if g := testutil.ToFloat64(e.m.NotificationDeliveries.WithLabelValues(metrics.DeliveryGaveUp)); g != 1 {
+		t.Fatalf("gave up = %v, want 1", g)
+	}
+	if len(e.published()) != 1 {
+		t.Fatal("the event was not published on NATS")
+	}
+	logs := e.logs.String()
+	if !strings.Contains(logs, "giving up on a notification") || !strings.Contains(logs, "REDACTED@") {
+		t.Fatalf("no give-up line naming the receiver redacted:\n%s", logs)
+	}
+	if strings.Contains(logs, "hunter2") || strings.Contains(logs, "topsecret") || strings.Contains(logs, string(testSecret)) {
+		t.Fatalf("the logs show a credential:\n%s", logs)
+	}
+}
+
+// A notification not delivered when its coordinator stops is delivered by the next one: what
+// is owed lives in the database, attempts and all, not in memory.
+func TestNotifierKeepsWhatIsOwedAcrossARestart(t *testing.T) {
+	e := newEnv(t)
+	r := newReceiver(t, 1)
+	e.record([]string{r.URL}, events("ev_kept")...)
+	_, stop := e.run(Config{Secret: testSecret}, time.Hour) // the retry would come in an hour
+	waitFor(t, 10*time.Second, "a first attempt", func() bool { a, _, _ := r.state(); return a == 1 })
+	waitFor(t, 10*time.Second, "the failed attempt recorded", func() bool {
+		p := e.pending()
+		return len(p) == 1 && len(p[0].Targets) == 1 && p[0].Targets[0].Attempts == 1
+	})
+	stop()
+	if err := e.db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.open()
+	p := e.pending()
+	if len(p) != 1 || p[0].ID != "ev_kept" || !p[0].Expanded || len(p[0].Targets) != 1 || p[0].Targets[0].To != r.URL {
+		t.Fatalf("after reopening, pending %+v; want the event owed to the receiver alone (NATS done)", p)
+	}
+	// The restarted notifier takes the recorded next try as it is: make it due now.
+	p[0].Targets[0].Next = time.Time{}
+	if err := e.db.PutNotification(e.ctx, p[0]); err != nil {
+		t.Fatal(err)
+	}
+	_, stop = e.run(Config{Secret: testSecret}, time.Hour)
+	defer stop()
+	waitFor(t, 10*time.Second, "the notification delivered after the restart", func() bool { return len(e.pending()) == 0 })
+	attempts, got, bad := r.state()
+	if attempts != 2 || len(got) != 1 || got[0].ID != "ev_kept" || len(bad) > 0 {
+		t.Fatalf("%d attempts, accepted %v, wrong %v", attempts, got, bad)
+	}
+	if len(e.published()) != 1 {
+		t.Fatal("the event was published on NATS more than once, or never")
+	}
+}
+
+// Without a secret nothing is posted (a delivery fails, saying why), while the NATS subject
+// still carries the event.
+func TestNotifierPostsNothingWithoutASecret(t *testing.T) {
+	e := newEnv(t)
+	r := newReceiver(t, 0)
+	e.record([]string{r.URL}, events("ev_unsigned")...)
+	_, stop := e.run(Config{}, time.Hour)
+	defer stop()
+	waitFor(t, 10*time.Second, "the failure recorded", func() bool {
+		p := e.pending()
+		return len(p) == 1 && len(p[0].Targets) == 1 && strings.Contains(p[0].Targets[0].Error, "no notification secret")
+	})
+	if attempts, _, _ := r.state(); attempts != 0 {
+		t.Fatalf("the receiver got %d unsigned posts", attempts)
+	}
+	if len(e.published()) != 1 {
+		t.Fatal("the event was not published on NATS")
+	}
+}
