@@ -160,6 +160,11 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		return res, err
 	}
 	defer os.RemoveAll(dir)
+	if c.ProfileDir != "" {
+		if err := os.MkdirAll(c.ProfileDir, 0o755); err != nil {
+			return res, fmt.Errorf("profile directory: %w", err)
+		}
+	}
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Log, "farmbench: "+format+"\n", args...) }
 	off := map[string]bool{"rss": c.RSSTiles == 0, "growth": !c.Growth, "fleet": len(c.Fleet.Sizes) == 0}
 	var run []string
@@ -344,11 +349,6 @@ func growth(ctx context.Context, c Config, bins farmtest.Binaries, scene string,
 func measureFleet(ctx context.Context, c Config, dir string) ([]fleet.Row, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
-	}
-	if c.ProfileDir != "" {
-		if err := os.MkdirAll(c.ProfileDir, 0o755); err != nil {
-			return nil, err
-		}
 	}
 	fmt.Fprintf(c.Log, "farmbench: building fleetnode\n")
 	bin, err := fleet.Build(dir)
