@@ -85,6 +85,9 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 	}); err != nil {
 		return ignoreUnknown(err)
 	}
+	if f.Held {
+		return nil // never dispatched: nothing of it can be promoted (docs/design.md, "Dependencies")
+	}
 	var tilesDone []int
 	if f.TilesCompleted < f.TilesTotal {
 		promoted, err := c.listed(ctx, layout.TileManifestPrefix(fk))
