@@ -52,7 +52,7 @@ type Job struct {
 	// After are the jobs (sorted) that must complete before any frame of this one is
 	// dispatched; AfterFrames is a job whose frame N must complete before this job's frame N
 	// is (a frame it lacks waits for the whole job). Both are fixed at submit and name only
-	// jobs older than this one (docs/design.md, "Dependencies").
+	// jobs older than this one (docs/design.md, "Jobs that wait for jobs").
 	After       []string `json:"after,omitempty"`
 	AfterFrames string   `json:"after_frames,omitempty"`
 }
@@ -193,7 +193,7 @@ type Frame struct {
 	Dropped bool `json:"dropped,omitempty"`
 	// Held is set while every job asking for the frame waits for other jobs: none of its tiles
 	// was ever dispatched. The first of them that may start dispatches it as a new frame
-	// (docs/design.md, "Dependencies").
+	// (docs/design.md, "Jobs that wait for jobs").
 	Held bool `json:"held,omitempty"`
 
 	State   FrameState        `json:"state"`

@@ -264,7 +264,7 @@ func DeriveJobState(frames []FrameState) JobState {
 }
 
 // DepState is where what one frame of a job waits for stands: every job of its After and, for
-// AfterFrames, the same frame of that job (docs/design.md, "Dependencies").
+// AfterFrames, the same frame of that job (docs/design.md, "Jobs that wait for jobs").
 type DepState uint8
 
 // Dependency states, ordered: the state of several dependencies is the latest of theirs (And).

@@ -251,7 +251,7 @@ func TestDeriveJobState(t *testing.T) {
 		{[]coorddb.FrameState{c, c}, coorddb.JobCompleted},
 		{[]coorddb.FrameState{c, f}, coorddb.JobFailed},
 		{[]coorddb.FrameState{f, r}, coorddb.JobRendering}, // not failed before every frame settled
-		// A job that waits for other jobs (docs/design.md, "Dependencies").
+		// A job that waits for other jobs (docs/design.md, "Jobs that wait for jobs").
 		{[]coorddb.FrameState{w, w}, coorddb.JobWaiting},
 		{[]coorddb.FrameState{c, w}, coorddb.JobWaiting},   // a frame another job rendered: still waiting for the rest
 		{[]coorddb.FrameState{f, w}, coorddb.JobWaiting},   // not failed before every frame settled

@@ -11,16 +11,16 @@ import (
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 )
 
-// Jobs that wait for jobs (docs/design.md, "Dependencies"). A job submitted with After waits
-// for those jobs to complete; with AfterFrames, its frame N waits for frame N of that job. Its
-// frames are recorded at submit but not dispatched: a new frame is held (coorddb.Frame.Held,
-// no outbox record), a frame another job asked for is shared but not revived or retried for
-// it. Whether a frame may start is derived, never stored: what it waits for completed
-// (depView.dep). The moment it becomes so is always a frame completing for the job waited
-// for, so projection.releaseWaiting, in the flush of the transaction that completed it, starts
-// the frames that may start now (startFrame: through the outbox, the one way to dispatch).
-// Waiting and blocked are derived the same way for status: a failure, a cancel, a retry or a
-// requeue of the job waited for shows at once, with nothing to undo.
+// Jobs that wait for jobs (docs/design.md, "Jobs that wait for jobs"). A job submitted with
+// After waits for those jobs to complete; with AfterFrames, its frame N waits for frame N of
+// that job. Its frames are recorded at submit but not dispatched: a new frame is held
+// (coorddb.Frame.Held, no outbox record), a frame another job asked for is shared but not
+// revived or retried for it. Whether a frame may start is derived, never stored: what it
+// waits for completed (depView.dep). The moment it becomes so is always a frame completing
+// for the job waited for, so projection.releaseWaiting, in the flush of the transaction that
+// completed it, starts the frames that may start now (startFrame: through the outbox, the one
+// way to dispatch). Waiting and blocked are derived the same way for status: a failure, a
+// cancel, a retry or a requeue of the job waited for shows at once, with nothing to undo.
 
 // Bounds of what a submission names to wait for: how many jobs, and how long a job id may be
 // (ids are "job-" and 24 hex digits; a longer one is no job).
@@ -346,7 +346,7 @@ func (c *Coordinator) startFrame(p *projection, e *frameEdit, j *coorddb.Job) er
 // every frame if the whole job just completed. A frame checked may start only now (one of the
 // conditions it waits for became true in this transaction), so none is started twice. It runs
 // in the transaction that completed the frame: a crash loses no release, and the outbox
-// dispatches what it started (docs/design.md, "Dependencies").
+// dispatches what it started (docs/design.md, "Jobs that wait for jobs").
 func (p *projection) releaseWaiting() error {
 	type completion struct {
 		up    *coorddb.Job

@@ -15,7 +15,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
-// Tests of jobs that wait for jobs (docs/design.md, "Dependencies").
+// Tests of jobs that wait for jobs (docs/design.md, "Jobs that wait for jobs").
 
 // completeFrame renders frame fk in full, as workers would: every tile promoted and
 // completed, its png promoted and frame.assembled applied.

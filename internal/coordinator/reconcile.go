@@ -86,7 +86,9 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 		return ignoreUnknown(err)
 	}
 	if f.Held {
-		return nil // never dispatched: nothing of it can be promoted (docs/design.md, "Dependencies")
+		// Never dispatched: nothing of it can be promoted (docs/design.md, "Jobs that wait
+		// for jobs").
+		return nil
 	}
 	var tilesDone []int
 	if f.TilesCompleted < f.TilesTotal {

@@ -213,7 +213,7 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		for n := range j.DispatchOrder() { // the relay publishes the outbox in order
 			fk := j.FrameKey(n)
 			// A frame whose job waits for what has not completed is recorded, not started
-			// (docs/design.md, "Dependencies"): releaseWaiting starts it.
+			// (docs/design.md, "Jobs that wait for jobs"): releaseWaiting starts it.
 			dep, err := deps.dep(j, n)
 			if err != nil {
 				return err

@@ -16,7 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
-// Jobs that wait for jobs (docs/operations.md, "Jobs and workers": Dependencies), as the farm
+// Jobs that wait for jobs (docs/operations.md, "Jobs and workers": Jobs that wait for jobs), as the farm
 // records them: the order of its EVENTS stream (the worker publishes tile.started once it holds
 // a tile's lease, frame.assembled once a frame's outputs are promoted) and each event's time.
 
