@@ -12,18 +12,26 @@ const (
 	JobCompleted JobState = "completed"
 	JobFailed    JobState = "failed"
 	JobCancelled JobState = "cancelled"
+	// JobWaiting is a job accepted and queued behind the jobs it waits for (submit --after,
+	// --after-frames): nothing of it is dispatched until they complete.
+	JobWaiting JobState = "waiting"
+	// JobBlocked is a job whose frames are all finished or blocked, some blocked: a job it
+	// waits for failed or was cancelled (Status.BlockedReason says which). It starts if that
+	// job is retried and completes.
+	JobBlocked JobState = "blocked"
 )
 
-// Finished reports whether the job will change no more by itself: completed, failed or cancelled.
-func (s JobState) Finished() bool { return s != JobQueued && s != JobRendering }
+// Finished reports whether the job will change no more by itself: completed, failed,
+// cancelled, or blocked (until an operator retries what it waits for).
+func (s JobState) Finished() bool { return s != JobQueued && s != JobRendering && s != JobWaiting }
 
 // ExitCode is the exit code of submit and status for a job in this state: 0 completed, 42
-// queued, 3 rendering, 1 failed or cancelled.
+// queued or waiting, 3 rendering, 1 failed, blocked or cancelled.
 func (s JobState) ExitCode() int {
 	switch s {
 	case JobCompleted:
 		return ExitOK
-	case JobQueued:
+	case JobQueued, JobWaiting:
 		return ExitQueued
 	case JobRendering:
 		return ExitInProgress
@@ -41,6 +49,10 @@ const (
 	FrameAssembling FrameState = "assembling"
 	FrameCompleted  FrameState = "completed"
 	FrameFailed     FrameState = "failed"
+	// FrameWaiting and FrameBlocked are a frame not completed of a job that waits for other
+	// jobs: not dispatched for it yet, or never while what it waits for failed.
+	FrameWaiting FrameState = "waiting"
+	FrameBlocked FrameState = "blocked"
 )
 
 // TileState is where one tile stands.
@@ -94,6 +106,11 @@ type SubmitRequest struct {
 	// Neither is part of the job's identity.
 	Notify       []string `json:"notify,omitempty"`
 	NotifyFrames bool     `json:"notify_frames,omitempty"`
+	// After names jobs that must complete before any frame of this one is dispatched;
+	// AfterFrames a job whose frame N must complete before this job's frame N is. Unknown jobs
+	// and cycles are bad input. Scheduling choices: a resubmission returns the first job.
+	After       []string `json:"after,omitempty"`
+	AfterFrames string   `json:"after_frames,omitempty"`
 }
 
 // SubmitResult says which job holds the request and whether this call created it.
@@ -159,12 +176,17 @@ type Status struct {
 	Build    string   `json:"build,omitempty"`
 	Requires []string `json:"requires,omitempty"`
 	MaxSlots int      `json:"max_slots,omitempty"`
-	// Pool describes the workers that may render the job; WaitingFor is set while the job is
-	// unfinished and no live worker is one of them.
-	Pool       string        `json:"pool"`
-	WaitingFor string        `json:"waiting_for,omitempty"`
-	Frames     []FrameStatus `json:"frames"`
-	Failures   []string      `json:"failures,omitempty"`
+	// After and AfterFrames are the jobs the job waits for (submit --after, --after-frames).
+	After       []string `json:"after,omitempty"`
+	AfterFrames string   `json:"after_frames,omitempty"`
+	// Pool describes the workers that may render the job. WaitingFor says what the job waits
+	// for while it is unfinished: jobs or frames of jobs not completed yet, or a live worker of
+	// its pool when none is. BlockedReason says which job it waits for failed or was cancelled.
+	Pool          string        `json:"pool"`
+	WaitingFor    string        `json:"waiting_for,omitempty"`
+	BlockedReason string        `json:"blocked_reason,omitempty"`
+	Frames        []FrameStatus `json:"frames"`
+	Failures      []string      `json:"failures,omitempty"`
 	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
 	TilesRendered int      `json:"tiles_rendered"`
 	TilesReused   int      `json:"tiles_reused"`

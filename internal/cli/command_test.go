@@ -237,6 +237,7 @@ func TestSubcommandHelp(t *testing.T) {
 		{"coordinator render", coord("render", "-h"), "coordinator render SCENE", "Render frames of SCENE on this machine", "--frames"},
 		{"coordinator serve", coord("serve", "-h"), "coordinator serve", "Run the coordinator daemon", "--max-pending-tiles"},
 		{"coordinator submit", coord("submit", "-h"), "coordinator submit SCENE", "Submit SCENE to a running coordinator", "--idempotency-key"},
+		{"coordinator submit (dependencies)", coord("submit", "-h"), "coordinator submit SCENE", "--after JOB[,JOB...] makes the job wait", "--after-frames"},
 		{"coordinator status", coord("status", "-h"), "coordinator status JOB", "Show where JOB stands", "--json"},
 		{"coordinator cancel", coord("cancel", "--help"), "coordinator cancel JOB", "Cancel JOB", "--server"},
 		{"coordinator reprioritize", coord("reprioritize", "-h"), "coordinator reprioritize JOB PRIORITY", "new priority", "--server"},

@@ -143,8 +143,14 @@ func printStatus(w io.Writer, st api.Status, asJSON bool) {
 	if st.Pool != "" && st.Pool != "any worker" {
 		fmt.Fprintf(w, "  renders on %s\n", st.Pool)
 	}
+	if len(st.After) > 0 || st.AfterFrames != "" {
+		fmt.Fprintf(w, "  after %s\n", dependencies(st))
+	}
 	if st.WaitingFor != "" {
 		fmt.Fprintf(w, "  waiting for %s\n", st.WaitingFor)
+	}
+	if st.BlockedReason != "" {
+		fmt.Fprintf(w, "  BLOCKED: %s\n", st.BlockedReason)
 	}
 	if len(st.BlocklistedWorkers) > 0 {
 		fmt.Fprintf(w, "  blocklisted by workers %s\n", strings.Join(st.BlocklistedWorkers, ", "))
@@ -155,6 +161,18 @@ func printStatus(w io.Writer, st api.Status, asJSON bool) {
 	for _, o := range st.Outputs {
 		fmt.Fprintf(w, "  wrote %s\n", o)
 	}
+}
+
+// dependencies names the jobs a job waits for: "job-a, job-b completed; frame by frame job-c".
+func dependencies(st api.Status) string {
+	var parts []string
+	if len(st.After) > 0 {
+		parts = append(parts, strings.Join(st.After, ", ")+" completed")
+	}
+	if st.AfterFrames != "" {
+		parts = append(parts, "frame by frame "+st.AfterFrames)
+	}
+	return strings.Join(parts, "; ")
 }
 
 // eta says how long a job has left, when that is known.

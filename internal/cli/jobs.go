@@ -27,8 +27,17 @@ func (p *program) submitCommand() *cobra.Command {
 	c := newCommand("submit SCENE --frames A-B", "submit a job to a running coordinator", `
 Submit SCENE to a running coordinator. Safe to re-run from cron: the same request (or the same
 --idempotency-key) returns the same job and enqueues nothing new; the same key with a different
-request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued, 3 in progress,
-1 failed or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
+request is a conflict (exit 1).
+
+--after JOB[,JOB...] makes the job wait: none of its frames is dispatched until those jobs
+completed. --after-frames JOB waits frame by frame: frame N is dispatched once frame N of JOB
+completed (a frame JOB does not have waits for all of JOB). A waiting job is "waiting" (exit
+42); if a job it waits for fails or is cancelled it is "blocked" (exit 1, saying which), and
+it starts if that job is retried (dlq requeue) and completes. Unknown jobs and cycles are
+refused (exit 1).
+
+Exit codes: 0 completed, 42 accepted and queued (or waiting), 3 in progress, 1 failed, blocked
+or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 	fs := c.Flags()
 	fr := addFrameFlags(fs, "frames")
 	rf := addRenderFlags(fs)
@@ -43,6 +52,8 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 	maxSlots := fs.Int("max-slots", 0, "at most this many of the job's tiles render at once, so one job cannot take the whole farm (0: no limit)")
 	notifyTo := fs.StringArray("notify", nil, "also post the job's events (completed, failed, cancelled) to this http(s) `URL`, signed by the farm (repeatable; the farm needs a notification secret)")
 	notifyFrames := fs.Bool("notify-frames", false, "send an event for each frame completed or failed too")
+	after := fs.StringSlice("after", nil, "start the job only once these jobs completed (job ids, comma-separated)")
+	afterFrames := fs.String("after-frames", "", "start each frame N of the job once frame N of this job completed")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
 		if *maxSlots < 0 {
 			return 0, usagef("--max-slots %d: want 0 (no limit) or more", *maxSlots)
@@ -68,6 +79,7 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 		req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
 		req.Requires, req.Build, req.MaxSlots = *requires, *build, *maxSlots
 		req.Notify, req.NotifyFrames = *notifyTo, *notifyFrames
+		req.After, req.AfterFrames = *after, *afterFrames
 		api := p.client()
 		res, err := api.Submit(ctx, bundle, req)
 		if err != nil {
@@ -92,9 +104,10 @@ request is a conflict (exit 1). Exit codes: 0 completed, 42 accepted and queued,
 
 func (p *program) statusCommand() *cobra.Command {
 	return p.jobCommand("status JOB", "where a job stands (exit 0 done, 42 queued, 3 running, 1 failed or cancelled)", `
-Show where JOB stands: frames, tiles, samples, the estimated time left, failures. Exit codes:
-0 completed, 42 queued, 3 in progress, 1 failed or cancelled (the failing frames and tiles are
-named), 2 usage error, 75 coordinator unreachable.`,
+Show where JOB stands: frames, tiles, samples, the estimated time left, failures, and what it
+waits for. Exit codes: 0 completed, 42 queued or waiting for other jobs, 3 in progress, 1
+failed, blocked (a job it waits for failed or was cancelled: named) or cancelled (the failing
+frames and tiles are named), 2 usage error, 75 coordinator unreachable.`,
 		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
 			return api.Status(ctx, job)
 		})
@@ -102,16 +115,16 @@ named), 2 usage error, 75 coordinator unreachable.`,
 
 func (p *program) watchCommand() *cobra.Command {
 	return p.jobCommand("watch JOB", "follow a job with a progress bar until it ends", `
-Follow JOB with a progress bar until it completes, fails or is cancelled, then print its status.
-Exits like status: 0 completed, 1 failed or cancelled, 75 coordinator unreachable, 130
-interrupted.`,
+Follow JOB with a progress bar until it completes, fails, is blocked or cancelled, then print
+its status. A job waiting for other jobs is followed while it waits. Exits like status: 0
+completed, 1 failed, blocked or cancelled, 75 coordinator unreachable, 130 interrupted.`,
 		func(ctx context.Context, api *client.Client, job string) (api.Status, error) {
 			return waitJob(ctx, api, job, newProgress(p.stderr, false), nil)
 		})
 }
 
 func (p *program) jobsCommand() *cobra.Command {
-	c := newCommand("jobs", "list jobs", "List every job, oldest first.")
+	c := newCommand("jobs", "list jobs", "List every job, oldest first, with what a waiting job waits for and why a blocked one is.")
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		jobs, err := p.client().Jobs(ctx)
 		if err != nil {
@@ -124,14 +137,25 @@ func (p *program) jobsCommand() *cobra.Command {
 			return writeJSON(stdout, jobs)
 		}
 		tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "JOB\tSTATE\tPRIORITY\tSCENE\tFRAMES\tDONE\tTILES\tETA")
+		fmt.Fprintln(tw, "JOB\tSTATE\tPRIORITY\tSCENE\tFRAMES\tDONE\tTILES\tETA\tWAITING FOR")
 		for _, j := range jobs {
-			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d-%d\t%d/%d\t%d/%d\t%s\n", j.JobID, j.State, j.Priority, j.Scene, j.FirstFrame, j.LastFrame,
-				j.FramesCompleted, j.FramesTotal, j.TilesCompleted, j.TilesTotal, eta(j))
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%d-%d\t%d/%d\t%d/%d\t%s\t%s\n", j.JobID, j.State, j.Priority, j.Scene, j.FirstFrame, j.LastFrame,
+				j.FramesCompleted, j.FramesTotal, j.TilesCompleted, j.TilesTotal, eta(j), waitsFor(j))
 		}
 		return tw.Flush()
 	})
 	return c
+}
+
+// waitsFor is the jobs list's last column: why a blocked job is, what a waiting one waits for.
+func waitsFor(st api.Status) string {
+	switch {
+	case st.BlockedReason != "":
+		return "blocked: " + st.BlockedReason
+	case st.WaitingFor != "":
+		return st.WaitingFor
+	}
+	return "-"
 }
 
 func (p *program) outputsCommand() *cobra.Command {

@@ -66,6 +66,9 @@ func jobProgress(st api.Status) (done, total int64, line string) {
 	if st.ETASeconds != nil {
 		line += ", ETA " + eta(st)
 	}
+	if st.State == api.JobWaiting {
+		line += ", waiting for " + st.WaitingFor
+	}
 	if st.SamplesTotal <= 0 {
 		return int64(st.TilesCompleted), int64(st.TilesTotal), line
 	}

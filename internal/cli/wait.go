@@ -20,7 +20,9 @@ type jobSource interface {
 	FrameFile(ctx context.Context, jobID string, frame int, format string, i int) ([]byte, error)
 }
 
-// waitJob polls until the job is completed, failed or cancelled, showing progress.
+// waitJob polls until the job is completed, failed, blocked or cancelled (api.JobState.Finished:
+// nothing more happens without an operator), showing progress; a job waiting for other jobs
+// is waited for.
 func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, changed func() <-chan struct{}) (api.Status, error) {
 	for {
 		st, err := src.Status(ctx, jobID)
@@ -28,8 +30,7 @@ func waitJob(ctx context.Context, src jobSource, jobID string, p *progress, chan
 			return st, err
 		}
 		p.show(jobProgress(st))
-		switch st.State {
-		case api.JobCompleted, api.JobFailed:
+		if st.State.Finished() {
 			p.done()
 			return st, nil
 		}

@@ -54,6 +54,21 @@ type Job struct {
 	// Like tags, they are outside the payload hash.
 	Notify       []string `json:"notify,omitempty"`
 	NotifyFrames bool     `json:"notify_frames,omitempty"`
+	// After are the jobs (sorted) that must complete before any frame of this one is
+	// dispatched; AfterFrames is a job whose frame N must complete before this job's frame N
+	// is (a frame it lacks waits for the whole job). Both are fixed at submit and name only
+	// jobs older than this one (docs/design.md, "Jobs that wait for jobs").
+	After       []string `json:"after,omitempty"`
+	AfterFrames string   `json:"after_frames,omitempty"`
+}
+
+// Upstream lists every job this one waits for: After, then AfterFrames if it is not among them.
+func (j *Job) Upstream() []string {
+	up := slices.Clone(j.After)
+	if j.AfterFrames != "" && !slices.Contains(up, j.AfterFrames) {
+		up = append(up, j.AfterFrames)
+	}
+	return up
 }
 
 // State is the job's state given its frames' states as it sees them (Frame.StateFor with its
@@ -181,6 +196,10 @@ type Frame struct {
 	// Dropped is set while every job asking for the frame is cancelled: its tiles are not
 	// rendered (queue.Dropped tells the workers), until a new job asks for it again.
 	Dropped bool `json:"dropped,omitempty"`
+	// Held is set while every job asking for the frame waits for other jobs: none of its tiles
+	// was ever dispatched. The first of them that may start dispatches it as a new frame
+	// (docs/design.md, "Jobs that wait for jobs").
+	Held bool `json:"held,omitempty"`
 
 	State   FrameState        `json:"state"`
 	Updated time.Time         `json:"updated"`

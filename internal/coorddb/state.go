@@ -154,16 +154,19 @@ func NextTileState(cur TileState, curOrder Order, ch TileChange, ord Order) (Til
 // Frame.Derive), so it can never disagree with its tiles.
 type FrameState uint8
 
-// Frame states.
+// Frame states. Waiting and blocked are never a frame's own: they are how a job that waits
+// for other jobs sees a frame of its not yet completed (FrameState.Behind).
 const (
 	FrameQueued     FrameState = iota // no tile started
 	FrameRendering                    // tiles started, not all completed
 	FrameAssembling                   // every tile completed; formats still to promote
 	FrameCompleted                    // every format asked for is promoted
 	FrameFailed                       // a tile or the assembly was dead-lettered
+	FrameWaiting                      // its job waits for what must complete before it
+	FrameBlocked                      // what its job waits for failed or was cancelled
 )
 
-var frameStateNames = [...]string{"queued", "rendering", "assembling", "completed", "failed"}
+var frameStateNames = [...]string{"queued", "rendering", "assembling", "completed", "failed", "waiting", "blocked"}
 
 func (s FrameState) String() string { return enumName(frameStateNames[:], s, "frame_state") }
 
@@ -186,9 +189,11 @@ const (
 	JobCompleted                 // every frame completed in every format the job asked for
 	JobFailed                    // every frame finished and one of them failed, or the farm gave up on it
 	JobCancelled                 // cancelled before it completed
+	JobWaiting                   // nothing to render until the jobs it waits for complete
+	JobBlocked                   // every frame finished or blocked, and one is blocked: what it waits for failed or was cancelled
 )
 
-var jobStateNames = [...]string{"queued", "rendering", "completed", "failed", "cancelled"}
+var jobStateNames = [...]string{"queued", "rendering", "completed", "failed", "cancelled", "waiting", "blocked"}
 
 func (s JobState) String() string { return enumName(jobStateNames[:], s, "job_state") }
 
@@ -219,28 +224,98 @@ func enumParse[T ~uint8](names []string, b []byte, v *T, kind string) error {
 	return fmt.Errorf("unknown %s %q", kind, b)
 }
 
-// DeriveJobState folds the states of a job's frames (each as seen with the job's own formats)
-// into the job's state.
+// DeriveJobState folds the states of a job's frames (each as seen with the job's own formats,
+// and behind what the job waits for, FrameState.Behind) into the job's state. A frame is
+// settled when it is completed, failed or blocked: none of those changes without an operator
+// or another job. The job is failed or blocked only once every frame settled (failed first:
+// its own failure is the nearer cause), waiting while its frames not settled all wait, and
+// rendering once any frame got further than queued.
 func DeriveJobState(frames []FrameState) JobState {
-	completed, failed, started := 0, 0, false
+	completed, failed, blocked, waiting, started := 0, 0, 0, 0, false
 	for _, s := range frames {
 		switch s {
 		case FrameCompleted:
 			completed++
 		case FrameFailed:
 			failed++
+		case FrameBlocked:
+			blocked++
+		case FrameWaiting:
+			waiting++
 		}
-		if s != FrameQueued {
+		if s != FrameQueued && s != FrameWaiting && s != FrameBlocked {
 			started = true
 		}
 	}
+	settled := completed + failed + blocked
 	switch {
-	case failed > 0 && completed+failed == len(frames):
-		return JobFailed
 	case completed == len(frames):
 		return JobCompleted
+	case settled == len(frames) && failed > 0:
+		return JobFailed
+	case settled == len(frames):
+		return JobBlocked
+	case settled+waiting == len(frames):
+		return JobWaiting
 	case started:
 		return JobRendering
 	}
 	return JobQueued
+}
+
+// DepState is where what one frame of a job waits for stands: every job of its After and, for
+// AfterFrames, the same frame of that job (docs/design.md, "Jobs that wait for jobs").
+type DepState uint8
+
+// Dependency states, ordered: the state of several dependencies is the latest of theirs (And).
+const (
+	DepSatisfied DepState = iota // nothing to wait for: the frame may be dispatched
+	DepWaiting                   // something it waits for is not completed yet
+	DepBlocked                   // something it waits for failed or was cancelled
+)
+
+var depStateNames = [...]string{"satisfied", "waiting", "blocked"}
+
+func (d DepState) String() string { return enumName(depStateNames[:], d, "dep_state") }
+
+// And is the state of waiting for both d and e: blocked if either is, else waiting if either
+// is.
+func (d DepState) And(e DepState) DepState { return max(d, e) }
+
+// DepOnJob is what waiting for a whole job in state s means: satisfied once it completed,
+// blocked while it failed, was cancelled or is blocked itself (none of which ends without an
+// operator), waiting otherwise.
+func DepOnJob(s JobState) DepState {
+	switch s {
+	case JobCompleted:
+		return DepSatisfied
+	case JobFailed, JobCancelled, JobBlocked:
+		return DepBlocked
+	}
+	return DepWaiting
+}
+
+// DepOnFrame is what waiting for one frame, in state s as its own job sees it, means:
+// satisfied once it completed, blocked while it failed or is blocked, waiting otherwise.
+func DepOnFrame(s FrameState) DepState {
+	switch s {
+	case FrameCompleted:
+		return DepSatisfied
+	case FrameFailed, FrameBlocked:
+		return DepBlocked
+	}
+	return DepWaiting
+}
+
+// Behind is frame state s as a job sees it while what its frame waits for stands at d: a
+// completed frame is completed whatever it waits for (another job rendered it), a frame
+// whose dependency is satisfied shows its own state, and any other waits or is blocked.
+func (s FrameState) Behind(d DepState) FrameState {
+	switch {
+	case s == FrameCompleted || d == DepSatisfied:
+		return s
+	case d == DepBlocked:
+		return FrameBlocked
+	}
+	return FrameWaiting
 }

@@ -240,6 +240,7 @@ func TestFrameSettleRecordsTransitionsBounded(t *testing.T) {
 
 func TestDeriveJobState(t *testing.T) {
 	c, f, r, q, a := coorddb.FrameCompleted, coorddb.FrameFailed, coorddb.FrameRendering, coorddb.FrameQueued, coorddb.FrameAssembling
+	w, b := coorddb.FrameWaiting, coorddb.FrameBlocked
 	for _, row := range []struct {
 		frames []coorddb.FrameState
 		want   coorddb.JobState
@@ -250,6 +251,19 @@ func TestDeriveJobState(t *testing.T) {
 		{[]coorddb.FrameState{c, c}, coorddb.JobCompleted},
 		{[]coorddb.FrameState{c, f}, coorddb.JobFailed},
 		{[]coorddb.FrameState{f, r}, coorddb.JobRendering}, // not failed before every frame settled
+		// A job that waits for other jobs (docs/design.md, "Jobs that wait for jobs").
+		{[]coorddb.FrameState{w, w}, coorddb.JobWaiting},
+		{[]coorddb.FrameState{c, w}, coorddb.JobWaiting},   // a frame another job rendered: still waiting for the rest
+		{[]coorddb.FrameState{f, w}, coorddb.JobWaiting},   // not failed before every frame settled
+		{[]coorddb.FrameState{q, w}, coorddb.JobQueued},    // a frame released, not started
+		{[]coorddb.FrameState{r, w}, coorddb.JobRendering}, // a frame released and rendering
+		{[]coorddb.FrameState{b, b}, coorddb.JobBlocked},
+		{[]coorddb.FrameState{c, b}, coorddb.JobBlocked},
+		{[]coorddb.FrameState{b, w}, coorddb.JobWaiting},   // blocked only once nothing else may still come
+		{[]coorddb.FrameState{b, r}, coorddb.JobRendering}, // its released frames render on
+		{[]coorddb.FrameState{b, q}, coorddb.JobQueued},
+		{[]coorddb.FrameState{f, b}, coorddb.JobFailed}, // its own failure first
+		{[]coorddb.FrameState{c, c, b}, coorddb.JobBlocked},
 	} {
 		if got := coorddb.DeriveJobState(row.frames); got != row.want {
 			t.Errorf("DeriveJobState(%v) = %s, want %s", row.frames, got, row.want)
@@ -275,9 +289,79 @@ func TestJobStateCancelledAndGivenUp(t *testing.T) {
 		{"given up, frames completed after all", coorddb.Job{Failed: "x"}, []coorddb.FrameState{c, c}, coorddb.JobCompleted},
 		{"given up", coorddb.Job{Failed: "every worker blocklisted it"}, []coorddb.FrameState{r, q}, coorddb.JobFailed},
 		{"given up and cancelled", coorddb.Job{Failed: "x", Cancelled: at}, []coorddb.FrameState{r}, coorddb.JobCancelled},
+		{"cancelled while waiting", coorddb.Job{Cancelled: at}, []coorddb.FrameState{coorddb.FrameWaiting}, coorddb.JobCancelled},
+		{"cancelled while blocked", coorddb.Job{Cancelled: at}, []coorddb.FrameState{coorddb.FrameBlocked}, coorddb.JobCancelled},
+		{"given up while waiting", coorddb.Job{Failed: "x"}, []coorddb.FrameState{coorddb.FrameWaiting}, coorddb.JobFailed},
 	} {
 		if got := row.job.State(row.frames); got != row.want {
 			t.Errorf("%s: State(%v) = %s, want %s", row.name, row.frames, got, row.want)
+		}
+	}
+}
+
+// Every dependency transition, one row each: what waiting for a whole job in each state, or
+// for one frame in each state, means; how two dependencies combine; and how a frame of a job
+// that waits shows.
+func TestDependencyStateTable(t *testing.T) {
+	sat, wait, blk := coorddb.DepSatisfied, coorddb.DepWaiting, coorddb.DepBlocked
+	for _, row := range []struct {
+		job  coorddb.JobState
+		want coorddb.DepState
+	}{
+		{coorddb.JobQueued, wait},
+		{coorddb.JobRendering, wait},
+		{coorddb.JobWaiting, wait},
+		{coorddb.JobCompleted, sat},
+		{coorddb.JobFailed, blk},    // until it is retried
+		{coorddb.JobCancelled, blk}, // for good: cancel the job that waits, or submit it after another
+		{coorddb.JobBlocked, blk},   // a chain blocks as a whole
+	} {
+		if got := coorddb.DepOnJob(row.job); got != row.want {
+			t.Errorf("DepOnJob(%s) = %s, want %s", row.job, got, row.want)
+		}
+	}
+	for _, row := range []struct {
+		frame coorddb.FrameState
+		want  coorddb.DepState
+	}{
+		{coorddb.FrameQueued, wait},
+		{coorddb.FrameRendering, wait},
+		{coorddb.FrameAssembling, wait},
+		{coorddb.FrameWaiting, wait},
+		{coorddb.FrameCompleted, sat},
+		{coorddb.FrameFailed, blk},
+		{coorddb.FrameBlocked, blk},
+	} {
+		if got := coorddb.DepOnFrame(row.frame); got != row.want {
+			t.Errorf("DepOnFrame(%s) = %s, want %s", row.frame, got, row.want)
+		}
+	}
+	for _, row := range []struct{ a, b, want coorddb.DepState }{
+		{sat, sat, sat}, {sat, wait, wait}, {wait, sat, wait}, {wait, wait, wait},
+		{sat, blk, blk}, {blk, wait, blk}, {wait, blk, blk}, {blk, blk, blk},
+	} {
+		if got := row.a.And(row.b); got != row.want {
+			t.Errorf("%s.And(%s) = %s, want %s", row.a, row.b, got, row.want)
+		}
+	}
+	for _, row := range []struct {
+		frame coorddb.FrameState
+		dep   coorddb.DepState
+		want  coorddb.FrameState
+	}{
+		{coorddb.FrameQueued, sat, coorddb.FrameQueued},
+		{coorddb.FrameRendering, sat, coorddb.FrameRendering},
+		{coorddb.FrameFailed, sat, coorddb.FrameFailed},
+		{coorddb.FrameQueued, wait, coorddb.FrameWaiting},
+		{coorddb.FrameRendering, wait, coorddb.FrameWaiting}, // shared, rendering for another job: this one still waits
+		{coorddb.FrameFailed, wait, coorddb.FrameWaiting},    // retried when the job may start it
+		{coorddb.FrameQueued, blk, coorddb.FrameBlocked},
+		{coorddb.FrameAssembling, blk, coorddb.FrameBlocked},
+		{coorddb.FrameCompleted, wait, coorddb.FrameCompleted}, // another job rendered it: done
+		{coorddb.FrameCompleted, blk, coorddb.FrameCompleted},
+	} {
+		if got := row.frame.Behind(row.dep); got != row.want {
+			t.Errorf("%s.Behind(%s) = %s, want %s", row.frame, row.dep, got, row.want)
 		}
 	}
 }
@@ -287,11 +371,13 @@ func TestStatesMarshalAsNames(t *testing.T) {
 		T coorddb.TileState
 		F coorddb.FrameState
 		J coorddb.JobState
-	}{coorddb.TileDeadLettered, coorddb.FrameAssembling, coorddb.JobFailed})
+		W coorddb.FrameState
+		B coorddb.JobState
+	}{coorddb.TileDeadLettered, coorddb.FrameAssembling, coorddb.JobFailed, coorddb.FrameWaiting, coorddb.JobBlocked})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(raw) != `{"T":"dead_lettered","F":"assembling","J":"failed"}` {
+	if string(raw) != `{"T":"dead_lettered","F":"assembling","J":"failed","W":"waiting","B":"blocked"}` {
 		t.Fatalf("states marshal as %s", raw)
 	}
 	var back struct{ F coorddb.FrameState }

@@ -24,8 +24,9 @@ var (
 	bucketFailures = []byte("failures") // frame_key/tile index -> []Failure
 	bucketOpen     = []byte("open")     // frame_key of every frame not completed
 	bucketOutbox   = []byte("outbox")
+	bucketDeps     = []byte("dependents") // upstream job_id/downstream job_id -> nothing
 	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketFailures, bucketOpen, bucketOutbox,
-		bucketNotify, bucketAnnounced}
+		bucketNotify, bucketAnnounced, bucketDeps}
 )
 
 // ErrNotFound is returned when a job or frame does not exist.
@@ -173,6 +174,23 @@ func (tx *Tx) Jobs() ([]*Job, error) {
 	})
 	sort.SliceStable(jobs, func(a, b int) bool { return jobs[a].Created.Before(jobs[b].Created) })
 	return jobs, err
+}
+
+// AddDependent records that job down waits for job up (Job.After, Job.AfterFrames), so a
+// change of up finds the jobs it may release without reading every job.
+func (tx *Tx) AddDependent(up, down string) error {
+	return tx.tx.Bucket(bucketDeps).Put([]byte(up+"/"+down), nil)
+}
+
+// Dependents returns the ids of the jobs that wait for job up, in id order.
+func (tx *Tx) Dependents(up string) []string {
+	var out []string
+	prefix := []byte(up + "/")
+	c := tx.tx.Bucket(bucketDeps).Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		out = append(out, string(k[len(prefix):]))
+	}
+	return out
 }
 
 // Frame returns a frame by frame_key.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,6 +221,48 @@ func TestJobByIdempotencyKey(t *testing.T) {
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The dependents of a job are exactly the jobs recorded as waiting for it, whatever other
+// job ids share a prefix with it, and they survive a reopen.
+func TestDependentsByUpstream(t *testing.T) {
+	ctx := testCtx(t)
+	s, path := openStore(t)
+	err := s.Update(ctx, func(tx *coorddb.Tx) error {
+		for _, d := range [][2]string{{"job-a", "job-c"}, {"job-a", "job-b"}, {"job-ab", "job-x"}, {"job-b", "job-c"}} {
+			if err := tx.AddDependent(d[0], d[1]); err != nil {
+				return err
+			}
+		}
+		return tx.AddDependent("job-a", "job-b") // twice is once
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = reopen(t, s, path)
+	err = s.View(ctx, func(tx *coorddb.Tx) error {
+		for up, want := range map[string][]string{"job-a": {"job-b", "job-c"}, "job-ab": {"job-x"}, "job-b": {"job-c"}, "job-c": nil} {
+			if got := tx.Dependents(up); !slices.Equal(got, want) {
+				return fmt.Errorf("Dependents(%s) = %v, want %v", up, got, want)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Upstream lists every job a job waits for once.
+func TestJobUpstream(t *testing.T) {
+	j := &coorddb.Job{After: []string{"job-a", "job-b"}, AfterFrames: "job-b"}
+	if got := j.Upstream(); !slices.Equal(got, []string{"job-a", "job-b"}) {
+		t.Fatalf("Upstream = %v", got)
+	}
+	j.AfterFrames = "job-c"
+	if got := j.Upstream(); !slices.Equal(got, []string{"job-a", "job-b", "job-c"}) || len(j.After) != 2 {
+		t.Fatalf("Upstream = %v, After %v", got, j.After)
 	}
 }
 

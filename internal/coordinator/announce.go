@@ -16,8 +16,6 @@ import (
 // that became completed or failed for it. The notifier (internal/notify) delivers them.
 
 // announcedType is the event type of a job state that is announced, "" for one that is not.
-// A state added to coorddb.JobState (blocked, by job dependencies) is announced by a case here;
-// whatever Job.State returns is what is announced.
 func announcedType(s coorddb.JobState) string {
 	switch s {
 	case coorddb.JobCompleted:
@@ -26,6 +24,8 @@ func announcedType(s coorddb.JobState) string {
 		return notify.JobFailed
 	case coorddb.JobCancelled:
 		return notify.JobCancelled
+	case coorddb.JobBlocked:
+		return notify.JobBlocked
 	}
 	return ""
 }
@@ -113,7 +113,11 @@ func (p *projection) announce() error {
 			}
 		}
 	}
-	for _, id := range candidates {
+	// A job whose announced state changed may block or unblock the jobs that wait for it
+	// (docs/design.md, "Jobs that wait for jobs"), though none of their records changed: they
+	// are settled after it, and theirs after them.
+	for i := 0; i < len(candidates); i++ {
+		id := candidates[i]
 		j, err := job(id)
 		if err != nil {
 			return err
@@ -121,22 +125,29 @@ func (p *projection) announce() error {
 		if j == nil {
 			continue
 		}
-		if err := p.settleAnnouncement(j, news[id]); err != nil {
+		changed, err := p.settleAnnouncement(j, news[id])
+		if err != nil {
 			return fmt.Errorf("announcing job %s: %w", id, err)
+		}
+		if changed {
+			for _, down := range p.tx.Dependents(id) {
+				candidate(down)
+			}
 		}
 	}
 	return nil
 }
 
 // settleAnnouncement records the frame events of job j and, if its state became one that is
-// announced and not the one announced last, the job's event.
-func (p *projection) settleAnnouncement(j *coorddb.Job, frames []frameNews) error {
+// announced and not the one announced last, the job's event. It reports whether the state
+// announced changed (to another, or to none).
+func (p *projection) settleAnnouncement(j *coorddb.Job, frames []frameNews) (changed bool, err error) {
 	a, ok, err := p.tx.Announcement(j.ID)
 	if err != nil {
-		return err
+		return false, err
 	}
 	if !ok && !slices.Contains(p.touched, j.ID) {
-		return nil // submitted before notifications: never announced
+		return false, nil // submitted before notifications: never announced
 	}
 	written := !ok
 	for _, fn := range frames {
@@ -147,36 +158,53 @@ func (p *projection) settleAnnouncement(j *coorddb.Job, frames []frameNews) erro
 			ev.Reason = frameError(p.tx, fn.f)
 		}
 		if err := p.record(ev, j, &a); err != nil {
-			return err
+			return false, err
 		}
 		written = true
 	}
-	state, err := p.settledJobState(j)
+	state, err := p.announcedState(j)
 	if err != nil {
-		return err
+		return false, err
 	}
 	switch typ := announcedType(state); {
 	case typ == "" && a.State != "":
-		a.State, written = "", true // not announced: the next announced state is news again
+		a.State, written, changed = "", true, true // not announced: the next announced state is news again
 	case typ != "" && a.State != state.String():
 		st, err := jobStatus(p.tx, j, p.peek)
 		if err != nil {
-			return err
+			return false, err
 		}
 		ev := notify.Event{Type: typ, Time: p.now, JobID: j.ID, Project: j.Project, Scene: j.SceneName,
 			State: string(st.State), Frames: &notify.Frames{Total: st.FramesTotal, Completed: st.FramesCompleted, Failed: st.FramesFailed}}
-		if st.State != api.JobCompleted && len(st.Failures) > 0 {
+		switch {
+		case st.State == api.JobBlocked:
+			ev.Reason = st.BlockedReason
+		case st.State != api.JobCompleted && len(st.Failures) > 0:
 			ev.Reason = st.Failures[0]
 		}
 		if err := p.record(ev, j, &a); err != nil {
-			return err
+			return false, err
 		}
-		a.State, written = state.String(), true
+		a.State, written, changed = state.String(), true, true
 	}
 	if !written {
-		return nil
+		return false, nil
 	}
-	return p.tx.PutAnnouncement(j.ID, a)
+	return changed, p.tx.PutAnnouncement(j.ID, a)
+}
+
+// announcedState is j's state for its announcements: for a job that waits for others, as its
+// dependencies make it (blocked when one failed or was cancelled), reading its frames and
+// theirs; for any other, settledJobState.
+func (p *projection) announcedState(j *coorddb.Job) (coorddb.JobState, error) {
+	if len(j.Upstream()) == 0 {
+		return p.settledJobState(j)
+	}
+	u, err := newDepView(p.tx, p.peek).upstream(j.ID)
+	if err != nil {
+		return 0, err
+	}
+	return u.state, nil
 }
 
 // record records one event of job j, counted in a.

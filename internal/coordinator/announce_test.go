@@ -86,7 +86,7 @@ func TestJobCompletionIsRecordedInItsTransaction(t *testing.T) {
 	boom := errors.New("boom")
 	var recorded int
 	err := h.st.Update(h.ctx, func(tx *coorddb.Tx) error {
-		p := newProjection(tx, h.c.now())
+		p := h.c.newProjection(h.ctx, tx)
 		if err := h.c.applyEvent(p, assembled); err != nil {
 			return err
 		}
@@ -297,5 +297,39 @@ func TestCoordinatorDeliversItsAnnouncements(t *testing.T) {
 	var published notify.Event
 	if err := json.Unmarshal(msg.Data, &published); err != nil || published.ID != got[0].ID {
 		t.Fatalf("NATS and the receiver got different events: %s vs %+v", msg.Data, got[0])
+	}
+}
+
+// A job waiting for one that fails is announced blocked, with the reason, though none of its
+// own records changed; a retry of the upstream takes the block back silently (waiting is not
+// announced), and the job completing is announced. A chain blocks as a whole.
+func TestBlockedJobsAreAnnounced(t *testing.T) {
+	h := notifyHarness(t)
+	up := h.submit(t, h.request(1, 1, 32, 16, 16)).Status.JobID
+	h.relay(t)
+	down := h.submit(t, h.after(1, 1, "", up)).Status.JobID
+	chain := h.submit(t, h.after(2, 2, "", down)).Status.JobID
+	before := len(h.notices(t))
+	h.deadLetterTile(t)
+	evs := h.notices(t)[before:]
+	if types(evs) != "job.failed job.blocked job.blocked" || evs[0].JobID != up || evs[1].JobID != down || evs[2].JobID != chain {
+		t.Fatalf("events after the upstream failed: %+v", evs)
+	}
+	if evs[1].State != "blocked" || evs[1].Reason != "job "+up+" failed" {
+		t.Fatalf("blocked event: state %q, reason %q", evs[1].State, evs[1].Reason)
+	}
+	if n, err := h.c.Retry(h.ctx, up); err != nil || n != 1 {
+		t.Fatalf("Retry = %d, %v", n, err)
+	}
+	if evs := h.notices(t)[before:]; len(evs) != 3 {
+		t.Fatalf("a retry of the upstream was announced: %s", types(evs))
+	}
+	for i, id := range []string{up, down, chain} {
+		h.relay(t)
+		h.completeFrame(t, h.job(t, id).FrameKey(1+i/2))
+	}
+	evs = h.notices(t)[before+3:]
+	if types(evs) != "job.completed job.completed job.completed" || evs[1].JobID != down || evs[2].JobID != chain {
+		t.Fatalf("events once the chain completed: %+v", evs)
 	}
 }

@@ -162,7 +162,7 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []wire.Event) error {
 	changed := false
 	var p *projection
 	err := c.db.Update(ctx, func(tx *coorddb.Tx) error {
-		p = newProjection(tx, c.now())
+		p = c.newProjection(ctx, tx)
 		for _, ev := range evs {
 			if err := c.applyEvent(p, ev); err != nil {
 				if errors.Is(err, coorddb.ErrNotFound) || errors.Is(err, errUnknownTile) {

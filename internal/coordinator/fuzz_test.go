@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -77,6 +78,7 @@ func FuzzSubmitRequest(f *testing.F) {
 	all.SceneFrames, all.Camera, all.Formats = true, "top", []string{"exr", "png16", "png", "exr"}
 	f.Add(marshalReq(all))
 	v := fmt.Sprintf("%q", h.version)
+	keyedID := fmt.Sprintf("%q", identity.JobID(keyed.IdempotencyKey))
 	for _, body := range []string{
 		``, `{`, `}`, `null`, `[]`, `""`, `0`, `{"scene_version": `, `{"first": "one"}`, `{}`,
 		`{"scene_version": ` + v + `, "first": 1, "last": 1} trailing`,
@@ -116,6 +118,12 @@ func FuzzSubmitRequest(f *testing.F) {
 		`{"scene_version": ` + v + `, "first": 1, "last": 1, "idempotency_key": "` + strings.Repeat("k", MaxIdempotencyKey+1) + `"}`,
 		`{"scene_version": ` + v + `, "first": 1, "last": 1, "project": "` + strings.Repeat("p", MaxProjectName+1) + `"}`,
 		`{"scene_version": ` + v + `, "first": 1, "last": 1, "width": 8, "height": 8, "project": "\xff\xfe", "idempotency_key": "\u2028"}`,
+		// Jobs to wait for: unknown, known (the keyed job's), not a list, too long, itself.
+		`{"scene_version": ` + v + `, "first": 1, "last": 1, "after": ["job-000000000000000000000000"]}`,
+		`{"scene_version": ` + v + `, "first": 5, "last": 6, "width": 8, "height": 8, "after": [` + keyedID + `], "after_frames": ` + keyedID + `}`,
+		`{"scene_version": ` + v + `, "first": 1, "last": 1, "after": "job-000000000000000000000000"}`,
+		`{"scene_version": ` + v + `, "first": 1, "last": 1, "after_frames": "` + strings.Repeat("j", 4096) + `"}`,
+		`{"scene_version": ` + v + `, "first": 1, "last": 2, "width": 32, "height": 18, "tile_size": 16, "idempotency_key": "fuzz-key", "project": "fuzz", "after": [` + keyedID + `]}`,
 	} {
 		f.Add([]byte(body))
 	}
@@ -153,7 +161,7 @@ func FuzzSubmitRequest(f *testing.F) {
 				st.TilesCompleted+st.TilesFailed > st.TilesTotal || st.TilesTotal <= 0 {
 				t.Fatalf("%d with a status that does not add up: %s", code, raw)
 			}
-			if !slices.Contains([]api.JobState{api.JobQueued, api.JobRendering, api.JobCompleted, api.JobFailed}, st.State) {
+			if !slices.Contains([]api.JobState{api.JobQueued, api.JobRendering, api.JobCompleted, api.JobFailed, api.JobWaiting, api.JobBlocked}, st.State) {
 				t.Fatalf("%d with job state %q", code, st.State)
 			}
 		default:

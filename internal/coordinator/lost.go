@@ -103,8 +103,8 @@ func lostFrame(tx *coorddb.Tx, fk string) (*coorddb.Job, error) {
 	if err != nil {
 		return nil, ignoreUnknown(err)
 	}
-	if f.Dropped || f.TilesCompleted >= f.TilesTotal {
-		return nil, nil
+	if f.Dropped || f.Held || f.TilesCompleted >= f.TilesTotal {
+		return nil, nil // a held frame was never dispatched: nothing of it can be lost
 	}
 	table, err := tx.TileTable(f)
 	if err != nil {

@@ -371,6 +371,11 @@ func TestOpenAPIResponses(t *testing.T) {
 	conflicting.Last = 3
 	reversed := h.request(9, 3, 64, 64, 32)
 	another := h.request(3, 4, 64, 64, 32) // a new job of 8 tiles, with frame 2 still to render
+	waiting := h.request(7, 7, 64, 64, 64) // one tile, waiting for the job
+	waiting.IdempotencyKey, waiting.After = "openapi-waiting", []string{job}
+	waitingJob := identity.JobID(waiting.IdempotencyKey)
+	afterUnknown := waiting
+	afterUnknown.After = []string{"job-000000000000000000000000"}
 	frame := func(n int, format string) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/%s", job, n, format) }
 	tilesOf := func(n int) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/tiles", job, n) }
 	storeDown := errors.New("object store unavailable")
@@ -459,6 +464,20 @@ func TestOpenAPIResponses(t *testing.T) {
 			}})},
 		{name: "frame output corrupt", method: "GET", path: frame(1, "png"), want: 500, check: expectKind("corrupt"),
 			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
+
+		// A job that waits for the first, whose frame 2 is not done: accepted and waiting.
+		{name: "submit after an unknown job", method: "POST", path: "/v1/jobs", body: marshal(t, afterUnknown), ctype: "application/json", want: 400,
+			check: expectKind("bad_input")},
+		{name: "submit a waiting job", method: "POST", path: "/v1/jobs", body: marshal(t, waiting), ctype: "application/json", want: 201},
+		{name: "waiting job", method: "GET", path: "/v1/jobs/" + waitingJob, want: 200,
+			check: func(t *testing.T, body []byte) {
+				var st api.Status
+				if err := json.Unmarshal(body, &st); err != nil || st.State != api.JobWaiting || !slices.Equal(st.After, []string{job}) ||
+					!strings.Contains(st.WaitingFor, job) || len(st.Frames) != 1 || st.Frames[0].State != api.FrameWaiting {
+					t.Errorf("waiting job = %s, want waiting for %s", body, job)
+				}
+			}},
+		{name: "cancel the waiting job", method: "POST", path: "/v1/jobs/" + waitingJob + "/cancel", want: 200},
 
 		// An output whose renderer named its files (a Blender scene's own): its index and files.
 		{name: "frame index", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png/index", identity.JobID("openapi-index")), want: 200,

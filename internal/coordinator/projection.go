@@ -20,10 +20,16 @@ import (
 // retries and requeues all go through it, so every change passes the same state machine
 // (coorddb.NextTileState) and the same frame settling (docs/design.md, "States").
 type projection struct {
+	ctx    context.Context
+	c      *Coordinator
 	tx     *coorddb.Tx
 	now    time.Time
 	frames map[string]*frameEdit
 	order  []string // frames in the order they were first touched, for deterministic writes
+
+	// jobs read and found done while releasing waiting jobs (releaseWaiting, deps.go).
+	jobs map[string]*coorddb.Job
+	done map[string]bool
 
 	// What the projection changed that the metrics count. Coordinator.counted adds them once
 	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
@@ -48,10 +54,16 @@ type frameEdit struct {
 	// says flush must write them.
 	objects    coorddb.TileObjects
 	objectsMod bool
+	// doneGrew says formats were promoted in this projection; doneBefore are the formats
+	// promoted before, so releaseWaiting sees which jobs the frame completed for just now.
+	doneGrew   bool
+	doneBefore []string
 }
 
-func newProjection(tx *coorddb.Tx, now time.Time) *projection {
-	return &projection{tx: tx, now: now, frames: map[string]*frameEdit{}}
+// newProjection starts a projection in tx, at the coordinator's now; ctx is for what a flush
+// may do outside the database (reviving a dropped frame of a job released, startFrame).
+func (c *Coordinator) newProjection(ctx context.Context, tx *coorddb.Tx) *projection {
+	return &projection{ctx: ctx, c: c, tx: tx, now: c.now(), frames: map[string]*frameEdit{}}
 }
 
 // edit loads a frame to change it; flush writes it back.
@@ -259,6 +271,9 @@ func (p *projection) formatsDone(fk string, formats []string) error {
 	f := e.f
 	for _, fm := range formats {
 		if _, ok := layout.FrameOutputName(fm); ok && !slices.Contains(f.Done, fm) {
+			if !e.doneGrew {
+				e.doneGrew, e.doneBefore = true, slices.Clone(f.Done)
+			}
 			f.Done = append(f.Done, fm)
 		}
 	}
@@ -373,10 +388,14 @@ func (p *projection) staleAssembly(fk string) error {
 	return nil
 }
 
-// flush asks for the assembly of every frame whose tiles are all completed and whose formats
-// are not, settles each frame's state, writes everything touched and records the events of
-// what changed (announce). It reports whether any frame's state changed.
+// flush starts the frames of waiting jobs that may start now (releaseWaiting), asks for the
+// assembly of every frame whose tiles are all completed and whose formats are not, settles
+// each frame's state, writes everything touched and records the events of what changed
+// (announce). It reports whether any frame's state changed.
 func (p *projection) flush() (bool, error) {
+	if err := p.releaseWaiting(); err != nil {
+		return false, fmt.Errorf("releasing waiting jobs: %w", err)
+	}
 	changed := false
 	for _, fk := range p.order {
 		e := p.frames[fk]
@@ -430,7 +449,7 @@ func (p *projection) flush() (bool, error) {
 func (c *Coordinator) update(ctx context.Context, fn func(p *projection) error) error {
 	var p *projection
 	err := c.db.Update(ctx, func(tx *coorddb.Tx) error {
-		p = newProjection(tx, c.now())
+		p = c.newProjection(ctx, tx)
 		if err := fn(p); err != nil {
 			return err
 		}

@@ -85,6 +85,11 @@ func (c *Coordinator) reconcileFrame(ctx context.Context, fk string, rep *Reconc
 	}); err != nil {
 		return ignoreUnknown(err)
 	}
+	if f.Held {
+		// Never dispatched: nothing of it can be promoted (docs/design.md, "Jobs that wait
+		// for jobs").
+		return nil
+	}
 	var tilesDone []int
 	if f.TilesCompleted < f.TilesTotal {
 		promoted, err := c.listed(ctx, layout.TileManifestPrefix(fk))

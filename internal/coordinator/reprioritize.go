@@ -50,8 +50,8 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 			if err != nil {
 				return err
 			}
-			if e.f.Dropped || e.f.TilesCompleted == e.f.TilesTotal {
-				continue
+			if e.f.Dropped || e.f.Held || e.f.TilesCompleted == e.f.TilesTotal {
+				continue // a held frame is dispatched at its job's priority when it starts
 			}
 			k, err := p.redispatch(e.f.Key, j, func(_ int, s coorddb.TileState) bool {
 				return s == coorddb.TileQueued || s == coorddb.TileFailedRetryable
@@ -86,7 +86,7 @@ func (c *Coordinator) markCopies(ctx context.Context, jobID string, priority int
 			if err != nil {
 				return err
 			}
-			if !f.Dropped && f.TilesCompleted < f.TilesTotal {
+			if !f.Dropped && !f.Held && f.TilesCompleted < f.TilesTotal {
 				frames = append(frames, f.Key)
 			}
 		}

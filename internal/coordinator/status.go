@@ -2,9 +2,12 @@ package coordinator
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,9 +23,14 @@ func (c *Coordinator) observe(st *api.Status) {
 	st.BlocklistedWorkers = c.directory.blocklisting(st.JobID)
 	if st.State == api.JobQueued || st.State == api.JobRendering {
 		if pool := (queue.Pool{Build: st.Build, Requires: st.Requires}); liveIn(pool, c.directory.list()) == 0 {
-			st.WaitingFor = "a live worker of the pool: " + pool.String()
+			st.WaitingFor = joinNonEmpty(", ", st.WaitingFor, "a live worker of the pool: "+pool.String())
 		}
 	}
+}
+
+// joinNonEmpty joins the parts that are not empty.
+func joinNonEmpty(sep string, parts ...string) string {
+	return strings.Join(slices.DeleteFunc(parts, func(s string) bool { return s == "" }), sep)
 }
 
 // Jobs lists the status of every job, oldest first, without their frames.
@@ -53,7 +61,7 @@ type cachedStatus struct {
 // status is jobStatus(tx, j, tx.Frame), from the cache when j's records are as they were.
 // Callers get a copy of their own: addProgress changes its frames.
 func (sc *statusCache) status(tx *coorddb.Tx, j *coorddb.Job) (api.Status, error) {
-	fp := tx.Fingerprint(j)
+	fp := fingerprint(tx, j)
 	sc.mu.Lock()
 	c, ok := sc.jobs[j.ID]
 	sc.mu.Unlock()
@@ -77,6 +85,44 @@ func (sc *statusCache) status(tx *coorddb.Tx, j *coorddb.Job) (api.Status, error
 	return st, nil
 }
 
+// fingerprintSeed seeds fingerprint's hash; a fingerprint is only compared within one process.
+var fingerprintSeed = maphash.MakeSeed()
+
+// fingerprint is tx.Fingerprint of job j and, for a job that waits for others, of every job
+// it waits for, directly or through others: its status shows where they stand.
+func fingerprint(tx *coorddb.Tx, j *coorddb.Job) uint64 {
+	fp := tx.Fingerprint(j)
+	up := j.Upstream()
+	if len(up) == 0 {
+		return fp
+	}
+	var h maphash.Hash
+	h.SetSeed(fingerprintSeed)
+	write := func(v uint64) {
+		var b [8]byte
+		binary.LittleEndian.PutUint64(b[:], v)
+		h.Write(b[:])
+	}
+	write(fp)
+	seen := map[string]bool{j.ID: true}
+	for len(up) > 0 {
+		id := up[0]
+		up = up[1:]
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		k, err := tx.Job(id)
+		if err != nil {
+			write(0)
+			continue
+		}
+		write(tx.Fingerprint(k))
+		up = append(up, k.Upstream()...)
+	}
+	return h.Sum64()
+}
+
 // keepOnly forgets the jobs not in ids (jobs the store no longer has).
 func (sc *statusCache) keepOnly(ids map[string]bool) {
 	sc.mu.Lock()
@@ -97,6 +143,7 @@ func cloneStatus(st api.Status) api.Status {
 	st.Outputs = slices.Clone(st.Outputs)
 	st.BlocklistedWorkers = slices.Clone(st.BlocklistedWorkers)
 	st.Notify = slices.Clone(st.Notify)
+	st.After = slices.Clone(st.After)
 	return st
 }
 
@@ -108,18 +155,25 @@ const maxFailuresShown = 50
 func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.Frame, error)) (api.Status, error) {
 	st := api.Status{JobID: j.ID, Scene: j.SceneName, SceneVersion: j.SceneVersion, Camera: j.Camera, Formats: j.Formats,
 		FirstFrame: j.First, LastFrame: j.Last, FrameStep: j.Step, FramesTotal: j.Frames(), Priority: j.Priority, Created: j.Created, Outputs: []string{},
-		Build: jobPool(j).Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String(), NotifyFrames: j.NotifyFrames}
+		Build: jobPool(j).Build, Requires: j.Requires, MaxSlots: j.MaxSlots, Pool: jobPool(j).String(), NotifyFrames: j.NotifyFrames,
+		After: j.After, AfterFrames: j.AfterFrames}
 	for _, u := range j.Notify {
 		st.Notify = append(st.Notify, notify.Redact(u))
 	}
 	states := make([]coorddb.FrameState, 0, j.Frames())
+	deps := newDepView(tx, frame)
+	var waiting, blocked []int
 	for n := range j.FrameNumbers() {
 		f, err := frame(j.FrameKey(n))
 		if err != nil {
 			return st, fmt.Errorf("job %s frame %d: %w", j.ID, n, err)
 		}
-		s := f.StateFor(j.Formats)
+		s, err := deps.frameState(j, f)
+		if err != nil {
+			return st, err
+		}
 		states = append(states, s)
+		waiting, blocked = sortFrame(waiting, blocked, n, s)
 		spp := int64(f.Settings.SPP)
 		fs := api.FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: apiFrameState(s), TilesTotal: f.TilesTotal,
 			TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed,
@@ -144,6 +198,12 @@ func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.F
 		st.Frames = append(st.Frames, fs)
 	}
 	st.State = apiJobState(j.State(states))
+	if st.State != api.JobCancelled && st.State != api.JobFailed {
+		var err error
+		if st.WaitingFor, st.BlockedReason, err = deps.describe(j, waiting, blocked); err != nil {
+			return st, err
+		}
+	}
 	if st.PreviewFrames = j.PreviewFrames(); st.PreviewFrames != nil {
 		st.PreviewDone = true
 		for _, fs := range st.Frames {

@@ -165,6 +165,11 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 		return nil, 0, err
 	}
 	j.NotifyFrames = req.NotifyFrames
+	// What the job waits for is a scheduling choice, outside the payload hash: a resubmission
+	// naming other jobs returns the first job.
+	if j.After, j.AfterFrames, err = normalizeAfter(req.After, req.AfterFrames); err != nil {
+		return nil, 0, err
+	}
 	return j, len(rects), nil
 }
 
@@ -177,6 +182,13 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 	j, ntiles, err := c.planSubmission(ctx, req)
 	if err != nil {
 		return api.SubmitResult{}, err
+	}
+	// Jobs named to wait for are checked before anything else, a resubmission's too: naming
+	// itself, or a job that waits for it, is a cycle whether the job is new or not.
+	if len(j.Upstream()) > 0 {
+		if err := c.db.View(ctx, func(tx *coorddb.Tx) error { return checkDeps(tx, j) }); err != nil {
+			return api.SubmitResult{}, err
+		}
 	}
 	// A resubmission of a known job is answered even when the farm is busy: a cron job re-running
 	// submit must see its job's state, not "busy".
@@ -196,14 +208,25 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		if err := c.admit(tx, ntiles*j.Frames()); err != nil {
 			return err
 		}
+		if err := checkDeps(tx, j); err != nil {
+			return err
+		}
 		created = true
-		p = newProjection(tx, c.now())
+		p = c.newProjection(ctx, tx)
 		// Announced from now on: a job whose frames are all done completes here.
 		p.touchJob(j.ID)
+		deps := newDepView(tx, p.lookup)
 		for n := range j.DispatchOrder() { // the relay publishes the outbox in order
 			fk := j.FrameKey(n)
+			// A frame whose job waits for what has not completed is recorded, not started
+			// (docs/design.md, "Jobs that wait for jobs"): releaseWaiting starts it.
+			dep, err := deps.dep(j, n)
+			if err != nil {
+				return err
+			}
+			start := dep == coorddb.DepSatisfied
 			if _, err := p.frame(fk); err == nil {
-				if err := c.shareFrame(ctx, p, fk, j); err != nil {
+				if err := c.shareFrame(p, fk, j, start); err != nil {
 					return err
 				}
 				continue
@@ -211,8 +234,16 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 				return err
 			}
 			p.add(&coorddb.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
-				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles})
+				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles, Held: !start})
+			if !start {
+				continue
+			}
 			if err := tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: fk, JobID: j.ID, Priority: j.Priority, First: true}); err != nil {
+				return err
+			}
+		}
+		for _, up := range j.Upstream() {
+			if err := tx.AddDependent(up, j.ID); err != nil {
 				return err
 			}
 		}
@@ -259,9 +290,11 @@ func (c *Coordinator) countSubmission(res api.SubmitResult, err error) {
 }
 
 // shareFrame attaches a job to a frame another job already asked for. Formats the frame does
-// not have yet are added (a frame whose tiles are done is assembled again for them, by flush);
-// a frame that failed is tried again, and one dropped by cancelled jobs is revived.
-func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, j *coorddb.Job) error {
+// not have yet are added (a frame whose tiles are done is assembled again for them, by flush).
+// With start, the frame is made to render for the job (startFrame: a held frame dispatched, a
+// dropped one revived, a failed one retried); without, the job waits for other jobs and the
+// frame is left as it is until it may start.
+func (c *Coordinator) shareFrame(p *projection, fk string, j *coorddb.Job, start bool) error {
 	e, err := p.edit(fk)
 	if err != nil {
 		return err
@@ -275,14 +308,10 @@ func (c *Coordinator) shareFrame(ctx context.Context, p *projection, fk string, 
 		return err
 	}
 	f.Formats = union
-	if f.Dropped {
-		return c.revive(ctx, p, e, j)
+	if !start {
+		return nil
 	}
-	if f.Derive() == coorddb.FrameFailed {
-		_, err := p.retry(fk, j)
-		return err
-	}
-	return nil
+	return c.startFrame(p, e, j)
 }
 
 // sameJob returns the job already holding the idempotency key of j, ErrConflict if that job

@@ -249,6 +249,12 @@
     if (sorted.length && $('#no-jobs')) $('#no-jobs').remove();
   }
 
+  // A job's state, and for one that waits for other jobs what it waits for, or why it is blocked.
+  function stateOf(st) {
+    const why = st.state === 'blocked' ? st.blocked_reason : st.state === 'waiting' ? st.waiting_for : '';
+    return why ? [badge(st.state), el('br'), el('span', { class: 'muted', 'data-why': st.state }, why)] : [badge(st.state)];
+  }
+
   function jobActions(st) {
     const input = el('input', { type: 'number', min: -100, max: 100, step: 1, value: st.priority, 'aria-label': 'Priority of ' + st.job_id, 'data-priority-input': st.job_id });
     return el('span', { class: 'actions' },
@@ -268,7 +274,7 @@
 
   function fillJobRow(tr, st) {
     const set = (col, ...content) => $(`[data-col=${col}]`, tr).replaceChildren(...content);
-    set('state', badge(st.state));
+    set('state', ...stateOf(st));
     set('frames', `${st.frames_completed}/${st.frames_total}` + (st.frames_failed ? `, ${st.frames_failed} failed` : ''));
     set('tiles', `${st.tiles_completed}/${st.tiles_total}` + (st.tiles_failed ? `, ${st.tiles_failed} failed` : ''));
     set('samples', pct(st.samples_done, st.samples_total));
@@ -321,6 +327,9 @@
         st.preview_frames ? el('p', { id: 'preview' }, `Preview frames ${st.preview_frames.join(', ')}: `, badge(st.preview_done ? 'completed' : 'rendering')) : null,
         st.pool && st.pool !== 'any worker' ? el('p', { id: 'pool' }, `Renders on ${st.pool}`) : null,
         st.waiting_for ? el('p', { id: 'waiting', class: 'error' }, `Waiting for ${st.waiting_for}`) : null,
+        st.blocked_reason ? el('p', { id: 'blocked', class: 'error' }, `Blocked: ${st.blocked_reason}`) : null,
+        st.after || st.after_frames ? el('p', { id: 'after' }, 'After ' + [st.after ? st.after.join(', ') + ' completed' : '',
+          st.after_frames ? 'frame by frame ' + st.after_frames : ''].filter(Boolean).join('; ')) : null,
         el('p', {}, `Frames ${st.frames_completed}/${st.frames_total}, tiles ${st.tiles_completed}/${st.tiles_total}, samples ${pct(st.samples_done, st.samples_total)}, ETA ${st.eta_seconds != null ? duration(st.eta_seconds) : '–'}, priority ${st.priority}, age ${age(st.created)}`),
         jobActions(st),
         st.failures && st.failures.length ? el('ul', { class: 'error' }, st.failures.map((f) => el('li', {}, f))) : null].filter(Boolean));
