@@ -49,6 +49,12 @@ type Job struct {
 	// Failed says why the farm gave up on the job as a whole (every live worker blocklisted
 	// it); empty while it has not. Its frames' own failures are in the frames.
 	Failed string `json:"failed,omitempty"`
+	// NoMovie skips the job's preview movie (submit --no-movie); Movie is where the movie
+	// stands and MovieError why it failed (docs/design.md, "Preview movie"). Outside the
+	// payload hash: the movie is an extra, made of the frames the payload decides.
+	NoMovie    bool       `json:"no_movie,omitempty"`
+	Movie      MovieState `json:"movie,omitempty"`
+	MovieError string     `json:"movie_error,omitempty"`
 }
 
 // State is the job's state given its frames' states as it sees them (Frame.StateFor with its
@@ -316,6 +322,7 @@ type OutboxKind string
 const (
 	OutboxTiles    OutboxKind = "tiles"    // tile render jobs of one frame
 	OutboxAssemble OutboxKind = "assemble" // one assembly of one frame
+	OutboxMovie    OutboxKind = "movie"    // the preview movie of one job (JobID; no frame)
 )
 
 // OutboxRecord is a batch of messages the relay must publish. It names a frame, not its
