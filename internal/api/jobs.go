@@ -89,6 +89,28 @@ type SubmitRequest struct {
 	Build string `json:"build,omitempty"`
 	// MaxSlots is how many of the job's tiles may render at once; 0 is no limit.
 	MaxSlots int `json:"max_slots,omitempty"`
+	// NoMovie skips the job's preview movie (docs/design.md, "Preview movie").
+	NoMovie bool `json:"no_movie,omitempty"`
+}
+
+// MovieState is where a job's preview movie stands.
+type MovieState string
+
+// The states of a preview movie: pending until the job completes and a worker has encoded it,
+// then ready or failed; skipped for a job submitted without one or that did not complete.
+const (
+	MoviePending MovieState = "pending"
+	MovieReady   MovieState = "ready"
+	MovieFailed  MovieState = "failed"
+	MovieSkipped MovieState = "skipped"
+)
+
+// Movie is a job's preview movie: its state, where to fetch it once ready (URL, a path of the
+// API) and, when it failed or was skipped, why.
+type Movie struct {
+	State  MovieState `json:"state"`
+	URL    string     `json:"url,omitempty"`
+	Reason string     `json:"reason,omitempty"`
 }
 
 // SubmitResult says which job holds the request and whether this call created it.
@@ -160,6 +182,8 @@ type Status struct {
 	WaitingFor string        `json:"waiting_for,omitempty"`
 	Frames     []FrameStatus `json:"frames"`
 	Failures   []string      `json:"failures,omitempty"`
+	// Movie is the job's preview movie (GET /v1/jobs/{id}/movie).
+	Movie Movie `json:"movie"`
 	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
 	TilesRendered int      `json:"tiles_rendered"`
 	TilesReused   int      `json:"tiles_reused"`
