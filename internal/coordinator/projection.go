@@ -24,6 +24,9 @@ type projection struct {
 	now    time.Time
 	frames map[string]*frameEdit
 	order  []string // frames in the order they were first touched, for deterministic writes
+	// jobs are the jobs loaded to change (movie.go); flush writes dirtyJobs, in order.
+	jobs      map[string]*coorddb.Job
+	dirtyJobs []string
 
 	// What the projection changed that the metrics count. Coordinator.counted adds them once
 	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
@@ -42,6 +45,9 @@ type frameEdit struct {
 	// says flush must write them.
 	objects    coorddb.TileObjects
 	objectsMod bool
+	// doneBefore is the frame's Done as loaded: flush finds the jobs it completes now by it
+	// (moviesDue). Nil for a frame new in this projection.
+	doneBefore []string
 }
 
 func newProjection(tx *coorddb.Tx, now time.Time) *projection {
@@ -66,7 +72,7 @@ func (p *projection) frame(fk string) (*frameEdit, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &frameEdit{f: f}
+	e := &frameEdit{f: f, doneBefore: slices.Clone(f.Done)}
 	p.frames[fk] = e
 	p.order = append(p.order, fk)
 	return e, nil
@@ -411,6 +417,14 @@ func (p *projection) flush() (bool, error) {
 			if err := p.tx.PutTileObjects(fk, e.objects); err != nil {
 				return false, err
 			}
+		}
+	}
+	if err := p.moviesDue(); err != nil {
+		return false, err
+	}
+	for _, id := range p.dirtyJobs {
+		if err := p.tx.PutJob(p.jobs[id]); err != nil {
+			return false, err
 		}
 	}
 	return changed, nil

@@ -139,6 +139,7 @@ func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.F
 		st.Frames = append(st.Frames, fs)
 	}
 	st.State = apiJobState(j.State(states))
+	st.Movie = movieStatus(j, st.State)
 	if st.PreviewFrames = j.PreviewFrames(); st.PreviewFrames != nil {
 		st.PreviewDone = true
 		for _, fs := range st.Frames {
