@@ -53,8 +53,9 @@ CMD ["minio", "server", "/data", "--address", ":9000", "--console-address", ":90
 # A render node for Blender scenes: Debian bookworm's Blender is 3.4.1, the version the tests pin.
 FROM runtime AS tileworker-blender
 USER root
+# ffmpeg encodes each completed job's preview movie (docs/design.md, "Preview movie").
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends blender=3.4.1+dfsg-2+b1 \
+    && apt-get install -y --no-install-recommends blender=3.4.1+dfsg-2+b1 ffmpeg \
     && rm -rf /var/lib/apt/lists/*
 USER 10001:10001
 ENV TILEFARM_BLENDER=/usr/bin/blender
@@ -64,6 +65,12 @@ CMD ["tileworker", "--help"]
 
 # The default target, last so that a plain 'docker build' makes it: no Blender.
 FROM runtime AS tilefarm
+# ffmpeg encodes each completed job's preview movie (docs/design.md, "Preview movie").
+USER root
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ffmpeg \
+    && rm -rf /var/lib/apt/lists/*
+USER 10001:10001
 COPY --from=build /out/coordinator /out/tileworker /usr/local/bin/
 EXPOSE 7070 9101
 CMD ["coordinator", "--help"]

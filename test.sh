@@ -5,7 +5,9 @@
 # from Debian (about 40 s), unless TILEFARM_BLENDER already names one; OpenImageIO's tools and
 # Python module from Debian, the independent reader of Blender's multilayer EXRs; and Chromium
 # from Debian, for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one;
-# and nftables from Debian, for the partition tests between network namespaces.
+# and nftables from Debian, for the partition tests between network namespaces; and ffmpeg
+# from Debian, the workers' encoder of preview movies and the tests' reader of them (ffprobe),
+# unless TILEFARM_FFMPEG already names one.
 # Without arguments it also fuzzes every fuzz target for a few seconds (.ci/fuzz). Extra
 # arguments go to `go test` alone (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
@@ -78,6 +80,15 @@ if [ -z "${TILEFARM_CHROMIUM:-}" ]; then
   TILEFARM_CHROMIUM=$(command -v chromium)
 fi
 export TILEFARM_CHROMIUM
+
+# ffmpeg: workers encode each job's preview movie with it; ffprobe (same package) checks it.
+if [ -z "${TILEFARM_FFMPEG:-}" ] || ! command -v ffprobe >/dev/null; then
+  if ! command -v ffmpeg >/dev/null || ! command -v ffprobe >/dev/null; then
+    apt_install "the preview movie tests" "ffmpeg is needed by the workers' preview movies (or set TILEFARM_FFMPEG)" ffmpeg
+  fi
+  TILEFARM_FFMPEG=${TILEFARM_FFMPEG:-$(command -v ffmpeg)}
+fi
+export TILEFARM_FFMPEG
 
 fuzz=false
 if [ $# -eq 0 ]; then

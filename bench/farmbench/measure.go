@@ -31,7 +31,7 @@ type Shot struct {
 
 func (s Shot) request(b *bundle.Bundle) api.SubmitRequest {
 	return api.SubmitRequest{SceneVersion: b.Version(), First: s.First, Last: s.Last, Width: s.Width, Height: s.Height,
-		SPP: s.SPP, TileSize: s.TileSize, Formats: []string{"png"}}
+		SPP: s.SPP, TileSize: s.TileSize, Formats: []string{"png"}, NoMovie: true} // the render is measured, not the preview movie
 }
 
 func (s Shot) renderArgs() []string {

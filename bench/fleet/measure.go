@@ -268,7 +268,8 @@ func Measure(ctx context.Context, s Spec) (Row, error) {
 	}
 	logf("submitting %d frames of %d tiles", frames, perFrame)
 	submitted := time.Now()
-	res, err := f.api.Submit(ctx, b, api.SubmitRequest{SceneVersion: b.Version(), First: 1, Last: frames, TileSize: doc.TileSize, Formats: []string{"png"}})
+	res, err := f.api.Submit(ctx, b, api.SubmitRequest{SceneVersion: b.Version(), First: 1, Last: frames, TileSize: doc.TileSize, Formats: []string{"png"},
+		NoMovie: true}) // the fleet measures tiles, not the preview movie after them
 	if err != nil {
 		return row, fmt.Errorf("submitting: %w", err)
 	}

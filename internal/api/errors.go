@@ -48,6 +48,10 @@ var (
 	ErrNotFound = &Error{Kind: "not_found", Status: 404, Exit: ExitFailed, msg: "not found"}
 	// ErrNotReady is an output of a frame that is not completed yet.
 	ErrNotReady = &Error{Kind: "not_ready", Status: 409, Exit: ExitFailed, msg: "frame not completed yet"}
+	// ErrMovieNotReady is the preview movie of a job asked for before it is ready: its job is
+	// still rendering or a worker is encoding it. 404 as a resource that does not exist yet,
+	// exit 3 as a job in progress.
+	ErrMovieNotReady = &Error{Kind: "movie_not_ready", Status: 404, Exit: ExitInProgress, msg: "preview movie not ready yet"}
 	// ErrTileNotReady is the PNG of a tile that is not completed yet.
 	ErrTileNotReady = &Error{Kind: "not_ready", Status: 409, Exit: ExitFailed, msg: "tile not completed yet"}
 	// ErrNoWorker is a job no live worker can render: none runs its renderer build or carries
@@ -67,7 +71,7 @@ var (
 
 // catalogue lists every entry; the first of a kind is the one a client rebuilds it as.
 var catalogue = []*Error{ErrBadInput, ErrConflict, ErrNoTilePNG, ErrNotFound, ErrNotReady, ErrTileNotReady,
-	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal, ErrNoWorker}
+	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal, ErrNoWorker, ErrMovieNotReady}
 
 // Classify returns the catalogue entry err wraps, or nil for an error outside the catalogue.
 func Classify(err error) *Error {
@@ -126,5 +130,5 @@ func (e *BusyError) Unwrap() error { return ErrBusy }
 // ErrorBody is the body of every error response.
 type ErrorBody struct {
 	Error string    `json:"error"`
-	Kind  ErrorKind `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, unauthorized, corrupt, internal
+	Kind  ErrorKind `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, movie_not_ready, unauthorized, corrupt, internal
 }

@@ -111,6 +111,28 @@ type SubmitRequest struct {
 	// and cycles are bad input. Scheduling choices: a resubmission returns the first job.
 	After       []string `json:"after,omitempty"`
 	AfterFrames string   `json:"after_frames,omitempty"`
+	// NoMovie skips the job's preview movie (docs/design.md, "Preview movie").
+	NoMovie bool `json:"no_movie,omitempty"`
+}
+
+// MovieState is where a job's preview movie stands.
+type MovieState string
+
+// The states of a preview movie: pending until the job completes and a worker has encoded it,
+// then ready or failed; skipped for a job submitted without one or that did not complete.
+const (
+	MoviePending MovieState = "pending"
+	MovieReady   MovieState = "ready"
+	MovieFailed  MovieState = "failed"
+	MovieSkipped MovieState = "skipped"
+)
+
+// Movie is a job's preview movie: its state, where to fetch it once ready (URL, a path of the
+// API) and, when it failed or was skipped, why.
+type Movie struct {
+	State  MovieState `json:"state"`
+	URL    string     `json:"url,omitempty"`
+	Reason string     `json:"reason,omitempty"`
 }
 
 // SubmitResult says which job holds the request and whether this call created it.
@@ -187,6 +209,8 @@ type Status struct {
 	BlockedReason string        `json:"blocked_reason,omitempty"`
 	Frames        []FrameStatus `json:"frames"`
 	Failures      []string      `json:"failures,omitempty"`
+	// Movie is the job's preview movie (GET /v1/jobs/{id}/movie).
+	Movie Movie `json:"movie"`
 	// Filled in by clients for one request: tiles rendered by it and tiles already completed before it.
 	TilesRendered int      `json:"tiles_rendered"`
 	TilesReused   int      `json:"tiles_reused"`

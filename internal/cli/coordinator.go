@@ -155,6 +155,12 @@ func printStatus(w io.Writer, st api.Status, asJSON bool) {
 	if len(st.BlocklistedWorkers) > 0 {
 		fmt.Fprintf(w, "  blocklisted by workers %s\n", strings.Join(st.BlocklistedWorkers, ", "))
 	}
+	switch m := st.Movie; m.State {
+	case api.MovieReady:
+		fmt.Fprintf(w, "  movie ready: coordinator outputs %s --movie PATH\n", st.JobID)
+	case api.MoviePending, api.MovieFailed:
+		fmt.Fprintf(w, "  movie %s: %s\n", m.State, m.Reason)
+	}
 	for _, f := range st.Failures {
 		fmt.Fprintf(w, "  FAILED %s\n", f)
 	}

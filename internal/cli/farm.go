@@ -69,6 +69,7 @@ with its File Output nodes' files beside it.`)
 		if err != nil {
 			return 0, err
 		}
+		req.NoMovie = true // a one-shot render writes frames; a preview movie is the farm's
 		fmtName := req.Formats[0]
 		if *out == "" && fmtName != formatBlend {
 			return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")

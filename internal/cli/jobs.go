@@ -54,6 +54,7 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 	notifyFrames := fs.Bool("notify-frames", false, "send an event for each frame completed or failed too")
 	after := fs.StringSlice("after", nil, "start the job only once these jobs completed (job ids, comma-separated)")
 	afterFrames := fs.String("after-frames", "", "start each frame N of the job once frame N of this job completed")
+	noMovie := fs.Bool("no-movie", false, "make no preview movie of the job once it completes")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
 		if *maxSlots < 0 {
 			return 0, usagef("--max-slots %d: want 0 (no limit) or more", *maxSlots)
@@ -77,7 +78,7 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 			return 0, err
 		}
 		req.Priority, req.IdempotencyKey, req.Project = *priority, *key, *project
-		req.Requires, req.Build, req.MaxSlots = *requires, *build, *maxSlots
+		req.Requires, req.Build, req.MaxSlots, req.NoMovie = *requires, *build, *maxSlots, *noMovie
 		req.Notify, req.NotifyFrames = *notifyTo, *notifyFrames
 		req.After, req.AfterFrames = *after, *afterFrames
 		api := p.client()
@@ -159,16 +160,19 @@ func waitsFor(st api.Status) string {
 }
 
 func (p *program) outputsCommand() *cobra.Command {
-	c := newCommand("outputs JOB --out PATTERN", "download a job's finished frames", `
+	c := newCommand("outputs JOB --out PATTERN | --movie PATH", "download a job's finished frames or its preview movie", `
 Download the finished frames of JOB, verified against their manifests, into files named by
 PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.
 A .blend's own output (format blend, the default for a job that asked for it) is written as
 Blender names it, under --dir as if it were the .blend's directory (or at --out, taken as
-Blender's -o takes it), with its File Output nodes' files under --dir.`)
+Blender's -o takes it), with its File Output nodes' files under --dir. --movie writes the job's
+preview movie (a WebM, the extension added when PATH has none), alone or with the frames; while
+it is not ready the command exits 3, and 1 if it failed or the job has none.`)
 	fs := c.Flags()
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (for a .blend's own output, default its own path)")
 	format := fs.String("format", "", "png, png16, exr or blend (default: blend if the job asked for it, else from --out's extension; png16/exr only if submitted with it)")
 	dir := fs.String("dir", ".", "the directory a .blend's own output paths and File Output files are written under, as if it were the .blend's")
+	movie := fs.String("movie", "", "write the job's preview movie to this path (.webm added when it has no extension)")
 	p.runErr(c, exactArgs(1, "one JOB"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) error {
 		if err := checkFormat(*format); err != nil {
 			return err
@@ -177,6 +181,19 @@ Blender's -o takes it), with its File Output nodes' files under --dir.`)
 		st, err := api.Status(ctx, pos[0])
 		if err != nil {
 			return err
+		}
+		if *movie != "" {
+			path, err := moviePath(*movie)
+			if err != nil {
+				return err
+			}
+			if err := writeMovie(ctx, api, st, path); err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, path)
+			if *out == "" && *format == "" {
+				return nil // the movie alone
+			}
 		}
 		f := *format
 		switch {

@@ -48,6 +48,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	fs.Var(&remoteEvery, "remote-checkpoint-every", "minimum time between remote checkpoint uploads to the object store, from which any node resumes a tile: auto (at least 1 s apart and after the first second, so a short tile uploads none), 0 (with every checkpoint) or a duration")
 	tags := fs.StringSlice("tags", nil, "the operator's tags of this worker (e.g. gpu,highmem): jobs submitted with --requires render only on workers with every tag they name")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
+	ffmpeg := fs.String("ffmpeg", "", "the ffmpeg that encodes preview movies (default: $"+worker.EnvFFmpeg+", else ffmpeg on the PATH)")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
 	kf := kinds.AddFlags(fs, true)
 	ff := faults.AddFlags(fs, faults.WorkerSeams)
@@ -68,7 +69,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 			return err
 		}
 		wc := worker.Config{Capabilities: queue.Capabilities{Tags: workerTags}, Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: ckptEvery.config(),
-			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist}
+			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist, FFmpeg: *ffmpeg}
 		if wc.Faults, err = ff.Plan(func(seam string) { killSelf(log, "tileworker", seam) }); err != nil {
 			return usagef("%v", err)
 		}

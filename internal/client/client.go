@@ -116,6 +116,13 @@ func (c *Client) FrameFile(ctx context.Context, jobID string, frame int, format 
 	return raw, err
 }
 
+// Movie downloads a job's preview movie; one not ready yet is api.ErrMovieNotReady.
+func (c *Client) Movie(ctx context.Context, jobID string) ([]byte, error) {
+	var raw []byte
+	err := c.do(ctx, http.MethodGet, "/v1/jobs/"+url.PathEscape(jobID)+"/movie", nil, &raw)
+	return raw, err
+}
+
 // DeadLetters lists the DLQ.
 func (c *Client) DeadLetters(ctx context.Context) ([]api.DeadLetter, error) {
 	var out []api.DeadLetter

@@ -60,6 +60,12 @@ type Job struct {
 	// jobs older than this one (docs/design.md, "Jobs that wait for jobs").
 	After       []string `json:"after,omitempty"`
 	AfterFrames string   `json:"after_frames,omitempty"`
+	// NoMovie skips the job's preview movie (submit --no-movie); Movie is where the movie
+	// stands and MovieError why it failed (docs/design.md, "Preview movie"). Outside the
+	// payload hash: the movie is an extra, made of the frames the payload decides.
+	NoMovie    bool       `json:"no_movie,omitempty"`
+	Movie      MovieState `json:"movie,omitempty"`
+	MovieError string     `json:"movie_error,omitempty"`
 }
 
 // Upstream lists every job this one waits for: After, then AfterFrames if it is not among them.
@@ -340,6 +346,7 @@ type OutboxKind string
 const (
 	OutboxTiles    OutboxKind = "tiles"    // tile render jobs of one frame
 	OutboxAssemble OutboxKind = "assemble" // one assembly of one frame
+	OutboxMovie    OutboxKind = "movie"    // the preview movie of one job (JobID; no frame)
 )
 
 // OutboxRecord is a batch of messages the relay must publish. It names a frame, not its

@@ -319,3 +319,64 @@ func (s FrameState) Behind(d DepState) FrameState {
 	}
 	return FrameWaiting
 }
+
+// MovieState is where a job's preview movie stands (docs/design.md, "Preview movie"). The
+// movie is an extra of a completed job: no movie state changes the job's.
+type MovieState uint8
+
+// Movie states.
+const (
+	MovieNone    MovieState = iota // not asked for: the job is not completed (or has no movie)
+	MoviePending                   // asked for when the job completed: a worker encodes it
+	MovieReady                     // its manifest exists: final
+	MovieFailed                    // its encoding was dead-lettered; a requeue asks again
+)
+
+var movieStateNames = [...]string{"none", "pending", "ready", "failed"}
+
+func (s MovieState) String() string { return enumName(movieStateNames[:], s, "movie_state") }
+
+// MarshalText makes the state read as its name in JSON.
+func (s MovieState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText reads a state name.
+func (s *MovieState) UnmarshalText(b []byte) error {
+	return enumParse(movieStateNames[:], b, s, "movie state")
+}
+
+// MovieChange is something that happened to a job's movie.
+type MovieChange uint8
+
+// Movie changes.
+const (
+	MovieRequested  MovieChange = iota + 1 // the job completed: its movie is asked for
+	MovieDone                              // the movie's manifest exists
+	MovieDeadLetter                        // its encoding was dead-lettered
+	MovieRequeued                          // its dead letter went back to the queue
+)
+
+// NextMovieState is the movie state machine, the one place a movie's state changes. Rules:
+// requested asks only once (from none); done makes any state ready, and ready is final (it is
+// applied only once the manifest is found, so nothing is believed without proof); a dead letter
+// fails only a pending movie, never a ready one (nothing promoted is ever failed); requeued
+// turns a failed movie back into a pending one. It reports whether the state changed.
+func NextMovieState(cur MovieState, ch MovieChange) (MovieState, bool) {
+	next := cur
+	switch ch {
+	case MovieRequested:
+		if cur == MovieNone {
+			next = MoviePending
+		}
+	case MovieDone:
+		next = MovieReady
+	case MovieDeadLetter:
+		if cur == MoviePending {
+			next = MovieFailed
+		}
+	case MovieRequeued:
+		if cur == MovieFailed {
+			next = MoviePending
+		}
+	}
+	return next, next != cur
+}

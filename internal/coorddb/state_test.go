@@ -454,3 +454,62 @@ func TestMovedTileIgnoresItsOldCopies(t *testing.T) {
 		t.Fatalf("a move took the order back to %+v", o2)
 	}
 }
+
+// Every transition of the movie state machine, one row each: from every state, every change.
+func TestNextMovieStateTable(t *testing.T) {
+	n, p, r, f := coorddb.MovieNone, coorddb.MoviePending, coorddb.MovieReady, coorddb.MovieFailed
+	rows := []struct {
+		from    coorddb.MovieState
+		change  coorddb.MovieChange
+		want    coorddb.MovieState
+		changed bool
+	}{
+		// requested: asked for once, when the job completes.
+		{n, coorddb.MovieRequested, p, true},
+		{p, coorddb.MovieRequested, p, false},
+		{r, coorddb.MovieRequested, r, false},
+		{f, coorddb.MovieRequested, f, false}, // a failed movie waits for its requeue
+		// done: its manifest was found; final.
+		{n, coorddb.MovieDone, r, true},
+		{p, coorddb.MovieDone, r, true},
+		{r, coorddb.MovieDone, r, false},
+		{f, coorddb.MovieDone, r, true}, // promoted after all: nothing promoted is failed
+		// dead letter: fails only a pending movie.
+		{n, coorddb.MovieDeadLetter, n, false},
+		{p, coorddb.MovieDeadLetter, f, true},
+		{r, coorddb.MovieDeadLetter, r, false},
+		{f, coorddb.MovieDeadLetter, f, false},
+		// requeued: a failed movie is pending again.
+		{n, coorddb.MovieRequeued, n, false},
+		{p, coorddb.MovieRequeued, p, false},
+		{r, coorddb.MovieRequeued, r, false},
+		{f, coorddb.MovieRequeued, p, true},
+	}
+	for _, row := range rows {
+		got, changed := coorddb.NextMovieState(row.from, row.change)
+		if got != row.want || changed != row.changed {
+			t.Errorf("%s + change %d = %s (changed %v), want %s (changed %v)", row.from, row.change, got, changed, row.want, row.changed)
+		}
+	}
+}
+
+// A job's movie state reads as its name in the job record, and a job of an older coordinator,
+// which has none, reads as none.
+func TestMovieStateInTheJobRecord(t *testing.T) {
+	j := coorddb.Job{ID: "job-1", Movie: coorddb.MovieFailed, MovieError: "no ffmpeg"}
+	raw, err := json.Marshal(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back coorddb.Job
+	if err := json.Unmarshal(raw, &back); err != nil || back.Movie != coorddb.MovieFailed || back.MovieError != "no ffmpeg" {
+		t.Fatalf("job %s read back as %+v (%v)", raw, back, err)
+	}
+	var old coorddb.Job
+	if err := json.Unmarshal([]byte(`{"id":"job-2"}`), &old); err != nil || old.Movie != coorddb.MovieNone || old.NoMovie {
+		t.Fatalf("a job without a movie field read as %+v (%v)", old, err)
+	}
+	if err := json.Unmarshal([]byte(`{"movie":"exploded"}`), &old); err == nil {
+		t.Fatal("an unknown movie state was accepted")
+	}
+}

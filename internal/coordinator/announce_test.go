@@ -60,13 +60,10 @@ func types(evs []notify.Event) string {
 	return strings.Join(s, " ")
 }
 
-// finishFrame completes every tile of frame n of job and its png, as workers would.
+// finishFrame completes frame n of job as workers would (completeFrame).
 func (h *harness) finishFrame(t *testing.T, job string, n int) {
 	t.Helper()
-	fk := h.job(t, job).FrameKey(n)
-	h.completeTiles(t, fk)
-	h.promoteFormat(t, fk, "png")
-	h.apply(t, wire.Event{ID: "assembled-" + fk[:8], Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	h.completeFrame(t, h.job(t, job).FrameKey(n))
 }
 
 // The event of a job's completion is recorded by the transaction that completes it: it exists

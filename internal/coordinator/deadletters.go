@@ -23,7 +23,7 @@ func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, form
 }
 
 // RequeueDeadLetter puts a dead letter back on the queue and records it: a tile goes back to
-// queued, an assembly is awaited again.
+// queued, an assembly or a movie is awaited again.
 func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) error {
 	dl, err := c.queue.RequeueDeadLetter(ctx, dlqSeq)
 	if err != nil {
@@ -37,6 +37,12 @@ func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) erro
 				return nil
 			}
 			return ignoreUnknown(p.tileChecked(job.FrameKey, job.TileKey, job.Index, tileUpdate{Index: job.Index, Change: coorddb.TileRequeued}))
+		case queue.IsAssembleSubject(dl.Subject) && wire.IsMovieJob(dl.Data):
+			var job wire.MovieJob
+			if json.Unmarshal(dl.Data, &job) != nil {
+				return nil
+			}
+			return ignoreUnknown(p.movieChange(job.JobID, coorddb.MovieRequeued, ""))
 		case queue.IsAssembleSubject(dl.Subject):
 			var job wire.AssembleJob
 			if json.Unmarshal(dl.Data, &job) != nil {

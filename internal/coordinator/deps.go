@@ -355,7 +355,7 @@ func (p *projection) releaseWaiting() error {
 	var completions []completion
 	for _, fk := range p.order {
 		e := p.frames[fk]
-		if !e.doneGrew {
+		if len(e.f.Done) == len(e.doneBefore()) { // Done only grows
 			continue
 		}
 		for _, id := range e.f.JobIDs {
@@ -365,7 +365,7 @@ func (p *projection) releaseWaiting() error {
 			} else if err != nil {
 				return err
 			}
-			if coorddb.HasAll(e.f.Done, u.Formats) && !coorddb.HasAll(e.doneBefore, u.Formats) {
+			if e.completedFor(u) {
 				completions = append(completions, completion{u, e.f.Frame})
 			}
 		}

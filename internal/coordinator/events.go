@@ -116,10 +116,25 @@ func (c *Coordinator) applyBatch(ctx context.Context, batch []jetstream.Msg) {
 			_ = m.Term()
 			continue
 		}
-		if !validHash(ev.FrameKey) {
-			c.log.Warn("dropping an event that names no frame", "subject", m.Subject(), "type", ev.Type)
+		movie := ev.Type == wire.EventMovieReady || ev.Type == wire.EventMovieFailed
+		if movie && !validJobID(ev.JobID) || !movie && !validHash(ev.FrameKey) {
+			c.log.Warn("dropping an event that names no frame or job", "subject", m.Subject(), "type", ev.Type)
 			_ = m.Term()
 			continue
+		}
+		if ev.Type == wire.EventMovieReady {
+			// A movie is believed only once its manifest says so (docs/design.md, "Preview movie").
+			promoted, err := c.moviePromoted(ctx, ev.JobID)
+			if err != nil {
+				c.log.Warn("checking a movie's manifest; retrying the event", "job_id", ev.JobID, "err", err)
+				_ = m.NakWithDelay(time.Second)
+				continue
+			}
+			if !promoted {
+				c.log.Warn("ignoring movie.ready for a movie with no manifest", "job_id", ev.JobID, "worker", ev.Worker)
+				_ = m.Ack()
+				continue
+			}
 		}
 		if ev.Type == wire.EventFrameAssembled {
 			// A claim that outputs are promoted counts only once their manifests say so.
@@ -220,6 +235,13 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 			return nil
 		}
 		return p.assemblyFailed(ev.FrameKey, ev.Formats, ev.Error)
+	case wire.EventMovieReady:
+		return p.movieChange(ev.JobID, coorddb.MovieDone, "")
+	case wire.EventMovieFailed:
+		if !ev.Terminal {
+			return nil // retried: the movie stays pending
+		}
+		return p.movieChange(ev.JobID, coorddb.MovieDeadLetter, ev.Error)
 	}
 	return nil
 }

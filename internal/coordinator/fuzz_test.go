@@ -350,7 +350,11 @@ func FuzzEvents(f *testing.F) {
 		wire.Event{ID: "ff", Type: wire.EventFrameFailed, FrameKey: fr.Key, Terminal: true, Formats: []string{"png16"}, Error: "encode"},
 		wire.Event{ID: "ff2", Type: wire.EventFrameFailed, FrameKey: fr.Key, Formats: []string{"png"}},
 		wire.Event{ID: "fu", Type: wire.EventFrameAssembled, FrameKey: strings.Repeat("0", 64), Formats: []string{"png"}},
-		wire.Event{ID: "t", Type: "tile.exploded", FrameKey: fr.Key})
+		wire.Event{ID: "t", Type: "tile.exploded", FrameKey: fr.Key},
+		wire.Event{ID: "mr", Type: wire.EventMovieReady, JobID: fr.JobIDs[0]},
+		wire.Event{ID: "mf", Type: wire.EventMovieFailed, JobID: fr.JobIDs[0], Terminal: true, Error: strings.Repeat("y", 2000)},
+		wire.Event{ID: "mu", Type: wire.EventMovieReady, JobID: "job-000000000000000000000000"},
+		wire.Event{ID: "mn", Type: wire.EventMovieFailed, Terminal: true})
 	for _, e := range seeds {
 		b, err := json.Marshal(e)
 		if err != nil {

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"crypto/subtle"
 	_ "embed"
 	"encoding/json"
@@ -16,6 +17,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/objstore"
 )
@@ -55,6 +57,7 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}/index", http.HandlerFunc(c.handleFrameIndex)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles", http.HandlerFunc(c.handleFrameTiles)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
+		{http.MethodGet, "/v1/jobs/{id}/movie", http.HandlerFunc(c.handleMovie)},
 		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
 		{http.MethodPut, "/v1/jobs/{id}/priority", http.HandlerFunc(c.handleReprioritize)},
 		{http.MethodGet, "/v1/workers", http.HandlerFunc(c.handleWorkers)},
@@ -232,6 +235,18 @@ func (c *Coordinator) handleTilePNG(w http.ResponseWriter, r *http.Request) {
 	// A completed tile never changes: its manifest is final.
 	w.Header().Set("Cache-Control", "private, max-age=3600, immutable")
 	_, _ = w.Write(data)
+}
+
+// handleMovie serves a job's preview movie once it is ready (movie.go), with range requests,
+// so a video element can seek in it.
+func (c *Coordinator) handleMovie(w http.ResponseWriter, r *http.Request) {
+	data, err := c.Movie(r.Context(), r.PathValue("id"))
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", layout.MovieContentType)
+	http.ServeContent(w, r, layout.MovieName, time.Time{}, bytes.NewReader(data))
 }
 
 func (c *Coordinator) handleCancel(w http.ResponseWriter, r *http.Request) {

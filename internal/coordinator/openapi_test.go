@@ -187,6 +187,7 @@ func newValidator(t *testing.T) *validator {
 	// binary, which is how the library reads octet streams.
 	openapi3filter.RegisterBodyDecoder("application/vnd.tilefarm.bundle", openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("image/png", openapi3filter.FileBodyDecoder)
+	openapi3filter.RegisterBodyDecoder("video/webm", openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("text/event-stream", openapi3filter.PlainBodyDecoder)
 	return &validator{doc: doc, router: router, seen: map[string]bool{}}
 }
@@ -378,6 +379,7 @@ func TestOpenAPIResponses(t *testing.T) {
 	afterUnknown.After = []string{"job-000000000000000000000000"}
 	frame := func(n int, format string) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/%s", job, n, format) }
 	tilesOf := func(n int) string { return fmt.Sprintf("/v1/jobs/%s/frames/%d/tiles", job, n) }
+	movieOf := func(id string) string { return "/v1/jobs/" + id + "/movie" }
 	storeDown := errors.New("object store unavailable")
 
 	cases := []apiCase{
@@ -478,6 +480,36 @@ func TestOpenAPIResponses(t *testing.T) {
 				}
 			}},
 		{name: "cancel the waiting job", method: "POST", path: "/v1/jobs/" + waitingJob + "/cancel", want: 200},
+		// The preview movie: not ready while the job renders; once the job completes and the
+		// movie is promoted, the movie; none for a job submitted without one.
+		{name: "movie not ready", method: "GET", path: movieOf(job), want: 404, check: expectKind("movie_not_ready")},
+		{name: "movie", method: "GET", path: movieOf(identity.JobID("openapi-movie")), want: 200,
+			setup: func(t *testing.T) func() {
+				req := h.request(1, 1, 64, 64, 32) // frame 1 is completed: so is the job, as submitted
+				req.IdempotencyKey = "openapi-movie"
+				id := h.submit(t, req).Status.JobID
+				if _, err := finalize.Promote(h.ctx, h.objects, layout.MovieKey(id), "attempt1", identity.BuildFingerprint(),
+					[]finalize.Output{{Name: layout.MovieName, Data: []byte("movie")}}, nil); err != nil {
+					t.Fatal(err)
+				}
+				h.apply(t, wire.Event{ID: "openapi-movie", Type: wire.EventMovieReady, JobID: id})
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				if string(body) != "movie" {
+					t.Errorf("movie = %q, want the promoted bytes", body)
+				}
+			}},
+		{name: "movie corrupt", method: "GET", path: movieOf(identity.JobID("openapi-movie")), want: 500, check: expectKind("corrupt"),
+			setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
+		{name: "movie of a job submitted without one", method: "GET", path: movieOf(identity.JobID("openapi-no-movie")), want: 404, check: expectKind("not_found"),
+			setup: func(t *testing.T) func() {
+				req := h.request(1, 1, 64, 64, 32)
+				req.IdempotencyKey, req.NoMovie = "openapi-no-movie", true
+				h.submit(t, req)
+				return nil
+			}},
+		{name: "movie of an unknown job", method: "GET", path: movieOf("job-000000000000000000000000"), want: 404, check: expectKind("not_found")},
 
 		// An output whose renderer named its files (a Blender scene's own): its index and files.
 		{name: "frame index", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png/index", identity.JobID("openapi-index")), want: 200,

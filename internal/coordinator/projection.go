@@ -26,10 +26,11 @@ type projection struct {
 	now    time.Time
 	frames map[string]*frameEdit
 	order  []string // frames in the order they were first touched, for deterministic writes
-
-	// jobs read and found done while releasing waiting jobs (releaseWaiting, deps.go).
-	jobs map[string]*coorddb.Job
-	done map[string]bool
+	// jobs are the jobs read, once per projection (job); flush writes those changed,
+	// dirtyJobs, in order (movie.go). done caches which are completed (jobDone, deps.go).
+	jobs      map[string]*coorddb.Job
+	dirtyJobs []string
+	done      map[string]bool
 
 	// What the projection changed that the metrics count. Coordinator.counted adds them once
 	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
@@ -54,10 +55,22 @@ type frameEdit struct {
 	// says flush must write them.
 	objects    coorddb.TileObjects
 	objectsMod bool
-	// doneGrew says formats were promoted in this projection; doneBefore are the formats
-	// promoted before, so releaseWaiting sees which jobs the frame completed for just now.
-	doneGrew   bool
-	doneBefore []string
+}
+
+// doneBefore is the frame's Done before this projection: the formats promoted when it was
+// loaded, none for a frame new in it. A frame whose Done grew past a job's formats completed
+// for that job in this transaction (releaseWaiting, moviesDue).
+func (e *frameEdit) doneBefore() []string {
+	if e.before == nil {
+		return nil
+	}
+	return e.before.Done
+}
+
+// completedFor reports whether the frame became completed in job j's formats in this
+// projection.
+func (e *frameEdit) completedFor(j *coorddb.Job) bool {
+	return coorddb.HasAll(e.f.Done, j.Formats) && !coorddb.HasAll(e.doneBefore(), j.Formats)
 }
 
 // newProjection starts a projection in tx, at the coordinator's now; ctx is for what a flush
@@ -271,9 +284,6 @@ func (p *projection) formatsDone(fk string, formats []string) error {
 	f := e.f
 	for _, fm := range formats {
 		if _, ok := layout.FrameOutputName(fm); ok && !slices.Contains(f.Done, fm) {
-			if !e.doneGrew {
-				e.doneGrew, e.doneBefore = true, slices.Clone(f.Done)
-			}
 			f.Done = append(f.Done, fm)
 		}
 	}
@@ -438,6 +448,14 @@ func (p *projection) flush() (bool, error) {
 			if err := p.tx.PutTileObjects(fk, e.objects); err != nil {
 				return false, err
 			}
+		}
+	}
+	if err := p.moviesDue(); err != nil {
+		return false, err
+	}
+	for _, id := range p.dirtyJobs {
+		if err := p.tx.PutJob(p.jobs[id]); err != nil {
+			return false, err
 		}
 	}
 	return changed, p.announce()

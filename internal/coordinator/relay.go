@@ -158,6 +158,9 @@ func (c *Coordinator) beginPublishing(ctx context.Context, recs []coorddb.Outbox
 // outboxMessages derives the messages of an outbox record from its frame. A record whose frame
 // is gone has none.
 func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord) ([]*nats.Msg, error) {
+	if r.Kind == coorddb.OutboxMovie {
+		return c.movieMessages(ctx, r) // a job's, not a frame's
+	}
 	var f *coorddb.Frame
 	var j *coorddb.Job
 	var objects coorddb.TileObjects

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
@@ -95,6 +96,13 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		}
 		return &sceneInfo{name: b.Name, kind: kind, info: info}, nil
 	})
+}
+
+// validJobID reports whether v is a job id as identity.JobID makes them: "job-" and 24
+// lowercase hex digits.
+func validJobID(v string) bool {
+	h, ok := strings.CutPrefix(v, "job-")
+	return ok && len(h) == 24 && validHash(h+strings.Repeat("0", 40))
 }
 
 // validHash accepts the lowercase sha256 hex of a scene version or a frame key and nothing

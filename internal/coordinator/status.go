@@ -204,6 +204,7 @@ func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.F
 			return st, err
 		}
 	}
+	st.Movie = movieStatus(j, st.State)
 	if st.PreviewFrames = j.PreviewFrames(); st.PreviewFrames != nil {
 		st.PreviewDone = true
 		for _, fs := range st.Frames {

@@ -157,6 +157,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
 		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Preview: req.Preview, Settings: st,
 		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Requires: requires, MaxSlots: req.MaxSlots, Build: build, Created: c.now(),
+		NoMovie: req.NoMovie,
 	}
 	if err := checkPool(jobPool(j), live); err != nil {
 		return nil, 0, err
@@ -213,6 +214,8 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		}
 		created = true
 		p = c.newProjection(ctx, tx)
+		// The job its frames' changes find, before it is written.
+		p.jobs = map[string]*coorddb.Job{j.ID: j}
 		// Announced from now on: a job whose frames are all done completes here.
 		p.touchJob(j.ID)
 		deps := newDepView(tx, p.lookup)
@@ -246,6 +249,11 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 			if err := tx.AddDependent(up, j.ID); err != nil {
 				return err
 			}
+		}
+		// A job of frames all completed before is completed as it is submitted: its movie is
+		// asked for now, as flush asks for a job's that its frames complete (movie.go).
+		if err := p.movieIfCompleted(j); err != nil {
+			return err
 		}
 		if err := tx.PutJob(j); err != nil {
 			return err

@@ -134,7 +134,7 @@ func TestSubmitOverlappingJobsShareFrames(t *testing.T) {
 }
 
 // A frame completed by an earlier job is reused: a new job asking for it is completed at once
-// and nothing is dispatched.
+// and no frame is dispatched, only the new job's preview movie.
 func TestSubmitReusesCompletedFrame(t *testing.T) {
 	h := newHarness(t, Config{})
 	_, fk := h.submitFrame(t, 32, 32, 16)
@@ -147,8 +147,8 @@ func TestSubmitReusesCompletedFrame(t *testing.T) {
 	if !b.Created || b.Status.State != api.JobCompleted || b.Status.TilesCompleted != b.Status.TilesTotal {
 		t.Fatalf("new job for a completed frame: %+v", b.Status)
 	}
-	if n := len(h.outbox(t)); n != 0 {
-		t.Fatalf("reusing a completed frame dispatched %d records", n)
+	if recs := h.outbox(t); len(recs) != 1 || recs[0].Kind != coorddb.OutboxMovie || recs[0].JobID != b.Status.JobID {
+		t.Fatalf("reusing a completed frame dispatched %+v, want the new job's movie alone", recs)
 	}
 }
 

@@ -97,3 +97,15 @@ func TileManifestTile(objectKey string) (tileKey string, ok bool) {
 	_, tileKey, ok = strings.Cut(logical, "/")
 	return tileKey, ok && tileKey != "" && !strings.Contains(tileKey, "/")
 }
+
+// MovieKey is the logical key of a job's preview movie (docs/design.md, "Preview movie"),
+// promoted like a frame output: its manifest names one object, MovieName.
+func MovieKey(jobID string) string { return "movies/" + jobID }
+
+// The preview movie's object name in its manifest, its type on the wire and the extension of
+// its files: VP9 in WebM, which Debian's Chromium plays, at any frame size.
+const (
+	MovieName        = "movie.webm"
+	MovieContentType = "video/webm"
+	MovieExt         = ".webm"
+)

@@ -31,7 +31,7 @@ func WorkerPublish() []string {
 	for _, b := range []string{BucketLeases, BucketFailures, BucketWorkers} {
 		p = append(p, "$KV."+b+".>")
 	}
-	p = append(p, EventsTilePrefix+">", EventFrameAssembledSubject, EventFrameFailedSubject, dlqSubjects, ProgressSubject)
+	p = append(p, EventsTilePrefix+">", EventFrameAssembledSubject, EventFrameFailedSubject, EventsMoviePrefix+">", dlqSubjects, ProgressSubject)
 	return p
 }
 
@@ -50,6 +50,7 @@ const (
 	EventsTilePrefix           = "events.tile."
 	EventFrameAssembledSubject = "events.frame.assembled"
 	EventFrameFailedSubject    = "events.frame.failed"
+	EventsMoviePrefix          = "events.movie."
 )
 
 // AccountConfig is the nats-server configuration of a farm's account with its nkey users: the

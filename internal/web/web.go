@@ -14,8 +14,8 @@ var static embed.FS
 
 // contentSecurityPolicy lets the page load its own files and nothing else: no inline script,
 // nothing from another origin; images only from itself, and from the blobs it makes of the
-// API's PNGs.
-const contentSecurityPolicy = "default-src 'self'; img-src 'self' blob: data:; style-src 'self'; script-src 'self'; " +
+// API's PNGs; media likewise, the job's preview movie played from the blob it makes of it.
+const contentSecurityPolicy = "default-src 'self'; img-src 'self' blob: data:; media-src 'self' blob:; style-src 'self'; script-src 'self'; " +
 	"connect-src 'self'; object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'"
 
 // Handler serves the page at / and its files under /ui/, and hands every other request to

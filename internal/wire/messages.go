@@ -5,6 +5,7 @@
 package wire
 
 import (
+	"encoding/json"
 	"time"
 
 	"github.com/tilefarm/tilefarm/render"
@@ -46,6 +47,37 @@ type AssembleJob struct {
 	TileObjects []string `json:"tile_objects,omitempty"`
 }
 
+// KindMovie is the Kind of a MovieJob.
+const KindMovie = "movie"
+
+// MovieJob asks a worker to encode the preview movie of a completed job from its frames' PNG
+// outputs (docs/design.md, "Preview movie"). It travels on the assembly subjects of the job's
+// pool, so the assembly loop of any worker that assembles the job's frames takes it; Kind tells
+// it from an AssembleJob there. The frames are named by what derives their keys
+// (identity.FrameKey), not listed: a job of 100,000 frames still fits a message.
+type MovieJob struct {
+	Kind         string `json:"kind"` // KindMovie
+	JobID        string `json:"job_id"`
+	SceneVersion string `json:"scene_version"`
+	Camera       string `json:"camera"`
+	SettingsHash string `json:"settings_hash"`
+	Build        string `json:"build,omitempty"` // the frames' build, for the movie's manifest
+	First        int    `json:"first"`
+	Last         int    `json:"last"`
+	Step         int    `json:"step,omitempty"` // 0 or 1: every frame
+	Width        int    `json:"width"`
+	Height       int    `json:"height"`
+	FPS          int    `json:"fps"`
+}
+
+// IsMovieJob reports whether data, a message on an assembly subject, is a MovieJob.
+func IsMovieJob(data []byte) bool {
+	var k struct {
+		Kind string `json:"kind"`
+	}
+	return json.Unmarshal(data, &k) == nil && k.Kind == KindMovie
+}
+
 // TileObject is the object a tile was promoted as (its manifest's), reported with
 // tile.completed so its frame's assembly can read it without reading the manifest first.
 type TileObject struct {
@@ -63,10 +95,16 @@ const (
 	// only once it finds their manifests (a worker cannot complete a frame by saying so).
 	EventFrameAssembled = "frame.assembled"
 	EventFrameFailed    = "frame.failed"
+	// EventMovieReady claims a job's preview movie promoted (JobID, no frame); like
+	// frame.assembled it is believed only once the movie's manifest is found. EventMovieFailed
+	// is its failure, terminal once dead-lettered.
+	EventMovieReady  = "movie.ready"
+	EventMovieFailed = "movie.failed"
 )
 
 // EventTypes are every event type a worker publishes, in the order above.
-var EventTypes = []string{EventTileStarted, EventTileCompleted, EventTileFailed, EventFrameAssembled, EventFrameFailed}
+var EventTypes = []string{EventTileStarted, EventTileCompleted, EventTileFailed, EventFrameAssembled, EventFrameFailed,
+	EventMovieReady, EventMovieFailed}
 
 // Event reports progress from a worker. ID is unique per logical event so a republished event is
 // deduplicated by JetStream. Seq and Delivery name the TILES message (stream sequence) and the
@@ -78,7 +116,7 @@ type Event struct {
 	JobID            string      `json:"job_id,omitempty"`
 	TileKey          string      `json:"tile_key,omitempty"`
 	TileIndex        int         `json:"tile_index,omitempty"`
-	FrameKey         string      `json:"frame_key"`
+	FrameKey         string      `json:"frame_key"` // empty for a movie event, which names its job
 	Seq              uint64      `json:"seq,omitempty"`
 	Delivery         uint64      `json:"delivery,omitempty"`
 	Attempt          string      `json:"attempt"`

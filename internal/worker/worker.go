@@ -51,6 +51,9 @@ type Config struct {
 	// Capabilities are the renderer builds this machine runs and the operator's tags: the
 	// worker pulls the tiles of the pools they serve, and announces them in its heartbeat.
 	Capabilities queue.Capabilities
+	// FFmpeg is the ffmpeg preview movies are encoded with (tileworker --ffmpeg); empty is
+	// EnvFFmpeg's, else ffmpeg on the PATH (movie.go).
+	FFmpeg string
 }
 
 // DefaultPasses is how many passes a JSON scene's tile is split into. A pass is what a kill
@@ -256,7 +259,8 @@ type delivery struct {
 	ready time.Time
 }
 
-// run is one delivery carried through its flow: a tileRun (the Render flow) or an assembly.
+// run is one delivery carried through its flow: a tileRun (the Render flow), an assembly or a
+// movieRun.
 // What differs between the two is this interface; how a failure is settled (fail) is the same.
 type run interface {
 	// perform carries the delivery through its flow; errSettled means it settled the message.
@@ -352,6 +356,12 @@ func (w *Worker) runOf(d *delivery) (run, error) {
 			return nil, failure.Terminalf("decoding tile job: %w", err)
 		}
 		return w.newTileRun(d, job), nil
+	case queue.IsAssembleSubject(subject) && wire.IsMovieJob(d.msg.Data()):
+		var job wire.MovieJob
+		if err := json.Unmarshal(d.msg.Data(), &job); err != nil {
+			return nil, failure.Terminalf("decoding movie job: %w", err)
+		}
+		return w.newMovieRun(d, job), nil
 	case queue.IsAssembleSubject(subject):
 		var job wire.AssembleJob
 		if err := json.Unmarshal(d.msg.Data(), &job); err != nil {

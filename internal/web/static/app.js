@@ -13,6 +13,7 @@
   let viewTimers = [];
   let frameState = null; // the frame view's drawing state
   let jobRefresh = null; // the job view's refresh, called on events about its job
+  let movieURL = null; // the object URL the job view's movie plays, revoked when the view changes
 
   class Unauthorized extends Error {}
 
@@ -180,6 +181,8 @@
   }
 
   function stopView() {
+    if (movieURL) URL.revokeObjectURL(movieURL);
+    movieURL = null;
     for (const t of viewTimers) clearInterval(t);
     viewTimers = [];
     frameState = null;
@@ -319,7 +322,8 @@
     const path = `/v1/jobs/${encodeURIComponent(r.id)}`;
     const head = el('div', { id: 'job-head' });
     const grid = el('ul', { class: 'frames', id: 'frames', 'aria-label': 'Frames' });
-    view.replaceChildren(el('p', {}, el('a', { href: '#/' }, '← Jobs')), head, el('h3', {}, 'Frames'), grid);
+    const movie = el('section', { id: 'movie', 'aria-label': 'Preview movie' });
+    view.replaceChildren(el('p', {}, el('a', { href: '#/' }, '← Jobs')), head, movie, el('h3', {}, 'Frames'), grid);
     const draw = (st) => {
       head.replaceChildren(...[
         el('h2', {}, 'Job ', st.job_id, ' ', badge(st.state)),
@@ -341,6 +345,8 @@
           el('div', { class: 'bar', role: 'presentation' }, el('span', { style: null, 'data-w': pct(f.samples_done, f.samples_total) })),
           f.error ? el('div', { class: 'error' }, f.error) : null))));
       for (const s of grid.querySelectorAll('.bar span')) s.style.width = s.dataset.w === '–' ? '0' : s.dataset.w;
+
+      showMovie(movie, st).catch(fail);
     };
     let busy = false, again = false;
     const refresh = async () => {
@@ -357,6 +363,41 @@
     };
     jobRefresh = refresh;
     await refresh();
+  }
+
+  // The job's preview movie (docs/web.md): once ready, a video of it, fetched with the token
+  // and made once, so a refresh never restarts it; before, what it waits for or why it failed.
+  async function showMovie(box, st) {
+    const m = st.movie || { state: 'pending' };
+    if (box.dataset.state === 'ready' || (box.dataset.state === m.state && box.dataset.reason === (m.reason || ''))) return;
+    box.dataset.state = m.state;
+    box.dataset.reason = m.reason || '';
+    if (m.state !== 'ready') {
+      const text = m.state === 'skipped' ? `No movie: ${m.reason}` : `Movie ${m.state}: ${m.reason}`;
+      box.replaceChildren(el('p', { class: m.state === 'failed' ? 'error' : 'muted', 'data-movie': m.state }, text));
+      return;
+    }
+    let blob;
+    try {
+      const res = await api(m.url);
+      if (!res.ok) throw new Error(`movie: ${res.status}`);
+      blob = await res.blob();
+    } catch (e) {
+      box.dataset.state = ''; // the next refresh tries again
+      throw e;
+    }
+    if (route.name !== 'job' || route.id !== st.job_id) return;
+    if (movieURL) URL.revokeObjectURL(movieURL);
+    movieURL = URL.createObjectURL(blob);
+    const name = `${st.job_id}.webm`;
+    const video = el('video', { controls: true, preload: 'metadata', src: movieURL, 'aria-label': `Preview movie of ${st.job_id}` });
+    // Shown as the frame's canvas is (up to 4x, or 960 px wide), and wide enough for its controls.
+    video.addEventListener('loadedmetadata', () => {
+      const w = video.videoWidth;
+      if (w > 0) video.style.width = Math.max(320, Math.round(w * Math.max(1, Math.min(4, 960 / w)))) + 'px';
+    });
+    box.replaceChildren(el('h3', {}, 'Movie'), video,
+      el('p', {}, el('a', { href: m.url, 'data-movie': 'ready', onclick: (ev) => { ev.preventDefault(); download(m.url, name); } }, 'Download ' + name)));
   }
 
   // One frame: a canvas its completed tiles are drawn onto, the tiles in progress outlined.
