@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -314,4 +315,18 @@ func (h *harness) workerSources(t *testing.T) *queue.Sources {
 		t.Fatal(err)
 	}
 	return h.queue.Sources(queue.Capabilities{Builds: []string{build}})
+}
+
+// publishEvent publishes ev on the EVENTS stream as a worker does, stamped now, for tests that
+// run the real event consumer.
+func (h *harness) publishEvent(t *testing.T, ev wire.Event) {
+	t.Helper()
+	ev.Time = time.Now().UTC()
+	data, err := json.Marshal(ev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.queue.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
+		t.Fatal(err)
+	}
 }

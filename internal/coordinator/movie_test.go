@@ -100,14 +100,6 @@ func TestMovieBelievedOnlyWithItsManifest(t *testing.T) {
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
 	go func() { _ = h.c.consumeEvents(ctx) }()
-	publish := func(ev wire.Event) {
-		t.Helper()
-		ev.Time = time.Now().UTC()
-		data, _ := json.Marshal(ev)
-		if _, err := h.queue.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
 	consumed := func(n uint64) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -124,18 +116,18 @@ func TestMovieBelievedOnlyWithItsManifest(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	publish(wire.Event{ID: "forged", Type: wire.EventMovieReady, JobID: id, Worker: "w1"})
+	h.publishEvent(t, wire.Event{ID: "forged", Type: wire.EventMovieReady, JobID: id, Worker: "w1"})
 	consumed(1)
 	if m := h.job(t, id).Movie; m != coorddb.MoviePending {
 		t.Fatalf("a movie.ready without a manifest made the movie %s", m)
 	}
 	h.promoteMovie(t, id)
-	publish(wire.Event{ID: "real", Type: wire.EventMovieReady, JobID: id, Worker: "w1"})
+	h.publishEvent(t, wire.Event{ID: "real", Type: wire.EventMovieReady, JobID: id, Worker: "w1"})
 	consumed(2)
 	if m := h.status(t, id).Movie; m.State != api.MovieReady || m.URL != "/v1/jobs/"+id+"/movie" {
 		t.Fatalf("movie with its manifest: %+v, want ready at its URL", m)
 	}
-	publish(wire.Event{ID: "late", Type: wire.EventMovieFailed, JobID: id, Terminal: true, Error: "boom"})
+	h.publishEvent(t, wire.Event{ID: "late", Type: wire.EventMovieFailed, JobID: id, Terminal: true, Error: "boom"})
 	consumed(3)
 	if m := h.status(t, id).Movie; m.State != api.MovieReady {
 		t.Fatalf("a late failure moved a ready movie to %+v", m)

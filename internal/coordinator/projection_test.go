@@ -2,7 +2,6 @@ package coordinator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -303,14 +302,6 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 	ctx, cancel := context.WithCancel(h.ctx)
 	defer cancel()
 	go func() { _ = h.c.consumeEvents(ctx) }()
-	publish := func(ev wire.Event) {
-		t.Helper()
-		ev.Time = time.Now().UTC()
-		data, _ := json.Marshal(ev)
-		if _, err := h.queue.Publish(h.ctx, ev.Subject(), "", data, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
@@ -321,9 +312,9 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	publish(tileEvent(t, f, 0, wire.EventTileStarted, 1, 19)) // the lagging start
+	h.publishEvent(t, tileEvent(t, f, 0, wire.EventTileStarted, 1, 19)) // the lagging start
 	marker := tileEvent(t, f, 0, wire.EventTileStarted, 1, 1)
-	publish(marker) // an even older one, then wait until both were consumed
+	h.publishEvent(t, marker) // an even older one, then wait until both were consumed
 	waitFor("the lagging events to be consumed", func() bool {
 		info, err := h.queue.Events.Info(h.ctx)
 		if err != nil {
@@ -342,8 +333,8 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 	if n, err := h.c.Retry(h.ctx, res.Status.JobID); err != nil || n != 1 {
 		t.Fatalf("Retry = %d, %v", n, err)
 	}
-	publish(tileEvent(t, f, 0, wire.EventTileStarted, 2, 1))
-	publish(tileEvent(t, f, 0, wire.EventTileCompleted, 2, 1))
+	h.publishEvent(t, tileEvent(t, f, 0, wire.EventTileStarted, 2, 1))
+	h.publishEvent(t, tileEvent(t, f, 0, wire.EventTileCompleted, 2, 1))
 	waitFor("the retried tile to complete", func() bool { return h.tileState(t, fk, 0) == coorddb.TileCompleted })
 	if st := h.status(t, res.Status.JobID); st.State != api.JobRendering || st.TilesFailed != 0 {
 		t.Fatalf("job after the retry: %+v", st)

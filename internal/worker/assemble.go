@@ -128,13 +128,20 @@ func (a *assembly) frameCompleted(ctx context.Context, duplicate bool) error {
 	job := a.job
 	ev := wire.Event{ID: wire.EventFrameAssembled + ":" + job.FrameKey + ":" + strings.Join(job.Formats, "+"),
 		Type: wire.EventFrameAssembled, JobID: job.JobID, FrameKey: job.FrameKey, Duplicate: duplicate, Formats: job.Formats}
-	if err := a.w.retryInPlace(ctx, a.delivery, "publishing frame event", func(ctx context.Context) error {
-		return a.w.publishEvent(ctx, a.delivery, ev)
+	return a.w.announce(ctx, a.delivery, "frame", ev)
+}
+
+// announce publishes ev, the claim that d's work (what: frame, movie) is promoted, retrying a
+// NATS outage in place, and acks d's message; the coordinator checks the claim against the
+// manifests.
+func (w *Worker) announce(ctx context.Context, d *delivery, what string, ev wire.Event) error {
+	if err := w.retryInPlace(ctx, d, "publishing "+what+" event", func(ctx context.Context) error {
+		return w.publishEvent(ctx, d, ev)
 	}); err != nil {
-		return fmt.Errorf("publishing frame event: %w", err)
+		return fmt.Errorf("publishing %s event: %w", what, err)
 	}
-	if err := a.msg.DoubleAck(ctx); err != nil {
-		a.log.Warn("ack failed after frame promotion", "err", err)
+	if err := d.msg.DoubleAck(ctx); err != nil {
+		d.log.Warn("ack failed after the promotion", "what", what, "err", err)
 	}
 	return nil
 }

@@ -122,15 +122,7 @@ func (m *movieRun) perform(ctx context.Context) error {
 // coordinator checks the claim against the manifest.
 func (m *movieRun) ready(ctx context.Context, duplicate bool) error {
 	ev := wire.Event{ID: wire.EventMovieReady + ":" + m.job.JobID, Type: wire.EventMovieReady, JobID: m.job.JobID, Duplicate: duplicate}
-	if err := m.w.retryInPlace(ctx, m.delivery, "publishing movie event", func(ctx context.Context) error {
-		return m.w.publishEvent(ctx, m.delivery, ev)
-	}); err != nil {
-		return fmt.Errorf("publishing movie event: %w", err)
-	}
-	if err := m.msg.DoubleAck(ctx); err != nil {
-		m.log.Warn("ack failed after the movie's promotion", "err", err)
-	}
-	return nil
+	return m.w.announce(ctx, m.delivery, "movie", ev)
 }
 
 // ffmpeg finds the ffmpeg to encode with: the Config's, else EnvFFmpeg's, else the PATH's. A
