@@ -251,6 +251,7 @@ func TestBlenderAddonSubmitsAndFollowsTheJob(t *testing.T) {
 // unsaved changes, no coordinator command, settings coordinator submit refuses, no token or a
 // wrong one, a farm that is down (at submit and while following a job). Nothing reaches the farm.
 func TestBlenderAddonReportsWhyItCannotSubmit(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	f := addonFarm(t)
 	blend := exampleCopy(t)
 	server := "http://" + f.HTTP

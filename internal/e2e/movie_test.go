@@ -108,6 +108,7 @@ func TestMovieOfA24FrameJob(t *testing.T) {
 // A job submitted with --no-movie completes with no movie: its status says skipped and why,
 // `outputs --movie` exits 1 saying so, and no movie is promoted.
 func TestMovieSkippedWithNoMovie(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	data := t.TempDir()
 	f := startServe(t, data)
 	f.worker("w", t.TempDir())
@@ -134,6 +135,7 @@ func TestMovieSkippedWithNoMovie(t *testing.T) {
 // job stays completed (status exits 0); `outputs --movie` exits 1 with the reason. Once the
 // farm's worker has ffmpeg, requeueing the movie's dead letter makes it.
 func TestMovieWithoutFFmpegLeavesTheJobCompleted(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	f := startServe(t, t.TempDir())
 	noPath := t.TempDir() // a PATH without ffmpeg
 	bare := startEnv(t, []string{"PATH=" + noPath, "TILEFARM_FFMPEG="}, "tileworker", "--nats", f.NATSURL(), "--store", f.StoreURL(),

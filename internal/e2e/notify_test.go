@@ -107,6 +107,7 @@ func described(evs []notify.Event) []string {
 // event exactly once, with a valid signature, at the farm-wide URL and the job's own, and the
 // NOTIFY stream holds each event once.
 func TestNotificationsSurviveCoordinatorKills(t *testing.T) {
+	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
 	r := newHookReceiver(t)
 	f := newFarm(t, t.TempDir())
