@@ -301,12 +301,17 @@ type Failure struct {
 	Delivery     uint64    `json:"delivery,omitempty"`
 	DeadLettered bool      `json:"dead_lettered,omitempty"`
 	Time         time.Time `json:"time"`
+	// Log is the last lines the worker logged about the attempt, its renderer's last output
+	// among them, as its failure event quoted them (wire.Event.Log).
+	Log []string `json:"log,omitempty"`
 }
 
 // Bounds of the failure details.
 const (
 	maxFailuresPerTile = 4
 	maxFailureText     = 1024
+	maxFailureLogLines = 20
+	maxFailureLogBytes = 4 << 10
 )
 
 // OutboxKind says what an outbox record dispatches.

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"os"
+	"slices"
 	"sort"
 	"time"
 
@@ -235,6 +236,7 @@ func (tx *Tx) AddFailure(frameKey string, tile int, f Failure) error {
 	if len(f.Error) > maxFailureText {
 		f.Error = f.Error[:maxFailureText] + "..."
 	}
+	f.Log = boundLog(f.Log)
 	b := tx.tx.Bucket(bucketFailures)
 	k := failureKey(frameKey, tile)
 	var list []Failure
@@ -252,6 +254,38 @@ func (tx *Tx) AddFailure(frameKey string, tile int, f Failure) error {
 		return err
 	}
 	return b.Put(k, raw)
+}
+
+// boundLog keeps the newest lines of a failed attempt's log within maxFailureLogLines and
+// maxFailureLogBytes: the worker bounds what it sends, and the store bounds what it keeps.
+func boundLog(lines []string) []string {
+	lines = lines[max(0, len(lines)-maxFailureLogLines):]
+	size, first := 0, len(lines)
+	for first > 0 && size+len(lines[first-1]) <= maxFailureLogBytes {
+		first--
+		size += len(lines[first])
+	}
+	if first == len(lines) && first > 0 { // one line alone is longer than the bound: its end
+		last := lines[first-1]
+		return []string{"..." + last[len(last)-maxFailureLogBytes+3:]}
+	}
+	if first == len(lines) {
+		return nil
+	}
+	return slices.Clone(lines[first:])
+}
+
+// TileFailures returns the recorded failures of one tile of a frame, oldest first.
+func (tx *Tx) TileFailures(frameKey string, tile int) ([]Failure, error) {
+	raw := tx.tx.Bucket(bucketFailures).Get(failureKey(frameKey, tile))
+	if raw == nil {
+		return nil, nil
+	}
+	var list []Failure
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("decoding failures of frame %s tile %d: %w", frameKey, tile, err)
+	}
+	return list, nil
 }
 
 // Failures returns the recorded failures of every failed tile of a frame, by tile index.

@@ -210,7 +210,7 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 			if ev.Terminal {
 				u.Change, u.Order = coorddb.TileDeadLetter, coorddb.DeadLetterOrder(ev.Seq)
 			}
-			u.Failure = &coorddb.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time}
+			u.Failure = &coorddb.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time, Log: ev.Log}
 		}
 		return p.tileChecked(ev.FrameKey, ev.TileKey, ev.TileIndex, u)
 	case wire.EventFrameAssembled:
