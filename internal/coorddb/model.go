@@ -164,6 +164,9 @@ type Frame struct {
 	TileAttempts     int `json:"tile_attempts"`
 	SamplesRecovered int `json:"samples_recovered"`
 	SamplesRendered  int `json:"samples_rendered"`
+	// RenderMillis is the sum of its completed tiles' render times as their workers reported
+	// them (TileTimes): display data, never state.
+	RenderMillis int64 `json:"render_ms,omitempty"`
 
 	// AssemblyRequested are the formats the newest assembly request asked for; AssemblyError
 	// is set when an assembly was dead-lettered. Assemblies and Retries number the frame's

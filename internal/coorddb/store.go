@@ -22,10 +22,11 @@ var (
 	bucketFrames   = []byte("frames")
 	bucketTiles    = []byte("tiles")    // frame_key -> TileTable
 	bucketObjects  = []byte("objects")  // frame_key -> TileObjects
+	bucketTimes    = []byte("times")    // frame_key -> TileTimes
 	bucketFailures = []byte("failures") // frame_key/tile index -> []Failure
 	bucketOpen     = []byte("open")     // frame_key of every frame not completed
 	bucketOutbox   = []byte("outbox")
-	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketFailures, bucketOpen, bucketOutbox}
+	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketTimes, bucketFailures, bucketOpen, bucketOutbox}
 )
 
 // ErrNotFound is returned when a job or frame does not exist.

@@ -204,7 +204,7 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 		case wire.EventTileStarted:
 			u.Change, u.Order, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
 		case wire.EventTileCompleted:
-			u.Change, u.SamplesRendered, u.Object = coorddb.TileDone, ev.SamplesRendered, ev.Object
+			u.Change, u.SamplesRendered, u.Object, u.RenderMillis = coorddb.TileDone, ev.SamplesRendered, ev.Object, ev.RenderMillis
 		case wire.EventTileFailed:
 			u.Change, u.Order = coorddb.TileFailed, coorddb.FailedOrder(ev.Seq, ev.Delivery)
 			if ev.Terminal {

@@ -55,10 +55,12 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}/index", http.HandlerFunc(c.handleFrameIndex)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles", http.HandlerFunc(c.handleFrameTiles)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/failures", http.HandlerFunc(c.handleTileFailures)},
 		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
 		{http.MethodPut, "/v1/jobs/{id}/priority", http.HandlerFunc(c.handleReprioritize)},
 		{http.MethodGet, "/v1/workers", http.HandlerFunc(c.handleWorkers)},
 		{http.MethodGet, "/v1/dlq", http.HandlerFunc(c.handleDeadLetters)},
+		{http.MethodGet, "/v1/dlq/{seq}", http.HandlerFunc(c.handleDeadLetter)},
 		{http.MethodPost, "/v1/dlq/{seq}/requeue", http.HandlerFunc(c.handleRequeue)},
 		{http.MethodGet, "/v1/events", http.HandlerFunc(c.handleEvents)},
 	}
@@ -234,6 +236,26 @@ func (c *Coordinator) handleTilePNG(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(data)
 }
 
+// handleTileFailures serves a tile's recorded failed attempts with their logs.
+func (c *Coordinator) handleTileFailures(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	index, err := strconv.Atoi(r.PathValue("index"))
+	if err != nil {
+		writeError(w, badInput("tile %q is not a number", r.PathValue("index")))
+		return
+	}
+	tf, err := c.TileFailures(r.Context(), r.PathValue("id"), frame, index)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, tf)
+}
+
 func (c *Coordinator) handleCancel(w http.ResponseWriter, r *http.Request) {
 	st, err := c.Cancel(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -283,6 +305,21 @@ func (c *Coordinator) handleDeadLetters(w http.ResponseWriter, r *http.Request) 
 		dls = []api.DeadLetter{}
 	}
 	writeJSON(w, http.StatusOK, dls)
+}
+
+// handleDeadLetter serves one dead letter with its work's failed attempts.
+func (c *Coordinator) handleDeadLetter(w http.ResponseWriter, r *http.Request) {
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil || seq == 0 {
+		writeError(w, badInput("dead letter %q is not a sequence number (they start at 1)", r.PathValue("seq")))
+		return
+	}
+	dl, err := c.DeadLetter(r.Context(), seq)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dl)
 }
 
 func (c *Coordinator) handleRequeue(w http.ResponseWriter, r *http.Request) {

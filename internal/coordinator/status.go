@@ -118,7 +118,8 @@ func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.F
 		spp := int64(f.Settings.SPP)
 		fs := api.FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: apiFrameState(s), TilesTotal: f.TilesTotal,
 			TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed,
-			SamplesTotal: int64(f.TilesTotal) * spp, SamplesDone: int64(f.TilesCompleted) * spp}
+			SamplesTotal: int64(f.TilesTotal) * spp, SamplesDone: int64(f.TilesCompleted) * spp,
+			RenderSeconds: float64(f.RenderMillis) / 1000}
 		st.SamplesTotal += fs.SamplesTotal
 		st.SamplesDone += fs.SamplesDone
 		st.TilesTotal += f.TilesTotal
