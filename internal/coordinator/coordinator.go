@@ -83,6 +83,7 @@ type Coordinator struct {
 	eta       *etaTracker      // samples per second of unfinished jobs (operate.go)
 	statuses  statusCache      // each job's status by the fingerprint of its records (status.go)
 	lost      lostTracker      // frames the last reconciliation found with lost tiles (lost.go)
+	thumbs    *thumbnails      // finished frames' thumbnails, by frame key (thumbnails.go)
 
 	completions atomic.Int64 // tile completions seen in events, for the drain rate
 	drainMu     sync.Mutex
@@ -118,6 +119,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
 		eta:       newETATracker(),
+		thumbs:    newThumbnails(),
 
 		streamMax:   defaultStreamMax,
 		streamsDone: make(chan struct{}),

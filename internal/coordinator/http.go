@@ -53,6 +53,7 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}", http.HandlerFunc(c.handleFrameOutput)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}/index", http.HandlerFunc(c.handleFrameIndex)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/thumbnail", http.HandlerFunc(c.handleThumbnail)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles", http.HandlerFunc(c.handleFrameTiles)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/failures", http.HandlerFunc(c.handleTileFailures)},
@@ -195,6 +196,25 @@ func (c *Coordinator) handleFrameIndex(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, index)
+}
+
+// handleThumbnail serves a finished frame's PNG scaled down (Thumbnail).
+func (c *Coordinator) handleThumbnail(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	data, err := c.Thumbnail(r.Context(), r.PathValue("id"), frame)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	// A finished frame's PNG never changes: its manifest is final.
+	w.Header().Set("Cache-Control", "private, max-age=3600, immutable")
+	_, _ = w.Write(data)
 }
 
 // handleFrameTiles lists a frame's tiles: where each lies and where it stands.

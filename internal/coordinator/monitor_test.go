@@ -1,13 +1,20 @@
 package coordinator
 
 import (
+	"bytes"
 	"errors"
+	"image"
+	"image/color"
+	"image/png"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
+	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
@@ -102,5 +109,93 @@ func TestFailedAttemptsAreServedWithTheirLogs(t *testing.T) {
 	}
 	if none, err := h.c.TileFailures(h.ctx, job, 1, 0); err != nil || len(none.Failures) != 0 || none.Failures == nil {
 		t.Fatalf("failures of a tile that never failed = %+v, %v; want an empty list", none, err)
+	}
+}
+
+// The box filter, computed by hand: a 330x10 image scales by 3 to 110x4, each pixel the
+// rounded mean of its 3x3 block (the last row's blocks 3x1), opaque and translucent pixels
+// alike in non-premultiplied 8-bit RGBA.
+func TestThumbnailOfIsABoxFilter(t *testing.T) {
+	img := image.NewRGBA(image.Rect(0, 0, 330, 10))
+	for y := range 10 {
+		for x := range 330 {
+			img.SetRGBA(x, y, color.RGBA{uint8(x), uint8(y * 20), uint8((x + y) % 7), 0xff})
+		}
+	}
+	img.SetRGBA(4, 0, color.RGBA{50, 50, 50, 0x80}) // premultiplied: non-premultiplied 99 or 100
+	th := ThumbnailOf(img)
+	if th.Bounds() != image.Rect(0, 0, 110, 4) {
+		t.Fatalf("thumbnail of 330x10 is %v, want 110x4", th.Bounds())
+	}
+	mean := func(vals ...int) uint8 {
+		sum := 0
+		for _, v := range vals {
+			sum += v
+		}
+		return uint8((sum + len(vals)/2) / len(vals))
+	}
+	// Pixel (5, 2): x 15-17, y 6-8.
+	want := color.NRGBA{mean(15, 16, 17, 15, 16, 17, 15, 16, 17), mean(120, 120, 120, 140, 140, 140, 160, 160, 160),
+		mean(21%7, 22%7, 23%7, 22%7, 23%7, 24%7, 23%7, 24%7, 25%7), 0xff}
+	if got := th.NRGBAAt(5, 2); got != want {
+		t.Fatalf("pixel (5,2) = %v, want %v", got, want)
+	}
+	// Pixel (7, 3): x 21-23, y 9 alone.
+	if got := th.NRGBAAt(7, 3); got != (color.NRGBA{mean(21, 22, 23), 180, mean(30%7, 31%7, 32%7), 0xff}) {
+		t.Fatalf("pixel (7,3) of the last, one-row band = %v", got)
+	}
+	// Pixel (1, 0) holds the translucent pixel, as color.NRGBAModel makes it non-premultiplied.
+	odd := color.NRGBAModel.Convert(color.RGBA{50, 50, 50, 0x80}).(color.NRGBA)
+	wantA := mean(255, 255, 0x80, 255, 255, 255, 255, 255, 255)
+	if got := th.NRGBAAt(1, 0); got.A != wantA || got.R != mean(3, int(odd.R), 5, 3, 4, 5, 3, 4, 5) {
+		t.Fatalf("pixel (1,0) = %v, want alpha %d and red %d", got, wantA, mean(3, int(odd.R), 5, 3, 4, 5, 3, 4, 5))
+	}
+	// A frame that fits is its own thumbnail.
+	small := image.NewNRGBA(image.Rect(0, 0, 160, 90))
+	small.Pix[7] = 9
+	if th := ThumbnailOf(small); th.Bounds() != small.Bounds() || !slices.Equal(th.Pix, small.Pix) {
+		t.Fatal("a 160x90 frame's thumbnail is not the frame")
+	}
+}
+
+// A finished frame's thumbnail is its PNG scaled (ThumbnailOf), made once: asked again with the
+// store down it is served from memory. A frame not finished is not ready.
+func TestThumbnailIsTheFramesPNGScaled(t *testing.T) {
+	h := newHarness(t, Config{})
+	res, fk := h.submitFrame(t, 64, 64, 32)
+	job := res.Status.JobID
+	if _, err := h.c.Thumbnail(h.ctx, job, 1); !errors.Is(err, api.ErrNotReady) {
+		t.Fatalf("thumbnail of a frame rendering: %v, want not ready", err)
+	}
+	frame := image.NewNRGBA(image.Rect(0, 0, 400, 200))
+	for i := range frame.Pix {
+		frame.Pix[i] = uint8(i * 7)
+	}
+	var pngData bytes.Buffer
+	if err := png.Encode(&pngData, frame); err != nil {
+		t.Fatal(err)
+	}
+	h.completeTiles(t, fk)
+	if _, err := finalize.Promote(h.ctx, h.objects, layout.FrameManifestKey(fk, "png"), "attempt1", identity.BuildFingerprint(),
+		[]finalize.Output{{Name: "frame.png", Data: pngData.Bytes()}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	h.apply(t, wire.Event{ID: "assembled", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	data, err := h.c.Thumbnail(h.ctx, job, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := png.Decode(bytes.NewReader(data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ThumbnailOf(frame)
+	if got.Bounds() != image.Rect(0, 0, 134, 67) || !slices.Equal(got.(*image.NRGBA).Pix, want.Pix) {
+		t.Fatalf("thumbnail of a 400x200 frame: %v, want the frame's PNG scaled by 3 to 134x67", got.Bounds())
+	}
+	h.c.objects = faultyStore{Store: h.objects, fail: func(string) error { return errors.New("store down") }}
+	defer func() { h.c.objects = h.objects }()
+	if again, err := h.c.Thumbnail(h.ctx, job, 1); err != nil || !bytes.Equal(again, data) {
+		t.Fatalf("thumbnail asked again with the store down: %v", err)
 	}
 }

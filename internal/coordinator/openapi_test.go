@@ -497,6 +497,33 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "frame index corrupt", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png/index", identity.JobID("openapi-index")), want: 500,
 			check: expectKind("corrupt"), setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
 
+		{name: "thumbnail", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/8/thumbnail", identity.JobID("openapi-thumb")), want: 200,
+			setup: func(t *testing.T) func() {
+				req := h.request(8, 8, 64, 64, 32)
+				req.IdempotencyKey = "openapi-thumb"
+				res := h.submit(t, req)
+				fk := h.job(t, res.Status.JobID).FrameKey(8)
+				h.completeTiles(t, fk)
+				var frame bytes.Buffer
+				if err := png.Encode(&frame, image.NewNRGBA(image.Rect(0, 0, 320, 180))); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := finalize.Promote(h.ctx, h.objects, layout.FrameManifestKey(fk, "png"), "attempt1", identity.BuildFingerprint(),
+					[]finalize.Output{{Name: "frame.png", Data: frame.Bytes()}}, nil); err != nil {
+					t.Fatal(err)
+				}
+				h.apply(t, wire.Event{ID: "openapi-thumb", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				if img, err := png.Decode(bytes.NewReader(body)); err != nil || img.Bounds() != image.Rect(0, 0, 160, 90) {
+					t.Errorf("thumbnail of a 320x180 frame: %v, %v; want 160x90", err, img)
+				}
+			}},
+		{name: "thumbnail not finished", method: "GET", path: frame(2, "thumbnail"), want: 409, check: expectKind("not_ready")},
+		{name: "thumbnail not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/thumbnail", job), want: 400},
+		{name: "thumbnail of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/thumbnail", want: 404},
+		{name: "thumbnail of a PNG that does not decode", method: "GET", path: frame(1, "thumbnail"), want: 500, check: expectKind("corrupt")},
 		{name: "tiles", method: "GET", path: tilesOf(1), want: 200,
 			check: func(t *testing.T, body []byte) {
 				var ft api.FrameTiles
