@@ -307,6 +307,21 @@ func (tx *Tx) Failures(frameKey string) (map[int][]Failure, error) {
 	return out, nil
 }
 
+// EachFailure calls fn with the recorded failures of every tile that has any, by frame key
+// and tile index, until fn returns an error.
+func (tx *Tx) EachFailure(fn func(frameKey string, tile int, list []Failure) error) error {
+	return tx.tx.Bucket(bucketFailures).ForEach(func(k, v []byte) error {
+		if len(k) < 5 || k[len(k)-5] != '/' {
+			return nil
+		}
+		var list []Failure
+		if err := json.Unmarshal(v, &list); err != nil {
+			return fmt.Errorf("decoding failures %q: %w", k, err)
+		}
+		return fn(string(k[:len(k)-5]), int(binary.BigEndian.Uint32(k[len(k)-4:])), list)
+	})
+}
+
 // AddOutbox appends a record for the relay to publish.
 func (tx *Tx) AddOutbox(r OutboxRecord) error {
 	b := tx.tx.Bucket(bucketOutbox)

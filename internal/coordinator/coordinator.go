@@ -84,6 +84,7 @@ type Coordinator struct {
 	statuses  statusCache      // each job's status by the fingerprint of its records (status.go)
 	lost      lostTracker      // frames the last reconciliation found with lost tiles (lost.go)
 	thumbs    *thumbnails      // finished frames' thumbnails, by frame key (thumbnails.go)
+	fleet     *fleetHistory    // each worker's busy slots and recent failures (fleet.go)
 
 	completions atomic.Int64 // tile completions seen in events, for the drain rate
 	drainMu     sync.Mutex
@@ -120,6 +121,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		changed:   make(chan struct{}),
 		eta:       newETATracker(),
 		thumbs:    newThumbnails(),
+		fleet:     newFleetHistory(),
 
 		streamMax:   defaultStreamMax,
 		streamsDone: make(chan struct{}),
@@ -142,7 +144,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"progress watcher":  c.watchProgress,
 		"metrics sampler":   c.sampleMetrics,
 		"worker directory":  c.watchWorkers,
-		"worker heartbeats": c.queue.Workers.Follow,
+		"worker heartbeats": func(ctx context.Context) error { return c.queue.Workers.Follow(ctx, c.fleet.beat) },
 	}
 	for name, loop := range loops {
 		wg.Add(1)

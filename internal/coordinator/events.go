@@ -185,6 +185,7 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []wire.Event) error {
 				c.m.EventsApplied.WithLabelValues(ev.Type).Inc()
 			}
 		}
+		c.fleet.failed(p.failed) // the workers page's recent failures
 		c.progress.finished(evs) // a completed or failed tile is no longer in progress
 		c.countCompletions(evs)
 		c.kickRelay() // an event may have asked for an assembly

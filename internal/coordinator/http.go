@@ -303,8 +303,19 @@ func (c *Coordinator) handleReprioritize(w http.ResponseWriter, r *http.Request)
 	writeJSON(w, http.StatusOK, st)
 }
 
+// handleWorkers lists the live workers; with ?detail=1, each with its busy slots over the last
+// minutes and its recent failures (WorkersDetail), for the monitor's workers page.
 func (c *Coordinator) handleWorkers(w http.ResponseWriter, r *http.Request) {
-	ws, err := c.Workers(r.Context())
+	list := c.Workers
+	switch d := r.URL.Query().Get("detail"); d {
+	case "1", "true":
+		list = c.WorkersDetail
+	case "", "0", "false":
+	default:
+		writeError(w, badInput("detail %q: want 1 or 0", d))
+		return
+	}
+	ws, err := list(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return

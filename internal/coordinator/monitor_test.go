@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"image"
 	"image/color"
@@ -9,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
@@ -197,5 +199,71 @@ func TestThumbnailIsTheFramesPNGScaled(t *testing.T) {
 	defer func() { h.c.objects = h.objects }()
 	if again, err := h.c.Thumbnail(h.ctx, job, 1); err != nil || !bytes.Equal(again, data) {
 		t.Fatalf("thumbnail asked again with the store down: %v", err)
+	}
+}
+
+// The workers page's detail: each live worker's busy slots at each heartbeat the directory's
+// watch delivers, and its recent failures as the coordinator records them, also after a
+// restart (read from the failure records); a worker gone is not listed.
+func TestWorkersDetail(t *testing.T) {
+	h := newHarness(t, Config{})
+	ctx, stop := context.WithCancel(h.ctx)
+	defer stop()
+	go func() { _ = h.queue.Workers.Follow(ctx, h.c.fleet.beat) }()
+	res, fk := h.submitFrame(t, 64, 64, 32)
+	beat := func(name string, busy float64) {
+		t.Helper()
+		if err := h.queue.Workers.Beat(h.ctx, api.Worker{Name: name, Slots: 2, BusySlots: busy, LastSeen: time.Now().UTC(),
+			Pools: []string{"any worker"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	samples := func(name string) []api.BusySample {
+		ws, err := h.c.WorkersDetail(h.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range ws {
+			if w.Name == name {
+				return w.History
+			}
+		}
+		return nil
+	}
+	for _, busy := range []float64{1.5, 0.25, 3} { // 3 of 2 slots is cut to 2
+		beat("w1", busy)
+		n := len(samples("w1"))
+		for deadline := time.Now().Add(10 * time.Second); len(samples("w1")) == n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the beat of %v never reached the history", busy)
+			}
+		}
+	}
+	got := samples("w1")
+	if len(got) != 3 || got[0].Busy != 1.5 || got[1].Busy != 0.25 || got[2].Busy != 2 || !got[1].Time.After(got[0].Time) {
+		t.Fatalf("w1's history = %+v, want 1.5, 0.25, 2 in time order", got)
+	}
+	f := h.frame(t, fk)
+	ev := tileEvent(t, f, 3, wire.EventTileFailed, 1, 1)
+	ev.Code, ev.Error = "panic", "panic: boom"
+	h.apply(t, ev)
+	ws, err := h.c.WorkersDetail(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ws) != 1 || len(ws[0].RecentFailures) != 1 {
+		t.Fatalf("workers = %+v, want w1 with its failure", ws)
+	}
+	want := api.WorkerFailure{JobID: res.Status.JobID, Frame: 1, Tile: 3, Class: "panic", Error: "panic: boom", Time: ws[0].RecentFailures[0].Time}
+	if ws[0].RecentFailures[0] != want || ws[0].Pools[0] != "any worker" {
+		t.Fatalf("w1's failures = %+v, pools %v; want %+v", ws[0].RecentFailures, ws[0].Pools, want)
+	}
+	if plain, _ := h.c.Workers(h.ctx); plain[0].History != nil || plain[0].RecentFailures != nil {
+		t.Fatalf("the plain worker list carries the detail: %+v", plain[0])
+	}
+	// A restarted coordinator reads the failures from its records.
+	h.c.fleet = newFleetHistory()
+	if ws, _ := h.c.WorkersDetail(h.ctx); len(ws[0].RecentFailures) != 1 || ws[0].RecentFailures[0].Tile != 3 {
+		t.Fatalf("after a restart w1's failures = %+v, want the recorded one", ws[0].RecentFailures)
 	}
 }

@@ -682,6 +682,15 @@ func TestOpenAPIResponses(t *testing.T) {
 					t.Errorf("workers = %s, want the worker that beat", body)
 				}
 			}},
+		{name: "workers in detail", method: "GET", path: "/v1/workers?detail=1", want: 200,
+			check: func(t *testing.T, body []byte) {
+				var ws api.WorkersResponse
+				if err := json.Unmarshal(body, &ws); err != nil || len(ws.Workers) != 1 || len(ws.Workers[0].RecentFailures) != 1 ||
+					ws.Workers[0].RecentFailures[0].Error != "rendering: boom" {
+					t.Errorf("workers in detail = %s, want w1 with the failure recorded of it", body)
+				}
+			}},
+		{name: "workers in detail, asked wrongly", method: "GET", path: "/v1/workers?detail=yes", want: 400, check: expectKind("bad_input")},
 		{name: "reprioritize", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{"priority": 7}`), ctype: "application/json", want: 200,
 			check: func(t *testing.T, body []byte) {
 				if !bytes.Contains(body, []byte(`"priority": 7`)) {

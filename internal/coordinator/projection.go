@@ -29,6 +29,8 @@ type projection struct {
 	// What the projection changed that the metrics count. Coordinator.counted adds them once
 	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
 	tileDeadLetters, assemblyDeadLetters, framesCompleted int
+	// failed are the tiles' failures recorded, for the workers page (fleet.go).
+	failed []workerFailure
 }
 
 // frameEdit is one frame being changed in a projection.
@@ -195,6 +197,9 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 		u.Failure.DeadLettered = next == coorddb.TileDeadLettered
 		if err := p.tx.AddFailure(fk, u.Index, *u.Failure); err != nil {
 			return false, err
+		}
+		if u.Failure.Worker != "" {
+			p.failed = append(p.failed, workerFailure{worker: u.Failure.Worker, f: workerFailureOf(f, u.Index, *u.Failure)})
 		}
 	}
 	return true, nil

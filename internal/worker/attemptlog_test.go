@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/metrics"
@@ -165,3 +166,27 @@ type outputErr struct {
 
 func (e *outputErr) Error() string            { return e.err.Error() }
 func (e *outputErr) RendererOutput() []string { return e.out }
+
+// The slot-seconds the heartbeat reports count the slots held, never more than the worker
+// has: three tiles in hand on two slots hold two.
+func TestActivityCountsBusySlots(t *testing.T) {
+	before := time.Now()
+	a := newActivity(2)
+	for _, id := range []string{"a1", "a2", "a3"} {
+		a.start(id, api.WorkerTile{})
+	}
+	time.Sleep(50 * time.Millisecond)
+	_, _, _, busy := a.snapshot(time.Now())
+	elapsed := time.Since(before).Seconds()
+	if busy < 2*0.05 || busy > 2*elapsed {
+		t.Fatalf("busy slot-seconds after 50 ms with 3 tiles on 2 slots = %v, want between 0.1 and %v", busy, 2*elapsed)
+	}
+	for _, id := range []string{"a1", "a2", "a3"} {
+		a.end(id)
+	}
+	_, _, _, held := a.snapshot(time.Now())
+	time.Sleep(20 * time.Millisecond)
+	if _, _, _, later := a.snapshot(time.Now()); later != held {
+		t.Fatalf("busy slot-seconds went from %v to %v while no tile was held", held, later)
+	}
+}

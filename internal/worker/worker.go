@@ -147,7 +147,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	inj := faults.New(cfg.Faults, log)
 	w := &Worker{
 		cfg: cfg, queue: f, objects: inj.Store(d.Objects), ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
-		log: log, act: newActivity(), faults: inj, sources: f.Sources(cfg.Capabilities),
+		log: log, act: newActivity(cfg.Concurrency), faults: inj, sources: f.Sources(cfg.Capabilities),
 		publish: inj.Publisher(func(ctx context.Context, subject string, data []byte) error {
 			_, err := f.Publish(ctx, subject, "", data, nil)
 			return err
