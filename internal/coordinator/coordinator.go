@@ -136,6 +136,11 @@ func New(cfg Config, d Deps) *Coordinator {
 // done. Each restarts after an error, so
 // a NATS or storage outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
+	// The workers page's recent failures, read before any event is applied (fleet.go); a
+	// failure to read them is tried again when the page asks.
+	if err := c.seedFleetFailures(ctx); err != nil && ctx.Err() == nil {
+		c.log.Warn("reading the workers' recent failures", "err", err)
+	}
 	var wg sync.WaitGroup
 	loops := map[string]func(context.Context) error{
 		"outbox relay":      c.relay,

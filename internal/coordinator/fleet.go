@@ -104,9 +104,9 @@ func (h *fleetHistory) detail(ws []api.Worker, now time.Time) {
 	}
 }
 
-// seed reads the recent failures of every worker from the database's failure records, once:
-// the failures applied since the process started are among them, so they replace what the
-// events added meanwhile.
+// seedFleetFailures reads the recent failures of every worker from the database's failure
+// records, once, and merges them with those the events added meanwhile (an event applied while
+// the records were read may be in both, or in the events' alone).
 func (c *Coordinator) seedFleetFailures(ctx context.Context) error {
 	c.fleet.mu.Lock()
 	seeded := c.fleet.seeded
@@ -139,8 +139,26 @@ func (c *Coordinator) seedFleetFailures(ctx context.Context) error {
 	}
 	c.fleet.mu.Lock()
 	defer c.fleet.mu.Unlock()
+	if c.fleet.seeded {
+		return nil
+	}
+	for worker, seen := range c.fleet.failures {
+		for _, f := range seen {
+			if !slices.ContainsFunc(byWorker[worker], sameFailure(f)) {
+				byWorker[worker] = append(byWorker[worker], f)
+			}
+		}
+		byWorker[worker] = newest(byWorker[worker])
+	}
 	c.fleet.failures, c.fleet.seeded = byWorker, true
 	return nil
+}
+
+// sameFailure reports whether a failure is f: the same tile's, at the same time.
+func sameFailure(f api.WorkerFailure) func(api.WorkerFailure) bool {
+	return func(g api.WorkerFailure) bool {
+		return f.Frame == g.Frame && f.Tile == g.Tile && f.JobID == g.JobID && f.Time.Equal(g.Time)
+	}
 }
 
 // workerFailureOf is failure fl of tile of frame f as the workers page shows it.

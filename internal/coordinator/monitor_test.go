@@ -261,9 +261,14 @@ func TestWorkersDetail(t *testing.T) {
 	if plain, _ := h.c.Workers(h.ctx); plain[0].History != nil || plain[0].RecentFailures != nil {
 		t.Fatalf("the plain worker list carries the detail: %+v", plain[0])
 	}
-	// A restarted coordinator reads the failures from its records.
+	// A restarted coordinator reads the failures from its records, with those applied before
+	// it read them once each.
 	h.c.fleet = newFleetHistory()
-	if ws, _ := h.c.WorkersDetail(h.ctx); len(ws[0].RecentFailures) != 1 || ws[0].RecentFailures[0].Tile != 3 {
-		t.Fatalf("after a restart w1's failures = %+v, want the recorded one", ws[0].RecentFailures)
+	second := tileEvent(t, f, 2, wire.EventTileFailed, 2, 1)
+	second.Code, second.Error = "retryable", "store down"
+	h.apply(t, second)
+	ws, _ = h.c.WorkersDetail(h.ctx)
+	if got := ws[0].RecentFailures; len(got) != 2 || got[0].Tile != 3 || got[1].Tile != 2 {
+		t.Fatalf("after a restart w1's failures = %+v, want the recorded one and the one applied since, once each", got)
 	}
 }

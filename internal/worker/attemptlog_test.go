@@ -176,7 +176,7 @@ func TestActivityCountsBusySlots(t *testing.T) {
 		a.start(id, api.WorkerTile{})
 	}
 	time.Sleep(50 * time.Millisecond)
-	_, _, _, busy := a.snapshot(time.Now())
+	_, _, _, busy, _ := a.snapshot()
 	elapsed := time.Since(before).Seconds()
 	if busy < 2*0.05 || busy > 2*elapsed {
 		t.Fatalf("busy slot-seconds after 50 ms with 3 tiles on 2 slots = %v, want between 0.1 and %v", busy, 2*elapsed)
@@ -184,9 +184,9 @@ func TestActivityCountsBusySlots(t *testing.T) {
 	for _, id := range []string{"a1", "a2", "a3"} {
 		a.end(id)
 	}
-	_, _, _, held := a.snapshot(time.Now())
+	_, _, _, held, _ := a.snapshot()
 	time.Sleep(20 * time.Millisecond)
-	if _, _, _, later := a.snapshot(time.Now()); later != held {
+	if _, _, _, later, _ := a.snapshot(); later != held {
 		t.Fatalf("busy slot-seconds went from %v to %v while no tile was held", held, later)
 	}
 }

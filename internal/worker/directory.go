@@ -107,11 +107,12 @@ func (a *activity) isBlocked(job string) bool {
 	return slices.Contains(a.blocked, job)
 }
 
-// snapshot is the heartbeat's view at now: the tiles rendering, the blocklist, the samples so
-// far and the slot-seconds busy so far.
-func (a *activity) snapshot(now time.Time) ([]api.WorkerTile, []string, int64, float64) {
+// snapshot is the heartbeat's view: the tiles rendering, the blocklist, the samples so far,
+// the slot-seconds busy so far, and when (read under the lock, so no change is counted twice).
+func (a *activity) snapshot() ([]api.WorkerTile, []string, int64, float64, time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
 	a.account(now)
 	tiles := make([]api.WorkerTile, 0, len(a.tiles))
 	for _, t := range a.tiles {
@@ -126,7 +127,7 @@ func (a *activity) snapshot(now time.Time) ([]api.WorkerTile, []string, int64, f
 		}
 		return 0
 	})
-	return tiles, slices.Clone(a.blocked), a.samples, a.busy
+	return tiles, slices.Clone(a.blocked), a.samples, a.busy, now
 }
 
 // beat keeps the worker's entry in the directory until ctx ends, then removes it: every
@@ -137,11 +138,10 @@ func (w *Worker) beat(ctx context.Context) {
 	host, _ := os.Hostname()
 	t := time.NewTicker(queue.WorkerBeat)
 	defer t.Stop()
-	lastTime, lastSamples, lastBusy := time.Now(), int64(0), 0.0
+	_, _, lastSamples, lastBusy, lastTime := w.act.snapshot()
 	rate, busySlots := 0.0, 0.0
 	for {
-		now := time.Now()
-		tiles, blocked, samples, busy := w.act.snapshot(now)
+		tiles, blocked, samples, busy, now := w.act.snapshot()
 		if dt := now.Sub(lastTime).Seconds(); dt > 0.5 {
 			rate = float64(samples-lastSamples) / dt
 			busySlots = (busy - lastBusy) / dt
