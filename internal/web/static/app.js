@@ -13,7 +13,10 @@
   let viewTimers = [];
   let frameState = null; // the frame view's drawing state
   let jobState = null; // the job view's contact sheet
-  let jobRefresh = null; // the job view's refresh, called on events about its job
+  // jobRefresh is the job view's refresh, called on events about its job: at most every
+  // jobRefreshEvery, or at once with now (after a button of the page).
+  let jobRefresh = null;
+  const jobRefreshEvery = 2000;
   let viewRefresh = () => {}; // the dead letters', a dead letter's or a tile's view's refresh
 
   class Unauthorized extends Error {}
@@ -165,6 +168,7 @@
     } else if (event === 'frame') {
       for (const f of payload) {
         if (route.name === 'frame' && f.job_id === route.id && f.frame === route.frame && frameState) frameState.refresh();
+        if (route.name === 'job' && f.job_id === route.id && jobState) jobState.frameEvent(f);
         if (route.name === 'job' && f.job_id === route.id && jobRefresh) jobRefresh();
         if (route.name === 'tile' && f.job_id === route.id && f.frame === route.frame) viewRefresh();
       }
@@ -185,7 +189,7 @@
   }
 
   function stopView() {
-    for (const t of viewTimers) clearInterval(t);
+    for (const t of viewTimers) clearInterval(t); // clears the timeouts among them too
     viewTimers = [];
     frameState = null;
     if (jobState) jobState.observer.disconnect();
@@ -298,7 +302,7 @@
       jobs.set(id, st);
       showMessage('');
       if (route.name === 'jobs') renderJobs();
-      if (jobRefresh) jobRefresh();
+      if (jobRefresh) jobRefresh(true);
     } catch (e) { fail(e); }
   }
 
@@ -312,7 +316,7 @@
       jobs.set(id, st);
       showMessage('');
       if (route.name === 'jobs') renderJobs();
-      if (jobRefresh) jobRefresh();
+      if (jobRefresh) jobRefresh(true);
     } catch (e) { fail(e); }
   }
 
@@ -341,7 +345,7 @@
     const sheet = el('ul', { class: 'sheet', id: 'frames', 'aria-label': 'Frames', 'data-thumbnails-drawn': 0 });
     view.replaceChildren(el('p', {}, el('a', { href: '#/' }, '← Jobs')), head,
       el('h3', {}, 'Render time per frame'), el('div', { class: 'chart' }, chart), chartNote, el('h3', {}, 'Frames'), sheet);
-    const js = { cards: new Map(), size: null, drawn: 0, queue: [], loading: 0, frames: [] };
+    const js = { cards: new Map(), size: null, drawn: 0, queue: [], loading: 0, frames: [], frameEvent: () => {} };
     const gone = () => route.name !== 'job' || route.id !== r.id || jobState !== js;
     jobState = js;
     // Thumbnails are fetched only for cards on screen, two at a time: a shot of hundreds of
@@ -505,7 +509,28 @@
         } while (again);
       } catch (e) { fail(e); } finally { busy = false; }
     };
-    jobRefresh = refresh;
+    // The sheet follows the stream's frame events at once (a frame's state and tiles); the
+    // job's status, 240 frames of it for a long shot, is fetched at most every
+    // jobRefreshEvery, so a page open on a busy job costs the coordinator little.
+    js.frameEvent = (ev) => {
+      const f = js.frames.find((x) => x.frame === ev.frame);
+      const c = js.cards.get(ev.frame);
+      if (!f || !c) return;
+      Object.assign(f, { state: ev.state, tiles_completed: ev.tiles_completed, tiles_failed: ev.tiles_failed });
+      update(c, f);
+    };
+    let last = 0, timer = null;
+    jobRefresh = (now) => {
+      const wait = last + jobRefreshEvery - Date.now();
+      if (now || wait <= 0) {
+        last = Date.now();
+        refresh();
+      } else if (timer == null) {
+        timer = setTimeout(() => { timer = null; last = Date.now(); refresh(); }, wait);
+        viewTimers.push(timer);
+      }
+    };
+    last = Date.now();
     await refresh();
   }
 
