@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"time"
 
 	"github.com/chromedp/chromedp"
@@ -17,6 +18,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/farmtest"
+	"github.com/tilefarm/tilefarm/internal/proctest"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/tiles"
 )
@@ -33,6 +35,9 @@ type MonitorLoad struct {
 	Rate                                  int // tile.completed events a second
 	Window                                time.Duration
 	Rounds                                int
+	// ProfileDir, if set, receives a CPU profile of the coordinator over each window of the
+	// first round: monitor-none.pprof, monitor-jobs.pprof, monitor-job.pprof.
+	ProfileDir string
 }
 
 // DefaultMonitorLoad is 50 jobs of 240 frames of 8 tiles (96,000 tiles), 100 tile events a
@@ -68,7 +73,15 @@ func MeasureMonitor(ctx context.Context, bins farmtest.Binaries, dir string, b *
 	if err != nil {
 		return res, err
 	}
-	srv, err := StartCoordinator(ctx, bins, dir)
+	var extra []string
+	debug := ""
+	if m.ProfileDir != "" {
+		if debug, err = proctest.FreeAddr(); err != nil {
+			return res, err
+		}
+		extra = []string{"--debug-listen", debug}
+	}
+	srv, err := StartCoordinator(ctx, bins, dir, extra...)
 	if err != nil {
 		return res, err
 	}
@@ -120,7 +133,14 @@ func MeasureMonitor(ctx context.Context, bins farmtest.Binaries, dir string, b *
 	}
 
 	pid := srv.Coord.Pid()
+	profiled := map[string]bool{}
 	window := func(open string) error {
+		if m.ProfileDir != "" && !profiled[open] {
+			profiled[open] = true
+			path := filepath.Join(m.ProfileDir, "monitor-"+open+".pprof")
+			url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", debug, int(m.Window.Seconds()))
+			go func() { _ = exec.CommandContext(ctx, "curl", "-sf", "-o", path, url).Run() }()
+		}
 		before, err := CPUTime(pid)
 		if err != nil {
 			return err
@@ -145,12 +165,15 @@ func MeasureMonitor(ctx context.Context, bins farmtest.Binaries, dir string, b *
 			if view == "job" {
 				hash, ready = "#/jobs/"+current(), `document.querySelectorAll('#frames li[data-frame]').length > 0`
 			}
-			closeBrowser, err := openMonitor(ctx, chromium, "http://"+srv.HTTP+"/"+hash, ready)
+			page, err := openMonitor(ctx, chromium, "http://"+srv.HTTP+"/"+hash, ready)
 			if err != nil {
 				return res, err
 			}
 			err = window(view)
-			closeBrowser()
+			if err == nil {
+				err = page.stillLive() // the window measured a page that was open all along
+			}
+			page.close()
 			if err != nil {
 				return res, err
 			}
@@ -210,9 +233,26 @@ func feed(ctx context.Context, js jetstream.JetStream, jobs []api.Status, m Moni
 	return ctx.Err()
 }
 
+// monitorPage is the monitor open in a headless Chromium.
+type monitorPage struct {
+	ctx   context.Context // the browser's
+	close func()
+}
+
+// stillLive checks the page still has its event stream open.
+func (p monitorPage) stillLive() error {
+	ctx, cancel := context.WithTimeout(p.ctx, 30*time.Second)
+	defer cancel()
+	live, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#live').textContent`))
+	if err != nil || live != "live" {
+		return fmt.Errorf("the monitor's page is no longer live (%q, %v)", live, err)
+	}
+	return nil
+}
+
 // openMonitor opens url in a headless Chromium and waits until the page is live (its event
-// stream open) and ready is true; the returned func closes the browser.
-func openMonitor(ctx context.Context, chromium, url, ready string) (func(), error) {
+// stream open) and ready is true.
+func openMonitor(ctx context.Context, chromium, url, ready string) (monitorPage, error) {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.NoSandbox,
 		chromedp.WindowSize(1280, 800), chromedp.Flag("disable-dev-shm-usage", true))
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
@@ -221,20 +261,26 @@ func openMonitor(ctx context.Context, chromium, url, ready string) (func(), erro
 		cancel()
 		cancelAlloc()
 	}
+	// The first Run starts the browser and ties it to its context: bctx's, not a timeout's,
+	// or the browser would end with the wait below.
+	if _, err := chromedp.Run(bctx, chromedp.Navigate("about:blank")); err != nil {
+		closeAll()
+		return monitorPage{}, fmt.Errorf("starting chromium: %w", err)
+	}
 	wctx, stop := context.WithTimeout(bctx, time.Minute)
 	defer stop()
 	if _, err := chromedp.Run(wctx, chromedp.Navigate(url)); err != nil {
 		closeAll()
-		return nil, fmt.Errorf("opening the monitor: %w", err)
+		return monitorPage{}, fmt.Errorf("opening the monitor: %w", err)
 	}
 	for {
 		ok, err := chromedp.Run(wctx, chromedp.Evaluate[bool](`document.querySelector('#live').textContent === 'live' && !!(`+ready+`)`))
 		if err != nil {
 			closeAll()
-			return nil, fmt.Errorf("waiting for the monitor at %s: %w", url, err)
+			return monitorPage{}, fmt.Errorf("waiting for the monitor at %s: %w", url, err)
 		}
 		if ok {
-			return closeAll, nil
+			return monitorPage{ctx: bctx, close: closeAll}, nil
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -70,6 +70,7 @@ func main() {
 		}
 	}
 	if *monitor || slices.Contains(c.Only, "monitor") {
+		load.ProfileDir = c.ProfileDir
 		c.Monitor = load
 	}
 	if *sizes == "" && slices.Contains(c.Only, "fleet") {
