@@ -128,6 +128,18 @@ var fingerprintSeed = maphash.MakeSeed()
 // (a cache's key; a status that also reads tile tables or failures must not be cached by it).
 // A frame not stored hashes as absent.
 func (tx *Tx) Fingerprint(j *Job) uint64 {
+	keys := make([]string, 0, j.Frames())
+	for n := range j.FrameNumbers() {
+		keys = append(keys, j.FrameKey(n))
+	}
+	return tx.FingerprintFrames(j.ID, keys)
+}
+
+// FingerprintFrames is Fingerprint of the job jobID whose frames have the keys frameKeys
+// (Job.FrameKey of each of its frames, in order): a caller that keeps a job's frame keys
+// saves deriving them, a hash each, every time (the event stream fingerprints every frame of
+// every job twice a second).
+func (tx *Tx) FingerprintFrames(jobID string, frameKeys []string) uint64 {
 	var h maphash.Hash
 	h.SetSeed(fingerprintSeed)
 	record := func(raw []byte) {
@@ -136,10 +148,10 @@ func (tx *Tx) Fingerprint(j *Job) uint64 {
 		h.Write(n[:])
 		h.Write(raw)
 	}
-	record(tx.tx.Bucket(bucketJobs).Get([]byte(j.ID)))
+	record(tx.tx.Bucket(bucketJobs).Get([]byte(jobID)))
 	frames := tx.tx.Bucket(bucketFrames)
-	for n := range j.FrameNumbers() {
-		record(frames.Get([]byte(j.FrameKey(n))))
+	for _, k := range frameKeys {
+		record(frames.Get([]byte(k)))
 	}
 	return h.Sum64()
 }

@@ -272,3 +272,38 @@ func TestWorkersDetail(t *testing.T) {
 		t.Fatalf("after a restart w1's failures = %+v, want the recorded one and the one applied since, once each", got)
 	}
 }
+
+// A stream's look sends every job and frame first, then the frames and statuses that changed
+// and nothing else; a job whose records did not change is not looked at again frame by frame,
+// and one whose did is.
+func TestStreamSendsWhatChanged(t *testing.T) {
+	h := newHarness(t, Config{})
+	a, fk := h.submitFrame(t, 64, 64, 32)
+	b := h.submit(t, h.request(2, 3, 64, 64, 32))
+	s := &streamState{jobs: map[string][]byte{}, frames: map[frameOfJob]api.FrameEvent{}, fingerprints: map[string]uint64{}}
+	look := func() string {
+		t.Helper()
+		all, fps, err := h.c.jobsWithFrames(h.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := s.next(all, fps)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(msg)
+	}
+	first := look()
+	if strings.Count(first, `"frame":`) != 3 || !strings.Contains(first, a.Status.JobID) || !strings.Contains(first, b.Status.JobID) {
+		t.Fatalf("first message = %s, want both jobs and their 3 frames", first)
+	}
+	if again := look(); again != "" {
+		t.Fatalf("a look with nothing changed sent %s", again)
+	}
+	h.apply(t, tileEvent(t, h.frame(t, fk), 0, wire.EventTileCompleted, 1, 1))
+	msg := look()
+	if !strings.Contains(msg, `"job_id":"`+a.Status.JobID+`","frame":1,`) || strings.Count(msg, `"frame":`) != 1 ||
+		!strings.Contains(msg, `"tiles_completed":1`) || strings.Contains(msg, b.Status.JobID) {
+		t.Fatalf("message after a tile of job A's frame 1 completed = %s, want that frame and job A alone", msg)
+	}
+}

@@ -26,7 +26,7 @@ func (c *Coordinator) observe(st *api.Status) {
 
 // Jobs lists the status of every job, oldest first, without their frames.
 func (c *Coordinator) Jobs(ctx context.Context) ([]api.Status, error) {
-	out, err := c.jobsWithFrames(ctx)
+	out, _, err := c.jobsWithFrames(ctx)
 	for i := range out {
 		out[i].Frames = nil
 	}
@@ -42,6 +42,8 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]api.Status, error) {
 type statusCache struct {
 	mu   sync.Mutex
 	jobs map[string]cachedStatus
+	// keys are each job's frame keys, derived once: a job's frames never change.
+	keys map[string][]string
 }
 
 type cachedStatus struct {
@@ -49,31 +51,46 @@ type cachedStatus struct {
 	st          api.Status
 }
 
-// status is jobStatus(tx, j, tx.Frame), from the cache when j's records are as they were.
-// Callers get a copy of their own: addProgress changes its frames.
-func (sc *statusCache) status(tx *coorddb.Tx, j *coorddb.Job) (api.Status, error) {
-	fp := tx.Fingerprint(j)
+// status is jobStatus(tx, j, tx.Frame), from the cache when j's records are as they were,
+// and the fingerprint of those records (coorddb.Tx.FingerprintFrames). Callers get a copy of
+// their own: addProgress changes its frames.
+func (sc *statusCache) status(tx *coorddb.Tx, j *coorddb.Job) (api.Status, uint64, error) {
+	sc.mu.Lock()
+	keys, ok := sc.keys[j.ID]
+	sc.mu.Unlock()
+	if !ok {
+		for n := range j.FrameNumbers() {
+			keys = append(keys, j.FrameKey(n))
+		}
+		sc.mu.Lock()
+		if sc.keys == nil {
+			sc.keys = map[string][]string{}
+		}
+		sc.keys[j.ID] = keys
+		sc.mu.Unlock()
+	}
+	fp := tx.FingerprintFrames(j.ID, keys)
 	sc.mu.Lock()
 	c, ok := sc.jobs[j.ID]
 	sc.mu.Unlock()
 	if ok && c.fingerprint == fp {
-		return cloneStatus(c.st), nil
+		return cloneStatus(c.st), fp, nil
 	}
 	st, err := jobStatus(tx, j, tx.Frame)
 	if err != nil {
-		return st, err
+		return st, fp, err
 	}
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if st.FramesFailed > 0 {
 		delete(sc.jobs, j.ID)
-		return st, nil
+		return st, fp, nil
 	}
 	if sc.jobs == nil {
 		sc.jobs = map[string]cachedStatus{}
 	}
 	sc.jobs[j.ID] = cachedStatus{fingerprint: fp, st: cloneStatus(st)}
-	return st, nil
+	return st, fp, nil
 }
 
 // keepOnly forgets the jobs not in ids (jobs the store no longer has).
@@ -83,6 +100,11 @@ func (sc *statusCache) keepOnly(ids map[string]bool) {
 	for id := range sc.jobs {
 		if !ids[id] {
 			delete(sc.jobs, id)
+		}
+	}
+	for id := range sc.keys {
+		if !ids[id] {
+			delete(sc.keys, id)
 		}
 	}
 }
@@ -228,7 +250,7 @@ func (c *Coordinator) Status(ctx context.Context, jobID string) (api.Status, err
 		if err != nil {
 			return err
 		}
-		if st, err = c.statuses.status(tx, j); err == nil {
+		if st, _, err = c.statuses.status(tx, j); err == nil {
 			addProgress(&st, inProgress)
 		}
 		return err
