@@ -126,7 +126,9 @@ var fingerprintSeed = maphash.MakeSeed()
 // Fingerprint hashes the stored bytes of job j and of each of its frames, without decoding
 // them: equal fingerprints mean a status computed from these records would come out the same
 // (a cache's key; a status that also reads tile tables or failures must not be cached by it).
-// A frame not stored hashes as absent.
+// A frame not stored hashes as absent. It is the sum of JobFingerprint and of each frame's
+// FrameFingerprint, so it can be summed frame by frame in any order: EachFrame fingerprints
+// every job at once in one pass over the frames.
 func (tx *Tx) Fingerprint(j *Job) uint64 {
 	keys := make([]string, 0, j.Frames())
 	for n := range j.FrameNumbers() {
@@ -136,24 +138,52 @@ func (tx *Tx) Fingerprint(j *Job) uint64 {
 }
 
 // FingerprintFrames is Fingerprint of the job jobID whose frames have the keys frameKeys
-// (Job.FrameKey of each of its frames, in order): a caller that keeps a job's frame keys
-// saves deriving them, a hash each, every time (the event stream fingerprints every frame of
-// every job twice a second).
+// (Job.FrameKey of each of its frames): a caller that keeps a job's frame keys saves deriving
+// them, a hash each, every time.
 func (tx *Tx) FingerprintFrames(jobID string, frameKeys []string) uint64 {
-	var h maphash.Hash
-	h.SetSeed(fingerprintSeed)
-	record := func(raw []byte) {
-		var n [8]byte
-		binary.LittleEndian.PutUint64(n[:], uint64(len(raw)))
-		h.Write(n[:])
-		h.Write(raw)
-	}
-	record(tx.tx.Bucket(bucketJobs).Get([]byte(jobID)))
+	fp := tx.JobFingerprint(jobID)
 	frames := tx.tx.Bucket(bucketFrames)
 	for _, k := range frameKeys {
-		record(frames.Get([]byte(k)))
+		fp += FrameFingerprint([]byte(k), frames.Get([]byte(k)))
 	}
+	return fp
+}
+
+// JobFingerprint is the job record's part of Fingerprint.
+func (tx *Tx) JobFingerprint(jobID string) uint64 {
+	return recordHash([]byte(jobID), tx.tx.Bucket(bucketJobs).Get([]byte(jobID)))
+}
+
+// FrameFingerprint is a frame's part of Fingerprint: of its key and its stored record (raw),
+// nil when it is not stored.
+func FrameFingerprint(key, raw []byte) uint64 { return recordHash(key, raw) }
+
+// recordHash hashes a record's key and bytes, absent (nil) apart from empty.
+func recordHash(key, raw []byte) uint64 {
+	var h maphash.Hash
+	h.SetSeed(fingerprintSeed)
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(key)))
+	h.Write(n[:])
+	h.Write(key)
+	size := uint64(len(raw))
+	if raw == nil {
+		size = ^uint64(0)
+	}
+	binary.LittleEndian.PutUint64(n[:], size)
+	h.Write(n[:])
+	h.Write(raw)
 	return h.Sum64()
+}
+
+// EachFrame calls fn with the key and stored record of every frame, in key order: one pass
+// over the frames, far cheaper than a lookup per frame when every job's frames are wanted.
+// key and raw are valid only during fn.
+func (tx *Tx) EachFrame(fn func(key, raw []byte)) {
+	c := tx.tx.Bucket(bucketFrames).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		fn(k, v)
+	}
 }
 
 // PutJob writes a job and indexes its idempotency key.

@@ -307,3 +307,39 @@ func TestStreamSendsWhatChanged(t *testing.T) {
 		t.Fatalf("message after a tile of job A's frame 1 completed = %s, want that frame and job A alone", msg)
 	}
 }
+
+// Fingerprinting every job in one pass over the frames gives each job the fingerprint its own
+// lookups give, for jobs that share frames too, before and after a change.
+func TestFingerprintsInOnePassAreEachJobs(t *testing.T) {
+	h := newHarness(t, Config{})
+	a := h.submit(t, h.request(1, 2, 64, 64, 32))
+	h.submit(t, h.request(2, 3, 64, 64, 32)) // frame 2 is both jobs'
+	check := func() []uint64 {
+		t.Helper()
+		var fps []uint64
+		err := h.c.db.View(h.ctx, func(tx *coorddb.Tx) error {
+			jobs, err := tx.Jobs()
+			if err != nil {
+				return err
+			}
+			fps = h.c.statuses.fingerprints(tx, jobs)
+			for i, j := range jobs {
+				if want := tx.Fingerprint(j); fps[i] != want {
+					t.Errorf("job %s: one pass gives %x, its lookups %x", j.ID, fps[i], want)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fps
+	}
+	before := check()
+	h.relay(t)
+	h.apply(t, tileEvent(t, h.frame(t, h.job(t, a.Status.JobID).FrameKey(2)), 0, wire.EventTileCompleted, 1, 1))
+	after := check()
+	if len(before) != 2 || before[0] == after[0] || before[1] == after[1] {
+		t.Fatalf("fingerprints %x then %x: a change to the shared frame must change both jobs'", before, after)
+	}
+}

@@ -57,8 +57,9 @@ func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]api.Status, []uint6
 			return err
 		}
 		ids := make(map[string]bool, len(jobs))
-		for _, j := range jobs {
-			st, fp, err := c.statuses.status(tx, j)
+		all := c.statuses.fingerprints(tx, jobs)
+		for i, j := range jobs {
+			st, fp, err := c.statuses.statusAt(tx, j, all[i])
 			if err != nil {
 				return err
 			}
