@@ -172,7 +172,7 @@ func (p *process) next(ctx context.Context, hang time.Duration) ([]byte, error) 
 		}
 		return line, nil
 	case <-timer.C:
-		return nil, fmt.Errorf("%w: no sign of life for %v; killed it%s", ErrProcess, hang, p.logs.suffix())
+		return nil, p.withOutput(fmt.Errorf("%w: no sign of life for %v; killed it%s", ErrProcess, hang, p.logs.suffix()))
 	case <-ctx.Done():
 		return nil, context.Cause(ctx)
 	}
@@ -188,7 +188,7 @@ func (p *process) died() error {
 	if ps := p.cmd.ProcessState; ps != nil {
 		state = ps.String()
 	}
-	return fmt.Errorf("%w: blender %s%s", ErrProcess, state, p.logs.suffix())
+	return p.withOutput(fmt.Errorf("%w: blender %s%s", ErrProcess, state, p.logs.suffix()))
 }
 
 // call sends one request and returns its reply line. Heartbeat lines reset the hang timer. A
@@ -201,7 +201,7 @@ func (p *process) call(ctx context.Context, req any) ([]byte, error) {
 		return nil, fmt.Errorf("encoding request: %w", err)
 	}
 	if _, err := p.req.Write(append(b, '\n')); err != nil {
-		return nil, fmt.Errorf("%w: sending request: %v%s", ErrProcess, err, p.logs.suffix())
+		return nil, p.withOutput(fmt.Errorf("%w: sending request: %v%s", ErrProcess, err, p.logs.suffix()))
 	}
 	for {
 		line, err := p.next(ctx, p.hang)
@@ -220,9 +220,9 @@ func (p *process) call(ctx context.Context, req any) ([]byte, error) {
 		case r.OK:
 			return line, nil
 		case r.Scene:
-			return nil, fmt.Errorf("%w: %s", ErrScene, r.Error)
+			return nil, p.withOutput(fmt.Errorf("%w: %s", ErrScene, r.Error))
 		default:
-			return nil, fmt.Errorf("%w: %s%s", ErrProcess, r.Error, p.logs.suffix())
+			return nil, p.withOutput(fmt.Errorf("%w: %s%s", ErrProcess, r.Error, p.logs.suffix()))
 		}
 	}
 }
@@ -261,6 +261,27 @@ func (p *process) stop() {
 	}
 }
 
+// outputLines is how many of the last lines Blender printed an error carries.
+const outputLines = 16
+
+// OutputError is an error of a Blender process with the last lines Blender printed before
+// it (its stdout and stderr), which the farm records with a failed attempt.
+type OutputError struct {
+	Err    error
+	Output []string
+}
+
+func (e *OutputError) Error() string { return e.Err.Error() }
+func (e *OutputError) Unwrap() error { return e.Err }
+
+// RendererOutput is the lines Blender printed last, oldest first.
+func (e *OutputError) RendererOutput() []string { return e.Output }
+
+// withOutput wraps err with the last lines the process printed.
+func (p *process) withOutput(err error) error {
+	return &OutputError{Err: err, Output: p.logs.last(outputLines)}
+}
+
 // tailLog keeps the last lines Blender printed, for error messages, and logs each at debug.
 type tailLog struct {
 	mu    sync.Mutex
@@ -296,6 +317,13 @@ func (t *tailLog) Write(b []byte) (int, error) {
 		t.part = t.part[:0] // a runaway line without newline: drop it
 	}
 	return len(b), nil
+}
+
+// last returns the newest n lines, oldest first.
+func (t *tailLog) last(n int) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return append([]string(nil), t.lines[max(0, len(t.lines)-n):]...)
 }
 
 // suffix is ": last output: ..." with the lines most likely to explain a failure.

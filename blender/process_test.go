@@ -79,6 +79,14 @@ func TestPoolKillsAHungProcess(t *testing.T) {
 	if !errors.Is(err, blender.ErrProcess) || !strings.Contains(err.Error(), "no sign of life") {
 		t.Fatalf("render on a frozen process: %v, want ErrProcess naming the hang", err)
 	}
+	// The error carries what Blender printed last, for the failed attempt's record.
+	var out *blender.OutputError
+	if !errors.As(err, &out) {
+		t.Fatalf("the hang's error %v carries no Blender output", err)
+	}
+	if !slices.ContainsFunc(out.Output, func(l string) bool { return strings.HasPrefix(l, "Saved: ") }) {
+		t.Fatalf("the hang's error carries Blender's output %q, want its last lines (the pass it saved before it froze)", out.Output)
+	}
 	if time.Since(start) < 3*time.Second {
 		t.Fatalf("gave up after %v, before the hang timeout", time.Since(start))
 	}

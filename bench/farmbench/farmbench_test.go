@@ -68,3 +68,26 @@ func TestRunTiny(t *testing.T) {
 		t.Errorf("table without farm_efficiency:\n%s", table.String())
 	}
 }
+
+// TestMonitorTiny runs the monitor step at a tiny size (2 jobs of 4 frames, 1 s windows) and
+// checks every window measured the coordinator's CPU as a finite, non-negative number, with
+// the tile events flowing. No figure is held to a value: that is the full run's to report.
+func TestMonitorTiny(t *testing.T) {
+	c := Default()
+	c.Dir = t.TempDir()
+	c.Only = []string{"monitor"}
+	c.Monitor = MonitorLoad{Jobs: 2, Frames: 4, Width: 128, Height: 64, TileSize: 64, Rate: 4, Window: time.Second, Rounds: 1}
+	res, err := Run(t.Context(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := res.Monitor
+	if m == nil || len(m.Windows) != 3 || m.Tiles != 16 || m.EventsPerS <= 0 {
+		t.Fatalf("monitor = %+v, want three windows over 16 tiles with events flowing", m)
+	}
+	for _, w := range m.Windows {
+		if math.IsNaN(w.Cores) || math.IsInf(w.Cores, 0) || w.Cores < 0 {
+			t.Errorf("window %+v: want finite, non-negative cores", w)
+		}
+	}
+}

@@ -44,6 +44,9 @@ type Config struct {
 	Log             io.Writer
 	// Fleet is the simulated fleet (bench/fleet); it runs when it names sizes.
 	Fleet FleetConfig
+	// Monitor is the coordinator's CPU with the web monitor open (MeasureMonitor); it runs
+	// when it names jobs.
+	Monitor MonitorLoad
 	// Only names the measurements to make (Steps); empty is all of them. The figures of the
 	// others stay 0, and Result.Steps says which were made.
 	Only []string
@@ -69,7 +72,7 @@ type FleetConfig struct {
 const FleetSaturation = 0.8
 
 // Steps are the measurements of a run, in order, by the names Config.Only takes.
-var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", "resume", "rss", "growth", "fleet"}
+var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", "resume", "rss", "growth", "fleet", "monitor"}
 
 // Default is the full run: a realistic shot of about a second a tile.
 func Default() Config {
@@ -143,9 +146,12 @@ type Result struct {
 	// below FleetSaturation of its ideal, 0 if none did (absent when no fleet was measured).
 	Fleet           []fleet.Row `json:"fleet,omitempty"`
 	FleetSaturation *int        `json:"fleet_saturation_workers,omitempty"`
-	Profiles        []string    `json:"profiles,omitempty"`
-	Machine         string      `json:"machine"`
-	Steps           []string    `json:"steps"` // the measurements made
+	// Monitor is the coordinator's CPU with the monitor closed and open (absent when not
+	// measured).
+	Monitor  *MonitorCPU `json:"monitor,omitempty"`
+	Profiles []string    `json:"profiles,omitempty"`
+	Machine  string      `json:"machine"`
+	Steps    []string    `json:"steps"` // the measurements made
 }
 
 // Run builds the binaries and makes every measurement of c.
@@ -166,7 +172,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		}
 	}
 	logf := func(format string, args ...any) { fmt.Fprintf(c.Log, "farmbench: "+format+"\n", args...) }
-	off := map[string]bool{"rss": c.RSSTiles == 0, "growth": !c.Growth, "fleet": len(c.Fleet.Sizes) == 0}
+	off := map[string]bool{"rss": c.RSSTiles == 0, "growth": !c.Growth, "fleet": len(c.Fleet.Sizes) == 0, "monitor": c.Monitor.Jobs == 0}
 	var run []string
 	for _, name := range Steps {
 		if !off[name] && (len(c.Only) == 0 || slices.Contains(c.Only, name)) {
@@ -280,6 +286,15 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		"growth": func() (err error) {
 			res.Growth, err = growth(ctx, c, bins, scene, b, filepath.Join(dir, "growth"), logf)
 			return err
+		},
+		"monitor": func() error {
+			logf("monitor: %d jobs of %d frames, %d tile events a second, %v windows", c.Monitor.Jobs, c.Monitor.Frames, c.Monitor.Rate, c.Monitor.Window)
+			m, err := MeasureMonitor(ctx, bins, filepath.Join(dir, "monitor"), b, c.Monitor)
+			if err != nil {
+				return fmt.Errorf("monitor: %w", err)
+			}
+			res.Monitor = &m
+			return nil
 		},
 		"fleet": func() error {
 			rows, err := measureFleet(ctx, c, filepath.Join(dir, "fleet"))
@@ -438,6 +453,11 @@ func (r Result) Table(w io.Writer) {
 				fmt.Fprintf(w, "throughput stops growing at %d workers (below %.0f%% of ideal)\n", *r.FleetSaturation, 100*FleetSaturation)
 			}
 		}
+	}
+	if m := r.Monitor; m != nil {
+		fmt.Fprintf(w, "\nmonitor: %d jobs, %d frames, %d tiles, %.0f tile events a second; coordinator CPU in cores\n", m.Jobs, m.Frames, m.Tiles, m.EventsPerS)
+		fmt.Fprintf(w, "%-12s %8.3f\n%-12s %8.3f  (x%.2f, +%.1f%% of a core)\n%-12s %8.3f  (x%.2f, +%.1f%% of a core)\n", "closed", m.Closed,
+			"jobs view", m.JobsView, m.JobsView/m.Closed, 100*(m.JobsView-m.Closed), "job view", m.JobView, m.JobView/m.Closed, 100*(m.JobView-m.Closed))
 	}
 	if len(r.Growth) > 0 {
 		table := ""

@@ -23,3 +23,20 @@ type DeadLetter struct {
 	// Time is when the dead letter was stored.
 	Time time.Time `json:"time"`
 }
+
+// DeadLetterDetail is the body of GET /v1/dlq/{seq}: a dead letter with what the farm knows
+// of the work it held, and, for a tile, the tile's recorded failed attempts with their logs.
+type DeadLetterDetail struct {
+	DeadLetter
+	// Kind is "tile" or "assembly", by the dead letter's subject; "" for a payload the farm
+	// cannot read.
+	Kind     string `json:"kind"`
+	JobID    string `json:"job_id,omitempty"` // the job that first asked for the work
+	FrameKey string `json:"frame_key,omitempty"`
+	Frame    int    `json:"frame,omitempty"`
+	// TileIndex and TileKey name a tile's dead letter's tile.
+	TileIndex *int   `json:"tile_index,omitempty"`
+	TileKey   string `json:"tile_key,omitempty"`
+	// Failures are the tile's recorded failed attempts, oldest first (none for an assembly).
+	Failures []TileFailure `json:"failures"`
+}

@@ -1,5 +1,7 @@
 package api
 
+import "time"
+
 // TileRect is a tile's half-open rectangle [x0,x1) x [y0,y1) in frame pixels, y=0 at the top.
 type TileRect struct {
 	X0 int `json:"x0"`
@@ -14,6 +16,38 @@ type TileInfo struct {
 	TileKey string    `json:"tile_key"`
 	Rect    TileRect  `json:"rect"`
 	State   TileState `json:"state"`
+	// RenderMillis is how long the attempt that completed the tile rendered it, as its worker
+	// reported it; absent while unknown (not completed, or completed without a report).
+	RenderMillis uint32 `json:"render_ms,omitempty"`
+	// Failures is how many failed attempts of the tile are recorded (the newest few); GET
+	// .../tiles/{index}/failures has them.
+	Failures int `json:"failures,omitempty"`
+}
+
+// TileFailure is one failed attempt of a tile, as its worker reported it.
+type TileFailure struct {
+	Attempt      string    `json:"attempt,omitempty"`
+	Worker       string    `json:"worker,omitempty"`
+	Class        string    `json:"class"` // the error class: retryable, storage, panic, terminal, max_deliveries
+	Error        string    `json:"error"`
+	Delivery     uint64    `json:"delivery,omitempty"`
+	DeadLettered bool      `json:"dead_lettered"`
+	Time         time.Time `json:"time"`
+	// Log is the last lines the worker logged about the attempt, its renderer's last output
+	// among them ("renderer: ..."), oldest first.
+	Log []string `json:"log"`
+}
+
+// TileFailures is the body of GET /v1/jobs/{id}/frames/{frame}/tiles/{index}/failures: a
+// tile's recorded failed attempts, oldest first (the newest few are kept).
+type TileFailures struct {
+	JobID    string        `json:"job_id"`
+	Frame    int           `json:"frame"`
+	Index    int           `json:"index"`
+	TileKey  string        `json:"tile_key"`
+	Rect     TileRect      `json:"rect"`
+	State    TileState     `json:"state"`
+	Failures []TileFailure `json:"failures"`
 }
 
 // FrameTiles is the body of GET /v1/jobs/{id}/frames/{frame}/tiles: where each tile of a

@@ -157,6 +157,9 @@ type FrameStatus struct {
 	SamplesTotal   int64      `json:"samples_total"` // tiles_total x spp
 	SamplesDone    int64      `json:"samples_done"`  // completed tiles whole, tiles in progress as reported ("Progress")
 	Error          string     `json:"error,omitempty"`
+	// RenderSeconds is the sum of its completed tiles' render times as their workers reported
+	// them: display data, 0 while none is known.
+	RenderSeconds float64 `json:"render_seconds,omitempty"`
 }
 
 // Status is where a job stands. It is what `status --json` prints.

@@ -15,7 +15,10 @@ type Worker struct {
 	Slots            int          `json:"slots"`
 	Tiles            []WorkerTile `json:"tiles"`
 	SamplesPerSecond float64      `json:"samples_per_second"`
-	LastSeen         time.Time    `json:"last_seen"`
+	// BusySlots is how many of its slots held a tile on average since its previous
+	// heartbeat (a tile finalizing behind the one rendering holds none of its own).
+	BusySlots float64   `json:"busy_slots"`
+	LastSeen  time.Time `json:"last_seen"`
 	// Blocklisted are the jobs whose tiles this worker no longer takes, after failing them
 	// repeatedly.
 	Blocklisted []string `json:"blocklisted_jobs"`
@@ -25,6 +28,35 @@ type Worker struct {
 	// Builds are the external renderer builds the worker runs (a Blender's fingerprint); a
 	// job of such a scene renders only on workers running its build.
 	Builds []string `json:"builds,omitempty"`
+	// Pools describe the pools whose tiles the worker pulls ("any worker" first), at most
+	// MaxWorkerPools of them.
+	Pools []string `json:"pools,omitempty"`
+
+	// What the coordinator adds for GET /v1/workers?detail=1, never in a heartbeat: the
+	// worker's busy slots at each heartbeat of the last minutes, oldest first, and its recent
+	// failures, newest last.
+	History        []BusySample    `json:"history,omitempty"`
+	RecentFailures []WorkerFailure `json:"recent_failures,omitempty"`
+}
+
+// MaxWorkerPools bounds the pools a heartbeat lists.
+const MaxWorkerPools = 16
+
+// BusySample is a worker's busy slots (Worker.BusySlots) as one heartbeat told them.
+type BusySample struct {
+	Time time.Time `json:"time"`
+	Busy float64   `json:"busy"`
+}
+
+// WorkerFailure is a failed attempt of a worker, as the coordinator recorded it.
+type WorkerFailure struct {
+	JobID        string    `json:"job_id"` // a job asking for the frame
+	Frame        int       `json:"frame"`
+	Tile         int       `json:"tile"`
+	Class        string    `json:"class"`
+	Error        string    `json:"error"`
+	DeadLettered bool      `json:"dead_lettered"`
+	Time         time.Time `json:"time"`
 }
 
 // WorkerTile is a tile a worker is rendering.

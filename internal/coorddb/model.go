@@ -190,6 +190,9 @@ type Frame struct {
 	TileAttempts     int `json:"tile_attempts"`
 	SamplesRecovered int `json:"samples_recovered"`
 	SamplesRendered  int `json:"samples_rendered"`
+	// RenderMillis is the sum of its completed tiles' render times as their workers reported
+	// them (TileTimes): display data, never state.
+	RenderMillis int64 `json:"render_ms,omitempty"`
 
 	// AssemblyRequested are the formats the newest assembly request asked for; AssemblyError
 	// is set when an assembly was dead-lettered. Assemblies and Retries number the frame's
@@ -331,12 +334,17 @@ type Failure struct {
 	Delivery     uint64    `json:"delivery,omitempty"`
 	DeadLettered bool      `json:"dead_lettered,omitempty"`
 	Time         time.Time `json:"time"`
+	// Log is the last lines the worker logged about the attempt, its renderer's last output
+	// among them, as its failure event quoted them (wire.Event.Log).
+	Log []string `json:"log,omitempty"`
 }
 
 // Bounds of the failure details.
 const (
 	maxFailuresPerTile = 4
 	maxFailureText     = 1024
+	maxFailureLogLines = 20
+	maxFailureLogBytes = 4 << 10
 )
 
 // OutboxKind says what an outbox record dispatches.

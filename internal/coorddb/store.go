@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"os"
+	"slices"
 	"sort"
 	"time"
 
@@ -21,11 +22,12 @@ var (
 	bucketFrames   = []byte("frames")
 	bucketTiles    = []byte("tiles")    // frame_key -> TileTable
 	bucketObjects  = []byte("objects")  // frame_key -> TileObjects
+	bucketTimes    = []byte("times")    // frame_key -> TileTimes
 	bucketFailures = []byte("failures") // frame_key/tile index -> []Failure
 	bucketOpen     = []byte("open")     // frame_key of every frame not completed
 	bucketOutbox   = []byte("outbox")
 	bucketDeps     = []byte("dependents") // upstream job_id/downstream job_id -> nothing
-	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketFailures, bucketOpen, bucketOutbox,
+	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketTimes, bucketFailures, bucketOpen, bucketOutbox,
 		bucketNotify, bucketAnnounced, bucketDeps}
 )
 
@@ -126,22 +128,64 @@ var fingerprintSeed = maphash.MakeSeed()
 // Fingerprint hashes the stored bytes of job j and of each of its frames, without decoding
 // them: equal fingerprints mean a status computed from these records would come out the same
 // (a cache's key; a status that also reads tile tables or failures must not be cached by it).
-// A frame not stored hashes as absent.
+// A frame not stored hashes as absent. It is the sum of JobFingerprint and of each frame's
+// FrameFingerprint, so it can be summed frame by frame in any order: EachFrame fingerprints
+// every job at once in one pass over the frames.
 func (tx *Tx) Fingerprint(j *Job) uint64 {
+	keys := make([]string, 0, j.Frames())
+	for n := range j.FrameNumbers() {
+		keys = append(keys, j.FrameKey(n))
+	}
+	return tx.FingerprintFrames(j.ID, keys)
+}
+
+// FingerprintFrames is Fingerprint of the job jobID whose frames have the keys frameKeys
+// (Job.FrameKey of each of its frames): a caller that keeps a job's frame keys saves deriving
+// them, a hash each, every time.
+func (tx *Tx) FingerprintFrames(jobID string, frameKeys []string) uint64 {
+	fp := tx.JobFingerprint(jobID)
+	frames := tx.tx.Bucket(bucketFrames)
+	for _, k := range frameKeys {
+		fp += FrameFingerprint([]byte(k), frames.Get([]byte(k)))
+	}
+	return fp
+}
+
+// JobFingerprint is the job record's part of Fingerprint.
+func (tx *Tx) JobFingerprint(jobID string) uint64 {
+	return recordHash([]byte(jobID), tx.tx.Bucket(bucketJobs).Get([]byte(jobID)))
+}
+
+// FrameFingerprint is a frame's part of Fingerprint: of its key and its stored record (raw),
+// nil when it is not stored.
+func FrameFingerprint(key, raw []byte) uint64 { return recordHash(key, raw) }
+
+// recordHash hashes a record's key and bytes, absent (nil) apart from empty.
+func recordHash(key, raw []byte) uint64 {
 	var h maphash.Hash
 	h.SetSeed(fingerprintSeed)
-	record := func(raw []byte) {
-		var n [8]byte
-		binary.LittleEndian.PutUint64(n[:], uint64(len(raw)))
-		h.Write(n[:])
-		h.Write(raw)
+	var n [8]byte
+	binary.LittleEndian.PutUint64(n[:], uint64(len(key)))
+	h.Write(n[:])
+	h.Write(key)
+	size := uint64(len(raw))
+	if raw == nil {
+		size = ^uint64(0)
 	}
-	record(tx.tx.Bucket(bucketJobs).Get([]byte(j.ID)))
-	frames := tx.tx.Bucket(bucketFrames)
-	for n := range j.FrameNumbers() {
-		record(frames.Get([]byte(j.FrameKey(n))))
-	}
+	binary.LittleEndian.PutUint64(n[:], size)
+	h.Write(n[:])
+	h.Write(raw)
 	return h.Sum64()
+}
+
+// EachFrame calls fn with the key and stored record of every frame, in key order: one pass
+// over the frames, far cheaper than a lookup per frame when every job's frames are wanted.
+// key and raw are valid only during fn.
+func (tx *Tx) EachFrame(fn func(key, raw []byte)) {
+	c := tx.tx.Bucket(bucketFrames).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		fn(k, v)
+	}
 }
 
 // PutJob writes a job and indexes its idempotency key.
@@ -254,6 +298,7 @@ func (tx *Tx) AddFailure(frameKey string, tile int, f Failure) error {
 	if len(f.Error) > maxFailureText {
 		f.Error = f.Error[:maxFailureText] + "..."
 	}
+	f.Log = boundLog(f.Log)
 	b := tx.tx.Bucket(bucketFailures)
 	k := failureKey(frameKey, tile)
 	var list []Failure
@@ -273,6 +318,38 @@ func (tx *Tx) AddFailure(frameKey string, tile int, f Failure) error {
 	return b.Put(k, raw)
 }
 
+// boundLog keeps the newest lines of a failed attempt's log within maxFailureLogLines and
+// maxFailureLogBytes: the worker bounds what it sends, and the store bounds what it keeps.
+func boundLog(lines []string) []string {
+	lines = lines[max(0, len(lines)-maxFailureLogLines):]
+	size, first := 0, len(lines)
+	for first > 0 && size+len(lines[first-1]) <= maxFailureLogBytes {
+		first--
+		size += len(lines[first])
+	}
+	if first == len(lines) && first > 0 { // one line alone is longer than the bound: its end
+		last := lines[first-1]
+		return []string{"..." + last[len(last)-maxFailureLogBytes+3:]}
+	}
+	if first == len(lines) {
+		return nil
+	}
+	return slices.Clone(lines[first:])
+}
+
+// TileFailures returns the recorded failures of one tile of a frame, oldest first.
+func (tx *Tx) TileFailures(frameKey string, tile int) ([]Failure, error) {
+	raw := tx.tx.Bucket(bucketFailures).Get(failureKey(frameKey, tile))
+	if raw == nil {
+		return nil, nil
+	}
+	var list []Failure
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("decoding failures of frame %s tile %d: %w", frameKey, tile, err)
+	}
+	return list, nil
+}
+
 // Failures returns the recorded failures of every failed tile of a frame, by tile index.
 func (tx *Tx) Failures(frameKey string) (map[int][]Failure, error) {
 	out := map[int][]Failure{}
@@ -289,6 +366,21 @@ func (tx *Tx) Failures(frameKey string) (map[int][]Failure, error) {
 		out[int(binary.BigEndian.Uint32(k[len(prefix):]))] = list
 	}
 	return out, nil
+}
+
+// EachFailure calls fn with the recorded failures of every tile that has any, by frame key
+// and tile index, until fn returns an error.
+func (tx *Tx) EachFailure(fn func(frameKey string, tile int, list []Failure) error) error {
+	return tx.tx.Bucket(bucketFailures).ForEach(func(k, v []byte) error {
+		if len(k) < 5 || k[len(k)-5] != '/' {
+			return nil
+		}
+		var list []Failure
+		if err := json.Unmarshal(v, &list); err != nil {
+			return fmt.Errorf("decoding failures %q: %w", k, err)
+		}
+		return fn(string(k[:len(k)-5]), int(binary.BigEndian.Uint32(k[len(k)-4:])), list)
+	})
 }
 
 // AddOutbox appends a record for the relay to publish.

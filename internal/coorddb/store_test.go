@@ -375,18 +375,50 @@ func TestFailuresAreBounded(t *testing.T) {
 				return err
 			}
 		}
-		return tx.AddFailure("f1", 7, coorddb.Failure{Code: "terminal", Error: "bad"})
+		var log []string
+		for i := range 30 {
+			log = append(log, fmt.Sprintf("line %d %s", i, strings.Repeat("y", 300)))
+		}
+		if err := tx.AddFailure("f1", 8, coorddb.Failure{Code: "retryable", Error: "x", Log: log}); err != nil {
+			return err
+		}
+		if err := tx.AddFailure("f1", 9, coorddb.Failure{Code: "retryable", Error: "x", Log: []string{"first", long}}); err != nil {
+			return err
+		}
+		return tx.AddFailure("f1", 7, coorddb.Failure{Code: "terminal", Error: "bad", Log: []string{"a", "b"}})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = s.View(ctx, func(tx *coorddb.Tx) error {
+		// A failed attempt's log keeps its newest lines within 20 lines and 4 KiB; a line
+		// longer than that alone keeps its end.
+		logged, err := tx.TileFailures("f1", 8)
+		if err != nil || len(logged) != 1 {
+			return fmt.Errorf("failures of tile 8: %v, %v", logged, err)
+		}
+		size := 0
+		for _, l := range logged[0].Log {
+			size += len(l)
+		}
+		if l := logged[0].Log; len(l) == 0 || len(l) > 20 || size > 4096 || !strings.HasPrefix(l[len(l)-1], "line 29 ") {
+			return fmt.Errorf("kept log of %d lines, %d bytes, ending %q; want the newest within 20 lines and 4 KiB", len(l), size, l[len(l)-1][:8])
+		}
+		if l, _ := tx.TileFailures("f1", 9); len(l) != 1 || len(l[0].Log) != 1 || len(l[0].Log[0]) != 4096 || !strings.HasSuffix(l[0].Log[0], "xxx") {
+			return fmt.Errorf("the log of one overlong line kept %d lines, want its end in 4 KiB", len(l[0].Log))
+		}
+		if l, _ := tx.TileFailures("f1", 7); len(l) != 1 || strings.Join(l[0].Log, ",") != "a,b" {
+			return fmt.Errorf("a short log kept as %v", l)
+		}
+		if l, err := tx.TileFailures("f1", 6); err != nil || l != nil {
+			return fmt.Errorf("failures of a tile that never failed: %v, %v", l, err)
+		}
 		got, err := tx.Failures("f1")
 		if err != nil {
 			return err
 		}
-		if len(got) != 2 || len(got[3]) != 4 || len(got[7]) != 1 {
-			return fmt.Errorf("failures = %d tiles, %d and %d entries; want 2 tiles, 4 and 1", len(got), len(got[3]), len(got[7]))
+		if len(got) != 4 || len(got[3]) != 4 || len(got[7]) != 1 {
+			return fmt.Errorf("failures = %d tiles, %d and %d entries; want 4 tiles, 4 and 1", len(got), len(got[3]), len(got[7]))
 		}
 		if !strings.HasPrefix(got[3][0].Error, "6 ") || len(got[3][3].Error) > 1100 {
 			return fmt.Errorf("kept failures start with %q and are %d bytes; want the newest, truncated", got[3][0].Error[:4], len(got[3][3].Error))

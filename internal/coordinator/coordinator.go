@@ -89,6 +89,8 @@ type Coordinator struct {
 	statuses  statusCache      // each job's status by the fingerprint of its records (status.go)
 	lost      lostTracker      // frames the last reconciliation found with lost tiles (lost.go)
 	notifier  *notify.Notifier // delivers the events announce records (announce.go)
+	thumbs    *thumbnails      // finished frames' thumbnails, by frame key (thumbnails.go)
+	fleet     *fleetHistory    // each worker's busy slots and recent failures (fleet.go)
 
 	completions atomic.Int64 // tile completions seen in events, for the drain rate
 	drainMu     sync.Mutex
@@ -124,6 +126,8 @@ func New(cfg Config, d Deps) *Coordinator {
 		relayKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
 		eta:       newETATracker(),
+		thumbs:    newThumbnails(),
+		fleet:     newFleetHistory(),
 
 		streamMax:   defaultStreamMax,
 		streamsDone: make(chan struct{}),
@@ -139,6 +143,11 @@ func New(cfg Config, d Deps) *Coordinator {
 // notifier until ctx is done. Each restarts after an error, so
 // a NATS or storage outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
+	// The workers page's recent failures, read before any event is applied (fleet.go); a
+	// failure to read them is tried again when the page asks.
+	if err := c.seedFleetFailures(ctx); err != nil && ctx.Err() == nil {
+		c.log.Warn("reading the workers' recent failures", "err", err)
+	}
 	var wg sync.WaitGroup
 	loops := map[string]func(context.Context) error{
 		"outbox relay":      c.relay,
@@ -147,7 +156,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"progress watcher":  c.watchProgress,
 		"metrics sampler":   c.sampleMetrics,
 		"worker directory":  c.watchWorkers,
-		"worker heartbeats": c.queue.Workers.Follow,
+		"worker heartbeats": func(ctx context.Context) error { return c.queue.Workers.Follow(ctx, c.fleet.beat) },
 		"notifier":          c.notifier.Run,
 	}
 	for name, loop := range loops {

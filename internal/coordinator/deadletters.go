@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -20,6 +21,38 @@ func (c *Coordinator) formatsPromoted(ctx context.Context, frameKey string, form
 		}
 	}
 	return len(formats) > 0, nil
+}
+
+// DeadLetter returns the dead letter at DLQ sequence dlqSeq with what the farm knows of its
+// work: a tile's job, frame and index with the tile's recorded failed attempts and their logs,
+// or an assembly's frame (docs/web.md, "Dead letters").
+func (c *Coordinator) DeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadLetterDetail, error) {
+	dl, err := c.queue.DeadLetter(ctx, dlqSeq)
+	if err != nil {
+		return api.DeadLetterDetail{}, err
+	}
+	out := api.DeadLetterDetail{DeadLetter: dl, Failures: []api.TileFailure{}}
+	switch {
+	case queue.IsRenderSubject(dl.Subject):
+		var job wire.TileJob
+		if json.Unmarshal(dl.Data, &job) != nil || !validHash(job.FrameKey) {
+			return out, nil
+		}
+		index := job.Index
+		out.Kind, out.JobID, out.FrameKey, out.Frame, out.TileIndex, out.TileKey = "tile", job.JobID, job.FrameKey, job.Frame, &index, job.TileKey
+		err := c.db.View(ctx, func(tx *coorddb.Tx) error {
+			list, err := tx.TileFailures(job.FrameKey, job.Index)
+			out.Failures = apiFailures(list)
+			return err
+		})
+		return out, err
+	case queue.IsAssembleSubject(dl.Subject):
+		var job wire.AssembleJob
+		if json.Unmarshal(dl.Data, &job) == nil {
+			out.Kind, out.JobID, out.FrameKey, out.Frame = "assembly", job.JobID, job.FrameKey, job.Frame
+		}
+	}
+	return out, nil
 }
 
 // RequeueDeadLetter puts a dead letter back on the queue and records it: a tile goes back to

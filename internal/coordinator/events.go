@@ -200,6 +200,7 @@ func (c *Coordinator) applyEvents(ctx context.Context, evs []wire.Event) error {
 				c.m.EventsApplied.WithLabelValues(ev.Type).Inc()
 			}
 		}
+		c.fleet.failed(p.failed) // the workers page's recent failures
 		c.progress.finished(evs) // a completed or failed tile is no longer in progress
 		c.countCompletions(evs)
 		c.kickRelay() // an event may have asked for an assembly
@@ -219,13 +220,13 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 		case wire.EventTileStarted:
 			u.Change, u.Order, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
 		case wire.EventTileCompleted:
-			u.Change, u.SamplesRendered, u.Object = coorddb.TileDone, ev.SamplesRendered, ev.Object
+			u.Change, u.SamplesRendered, u.Object, u.RenderMillis = coorddb.TileDone, ev.SamplesRendered, ev.Object, ev.RenderMillis
 		case wire.EventTileFailed:
 			u.Change, u.Order = coorddb.TileFailed, coorddb.FailedOrder(ev.Seq, ev.Delivery)
 			if ev.Terminal {
 				u.Change, u.Order = coorddb.TileDeadLetter, coorddb.DeadLetterOrder(ev.Seq)
 			}
-			u.Failure = &coorddb.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time}
+			u.Failure = &coorddb.Failure{Attempt: ev.Attempt, Worker: ev.Worker, Code: ev.Code, Error: ev.Error, Delivery: ev.Delivery, Time: ev.Time, Log: ev.Log}
 		}
 		return p.tileChecked(ev.FrameKey, ev.TileKey, ev.TileIndex, u)
 	case wire.EventFrameAssembled:

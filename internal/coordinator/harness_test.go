@@ -261,14 +261,16 @@ func tileEvent(t *testing.T, f *coorddb.Frame, i int, typ string, seq, d uint64)
 }
 
 // completeTiles promotes every tile of frame fk and applies its tile.completed, as workers
-// would.
+// would, tile i reporting (i+1) x 100 ms of rendering.
 func (h *harness) completeTiles(t *testing.T, fk string) {
 	t.Helper()
 	f := h.frame(t, fk)
 	var evs []wire.Event
 	for i := range frameTiles(t, f) {
 		h.promoteTile(t, f, i)
-		evs = append(evs, tileEvent(t, f, i, wire.EventTileCompleted, uint64(i+1), 1))
+		ev := tileEvent(t, f, i, wire.EventTileCompleted, uint64(i+1), 1)
+		ev.RenderMillis = int64(100 * (i + 1))
+		evs = append(evs, ev)
 	}
 	h.apply(t, evs...)
 }

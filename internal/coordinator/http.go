@@ -55,13 +55,16 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}", http.HandlerFunc(c.handleFrameOutput)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}/index", http.HandlerFunc(c.handleFrameIndex)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/thumbnail", http.HandlerFunc(c.handleThumbnail)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles", http.HandlerFunc(c.handleFrameTiles)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
 		{http.MethodGet, "/v1/jobs/{id}/movie", http.HandlerFunc(c.handleMovie)},
+		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/failures", http.HandlerFunc(c.handleTileFailures)},
 		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
 		{http.MethodPut, "/v1/jobs/{id}/priority", http.HandlerFunc(c.handleReprioritize)},
 		{http.MethodGet, "/v1/workers", http.HandlerFunc(c.handleWorkers)},
 		{http.MethodGet, "/v1/dlq", http.HandlerFunc(c.handleDeadLetters)},
+		{http.MethodGet, "/v1/dlq/{seq}", http.HandlerFunc(c.handleDeadLetter)},
 		{http.MethodPost, "/v1/dlq/{seq}/requeue", http.HandlerFunc(c.handleRequeue)},
 		{http.MethodGet, "/v1/events", http.HandlerFunc(c.handleEvents)},
 	}
@@ -198,6 +201,25 @@ func (c *Coordinator) handleFrameIndex(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, index)
 }
 
+// handleThumbnail serves a finished frame's PNG scaled down (Thumbnail).
+func (c *Coordinator) handleThumbnail(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	data, err := c.Thumbnail(r.Context(), r.PathValue("id"), frame)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "image/png")
+	w.Header().Set("Content-Length", strconv.Itoa(len(data)))
+	// A finished frame's PNG never changes: its manifest is final.
+	w.Header().Set("Cache-Control", "private, max-age=3600, immutable")
+	_, _ = w.Write(data)
+}
+
 // handleFrameTiles lists a frame's tiles: where each lies and where it stands.
 func (c *Coordinator) handleFrameTiles(w http.ResponseWriter, r *http.Request) {
 	frame, err := strconv.Atoi(r.PathValue("frame"))
@@ -249,6 +271,26 @@ func (c *Coordinator) handleMovie(w http.ResponseWriter, r *http.Request) {
 	http.ServeContent(w, r, layout.MovieName, time.Time{}, bytes.NewReader(data))
 }
 
+// handleTileFailures serves a tile's recorded failed attempts with their logs.
+func (c *Coordinator) handleTileFailures(w http.ResponseWriter, r *http.Request) {
+	frame, err := strconv.Atoi(r.PathValue("frame"))
+	if err != nil {
+		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		return
+	}
+	index, err := strconv.Atoi(r.PathValue("index"))
+	if err != nil {
+		writeError(w, badInput("tile %q is not a number", r.PathValue("index")))
+		return
+	}
+	tf, err := c.TileFailures(r.Context(), r.PathValue("id"), frame, index)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, tf)
+}
+
 func (c *Coordinator) handleCancel(w http.ResponseWriter, r *http.Request) {
 	st, err := c.Cancel(r.Context(), r.PathValue("id"))
 	if err != nil {
@@ -276,8 +318,19 @@ func (c *Coordinator) handleReprioritize(w http.ResponseWriter, r *http.Request)
 	writeJSON(w, http.StatusOK, st)
 }
 
+// handleWorkers lists the live workers; with ?detail=1, each with its busy slots over the last
+// minutes and its recent failures (WorkersDetail), for the monitor's workers page.
 func (c *Coordinator) handleWorkers(w http.ResponseWriter, r *http.Request) {
-	ws, err := c.Workers(r.Context())
+	list := c.Workers
+	switch d := r.URL.Query().Get("detail"); d {
+	case "1", "true":
+		list = c.WorkersDetail
+	case "", "0", "false":
+	default:
+		writeError(w, badInput("detail %q: want 1 or 0", d))
+		return
+	}
+	ws, err := list(r.Context())
 	if err != nil {
 		writeError(w, err)
 		return
@@ -298,6 +351,21 @@ func (c *Coordinator) handleDeadLetters(w http.ResponseWriter, r *http.Request) 
 		dls = []api.DeadLetter{}
 	}
 	writeJSON(w, http.StatusOK, dls)
+}
+
+// handleDeadLetter serves one dead letter with its work's failed attempts.
+func (c *Coordinator) handleDeadLetter(w http.ResponseWriter, r *http.Request) {
+	seq, err := strconv.ParseUint(r.PathValue("seq"), 10, 64)
+	if err != nil || seq == 0 {
+		writeError(w, badInput("dead letter %q is not a sequence number (they start at 1)", r.PathValue("seq")))
+		return
+	}
+	dl, err := c.DeadLetter(r.Context(), seq)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, dl)
 }
 
 func (c *Coordinator) handleRequeue(w http.ResponseWriter, r *http.Request) {

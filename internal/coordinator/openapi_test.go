@@ -53,6 +53,8 @@ var unreachedResponses = map[string]string{
 	"POST /v1/jobs/{id}/cancel 500":              "only a failing coordinator database or JetStream",
 	"PUT /v1/jobs/{id}/priority 500":             "only a failing coordinator database",
 	"GET /v1/jobs/{id}/frames/{frame}/tiles 500": "only a failing coordinator database, or an object store failing before the scene is cached",
+	"GET /v1/jobs/{id}/frames/{frame}/tiles/{index}/failures 500": "only a failing coordinator database",
+	"GET /v1/dlq/{seq} 500": "only a failing JetStream or coordinator database",
 }
 
 // testToken is the bearer token the API under test requires.
@@ -548,12 +550,39 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "frame index corrupt", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/6/png/index", identity.JobID("openapi-index")), want: 500,
 			check: expectKind("corrupt"), setup: withObjects(h, faultyStore{Store: h.objects, corrupt: "attempts/"})},
 
+		{name: "thumbnail", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/8/thumbnail", identity.JobID("openapi-thumb")), want: 200,
+			setup: func(t *testing.T) func() {
+				req := h.request(8, 8, 64, 64, 32)
+				req.IdempotencyKey = "openapi-thumb"
+				res := h.submit(t, req)
+				fk := h.job(t, res.Status.JobID).FrameKey(8)
+				h.completeTiles(t, fk)
+				var frame bytes.Buffer
+				if err := png.Encode(&frame, image.NewNRGBA(image.Rect(0, 0, 320, 180))); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := finalize.Promote(h.ctx, h.objects, layout.FrameManifestKey(fk, "png"), "attempt1", identity.BuildFingerprint(),
+					[]finalize.Output{{Name: "frame.png", Data: frame.Bytes()}}, nil); err != nil {
+					t.Fatal(err)
+				}
+				h.apply(t, wire.Event{ID: "openapi-thumb", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				if img, err := png.Decode(bytes.NewReader(body)); err != nil || img.Bounds() != image.Rect(0, 0, 160, 90) {
+					t.Errorf("thumbnail of a 320x180 frame: %v, %v; want 160x90", err, img)
+				}
+			}},
+		{name: "thumbnail not finished", method: "GET", path: frame(2, "thumbnail"), want: 409, check: expectKind("not_ready")},
+		{name: "thumbnail not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/thumbnail", job), want: 400},
+		{name: "thumbnail of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/thumbnail", want: 404},
+		{name: "thumbnail of a PNG that does not decode", method: "GET", path: frame(1, "thumbnail"), want: 500, check: expectKind("corrupt")},
 		{name: "tiles", method: "GET", path: tilesOf(1), want: 200,
 			check: func(t *testing.T, body []byte) {
 				var ft api.FrameTiles
 				if err := json.Unmarshal(body, &ft); err != nil || len(ft.Tiles) != 4 || ft.Width != 64 || !ft.TilePNG ||
-					ft.Tiles[3].Rect != (api.TileRect{X0: 32, Y0: 32, X1: 64, Y1: 64}) || ft.Tiles[3].State != "completed" {
-					t.Errorf("tiles of frame 1 = %s, want 4 completed tiles of 32 px", body)
+					ft.Tiles[3].Rect != (api.TileRect{X0: 32, Y0: 32, X1: 64, Y1: 64}) || ft.Tiles[3].State != "completed" || ft.Tiles[3].RenderMillis != 400 {
+					t.Errorf("tiles of frame 1 = %s, want 4 completed tiles of 32 px, the last rendered in 400 ms", body)
 				}
 			}},
 		{name: "tiles of a frame not rendered", method: "GET", path: tilesOf(2), want: 200,
@@ -565,6 +594,25 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "tiles of a frame not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/tiles", job), want: 400},
 		{name: "tiles of a frame not in the job", method: "GET", path: tilesOf(7), want: 400},
 		{name: "tiles of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/tiles", want: 404},
+		{name: "tile failures", method: "GET", path: tilesOf(2) + "/0/failures", want: 200,
+			setup: func(t *testing.T) func() {
+				f := h.frame(t, h.job(t, job).FrameKey(2))
+				ev := tileEvent(t, f, 0, wire.EventTileFailed, 1, 1)
+				ev.Code, ev.Error, ev.Log = "retryable", "rendering: boom", []string{"renderer: boom", `msg="retrying later" class=retryable`}
+				h.apply(t, ev)
+				return nil
+			},
+			check: func(t *testing.T, body []byte) {
+				var tf api.TileFailures
+				if err := json.Unmarshal(body, &tf); err != nil || len(tf.Failures) != 1 || tf.Failures[0].Class != "retryable" ||
+					len(tf.Failures[0].Log) != 2 || tf.State != "failed_retryable" {
+					t.Errorf("failures of tile 0 of frame 2 = %s, want the one failed attempt with its log", body)
+				}
+			}},
+		{name: "tile failures not a number", method: "GET", path: tilesOf(2) + "/x/failures", want: 400},
+		{name: "tile failures out of the frame", method: "GET", path: tilesOf(2) + "/4/failures", want: 400, check: expectKind("bad_input")},
+		{name: "tile failures of a frame not a number", method: "GET", path: fmt.Sprintf("/v1/jobs/%s/frames/x/tiles/0/failures", job), want: 400},
+		{name: "tile failures of an unknown job", method: "GET", path: "/v1/jobs/job-000000000000000000000000/frames/1/tiles/0/failures", want: 404},
 		{name: "tile PNG", method: "GET", path: tilesOf(1) + "/0/png", want: 200,
 			setup: func(t *testing.T) func() {
 				f := h.frame(t, h.job(t, job).FrameKey(1))
@@ -650,6 +698,17 @@ func TestOpenAPIResponses(t *testing.T) {
 					t.Errorf("DLQ = %s, want the one dead letter at sequence 1", body)
 				}
 			}},
+		{name: "dead letter detail", method: "GET", path: "/v1/dlq/1", want: 200,
+			check: func(t *testing.T, body []byte) {
+				var dl api.DeadLetterDetail
+				if err := json.Unmarshal(body, &dl); err != nil || dl.Kind != "tile" || dl.TileIndex == nil || dl.Reason != "openapi test" ||
+					dl.JobID == "" || dl.Failures == nil {
+					t.Errorf("dead letter 1 = %s, want the tile's dead letter with its job, tile and attempts", body)
+				}
+			}},
+		{name: "dead letter 0", method: "GET", path: "/v1/dlq/0", want: 400, check: expectKind("bad_input")},
+		{name: "dead letter not a number", method: "GET", path: "/v1/dlq/seven", want: 400},
+		{name: "dead letter not there", method: "GET", path: "/v1/dlq/99", want: 404, check: expectKind("not_found")},
 		{name: "requeue", method: "POST", path: "/v1/dlq/1/requeue", want: 200,
 			check: func(t *testing.T, body []byte) {
 				if !bytes.Contains(body, []byte(`"requeued": 1`)) {
@@ -676,6 +735,15 @@ func TestOpenAPIResponses(t *testing.T) {
 					t.Errorf("workers = %s, want the worker that beat", body)
 				}
 			}},
+		{name: "workers in detail", method: "GET", path: "/v1/workers?detail=1", want: 200,
+			check: func(t *testing.T, body []byte) {
+				var ws api.WorkersResponse
+				if err := json.Unmarshal(body, &ws); err != nil || len(ws.Workers) != 1 || len(ws.Workers[0].RecentFailures) != 1 ||
+					ws.Workers[0].RecentFailures[0].Error != "rendering: boom" {
+					t.Errorf("workers in detail = %s, want w1 with the failure recorded of it", body)
+				}
+			}},
+		{name: "workers in detail, asked wrongly", method: "GET", path: "/v1/workers?detail=yes", want: 400, check: expectKind("bad_input")},
 		{name: "reprioritize", method: "PUT", path: "/v1/jobs/" + job + "/priority", body: []byte(`{"priority": 7}`), ctype: "application/json", want: 200,
 			check: func(t *testing.T, body []byte) {
 				if !bytes.Contains(body, []byte(`"priority": 7`)) {

@@ -52,8 +52,18 @@ func (c *Coordinator) FrameFile(ctx context.Context, jobID string, frame int, fo
 // frameObject reads one object of a frame output's manifest, verified: a format the job did
 // not ask for is bad input, one not promoted yet not ready, a name the manifest lacks not found.
 func (c *Coordinator) frameObject(ctx context.Context, jobID string, frame int, format, name string) ([]byte, error) {
+	fk, err := c.frameDone(ctx, jobID, frame, format)
+	if err != nil {
+		return nil, err
+	}
+	return c.readFrameObject(ctx, fk, frame, format, name)
+}
+
+// frameDone returns the key of a job's frame once format of it is promoted: a format the job
+// did not ask for is bad input, one not promoted yet not ready.
+func (c *Coordinator) frameDone(ctx context.Context, jobID string, frame int, format string) (string, error) {
 	if _, ok := layout.FrameOutputName(format); !ok {
-		return nil, fmt.Errorf("%w: unknown output format %q", api.ErrBadInput, format)
+		return "", fmt.Errorf("%w: unknown output format %q", api.ErrBadInput, format)
 	}
 	var fk string
 	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
@@ -79,9 +89,12 @@ func (c *Coordinator) frameObject(ctx context.Context, jobID string, frame int, 
 		}
 		return nil
 	})
-	if err != nil {
-		return nil, err
-	}
+	return fk, err
+}
+
+// readFrameObject reads one object of frame fk's output in format through its manifest,
+// verified; a name the manifest lacks is not found.
+func (c *Coordinator) readFrameObject(ctx context.Context, fk string, frame int, format, name string) ([]byte, error) {
 	m, err := finalize.ReadManifest(ctx, c.objects, layout.FrameManifestKey(fk, format))
 	if err != nil {
 		return nil, fmt.Errorf("reading manifest of frame %d: %w", frame, err)

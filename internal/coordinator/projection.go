@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -40,6 +41,8 @@ type projection struct {
 	// events it recorded (announce.go).
 	touched []string
 	notices int
+	// failed are the tiles' failures recorded, for the workers page (fleet.go).
+	failed []workerFailure
 }
 
 // frameEdit is one frame being changed in a projection.
@@ -55,6 +58,10 @@ type frameEdit struct {
 	// says flush must write them.
 	objects    coorddb.TileObjects
 	objectsMod bool
+	// times are the tiles' render times as reported (loaded on first need); timesMod says
+	// flush must write them.
+	times    coorddb.TileTimes
+	timesMod bool
 }
 
 // doneBefore is the frame's Done before this projection: the formats promoted when it was
@@ -153,6 +160,7 @@ type tileUpdate struct {
 	SamplesRecovered int              // started: samples resumed from a checkpoint
 	SamplesRendered  int              // done: samples rendered by the attempt that promoted it
 	Object           *wire.TileObject // done: the object promoted, as its worker reported it
+	RenderMillis     int64            // done: how long that attempt rendered it; 0 unknown
 }
 
 // errUnknownTile is an update naming a tile its frame does not have.
@@ -196,6 +204,9 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 		if err := p.setObject(e, u.Index, nil); err != nil {
 			return false, err
 		}
+		if err := p.setTime(e, u.Index, 0); err != nil {
+			return false, err
+		}
 	}
 	switch next {
 	case coorddb.TileDeadLettered:
@@ -209,11 +220,19 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 				return false, err
 			}
 		}
+		if u.RenderMillis > 0 {
+			if err := p.setTime(e, u.Index, uint32(min(u.RenderMillis, math.MaxUint32))); err != nil {
+				return false, err
+			}
+		}
 	}
 	if u.Failure != nil && (next == coorddb.TileFailedRetryable || next == coorddb.TileDeadLettered) {
 		u.Failure.DeadLettered = next == coorddb.TileDeadLettered
 		if err := p.tx.AddFailure(fk, u.Index, *u.Failure); err != nil {
 			return false, err
+		}
+		if u.Failure.Worker != "" {
+			p.failed = append(p.failed, workerFailure{worker: u.Failure.Worker, f: workerFailureOf(f, u.Index, *u.Failure)})
 		}
 	}
 	return true, nil
@@ -234,6 +253,26 @@ func (p *projection) setObject(e *frameEdit, i int, o *wire.TileObject) error {
 		e.objects = e.objects.Set(i, o.Attempt, o.SHA256, o.Build)
 	}
 	e.objectsMod = true
+	return nil
+}
+
+// setTime records tile i's render time in milliseconds (0: forgets it), keeping the frame's
+// sum in step. Render times are display data (docs/design.md, "Render times").
+func (p *projection) setTime(e *frameEdit, i int, ms uint32) error {
+	if e.times == nil {
+		t, err := p.tx.TileTimes(e.f)
+		if err != nil {
+			return err
+		}
+		e.times = t
+	}
+	old := e.times.Get(i)
+	if old == ms {
+		return nil
+	}
+	e.f.RenderMillis += int64(ms) - int64(old)
+	e.times.Set(i, ms)
+	e.timesMod = true
 	return nil
 }
 
@@ -446,6 +485,11 @@ func (p *projection) flush() (bool, error) {
 		}
 		if e.objectsMod {
 			if err := p.tx.PutTileObjects(fk, e.objects); err != nil {
+				return false, err
+			}
+		}
+		if e.timesMod {
+			if err := p.tx.PutTileTimes(fk, e.times); err != nil {
 				return false, err
 			}
 		}

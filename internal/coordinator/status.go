@@ -35,7 +35,7 @@ func joinNonEmpty(sep string, parts ...string) string {
 
 // Jobs lists the status of every job, oldest first, without their frames.
 func (c *Coordinator) Jobs(ctx context.Context) ([]api.Status, error) {
-	out, err := c.jobsWithFrames(ctx)
+	out, _, err := c.jobsWithFrames(ctx)
 	for i := range out {
 		out[i].Frames = nil
 	}
@@ -51,6 +51,16 @@ func (c *Coordinator) Jobs(ctx context.Context) ([]api.Status, error) {
 type statusCache struct {
 	mu   sync.Mutex
 	jobs map[string]cachedStatus
+	// keys are each job's frame keys, derived once: a job's frames never change.
+	keys map[string][]string
+	// index is, for the jobs of the last fingerprints, which of them has each frame.
+	index frameIndex
+}
+
+// frameIndex says which of the jobs ids (by their position) has each frame.
+type frameIndex struct {
+	ids     []string
+	byFrame map[string][]int
 }
 
 type cachedStatus struct {
@@ -58,40 +68,126 @@ type cachedStatus struct {
 	st          api.Status
 }
 
-// status is jobStatus(tx, j, tx.Frame), from the cache when j's records are as they were.
-// Callers get a copy of their own: addProgress changes its frames.
-func (sc *statusCache) status(tx *coorddb.Tx, j *coorddb.Job) (api.Status, error) {
-	fp := fingerprint(tx, j)
+// frameKeys returns j's frame keys, derived the first time.
+func (sc *statusCache) frameKeys(j *coorddb.Job) []string {
+	sc.mu.Lock()
+	keys, ok := sc.keys[j.ID]
+	sc.mu.Unlock()
+	if ok {
+		return keys
+	}
+	for n := range j.FrameNumbers() {
+		keys = append(keys, j.FrameKey(n))
+	}
+	sc.mu.Lock()
+	defer sc.mu.Unlock()
+	if sc.keys == nil {
+		sc.keys = map[string][]string{}
+	}
+	sc.keys[j.ID] = keys
+	return keys
+}
+
+// fingerprints returns the fingerprint of each of jobs' records (coorddb.Tx.FingerprintFrames)
+// in one pass over the frames (coorddb.Tx.EachFrame), which costs a fraction of a lookup per
+// frame: the event stream fingerprints every frame of every job twice a second.
+func (sc *statusCache) fingerprints(tx *coorddb.Tx, jobs []*coorddb.Job) []uint64 {
+	ids := make([]string, len(jobs))
+	for i, j := range jobs {
+		ids[i] = j.ID
+	}
+	sc.mu.Lock()
+	index := sc.index
+	sc.mu.Unlock()
+	if !slices.Equal(index.ids, ids) {
+		index = frameIndex{ids: ids, byFrame: map[string][]int{}}
+		for i, j := range jobs {
+			for _, k := range sc.frameKeys(j) {
+				index.byFrame[k] = append(index.byFrame[k], i)
+			}
+		}
+		sc.mu.Lock()
+		sc.index = index
+		sc.mu.Unlock()
+	}
+	fps := make([]uint64, len(jobs))
+	seen := make([]int, len(jobs))
+	for i, id := range ids {
+		fps[i] = tx.JobFingerprint(id)
+	}
+	tx.EachFrame(func(key, raw []byte) {
+		of := index.byFrame[string(key)]
+		if len(of) == 0 {
+			return
+		}
+		fp := coorddb.FrameFingerprint(key, raw)
+		for _, i := range of {
+			fps[i] += fp
+			seen[i]++
+		}
+	})
+	for i, j := range jobs {
+		if keys := sc.frameKeys(j); seen[i] != len(keys) {
+			fps[i] = tx.FingerprintFrames(j.ID, keys) // a frame not stored: hashed as absent
+		}
+	}
+	own := slices.Clone(fps)
+	at := make(map[string]int, len(ids))
+	for i, id := range ids {
+		at[id] = i
+	}
+	for i, j := range jobs {
+		fps[i] = withUpstream(tx, j, own[i], func(k *coorddb.Job) uint64 {
+			if x, ok := at[k.ID]; ok {
+				return own[x]
+			}
+			return tx.FingerprintFrames(k.ID, sc.frameKeys(k))
+		})
+	}
+	return fps
+}
+
+// status is jobStatus(tx, j, tx.Frame), from the cache when j's records are as they were,
+// and the fingerprint of those records (coorddb.Tx.FingerprintFrames). Callers get a copy of
+// their own: addProgress changes its frames.
+func (sc *statusCache) status(tx *coorddb.Tx, j *coorddb.Job) (api.Status, uint64, error) {
+	of := func(k *coorddb.Job) uint64 { return tx.FingerprintFrames(k.ID, sc.frameKeys(k)) }
+	return sc.statusAt(tx, j, withUpstream(tx, j, of(j), of))
+}
+
+// statusAt is status of j whose records' fingerprint is fp.
+func (sc *statusCache) statusAt(tx *coorddb.Tx, j *coorddb.Job, fp uint64) (api.Status, uint64, error) {
 	sc.mu.Lock()
 	c, ok := sc.jobs[j.ID]
 	sc.mu.Unlock()
 	if ok && c.fingerprint == fp {
-		return cloneStatus(c.st), nil
+		return cloneStatus(c.st), fp, nil
 	}
 	st, err := jobStatus(tx, j, tx.Frame)
 	if err != nil {
-		return st, err
+		return st, fp, err
 	}
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	if st.FramesFailed > 0 {
 		delete(sc.jobs, j.ID)
-		return st, nil
+		return st, fp, nil
 	}
 	if sc.jobs == nil {
 		sc.jobs = map[string]cachedStatus{}
 	}
 	sc.jobs[j.ID] = cachedStatus{fingerprint: fp, st: cloneStatus(st)}
-	return st, nil
+	return st, fp, nil
 }
 
 // fingerprintSeed seeds fingerprint's hash; a fingerprint is only compared within one process.
 var fingerprintSeed = maphash.MakeSeed()
 
-// fingerprint is tx.Fingerprint of job j and, for a job that waits for others, of every job
-// it waits for, directly or through others: its status shows where they stand.
-func fingerprint(tx *coorddb.Tx, j *coorddb.Job) uint64 {
-	fp := tx.Fingerprint(j)
+// withUpstream is the fingerprint own of job j's records and, for a job that waits for others,
+// of every job it waits for, directly or through others (each fingerprinted by of): its status
+// shows where they stand.
+func withUpstream(tx *coorddb.Tx, j *coorddb.Job, own uint64, of func(*coorddb.Job) uint64) uint64 {
+	fp := own
 	up := j.Upstream()
 	if len(up) == 0 {
 		return fp
@@ -117,7 +213,7 @@ func fingerprint(tx *coorddb.Tx, j *coorddb.Job) uint64 {
 			write(0)
 			continue
 		}
-		write(tx.Fingerprint(k))
+		write(of(k))
 		up = append(up, k.Upstream()...)
 	}
 	return h.Sum64()
@@ -130,6 +226,11 @@ func (sc *statusCache) keepOnly(ids map[string]bool) {
 	for id := range sc.jobs {
 		if !ids[id] {
 			delete(sc.jobs, id)
+		}
+	}
+	for id := range sc.keys {
+		if !ids[id] {
+			delete(sc.keys, id)
 		}
 	}
 }
@@ -177,7 +278,8 @@ func jobStatus(tx *coorddb.Tx, j *coorddb.Job, frame func(fk string) (*coorddb.F
 		spp := int64(f.Settings.SPP)
 		fs := api.FrameStatus{Frame: f.Frame, FrameKey: f.Key, State: apiFrameState(s), TilesTotal: f.TilesTotal,
 			TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed,
-			SamplesTotal: int64(f.TilesTotal) * spp, SamplesDone: int64(f.TilesCompleted) * spp}
+			SamplesTotal: int64(f.TilesTotal) * spp, SamplesDone: int64(f.TilesCompleted) * spp,
+			RenderSeconds: float64(f.RenderMillis) / 1000}
 		st.SamplesTotal += fs.SamplesTotal
 		st.SamplesDone += fs.SamplesDone
 		st.TilesTotal += f.TilesTotal
@@ -293,7 +395,7 @@ func (c *Coordinator) Status(ctx context.Context, jobID string) (api.Status, err
 		if err != nil {
 			return err
 		}
-		if st, err = c.statuses.status(tx, j); err == nil {
+		if st, _, err = c.statuses.status(tx, j); err == nil {
 			addProgress(&st, inProgress)
 		}
 		return err

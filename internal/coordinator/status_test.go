@@ -127,7 +127,7 @@ func BenchmarkJobStatuses(b *testing.B) {
 		}
 	}
 	cached := func() {
-		if all, err := h.c.jobsWithFrames(ctx); err != nil || len(all) != jobs {
+		if all, _, err := h.c.jobsWithFrames(ctx); err != nil || len(all) != jobs {
 			b.Fatalf("%d statuses, %v", len(all), err)
 		}
 	}

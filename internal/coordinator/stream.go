@@ -31,15 +31,25 @@ const (
 // hold its graceful shutdown until they end by themselves.
 func (c *Coordinator) StopStreams() { c.stopStreams.Do(func() { close(c.streamsDone) }) }
 
-// streamState is what one stream sent last: each job's status as sent, and each frame's.
+// streamState is what one stream sent last: each job's status as sent, each frame's, and the
+// fingerprint of the records each job's frames were sent from.
 type streamState struct {
-	jobs   map[string][]byte
-	frames map[string]api.FrameEvent // by job id and frame
+	jobs         map[string][]byte
+	frames       map[frameOfJob]api.FrameEvent
+	fingerprints map[string]uint64
 }
 
-// jobsWithFrames is Jobs with each job's frames.
-func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]api.Status, error) {
+// frameOfJob names a frame of a job.
+type frameOfJob struct {
+	job   string
+	frame int
+}
+
+// jobsWithFrames is Jobs with each job's frames, and the fingerprint of each job's records
+// (coorddb.Tx.FingerprintFrames).
+func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]api.Status, []uint64, error) {
 	var out []api.Status
+	var fps []uint64
 	inProgress := c.progress.samples()
 	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
 		jobs, err := tx.Jobs()
@@ -47,13 +57,15 @@ func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]api.Status, error) 
 			return err
 		}
 		ids := make(map[string]bool, len(jobs))
-		for _, j := range jobs {
-			st, err := c.statuses.status(tx, j)
+		all := c.statuses.fingerprints(tx, jobs)
+		for i, j := range jobs {
+			st, fp, err := c.statuses.statusAt(tx, j, all[i])
 			if err != nil {
 				return err
 			}
 			addProgress(&st, inProgress)
 			out = append(out, st)
+			fps = append(fps, fp)
 			ids[j.ID] = true
 		}
 		c.statuses.keepOnly(ids)
@@ -62,21 +74,26 @@ func (c *Coordinator) jobsWithFrames(ctx context.Context) ([]api.Status, error) 
 	for i := range out {
 		c.observe(&out[i])
 	}
-	return out, err
+	return out, fps, err
 }
 
 // next computes the message that brings a viewer from s up to now, and records it sent; nil
-// when nothing changed.
-func (s *streamState) next(all []api.Status) ([]byte, error) {
+// when nothing changed. fps are the fingerprints of all's records: a frame event is made of a
+// frame's stored record alone, so the frames of a job whose fingerprint is the one last sent
+// are not looked at again (a look costs what changed, not every frame of every job).
+func (s *streamState) next(all []api.Status, fps []uint64) ([]byte, error) {
 	var changed []api.Status
 	var frames []api.FrameEvent
-	for _, st := range all {
-		for _, f := range st.Frames {
-			ev := api.FrameEvent{JobID: st.JobID, Frame: f.Frame, State: f.State, TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
-			key := fmt.Sprintf("%s/%d", st.JobID, f.Frame)
-			if old, ok := s.frames[key]; !ok || old != ev {
-				s.frames[key] = ev
-				frames = append(frames, ev)
+	for i, st := range all {
+		if last, ok := s.fingerprints[st.JobID]; !ok || last != fps[i] {
+			s.fingerprints[st.JobID] = fps[i]
+			for _, f := range st.Frames {
+				ev := api.FrameEvent{JobID: st.JobID, Frame: f.Frame, State: f.State, TilesCompleted: f.TilesCompleted, TilesFailed: f.TilesFailed}
+				key := frameOfJob{st.JobID, f.Frame}
+				if old, ok := s.frames[key]; !ok || old != ev {
+					s.frames[key] = ev
+					frames = append(frames, ev)
+				}
 			}
 		}
 		st.Frames = nil
@@ -126,18 +143,18 @@ func (c *Coordinator) handleEvents(w http.ResponseWriter, r *http.Request) {
 	_ = rc.Flush()
 	end := time.NewTimer(c.streamMax)
 	defer end.Stop()
-	s := &streamState{jobs: map[string][]byte{}, frames: map[string]api.FrameEvent{}}
+	s := &streamState{jobs: map[string][]byte{}, frames: map[frameOfJob]api.FrameEvent{}, fingerprints: map[string]uint64{}}
 	lastWrite := time.Now()
 	for {
 		changed := c.Changed()
-		all, err := c.jobsWithFrames(ctx)
+		all, fps, err := c.jobsWithFrames(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
 				c.log.Warn("event stream: reading statuses", "err", err)
 			}
 			return
 		}
-		msg, err := s.next(all)
+		msg, err := s.next(all, fps)
 		if err != nil {
 			c.log.Warn("event stream", "err", err)
 			return

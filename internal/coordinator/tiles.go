@@ -7,6 +7,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/render"
 	"github.com/tilefarm/tilefarm/tiles"
 )
 
@@ -90,6 +91,15 @@ func (c *Coordinator) FrameTiles(ctx context.Context, jobID string, frame int) (
 		if err != nil {
 			return err
 		}
+		// The frame's render times and failures are one read each, whatever its tiles.
+		times, err := tx.TileTimes(f)
+		if err != nil {
+			return err
+		}
+		failures, err := tx.Failures(f.Key)
+		if err != nil {
+			return err
+		}
 		ft, err := f.Tiles()
 		if err != nil {
 			return err
@@ -99,8 +109,11 @@ func (c *Coordinator) FrameTiles(ctx context.Context, jobID string, frame int) (
 			State: apiFrameState(f.StateFor(j.Formats)), Tiles: make([]api.TileInfo, len(ft))}
 		for i, t := range ft {
 			s, _ := table.Get(i)
-			r := t.Rect
-			out.Tiles[i] = api.TileInfo{Index: i, TileKey: t.Key, Rect: api.TileRect{X0: r.X0, Y0: r.Y0, X1: r.X1, Y1: r.Y1}, State: apiTileState(s)}
+			out.Tiles[i] = api.TileInfo{Index: i, TileKey: t.Key, Rect: apiRect(t.Rect), State: apiTileState(s),
+				Failures: len(failures[i])}
+			if s == coorddb.TileCompleted {
+				out.Tiles[i].RenderMillis = times.Get(i)
+			}
 		}
 		return nil
 	})
@@ -113,4 +126,53 @@ func (c *Coordinator) FrameTiles(ctx context.Context, jobID string, frame int) (
 	}
 	out.TilePNG = sc.kind.TilePreviews()
 	return out, nil
+}
+
+func apiRect(r render.Rect) api.TileRect { return api.TileRect{X0: r.X0, Y0: r.Y0, X1: r.X1, Y1: r.Y1} }
+
+// TileFailures returns the recorded failed attempts of tile index of a job's frame, with the
+// log lines their workers quoted (docs/design.md, "Failures, deliveries and the failure
+// budget").
+func (c *Coordinator) TileFailures(ctx context.Context, jobID string, frame, index int) (api.TileFailures, error) {
+	var out api.TileFailures
+	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
+		j, f, err := jobFrame(tx, jobID, frame)
+		if err != nil {
+			return err
+		}
+		ft, err := f.Tiles()
+		if err != nil {
+			return err
+		}
+		if index < 0 || index >= len(ft) {
+			return fmt.Errorf("%w: frame %d has tiles 0-%d, not %d", api.ErrBadInput, frame, len(ft)-1, index)
+		}
+		table, err := tx.TileTable(f)
+		if err != nil {
+			return err
+		}
+		list, err := tx.TileFailures(f.Key, index)
+		if err != nil {
+			return err
+		}
+		s, _ := table.Get(index)
+		out = api.TileFailures{JobID: j.ID, Frame: frame, Index: index, TileKey: ft[index].Key, Rect: apiRect(ft[index].Rect),
+			State: apiTileState(s), Failures: apiFailures(list)}
+		return nil
+	})
+	return out, err
+}
+
+// apiFailures is failures as the API shows them; never nil.
+func apiFailures(list []coorddb.Failure) []api.TileFailure {
+	out := make([]api.TileFailure, 0, len(list))
+	for _, f := range list {
+		log := f.Log
+		if log == nil {
+			log = []string{}
+		}
+		out = append(out, api.TileFailure{Attempt: f.Attempt, Worker: f.Worker, Class: f.Code, Error: f.Error, Delivery: f.Delivery,
+			DeadLettered: f.DeadLettered, Time: f.Time, Log: log})
+	}
+	return out
 }

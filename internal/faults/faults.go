@@ -71,6 +71,10 @@ type Plan struct {
 	SampleDelay time.Duration
 	// PanicTile, if set, panics in every attempt at that tile.
 	PanicTile *TileAt
+	// SlowTile, if set, sleeps SlowTileDelay after each pass of that tile (on top of
+	// PassDelay): one tile made slow on purpose, so a test can find it in the render times.
+	SlowTile      *TileAt
+	SlowTileDelay time.Duration
 	// FailPublish fails the first FailPublishN publishes of events of this type as a NATS
 	// timeout would.
 	FailPublish  string
@@ -95,7 +99,7 @@ type Injector struct {
 // crash, where it strikes.
 func New(plan Plan, log *slog.Logger) *Injector {
 	if plan.Crash == "" && plan.PassDelay <= 0 && plan.SampleDelay <= 0 && plan.PanicTile == nil &&
-		plan.FailPublish == "" && plan.BeforeLease == nil {
+		plan.SlowTile == nil && plan.FailPublish == "" && plan.BeforeLease == nil {
 		return nil
 	}
 	if log == nil {
@@ -232,8 +236,13 @@ func (i *Injector) Tile(t scene.Tile, key string, frame int, r render.Rect, st r
 	if i == nil {
 		return t
 	}
-	return &tile{Tile: t, i: i, key: key, panics: i.plan.PanicTile != nil && *i.plan.PanicTile == (TileAt{frame, r}),
-		frame: frame, rect: r, split: st.Passes == 0, log: log}
+	at := TileAt{frame, r}
+	slow := time.Duration(0)
+	if i.plan.SlowTile != nil && *i.plan.SlowTile == at {
+		slow = i.plan.SlowTileDelay
+	}
+	return &tile{Tile: t, i: i, key: key, panics: i.plan.PanicTile != nil && *i.plan.PanicTile == at,
+		slow: slow, frame: frame, rect: r, split: st.Passes == 0, log: log}
 }
 
 type tile struct {
@@ -241,6 +250,7 @@ type tile struct {
 	i      *Injector
 	key    string
 	panics bool
+	slow   time.Duration // slept after each pass, on top of the plan's PassDelay
 	frame  int
 	rect   render.Rect
 	split  bool // the worker chooses the passes, so one can be rendered in two halves
@@ -269,7 +279,7 @@ func (t *tile) Render(ctx context.Context, from, to int) error {
 	if err := t.render(ctx, from, to); err != nil {
 		return err
 	}
-	if d := t.i.plan.PassDelay; d > 0 {
+	if d := t.i.plan.PassDelay + t.slow; d > 0 {
 		queue.Sleep(ctx, d)
 	}
 	return nil

@@ -25,7 +25,7 @@ func TestFlagsMakeThePlan(t *testing.T) {
 	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 	f := AddFlags(fs, WorkerSeams)
 	if err := fs.Parse([]string{"--fault-crash", MidPass, "--fault-panic-tile", "8:32,0,64,32", "--fault-pass-delay", "40ms",
-		"--fault-fail-publish", "tile.completed:3"}); err != nil {
+		"--fault-fail-publish", "tile.completed:3", "--fault-slow-tile", "2:0,32,32,64:250ms"}); err != nil {
 		t.Fatal(err)
 	}
 	p, err := f.Plan(func(string) {})
@@ -33,15 +33,17 @@ func TestFlagsMakeThePlan(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p.Crash != MidPass || p.PanicTile == nil || *p.PanicTile != (TileAt{8, render.Rect{X0: 32, Y0: 0, X1: 64, Y1: 32}}) ||
-		p.PassDelay != 40*time.Millisecond || p.FailPublish != "tile.completed" || p.FailPublishN != 3 {
+		p.PassDelay != 40*time.Millisecond || p.FailPublish != "tile.completed" || p.FailPublishN != 3 ||
+		p.SlowTile == nil || *p.SlowTile != (TileAt{2, render.Rect{X0: 0, Y0: 32, X1: 32, Y1: 64}}) || p.SlowTileDelay != 250*time.Millisecond {
 		t.Fatalf("plan %+v", p)
 	}
-	for _, flag := range []string{"fault-crash", "fault-pass-delay"} {
+	for _, flag := range []string{"fault-crash", "fault-pass-delay", "fault-slow-tile"} {
 		if !fs.Lookup(flag).Hidden {
 			t.Errorf("--%s shows in help", flag)
 		}
 	}
-	for _, bad := range [][]string{{"--fault-crash", SubmitAfterCommit}, {"--fault-panic-tile", "8:1,2,3"}, {"--fault-fail-publish", "tile.completed"}} {
+	for _, bad := range [][]string{{"--fault-crash", SubmitAfterCommit}, {"--fault-panic-tile", "8:1,2,3"}, {"--fault-fail-publish", "tile.completed"},
+		{"--fault-slow-tile", "2:0,32,32,64"}, {"--fault-slow-tile", "2:0,32,32,64:soon"}} {
 		fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
 		f := AddFlags(fs, WorkerSeams)
 		if err := fs.Parse(bad); err != nil {
@@ -188,4 +190,26 @@ func (f *fakeTile) Next() int { return f.next }
 func (f *fakeTile) Render(_ context.Context, from, to int) error {
 	f.next = to
 	return nil
+}
+
+// The slow tile sleeps its delay after each of its passes; any other tile does not.
+func TestSlowTileSleepsAfterEachPass(t *testing.T) {
+	r := render.Rect{X1: 32, Y1: 32}
+	i := New(Plan{SlowTile: &TileAt{Frame: 1, Rect: r}, SlowTileDelay: 60 * time.Millisecond}, quiet)
+	timed := func(frame int, rect render.Rect) time.Duration {
+		tl := i.Tile(&fakeTile{}, "tk", frame, rect, render.Settings{}, quiet)
+		start := time.Now()
+		for p := range 3 {
+			if err := tl.Render(context.Background(), p, p+1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return time.Since(start)
+	}
+	if d := timed(1, r); d < 180*time.Millisecond {
+		t.Fatalf("three passes of the slow tile took %v, want at least 3 x 60ms", d)
+	}
+	if d := timed(2, r); d >= 180*time.Millisecond {
+		t.Fatalf("three passes of the same rectangle in another frame took %v, want no delays", d)
+	}
 }

@@ -16,6 +16,7 @@ import (
 type Flags struct {
 	seams               []string
 	crash, panic, fail  string
+	slow                string
 	passDelay, smpDelay time.Duration
 }
 
@@ -25,10 +26,11 @@ func AddFlags(fs *pflag.FlagSet, seams []string) *Flags {
 	f := &Flags{seams: seams}
 	fs.StringVar(&f.crash, "fault-crash", "", "testing only: kill -9 this process at a seam: "+strings.Join(seams, ", "))
 	fs.StringVar(&f.panic, "fault-panic-tile", "", "testing only: panic in every attempt at the tile FRAME:X0,Y0,X1,Y1")
+	fs.StringVar(&f.slow, "fault-slow-tile", "", "testing only: FRAME:X0,Y0,X1,Y1:DURATION sleeps DURATION after each pass of that tile")
 	fs.DurationVar(&f.passDelay, "fault-pass-delay", 0, "testing only: sleep after each pass")
 	fs.DurationVar(&f.smpDelay, "fault-sample-delay", 0, "testing only: sleep before each sample, rendering and counting samples one at a time")
 	fs.StringVar(&f.fail, "fault-fail-publish", "", "testing only: TYPE:N fails the first N publishes of events of TYPE (e.g. tile.completed:3)")
-	for _, name := range []string{"fault-crash", "fault-panic-tile", "fault-pass-delay", "fault-sample-delay", "fault-fail-publish"} {
+	for _, name := range []string{"fault-crash", "fault-panic-tile", "fault-slow-tile", "fault-pass-delay", "fault-sample-delay", "fault-fail-publish"} {
 		_ = fs.MarkHidden(name) // the flag exists: cannot fail
 	}
 	return f
@@ -60,6 +62,24 @@ func (f *Flags) Plan(kill func(seam string)) (Plan, error) {
 			return Plan{}, err
 		}
 		p.PanicTile = &TileAt{Frame: n, Rect: r}
+	}
+	if f.slow != "" {
+		bad := fmt.Errorf("--fault-slow-tile %q: want FRAME:X0,Y0,X1,Y1:DURATION, e.g. 1:0,0,32,32:500ms", f.slow)
+		fr, rest, ok := strings.Cut(f.slow, ":")
+		rect, delay, ok2 := strings.Cut(rest, ":")
+		n, err := strconv.Atoi(fr)
+		if !ok || !ok2 || err != nil {
+			return Plan{}, bad
+		}
+		r, err := parseRect(rect)
+		if err != nil {
+			return Plan{}, bad
+		}
+		d, err := time.ParseDuration(delay)
+		if err != nil || d <= 0 {
+			return Plan{}, bad
+		}
+		p.SlowTile, p.SlowTileDelay = &TileAt{Frame: n, Rect: r}, d
 	}
 	return p, nil
 }

@@ -226,8 +226,9 @@ func sortWorkers(ws []api.Worker) {
 // copy expires a worker WorkerTTL after its last beat as the bucket does, whatever the
 // server's clock says; a worker that leaves is removed at once. Listing the bucket instead
 // costs a get per worker each time, a load that grows with the fleet (docs/benchmarks.md,
-// "Fleet").
-func (w *Workers) Follow(ctx context.Context) error {
+// "Fleet"). beat, if not nil, is called with every heartbeat the watch delivers and when it
+// counts from, in the order they came (the coordinator's history of each worker's slots).
+func (w *Workers) Follow(ctx context.Context, beat func(info api.Worker, at time.Time)) error {
 	watch, err := w.kv.WatchAll(ctx)
 	if err != nil {
 		return fmt.Errorf("watching the worker directory: %w", err)
@@ -260,6 +261,11 @@ func (w *Workers) Follow(ctx context.Context) error {
 				}
 				if info, ok := decodeWorker(e.Value()); ok {
 					beats[e.Key()] = workerEntry{info: info, at: at}
+					if beat != nil {
+						w.mu.Unlock()
+						beat(info, at)
+						continue
+					}
 				}
 			}
 			w.mu.Unlock()

@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,7 +38,15 @@ func TestFollowedDirectoryIsTheBucketsList(t *testing.T) {
 	}
 	fctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
-	go func() { done <- w.Follow(fctx) }()
+	var beatsMu sync.Mutex
+	var beaten []string
+	go func() {
+		done <- w.Follow(fctx, func(info api.Worker, at time.Time) {
+			beatsMu.Lock()
+			defer beatsMu.Unlock()
+			beaten = append(beaten, info.Name)
+		})
+	}()
 	following := func() bool { w.mu.Lock(); defer w.mu.Unlock(); return w.following }
 	eventually(t, 10*time.Second, "the watch to hold the bucket's values", following)
 	if got := workerNames(t, w); !slices.Equal(got, []string{"a-worker", "b-worker"}) {
@@ -47,6 +56,16 @@ func TestFollowedDirectoryIsTheBucketsList(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "a new beat in the copy", func() bool { return slices.Contains(workerNames(t, w), "c-worker") })
+	eventually(t, 10*time.Second, "c-worker's beat handed on", func() bool {
+		beatsMu.Lock()
+		defer beatsMu.Unlock()
+		return len(beaten) >= 3
+	})
+	beatsMu.Lock()
+	if len(beaten) != 3 || beaten[2] != "c-worker" || !slices.Contains(beaten, "a-worker") || !slices.Contains(beaten, "b-worker") {
+		t.Fatalf("beats handed on = %v, want the two held, then c-worker's", beaten)
+	}
+	beatsMu.Unlock()
 	if err := w.Leave(ctx, "a-worker"); err != nil {
 		t.Fatal(err)
 	}

@@ -146,6 +146,18 @@ func (f *Queue) ListDeadLetters(ctx context.Context) ([]api.DeadLetter, error) {
 	return out, nil
 }
 
+// DeadLetter returns the dead letter at DLQ sequence dlqSeq, ErrDeadLetterNotFound if none.
+func (f *Queue) DeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadLetter, error) {
+	raw, err := f.DLQ.GetMsg(ctx, dlqSeq)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return api.DeadLetter{}, fmt.Errorf("dead letter %d: %w", dlqSeq, ErrDeadLetterNotFound)
+		}
+		return api.DeadLetter{}, fmt.Errorf("reading dead letter %d: %w", dlqSeq, err)
+	}
+	return decodeDeadLetter(raw), nil
+}
+
 // RequeueDeadLetter puts a dead letter back on its original subject with Msg-Id "<msgid>:requeue:<dlq seq>"
 // (a fresh id, since the original may still be blocked by the dedup window) and then deletes it from the DLQ.
 // A crash between the two repeats the publish, which the dedup window absorbs.

@@ -210,6 +210,7 @@ type Sources struct {
 	tiles     [NumBands][]jetstream.Consumer // the default pool's first
 	asm       []jetstream.Consumer           // the default assemblers first
 	known     map[string]poolSource          // by consumer name
+	pools     []string                       // the pools it pulls tiles from, described (Pool.String)
 	turn      int                            // rotates the pools a band is pulled from first, so no pool starves another
 	// home and homeAsm are where the worker's last tile and assembly came from: an idle pull
 	// waits there, so the pool a worker is busy with delivers at once, the others within
@@ -253,6 +254,7 @@ func (s *Sources) refresh(ctx context.Context) {
 	s.refreshed = time.Now()
 	var tiles [NumBands][]jetstream.Consumer
 	var asm []jetstream.Consumer
+	pools := []string{Pool{}.String()}
 	lister := s.q.Tiles.ConsumerNames(ctx)
 	for name := range lister.Name() {
 		src, ok := s.known[name]
@@ -275,6 +277,9 @@ func (s *Sources) refresh(ctx context.Context) {
 					tiles[b] = append(tiles[b], src.cons)
 				}
 			}
+			if p := src.pool.String(); !slices.Contains(pools, p) {
+				pools = append(pools, p)
+			}
 		}
 	}
 	if err := lister.Err(); err != nil && !errors.Is(err, context.Canceled) {
@@ -285,6 +290,19 @@ func (s *Sources) refresh(ctx context.Context) {
 		s.tiles[b] = append([]jetstream.Consumer{s.q.Bands[b]}, tiles[b]...)
 	}
 	s.asm = append([]jetstream.Consumer{s.q.Assemblers}, asm...)
+	slices.Sort(pools[1:])
+	s.pools = pools
+}
+
+// Pools describes the pools the worker pulls tiles from (Pool.String), the default pool's
+// first, as its last listing found them: what its heartbeat tells the monitor.
+func (s *Sources) Pools() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pools == nil {
+		return []string{Pool{}.String()}
+	}
+	return slices.Clone(s.pools)
 }
 
 // poolSource is a TILES consumer as a worker sees it: a pool's consumer of tiles or of

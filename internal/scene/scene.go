@@ -102,6 +102,24 @@ type Tile interface {
 	Pixels() []float32
 }
 
+// OutputError is an error of a renderer that carries the last lines the renderer printed
+// before it (a Blender process's stdout and stderr), so that the worker's failure event can
+// quote them (docs/design.md, "Failures, deliveries and the failure budget").
+type OutputError interface {
+	error
+	RendererOutput() []string
+}
+
+// RendererOutput returns the lines of renderer output err carries (OutputError, anywhere in
+// its chain), nil if none.
+func RendererOutput(err error) []string {
+	var o OutputError
+	if errors.As(err, &o) {
+		return o.RendererOutput()
+	}
+	return nil
+}
+
 // Env is what the kinds of a process may use of its machine.
 type Env struct {
 	Dir   string // where renderer processes keep their working files

@@ -130,6 +130,13 @@ type Event struct {
 	Object           *TileObject `json:"object,omitempty"`  // tile.completed: the object promoted, when the worker read its manifest
 	Error            string      `json:"error,omitempty"`
 	Time             time.Time   `json:"time"`
+	// RenderMillis is, on tile.completed, how long the attempt rendered the tile (its passes,
+	// not its lease or finalize); 0 when it rendered nothing (a duplicate). Display data, never
+	// state (docs/design.md, "Render times").
+	RenderMillis int64 `json:"render_ms,omitempty"`
+	// Log is, on tile.failed and frame.failed, the last lines the worker logged about the
+	// attempt, its renderer's last output among them (at most 20 lines, 4 KiB).
+	Log []string `json:"log,omitempty"`
 }
 
 // Progress reports the samples a tile has rendered so far, after each pass of a tile that has

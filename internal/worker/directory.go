@@ -44,15 +44,28 @@ type activity struct {
 	failures map[string]int            // failed tiles by job id
 	blocked  []string                  // jobs whose tiles this worker no longer takes
 	samples  int64                     // samples rendered, ever
+	// slots is the worker's tile slots; busy the slot-seconds its tiles held them, ever (a
+	// tile finalizing behind the one rendering holds no slot of its own), counted up to
+	// since.
+	slots int
+	busy  float64
+	since time.Time
 }
 
-func newActivity() *activity {
-	return &activity{tiles: map[string]api.WorkerTile{}, failures: map[string]int{}}
+func newActivity(slots int) *activity {
+	return &activity{tiles: map[string]api.WorkerTile{}, failures: map[string]int{}, slots: slots, since: time.Now()}
+}
+
+// account adds the slot-seconds since the last change; a.mu is held.
+func (a *activity) account(now time.Time) {
+	a.busy += float64(min(len(a.tiles), a.slots)) * now.Sub(a.since).Seconds()
+	a.since = now
 }
 
 // start records a tile the worker renders.
 func (a *activity) start(attempt string, t api.WorkerTile) {
 	a.mu.Lock()
+	a.account(time.Now())
 	a.tiles[attempt] = t
 	a.mu.Unlock()
 }
@@ -71,6 +84,7 @@ func (a *activity) pass(attempt string, done, n int) {
 
 func (a *activity) end(attempt string) {
 	a.mu.Lock()
+	a.account(time.Now())
 	delete(a.tiles, attempt)
 	a.mu.Unlock()
 }
@@ -93,10 +107,13 @@ func (a *activity) isBlocked(job string) bool {
 	return slices.Contains(a.blocked, job)
 }
 
-// snapshot is the heartbeat's view: the tiles rendering, the blocklist and the samples so far.
-func (a *activity) snapshot() ([]api.WorkerTile, []string, int64) {
+// snapshot is the heartbeat's view: the tiles rendering, the blocklist, the samples so far,
+// the slot-seconds busy so far, and when (read under the lock, so no change is counted twice).
+func (a *activity) snapshot() ([]api.WorkerTile, []string, int64, float64, time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	now := time.Now()
+	a.account(now)
 	tiles := make([]api.WorkerTile, 0, len(a.tiles))
 	for _, t := range a.tiles {
 		tiles = append(tiles, t)
@@ -110,7 +127,7 @@ func (a *activity) snapshot() ([]api.WorkerTile, []string, int64) {
 		}
 		return 0
 	})
-	return tiles, slices.Clone(a.blocked), a.samples
+	return tiles, slices.Clone(a.blocked), a.samples, a.busy, now
 }
 
 // beat keeps the worker's entry in the directory until ctx ends, then removes it: every
@@ -121,18 +138,21 @@ func (w *Worker) beat(ctx context.Context) {
 	host, _ := os.Hostname()
 	t := time.NewTicker(queue.WorkerBeat)
 	defer t.Stop()
-	lastTime, lastSamples := time.Now(), int64(0)
-	rate := 0.0
+	_, _, lastSamples, lastBusy, lastTime := w.act.snapshot()
+	rate, busySlots := 0.0, 0.0
 	for {
-		tiles, blocked, samples := w.act.snapshot()
-		now := time.Now()
+		tiles, blocked, samples, busy, now := w.act.snapshot()
 		if dt := now.Sub(lastTime).Seconds(); dt > 0.5 {
 			rate = float64(samples-lastSamples) / dt
-			lastTime, lastSamples = now, samples
+			busySlots = (busy - lastBusy) / dt
+			lastTime, lastSamples, lastBusy = now, samples, busy
 		}
 		info := api.Worker{Name: w.cfg.Name, Host: host, Slots: w.cfg.Concurrency, Tiles: tiles,
-			SamplesPerSecond: rate, LastSeen: now.UTC(), Blocklisted: blocked,
-			Tags: caps.Tags, Builds: caps.Builds}
+			SamplesPerSecond: rate, BusySlots: busySlots, LastSeen: now.UTC(), Blocklisted: blocked,
+			Tags: caps.Tags, Builds: caps.Builds, Pools: w.sources.Pools()}
+		if len(info.Pools) > api.MaxWorkerPools {
+			info.Pools = info.Pools[:api.MaxWorkerPools]
+		}
 		if err := w.queue.Workers.Beat(ctx, info); err != nil && ctx.Err() == nil {
 			w.log.Warn("worker heartbeat", "err", err)
 		}

@@ -44,6 +44,9 @@ type tileRun struct {
 	// object is the tile's promoted object, once this run promoted it or found it promoted by
 	// reading its manifest: tile.completed reports it (wire.TileObject).
 	object *wire.TileObject
+	// rendered is how long this run's passes took, once they are done: tile.completed reports
+	// it (wire.Event.RenderMillis).
+	rendered time.Duration
 }
 
 // fresh reports whether the run may skip the store reads that find an earlier attempt of the
@@ -255,6 +258,8 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 	}
 
 	// 4. Render in passes; a lost lease cancels ctx at once.
+	r.log.Debug("rendering tile", "frame", r.job.Frame, "tile", r.job.Index, "rect", r.job.Rect, "spp", r.job.Settings.SPP,
+		"samples_recovered", recovered)
 	start := time.Now()
 	r.ckpt = r.startCheckpointer(ctx, start)
 	defer r.ckpt.stop()
@@ -274,7 +279,8 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 		}
 		return err
 	}
-	w.m.TileRenderSeconds.Observe(time.Since(start).Seconds())
+	r.rendered = time.Since(start)
+	w.m.TileRenderSeconds.Observe(r.rendered.Seconds())
 	if r.free != nil {
 		r.free() // the slot renders its next tile while this one finalizes
 	}
@@ -310,12 +316,15 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 	if o, ok := p.Manifest.Object(layout.TileOutputName); ok && o.Key == finalize.AttemptKey(r.manifestKey(), p.Manifest.Attempt, o.Name) {
 		r.object = &wire.TileObject{Attempt: p.Manifest.Attempt, SHA256: o.SHA256, Build: p.Manifest.Build}
 	}
+	// What an operator tailing a worker's log follows, each tile completed with its job, frame,
+	// tile and attempt (the logger's), and what tests read.
 	if p.Existing {
 		w.m.DuplicatesSuppressed.WithLabelValues(metrics.LayerManifestExisting).Inc()
+		r.log.Info("tile promoted by another attempt first; this render was a duplicate", "frame", r.job.Frame, "tile", r.job.Index,
+			"render_seconds", r.rendered.Seconds())
 	} else {
 		w.m.TilesCompleted.Inc()
-		// What an operator tailing a worker's log follows, and what tests read.
-		r.log.Info("tile promoted", "frame", r.job.Frame, "rect", r.job.Rect, "render_seconds", time.Since(start).Seconds(),
+		r.log.Info("tile promoted", "frame", r.job.Frame, "tile", r.job.Index, "rect", r.job.Rect, "render_seconds", r.rendered.Seconds(),
 			"samples_recovered", recovered)
 	}
 	return r.complete(ctx, r.job.Settings.SPP-recovered, recovered, p.Existing)
@@ -336,6 +345,9 @@ func (r *tileRun) complete(ctx context.Context, rendered, recovered int, duplica
 	ev := wire.Event{ID: wire.EventTileCompleted + ":" + r.job.TileKey, Type: wire.EventTileCompleted, JobID: r.job.JobID,
 		TileKey: r.job.TileKey, TileIndex: r.job.Index, FrameKey: r.job.FrameKey,
 		SamplesRendered: rendered, SamplesRecovered: recovered, Duplicate: duplicate, Object: r.object}
+	if r.rendered > 0 {
+		ev.RenderMillis = max(r.rendered.Milliseconds(), 1) // 0 says nothing was rendered
+	}
 	if err := w.retryInPlace(ctx, r.delivery, "publishing completion event", func(ctx context.Context) error {
 		return w.publishEvent(ctx, r.delivery, ev)
 	}); err != nil {

@@ -22,6 +22,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/wire"
 	"github.com/tilefarm/tilefarm/objstore"
 )
@@ -149,7 +150,7 @@ func New(cfg Config, d Deps) (*Worker, error) {
 	inj := faults.New(cfg.Faults, log)
 	w := &Worker{
 		cfg: cfg, queue: f, objects: inj.Store(d.Objects), ckpts: d.Checkpoints, scenes: scenes, codec: codec, m: d.Metrics,
-		log: log, act: newActivity(), faults: inj, sources: f.Sources(cfg.Capabilities),
+		log: log, act: newActivity(cfg.Concurrency), faults: inj, sources: f.Sources(cfg.Capabilities),
 		publish: inj.Publisher(func(ctx context.Context, subject string, data []byte) error {
 			_, err := f.Publish(ctx, subject, "", data, nil)
 			return err
@@ -251,6 +252,9 @@ type delivery struct {
 	num     uint64 // delivery count, 1-based
 	attempt string
 	log     *slog.Logger
+	// rec keeps the last lines log wrote, debug ones included, for the failure event
+	// (attemptlog.go).
+	rec *attemptLog
 	// free lets the slot take its next job while this one finishes: called once a tile is
 	// rendered (loop). Nil when nothing waits for it.
 	free func()
@@ -293,7 +297,8 @@ func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, began time.Time, 
 			}
 		}
 	}
-	d.log = w.log.With("attempt_id", d.attempt, "subject", msg.Subject(), "stream_seq", d.seq, "delivery", d.num)
+	d.rec = &attemptLog{}
+	d.log = recorded(w.log, d.rec).With("attempt_id", d.attempt, "subject", msg.Subject(), "stream_seq", d.seq, "delivery", d.num)
 	var r run
 	err := func() (err error) {
 		defer func() {
@@ -430,19 +435,27 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) (hande
 			err = fmt.Errorf("failed %d times (limit %d): %w", n, w.queue.Cfg.MaxFailures, err)
 		}
 	}
+	// Every failure is logged once with its class, what an operator tailing the worker reads and
+	// what the failure event quotes: the renderer's last output first, if the error has any.
+	class := failure.Classify(err, objstore.IsRetryable)
+	d.rec.add(rendererLines(scene.RendererOutput(err))...)
+	var delay time.Duration
 	if terminal {
-		d.log.Error("dead-lettering", "err", err, "failures", failures)
+		d.log.Error("dead-lettering", "err", err, "class", class, "failures", failures)
 		if dlErr := w.queue.DeadLetterNow(cctx, d.msg, err.Error()); dlErr != nil {
 			d.log.Error("dead-lettering failed; leaving message for redelivery", "err", dlErr)
 			return false
 		}
+	} else {
+		delay = queue.Backoff(failures, w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
+		d.log.Warn("retrying later", "err", err, "class", class, "failures", failures, "delay", delay)
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
 	// or about to be retried). A message that did not even decode names nothing to report.
 	// It is retried in place like a completion (up to handOnAfter): a lost one would leave the
 	// coordinator believing the tile renders, or, for a dead letter, lost.
 	if r != nil {
-		ev := r.failureEvent(wire.Event{Error: err.Error(), Terminal: terminal, Code: failure.Classify(err, objstore.IsRetryable)})
+		ev := r.failureEvent(wire.Event{Error: err.Error(), Terminal: terminal, Code: class, Log: d.rec.tail()})
 		if perr := w.retryInPlace(context.WithoutCancel(ctx), d, "publishing failure event", func(ctx context.Context) error {
 			return w.publishEvent(ctx, d, ev)
 		}); perr != nil {
@@ -457,8 +470,6 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) (hande
 	if terminal {
 		return false
 	}
-	delay := queue.Backoff(failures, w.cfg.RetryBase, w.cfg.RetryMax, w.jitter)
-	d.log.Warn("retrying later", "err", err, "failures", failures, "delay", delay)
 	w.m.Retries.WithLabelValues(metrics.RetryAttempt).Inc()
 	_ = d.msg.NakWithDelay(delay)
 	return false

@@ -50,6 +50,13 @@ func main() {
 	flag.BoolVar(&c.Fleet.Cluster, "fleet-cluster", false, "run the fleet on a 3-node JetStream cluster (replicas 3) instead of one nats-server")
 	flag.BoolVar(&c.Fleet.SharedConn, "fleet-shared-conn", false, "one NATS connection per worker process instead of one per simulated worker")
 	flag.IntVar(&c.Fleet.Nice, "fleet-nice", 10, "niceness of the simulated workers' processes, so they take only the CPU the coordinator and JetStream leave (-1: none)")
+	monitor := flag.Bool("monitor", false, "also measure the coordinator's CPU with the web monitor open in headless Chromium ($TILEFARM_CHROMIUM) against closed")
+	load := farmbench.DefaultMonitorLoad()
+	flag.IntVar(&load.Jobs, "monitor-jobs", load.Jobs, "jobs of the monitor step")
+	flag.IntVar(&load.Frames, "monitor-frames", load.Frames, "frames of each job of the monitor step")
+	flag.IntVar(&load.Rate, "monitor-rate", load.Rate, "tile events a second of the monitor step")
+	flag.DurationVar(&load.Window, "monitor-window", load.Window, "each window of the monitor step")
+	flag.IntVar(&load.Rounds, "monitor-rounds", load.Rounds, "rounds of the monitor step (each a window closed, with the jobs view, with a job's page)")
 	verbose := flag.Bool("v", false, "log progress on stderr")
 	only := flag.String("only", "", "comma-separated measurements to make, of "+strings.Join(farmbench.Steps, ",")+" (default: all; the others' figures stay 0)")
 	flag.Parse()
@@ -61,6 +68,10 @@ func main() {
 				os.Exit(2)
 			}
 		}
+	}
+	if *monitor || slices.Contains(c.Only, "monitor") {
+		load.ProfileDir = c.ProfileDir
+		c.Monitor = load
 	}
 	if *sizes == "" && slices.Contains(c.Only, "fleet") {
 		*sizes = "10,100,1000"

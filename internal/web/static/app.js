@@ -12,8 +12,13 @@
   let route = null;
   let viewTimers = [];
   let frameState = null; // the frame view's drawing state
-  let jobRefresh = null; // the job view's refresh, called on events about its job
   let movieURL = null; // the object URL the job view's movie plays, revoked when the view changes
+  let jobState = null; // the job view's contact sheet
+  // jobRefresh is the job view's refresh, called on events about its job: at most every
+  // jobRefreshEvery, or at once with now (after a button of the page).
+  let jobRefresh = null;
+  const jobRefreshEvery = 2000;
+  let viewRefresh = () => {}; // the dead letters', a dead letter's or a tile's view's refresh
 
   class Unauthorized extends Error {}
 
@@ -160,11 +165,13 @@
       for (const st of payload) jobs.set(st.job_id, st);
       if (route.name === 'jobs') renderJobs();
       if (route.name === 'job' && payload.some((s) => s.job_id === route.id) && jobRefresh) jobRefresh();
-      if (route.name === 'dlq') dlqRefresh();
+      if (route.name === 'dlq' || route.name === 'deadLetter') viewRefresh();
     } else if (event === 'frame') {
       for (const f of payload) {
         if (route.name === 'frame' && f.job_id === route.id && f.frame === route.frame && frameState) frameState.refresh();
+        if (route.name === 'job' && f.job_id === route.id && jobState) jobState.frameEvent(f);
         if (route.name === 'job' && f.job_id === route.id && jobRefresh) jobRefresh();
+        if (route.name === 'tile' && f.job_id === route.id && f.frame === route.frame) viewRefresh();
       }
     }
   }
@@ -173,20 +180,25 @@
   function parseRoute() {
     const h = location.hash.replace(/^#/, '') || '/';
     let m;
+    if ((m = h.match(/^\/jobs\/([^/]+)\/frames\/(-?\d+)\/tiles\/(\d+)$/))) return { name: 'tile', id: decodeURIComponent(m[1]), frame: Number(m[2]), index: Number(m[3]) };
     if ((m = h.match(/^\/jobs\/([^/]+)\/frames\/(-?\d+)$/))) return { name: 'frame', id: decodeURIComponent(m[1]), frame: Number(m[2]) };
     if ((m = h.match(/^\/jobs\/([^/]+)$/))) return { name: 'job', id: decodeURIComponent(m[1]) };
     if (h === '/workers') return { name: 'workers' };
     if (h === '/dlq') return { name: 'dlq' };
+    if ((m = h.match(/^\/dlq\/(\d+)$/))) return { name: 'deadLetter', seq: Number(m[1]) };
     return { name: 'jobs' };
   }
 
   function stopView() {
     if (movieURL) URL.revokeObjectURL(movieURL);
     movieURL = null;
-    for (const t of viewTimers) clearInterval(t);
+    for (const t of viewTimers) clearInterval(t); // clears the timeouts among them too
     viewTimers = [];
     frameState = null;
+    if (jobState) jobState.observer.disconnect();
+    jobState = null;
     jobRefresh = null;
+    viewRefresh = () => {};
   }
   const every = (ms, fn) => viewTimers.push(setInterval(fn, ms));
 
@@ -194,7 +206,7 @@
     stopView();
     route = parseRoute();
     for (const [id, name] of [['nav-jobs', 'jobs'], ['nav-workers', 'workers'], ['nav-dlq', 'dlq']]) {
-      if (route.name === name || (name === 'jobs' && (route.name === 'job' || route.name === 'frame'))) $('#' + id).setAttribute('aria-current', 'page');
+      if (route.name === name || (name === 'jobs' && ['job', 'frame', 'tile'].includes(route.name)) || (name === 'dlq' && route.name === 'deadLetter')) $('#' + id).setAttribute('aria-current', 'page');
       else $('#' + id).removeAttribute('aria-current');
     }
     showMessage('');
@@ -299,7 +311,7 @@
       jobs.set(id, st);
       showMessage('');
       if (route.name === 'jobs') renderJobs();
-      if (jobRefresh) jobRefresh();
+      if (jobRefresh) jobRefresh(true);
     } catch (e) { fail(e); }
   }
 
@@ -313,17 +325,162 @@
       jobs.set(id, st);
       showMessage('');
       if (route.name === 'jobs') renderJobs();
-      if (jobRefresh) jobRefresh();
+      if (jobRefresh) jobRefresh(true);
     } catch (e) { fail(e); }
   }
 
-  // One job: its numbers and its frames as a grid.
+  // heatColour is a cool-to-hot colour of f in [0, 1]: blue for the fastest, red for the slowest.
+  const heatColour = (f) => `hsl(${Math.round(220 * (1 - f))}, 85%, ${Math.round(62 - 17 * f)}%)`;
+
+  // A thumbnail's size for a frame of w x h, as the coordinator scales it (ThumbnailOf): the
+  // smallest whole factor that fits 160 px.
+  function thumbSize(w, h) {
+    const k = Math.max(1, Math.ceil(Math.max(w, h) / 160));
+    return { w: Math.ceil(w / k), h: Math.ceil(h / k) };
+  }
+
+  // The colours a frame or tile state is drawn in where text cannot say it (a canvas); the text
+  // beside it always does.
+  const stateColour = { queued: '#e8ecf0', rendering: '#fff2c4', assembling: '#dbe9ff', completed: '#d3f2dc', failed: '#ffd9d6', waiting: '#eee6ff', blocked: '#ffe1c2' };
+
+  // One job: its numbers, its render time per frame as a chart, and its frames as a contact
+  // sheet: the finished ones as thumbnails, filling in as they complete, the others drawn as
+  // queued or rendering with their progress.
   async function jobView(r) {
     const path = `/v1/jobs/${encodeURIComponent(r.id)}`;
     const head = el('div', { id: 'job-head' });
-    const grid = el('ul', { class: 'frames', id: 'frames', 'aria-label': 'Frames' });
+    const chart = el('canvas', { id: 'frame-times', width: 960, height: 96, role: 'img', 'aria-label': 'Render time per frame' });
+    const chartNote = el('p', { id: 'frame-times-summary', class: 'muted' });
+    const sheet = el('ul', { class: 'sheet', id: 'frames', 'aria-label': 'Frames', 'data-thumbnails-drawn': 0 });
     const movie = el('section', { id: 'movie', 'aria-label': 'Preview movie' });
-    view.replaceChildren(el('p', {}, el('a', { href: '#/' }, '← Jobs')), head, movie, el('h3', {}, 'Frames'), grid);
+    view.replaceChildren(el('p', {}, el('a', { href: '#/' }, '← Jobs')), head, movie,
+      el('h3', {}, 'Render time per frame'), el('div', { class: 'chart' }, chart), chartNote, el('h3', {}, 'Frames'), sheet);
+    const js = { cards: new Map(), size: null, drawn: 0, queue: [], loading: 0, frames: [], frameEvent: () => {} };
+    const gone = () => route.name !== 'job' || route.id !== r.id || jobState !== js;
+    jobState = js;
+    // Thumbnails are fetched only for cards on screen, two at a time: a shot of hundreds of
+    // finished frames costs what the window shows.
+    const observer = new IntersectionObserver((entries) => {
+      for (const e of entries) {
+        const c = js.cards.get(Number(e.target.dataset.frame));
+        if (c && e.isIntersecting && !c.visible) {
+          c.visible = true;
+          want(c);
+        }
+      }
+    }, { rootMargin: '200px' });
+    js.observer = observer;
+
+    function want(c) {
+      if (c.visible && c.state === 'completed' && !c.drawn && !c.queued) {
+        c.queued = true;
+        js.queue.push(c);
+        pump();
+      }
+    }
+    function pump() {
+      while (js.loading < 2 && js.queue.length && !gone()) {
+        const c = js.queue.shift();
+        js.loading++;
+        loadThumb(c).catch((e) => { c.queued = false; fail(e); }).finally(() => { js.loading--; pump(); });
+      }
+    }
+    async function loadThumb(c) {
+      const res = await api(`${path}/frames/${c.frame}/thumbnail`);
+      if (!res.ok) throw new Error(`thumbnail of frame ${c.frame}: ${res.status}`);
+      const bmp = await createImageBitmap(await res.blob(), { colorSpaceConversion: 'none', premultiplyAlpha: 'none' });
+      if (gone()) return;
+      c.canvas.width = bmp.width;
+      c.canvas.height = bmp.height;
+      c.canvas.getContext('2d', { colorSpace: 'srgb' }).drawImage(bmp, 0, 0);
+      bmp.close();
+      c.drawn = true;
+      c.canvas.dataset.drawn = '1';
+      js.drawn++;
+      sheet.dataset.thumbnailsDrawn = String(js.drawn);
+    }
+
+    // A frame not finished: its state's colour, its progress as a bar, and its state in words.
+    function placeholder(c, f) {
+      const ctx = c.canvas.getContext('2d');
+      const { width: w, height: h } = c.canvas;
+      ctx.fillStyle = stateColour[f.state] || stateColour.queued;
+      ctx.fillRect(0, 0, w, h);
+      const done = f.samples_total > 0 ? f.samples_done / f.samples_total : 0;
+      ctx.fillStyle = '#0b5cad';
+      ctx.fillRect(0, h - 6, Math.round(w * done), 6);
+      ctx.fillStyle = '#1b1f24';
+      ctx.font = '12px system-ui, sans-serif';
+      ctx.textAlign = 'center';
+      ctx.fillText(f.state === 'rendering' ? `rendering ${pct(f.samples_done, f.samples_total)}` : f.state, w / 2, h / 2);
+    }
+
+    function card(f) {
+      const { w, h } = js.size;
+      const canvas = el('canvas', { class: 'thumb', width: w, height: h, role: 'img', 'aria-label': `Frame ${f.frame}` });
+      const label = el('span', { class: 'label' });
+      const bar = el('span', { class: 'bar', role: 'presentation' }, el('span'));
+      const li = el('li', { 'data-frame': f.frame },
+        el('a', { href: `#/jobs/${encodeURIComponent(r.id)}/frames/${f.frame}` }, canvas, label, bar));
+      const c = { frame: f.frame, li, canvas, label, bar, state: null, key: '', drawn: false, visible: false, queued: false };
+      js.cards.set(f.frame, c);
+      observer.observe(li);
+      return c;
+    }
+
+    function update(c, f) {
+      c.li.dataset.state = f.state;
+      c.label.replaceChildren(...[el('strong', {}, 'Frame ' + f.frame), ' ', badge(f.state), el('br'),
+        `tiles ${f.tiles_completed}/${f.tiles_total}` + (f.tiles_failed ? `, ${f.tiles_failed} failed` : '') +
+        (f.render_seconds ? `, ${f.render_seconds.toFixed(1)} s` : ''),
+        f.error ? el('span', { class: 'error' }, el('br'), f.error) : null].filter(Boolean));
+      c.bar.firstChild.style.width = pct(f.samples_done, f.samples_total).replace('–', '0');
+      c.state = f.state;
+      const key = `${f.state}/${f.samples_done}`;
+      if (!c.drawn && key !== c.key) placeholder(c, f);
+      c.key = key;
+      want(c);
+    }
+
+    // Render time per frame: one bar a frame, the slowest marked, so a spike shows at a glance.
+    function drawChart(frames) {
+      const ctx = chart.getContext('2d');
+      const W = chart.width, H = chart.height, n = frames.length;
+      ctx.clearRect(0, 0, W, H);
+      const times = frames.map((f) => f.render_seconds || 0);
+      const timed = times.filter((t) => t > 0);
+      const max = Math.max(0, ...times);
+      let slowest = -1;
+      times.forEach((t, i) => { if (t > 0 && (slowest < 0 || t > times[slowest])) slowest = i; });
+      const bw = W / Math.max(n, 1);
+      frames.forEach((f, i) => {
+        const t = times[i];
+        const bh = max > 0 ? Math.max(1, Math.round(((H - 14) * t) / max)) : 0;
+        ctx.fillStyle = i === slowest ? '#c2410c' : t > 0 ? '#0b5cad' : '#d6dbe1';
+        ctx.fillRect(Math.floor(i * bw) + (bw > 3 ? 1 : 0), H - (t > 0 ? bh : 2), Math.max(1, Math.floor(bw) - (bw > 3 ? 1 : 0)), t > 0 ? bh : 2);
+      });
+      chart.dataset.framesTimed = String(timed.length);
+      if (slowest < 0) {
+        delete chart.dataset.slowestFrame;
+        chartNote.textContent = 'No frame has reported render times yet.';
+        chart.setAttribute('aria-label', 'Render time per frame: none reported yet');
+        return;
+      }
+      const sorted = [...timed].sort((a, b) => a - b);
+      const median = sorted[Math.floor(sorted.length / 2)];
+      const f = frames[slowest];
+      chart.dataset.slowestFrame = String(f.frame);
+      const text = `Slowest: frame ${f.frame}, ${times[slowest].toFixed(1)} s of rendering (median ${median.toFixed(1)} s over ${timed.length} frames with times). Click a bar to open its frame.`;
+      chartNote.textContent = text;
+      chart.setAttribute('aria-label', 'Render time per frame. ' + text);
+    }
+    chart.addEventListener('click', (ev) => {
+      const rect = chart.getBoundingClientRect();
+      const i = Math.floor(((ev.clientX - rect.left) / rect.width) * js.frames.length);
+      const f = js.frames[i];
+      if (f) location.hash = `#/jobs/${encodeURIComponent(r.id)}/frames/${f.frame}`;
+    });
+
     const draw = (st) => {
       head.replaceChildren(...[
         el('h2', {}, 'Job ', st.job_id, ' ', badge(st.state)),
@@ -338,13 +495,13 @@
         jobActions(st),
         st.failures && st.failures.length ? el('ul', { class: 'error' }, st.failures.map((f) => el('li', {}, f))) : null].filter(Boolean));
       $('[data-action=cancel]', head).disabled = terminal(st.state);
-      grid.replaceChildren(...st.frames.map((f) => el('li', { 'data-frame': f.frame, 'data-state': f.state },
-        el('a', { href: `#/jobs/${encodeURIComponent(st.job_id)}/frames/${f.frame}`, class: 's-' + f.state },
-          el('strong', {}, 'Frame ' + f.frame), ' ', badge(f.state), el('br'),
-          `tiles ${f.tiles_completed}/${f.tiles_total}` + (f.tiles_failed ? `, ${f.tiles_failed} failed` : ''),
-          el('div', { class: 'bar', role: 'presentation' }, el('span', { style: null, 'data-w': pct(f.samples_done, f.samples_total) })),
-          f.error ? el('div', { class: 'error' }, f.error) : null))));
-      for (const s of grid.querySelectorAll('.bar span')) s.style.width = s.dataset.w === '–' ? '0' : s.dataset.w;
+      js.frames = st.frames;
+      if (!sheet.childElementCount) sheet.append(...st.frames.map((f) => card(f).li));
+      for (const f of st.frames) {
+        const c = js.cards.get(f.frame);
+        if (c) update(c, f);
+      }
+      drawChart(st.frames);
 
       showMovie(movie, st).catch(fail);
     };
@@ -356,12 +513,39 @@
         do {
           again = false;
           const st = await apiJSON(path);
-          if (route.name !== 'job' || route.id !== r.id) return;
+          if (gone()) return;
+          if (!js.size) {
+            // The frames' size, for the sheet's cards: the first frame's tiles say it.
+            const ft = await apiJSON(`${path}/frames/${st.frames[0].frame}/tiles`);
+            if (gone()) return;
+            js.size = thumbSize(ft.width, ft.height);
+          }
           draw(st);
         } while (again);
       } catch (e) { fail(e); } finally { busy = false; }
     };
-    jobRefresh = refresh;
+    // The sheet follows the stream's frame events at once (a frame's state and tiles); the
+    // job's status, 240 frames of it for a long shot, is fetched at most every
+    // jobRefreshEvery, so a page open on a busy job costs the coordinator little.
+    js.frameEvent = (ev) => {
+      const f = js.frames.find((x) => x.frame === ev.frame);
+      const c = js.cards.get(ev.frame);
+      if (!f || !c) return;
+      Object.assign(f, { state: ev.state, tiles_completed: ev.tiles_completed, tiles_failed: ev.tiles_failed });
+      update(c, f);
+    };
+    let last = 0, timer = null;
+    jobRefresh = (now) => {
+      const wait = last + jobRefreshEvery - Date.now();
+      if (now || wait <= 0) {
+        last = Date.now();
+        refresh();
+      } else if (timer == null) {
+        timer = setTimeout(() => { timer = null; last = Date.now(); refresh(); }, wait);
+        viewTimers.push(timer);
+      }
+    };
+    last = Date.now();
     await refresh();
   }
 
@@ -408,8 +592,15 @@
     const note = el('p', { class: 'muted', id: 'frame-note' });
     const canvas = el('canvas', { id: 'frame-canvas', 'data-tiles-drawn': 0, role: 'img', 'aria-label': `Frame ${r.frame} of ${r.id}` });
     const overlay = el('div', { class: 'overlay', id: 'in-progress' });
+    const heat = el('canvas', { id: 'heat-canvas', 'data-tiles-timed': 0, role: 'img', 'aria-label': 'Render time of each tile' });
+    const legend = el('p', { id: 'heat-legend', class: 'muted' });
+    const slowest = el('ol', { id: 'slowest', class: 'slowest' });
+    const failedTiles = el('div', { id: 'failed-tiles' });
     view.replaceChildren(el('p', {}, el('a', { href: '#/jobs/' + encodeURIComponent(r.id) }, '← Job ' + r.id)), head, downloads, note,
-      el('div', { class: 'stage' }, canvas, overlay));
+      el('div', { class: 'stages' },
+        el('figure', {}, el('div', { class: 'stage' }, canvas, overlay), el('figcaption', { class: 'muted' }, 'The frame')),
+        el('figure', {}, el('div', { class: 'stage' }, heat), el('figcaption', { class: 'muted' }, 'Where the time goes: each tile coloured by its render time'))),
+      legend, el('h3', {}, 'Slowest tiles'), slowest, failedTiles);
     const fs = { drawn: new Set(), tiles: null, ctx: null, busy: false, again: false, shownFrame: false };
     frameState = fs;
     const gone = () => frameState !== fs;
@@ -458,6 +649,47 @@
       overlay.replaceChildren(...boxes);
     }
 
+    // The heat map: each tile coloured by how long the attempt that completed it rendered it,
+    // cool to hot relative to the frame's slowest; the slowest tiles listed.
+    function drawHeat(ft) {
+      const ctx = heat.getContext('2d');
+      const timed = ft.tiles.filter((t) => t.render_ms > 0).sort((a, b) => b.render_ms - a.render_ms || a.index - b.index);
+      const max = timed.length ? timed[0].render_ms : 0;
+      const min = timed.length ? timed[timed.length - 1].render_ms : 0;
+      ctx.clearRect(0, 0, heat.width, heat.height);
+      for (const t of ft.tiles) {
+        const { x0, y0, x1, y1 } = t.rect;
+        ctx.fillStyle = t.render_ms > 0 ? heatColour(t.render_ms / max) : t.state === 'completed' ? '#b8bec6' : '#eef0f2';
+        ctx.fillRect(x0, y0, x1 - x0, y1 - y0);
+        ctx.strokeStyle = 'rgba(255,255,255,0.7)';
+        ctx.strokeRect(x0 + 0.5, y0 + 0.5, x1 - x0 - 1, y1 - y0 - 1);
+      }
+      heat.dataset.tilesTimed = String(timed.length);
+      const rect = (t) => `(${t.rect.x0},${t.rect.y0})–(${t.rect.x1},${t.rect.y1})`;
+      if (!timed.length) {
+        delete heat.dataset.hottest;
+        legend.textContent = 'No tile has reported its render time yet.';
+        slowest.replaceChildren();
+        return;
+      }
+      heat.dataset.hottest = String(timed[0].index);
+      legend.replaceChildren(el('span', { class: 'ramp', role: 'presentation' }),
+        ` cool ${(min / 1000).toFixed(2)} s to hot ${(max / 1000).toFixed(2)} s a tile; ${timed.length} of ${ft.tiles.length} tiles timed (grey: not completed, or completed without a time).`);
+      heat.setAttribute('aria-label', `Render time of each tile: the slowest, tile ${timed[0].index} ${rect(timed[0])}, took ${(max / 1000).toFixed(2)} s`);
+      slowest.replaceChildren(...timed.slice(0, 5).map((t) => el('li', { 'data-tile': t.index },
+        `tile ${t.index} ${rect(t)}: ${(t.render_ms / 1000).toFixed(2)} s`)));
+    }
+
+    // The tiles with failed attempts, each opening its attempts.
+    function drawFailed(ft) {
+      const failed = ft.tiles.filter((t) => t.failures > 0);
+      failedTiles.replaceChildren(...(failed.length ? [el('h3', {}, 'Tiles with failed attempts'),
+        el('ul', {}, failed.map((t) => el('li', { 'data-tile': t.index },
+          el('a', { href: `#/jobs/${encodeURIComponent(r.id)}/frames/${r.frame}/tiles/${t.index}` }, `tile ${t.index}`),
+          ` (${t.rect.x0},${t.rect.y0})–(${t.rect.x1},${t.rect.y1}): ${t.failures} failed attempt${t.failures > 1 ? 's' : ''} recorded, now `,
+          badge(t.state))))] : []));
+    }
+
     async function refreshOnce() {
       const [st, ft] = await Promise.all([apiJSON(base), apiJSON(`${base}/frames/${r.frame}/tiles`)]);
       if (gone()) return;
@@ -465,10 +697,16 @@
       if (!fs.ctx) {
         canvas.width = ft.width;
         canvas.height = ft.height;
-        // Shown up to 4x, or as wide as 960 px: the pixels drawn stay the frame's own.
-        canvas.style.width = Math.round(ft.width * Math.max(1, Math.min(4, 960 / ft.width))) + 'px';
+        // Shown up to 4x, or as wide as 560 px, the heat map beside it at the same scale: the
+        // pixels drawn stay the frame's own.
+        canvas.style.width = Math.round(ft.width * Math.max(1, Math.min(4, 560 / ft.width))) + 'px';
+        heat.width = ft.width;
+        heat.height = ft.height;
+        heat.style.width = canvas.style.width;
         fs.ctx = canvas.getContext('2d', { colorSpace: 'srgb' });
       }
+      drawHeat(ft);
+      drawFailed(ft);
       const fr = (st.frames || []).find((f) => f.frame === r.frame) || { state: ft.state, tiles_completed: 0, tiles_total: ft.tiles.length };
       const done = ft.tiles.filter((t) => t.state === 'completed').length;
       head.replaceChildren(...[el('h2', {}, `Frame ${r.frame} `, badge(fr.state)),
@@ -534,34 +772,116 @@
     } catch (e) { fail(e); }
   }
 
-  // Workers.
+  // Workers: each worker's slots busy over the last minutes (one sample a heartbeat), what it
+  // renders now, its pools and tags, and its recent failures.
+  // sparkSpan is the time a sparkline spans: the history's (a coordinator keeps 10 minutes), at
+  // least a minute.
+  const sparkSpan = (w) => {
+    const hist = w.history || [];
+    const first = hist.length ? Date.parse(hist[0].time) : Date.now();
+    return Math.min(600e3, Math.max(60e3, Date.now() - first + 5e3));
+  };
+
+  function sparkline(w) {
+    const hist = w.history || [];
+    const W = 150, H = 32, span = sparkSpan(w), slots = Math.max(1, w.slots);
+    const c = el('canvas', { class: 'spark', width: W, height: H, 'data-samples': hist.length, role: 'img' });
+    const ctx = c.getContext('2d');
+    ctx.fillStyle = '#f3f5f7';
+    ctx.fillRect(0, 0, W, H);
+    const now = Date.now();
+    const pts = hist.map((s) => [Math.max(0, Math.min(W, (W * (Date.parse(s.time) - (now - span))) / span)), H - 1 - ((H - 2) * Math.min(s.busy, slots)) / slots]);
+    if (pts.length) {
+      ctx.beginPath();
+      ctx.moveTo(pts[0][0], H);
+      for (const [x, y] of pts) ctx.lineTo(x, y);
+      ctx.lineTo(pts[pts.length - 1][0], H);
+      ctx.closePath();
+      ctx.fillStyle = 'rgba(11, 92, 173, 0.25)';
+      ctx.fill();
+      ctx.beginPath();
+      pts.forEach(([x, y], i) => (i ? ctx.lineTo(x, y) : ctx.moveTo(x, y)));
+      ctx.strokeStyle = '#0b5cad';
+      ctx.lineWidth = 1.5;
+      ctx.stroke();
+    }
+    const busy = hist.map((s) => s.busy);
+    c.setAttribute('aria-label', hist.length
+      ? `Slots busy over the last ${duration(span / 1000)}, ${hist.length} heartbeats: from ${Math.min(...busy).toFixed(1)} to ${Math.max(...busy).toFixed(1)} of ${w.slots}`
+      : 'No heartbeat sampled yet');
+    return c;
+  }
+
   async function workersView() {
     const table = el('table', { id: 'workers' },
-      el('thead', {}, el('tr', {}, el('th', { scope: 'col' }, 'Worker'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Host'),
-        el('th', { scope: 'col' }, 'Slots'), el('th', { scope: 'col' }, 'Rendering'), el('th', { scope: 'col' }, 'Samples/s'),
-        el('th', { scope: 'col', class: 'hide-narrow' }, 'Last seen'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Blocklisted jobs'),
-        el('th', { scope: 'col', class: 'hide-narrow' }, 'Pools'))),
+      el('thead', {}, el('tr', {}, el('th', { scope: 'col' }, 'Worker'), el('th', { scope: 'col' }, 'Slots busy'),
+        el('th', { scope: 'col' }, 'Rendering now'), el('th', { scope: 'col' }, 'Pools and tags'), el('th', { scope: 'col' }, 'Recent failures'),
+        el('th', { scope: 'col', class: 'hide-narrow' }, 'Samples/s'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Last seen'),
+        el('th', { scope: 'col', class: 'hide-narrow' }, 'Blocklisted jobs'))),
       el('tbody', {}));
     view.replaceChildren(el('h2', {}, 'Workers'), el('div', { class: 'scroll' }, table));
+    const frameLink = (job, frame, text) => el('a', { href: `#/jobs/${encodeURIComponent(job)}/frames/${frame}` }, text);
     const refresh = async () => {
-      const { workers } = await apiJSON('/v1/workers');
+      const { workers } = await apiJSON('/v1/workers?detail=1');
       if (route.name !== 'workers') return;
       $('tbody', table).replaceChildren(...(workers.length ? workers.map((w) => el('tr', { 'data-worker': w.name },
-        el('td', {}, w.name), el('td', { class: 'hide-narrow' }, w.host), el('td', {}, w.slots),
+        el('td', {}, el('strong', {}, w.name), el('br'), el('span', { class: 'muted' }, w.host)),
+        el('td', { 'data-col': 'slots' }, sparkline(w),
+          el('span', { class: 'busy' }, `${Math.min(w.busy_slots || 0, w.slots).toFixed(1)} of ${w.slots} slots busy`),
+          el('span', { class: 'muted' }, ` now; the last ${duration(sparkSpan(w) / 1000)} above`)),
         el('td', {}, (w.tiles || []).length ? el('ul', {}, w.tiles.map((t) => el('li', {},
-          el('a', { href: `#/jobs/${encodeURIComponent(t.job_id)}/frames/${t.frame}` }, `${t.job_id} frame ${t.frame}`),
+          frameLink(t.job_id, t.frame, `${t.job_id} frame ${t.frame}`),
           ` tile ${t.tile_key.slice(0, 8)} ${t.samples_done}/${t.samples_total}`))) : el('span', { class: 'muted' }, 'idle')),
-        el('td', {}, w.samples_per_second.toFixed(1)), el('td', { class: 'hide-narrow' }, age(w.last_seen) + ' ago'),
-        el('td', { class: 'hide-narrow' }, (w.blocklisted_jobs || []).join(', ') || '–'),
-        el('td', { class: 'hide-narrow' }, [(w.tags || []).length ? 'tags ' + w.tags.join(',') : 'no tags', ...(w.builds || [])].join('; '))))
+        el('td', { 'data-col': 'pools' }, el('ul', { class: 'plain' }, (w.pools || ['any worker']).map((p) => el('li', {}, p))),
+          el('span', { class: 'muted' }, (w.tags || []).length ? 'tags ' + w.tags.join(', ') : 'no tags'),
+          ...(w.builds || []).map((b) => [el('br'), el('code', {}, b)])),
+        el('td', { 'data-col': 'failures' }, (w.recent_failures || []).length ? el('ul', {}, w.recent_failures.slice().reverse().map((f) => el('li', {},
+          el('a', { href: `#/jobs/${encodeURIComponent(f.job_id)}/frames/${f.frame}/tiles/${f.tile}` }, `frame ${f.frame} tile ${f.tile}`), ' ',
+          badge(f.class), f.dead_lettered ? [' ', badge('dead_lettered')] : null, ' ', el('span', { class: 'muted' }, age(f.time) + ' ago'),
+          el('br'), el('span', { class: 'error' }, f.error.length > 120 ? f.error.slice(0, 120) + '…' : f.error)))) : el('span', { class: 'muted' }, 'none')),
+        el('td', { class: 'hide-narrow' }, w.samples_per_second.toFixed(1)), el('td', { class: 'hide-narrow' }, age(w.last_seen) + ' ago'),
+        el('td', { class: 'hide-narrow' }, (w.blocklisted_jobs || []).join(', ') || '–')))
         : [el('tr', {}, el('td', { colspan: 8, class: 'muted' }, 'No live workers.'))]));
     };
     await refresh();
     every(2000, () => refresh().catch(fail));
   }
 
+  // A failed attempt's story: its worker, class, error and the last lines its worker logged,
+  // its renderer's output among them.
+  function attemptsList(failures) {
+    if (!failures.length) return el('p', { class: 'muted', id: 'attempts' }, 'No failed attempt recorded yet.');
+    return el('ol', { class: 'attempts', id: 'attempts' }, failures.map((f, i) => el('li', { 'data-class': f.class, 'data-dead-lettered': f.dead_lettered ? '1' : null },
+      el('p', {}, el('strong', {}, `Attempt ${i + 1}`), ` on ${f.worker || 'an unknown worker'}`, f.delivery ? `, delivery ${f.delivery}` : '',
+        `, ${new Date(f.time).toLocaleString()} `, badge(f.class), f.dead_lettered ? [' ', badge('dead_lettered')] : null),
+      el('p', { class: 'error' }, f.error),
+      f.log.length ? el('details', { open: true }, el('summary', {}, `The worker's last ${f.log.length} log lines of this attempt`),
+        el('pre', { class: 'log' }, f.log.join('\n'))) : el('p', { class: 'muted' }, 'No log lines recorded.'))));
+  }
+
+  // One tile's failed attempts.
+  async function tileView(r) {
+    const path = `/v1/jobs/${encodeURIComponent(r.id)}/frames/${r.frame}/tiles/${r.index}/failures`;
+    const head = el('div', { id: 'tile-head' });
+    const body = el('div', { id: 'tile-attempts' });
+    view.replaceChildren(el('p', {}, el('a', { href: `#/jobs/${encodeURIComponent(r.id)}/frames/${r.frame}` }, `← Frame ${r.frame} of ${r.id}`)),
+      head, el('h3', {}, 'Failed attempts'), body);
+    let shown = null;
+    const refresh = async () => {
+      const tf = await apiJSON(path);
+      if (route.name !== 'tile' || route.id !== r.id || route.frame !== r.frame || route.index !== r.index) return;
+      const key = JSON.stringify(tf);
+      if (key === shown) return;
+      shown = key;
+      head.replaceChildren(el('h2', {}, `Tile ${tf.index} of frame ${tf.frame} `, badge(tf.state)),
+        el('p', {}, `(${tf.rect.x0},${tf.rect.y0})–(${tf.rect.x1},${tf.rect.y1}), tile key `, el('code', {}, tf.tile_key.slice(0, 16))));
+      body.replaceChildren(attemptsList(tf.failures));
+    };
+    viewRefresh = () => refresh().catch(fail);
+    await refresh();
+  }
+
   // Dead letters.
-  let dlqRefresh = () => {};
   async function dlqView() {
     const table = el('table', { id: 'dlq' },
       el('thead', {}, el('tr', {}, el('th', { scope: 'col' }, 'Seq'), el('th', { scope: 'col' }, 'Subject'),
@@ -569,19 +889,56 @@
         el('th', { scope: 'col' }, 'Action'))),
       el('tbody', {}));
     view.replaceChildren(el('h2', {}, 'Dead letters'), el('div', { class: 'scroll' }, table));
+    let shown = null;
     const refresh = async () => {
       const dls = await apiJSON('/v1/dlq');
       if (route.name !== 'dlq') return;
+      // Drawn again only when it changed, so a link or button keeps its focus.
+      const key = JSON.stringify(dls.map((d) => [d.dlq_seq, d.deliveries, d.reason]));
+      if (key === shown) return;
+      shown = key;
       $('tbody', table).replaceChildren(...(dls.length ? dls.map((d) => el('tr', { 'data-seq': d.dlq_seq },
-        el('td', {}, d.dlq_seq), el('td', {}, el('code', {}, d.subject)), el('td', {}, d.deliveries), el('td', {}, d.reason),
+        el('td', {}, el('a', { href: `#/dlq/${d.dlq_seq}`, 'aria-label': 'Dead letter ' + d.dlq_seq + ': its attempts' }, d.dlq_seq)),
+        el('td', {}, el('code', {}, d.subject)), el('td', {}, d.deliveries), el('td', {}, d.reason),
         el('td', { class: 'hide-narrow' }, d.time ? new Date(d.time).toLocaleString() : '–'),
         el('td', {}, el('button', { type: 'button', 'data-action': 'requeue', 'data-seq': d.dlq_seq, 'aria-label': 'Requeue dead letter ' + d.dlq_seq,
           onclick: (ev) => requeue(d.dlq_seq, ev.target) }, 'Requeue'))))
         : [el('tr', {}, el('td', { colspan: 6, class: 'muted' }, 'No dead letters.'))]));
     };
-    dlqRefresh = () => refresh().catch(fail);
+    viewRefresh = () => refresh().catch(fail);
     await refresh();
-    every(3000, dlqRefresh);
+    every(3000, viewRefresh);
+  }
+
+  // One dead letter: what it held, why, and its tile's failed attempts with their logs.
+  async function deadLetterView(r) {
+    const head = el('div', { id: 'dl-head' });
+    const body = el('div', { id: 'dl-attempts' });
+    view.replaceChildren(el('p', {}, el('a', { href: '#/dlq' }, '← Dead letters')), head, el('h3', {}, 'Attempts'), body);
+    let shown = null;
+    const refresh = async () => {
+      const d = await apiJSON(`/v1/dlq/${r.seq}`);
+      if (route.name !== 'deadLetter' || route.seq !== r.seq) return;
+      const key = JSON.stringify(d); // drawn again only when it changed, as the list is
+      if (key === shown) return;
+      shown = key;
+      const job = d.job_id ? encodeURIComponent(d.job_id) : '';
+      const what = d.kind === 'tile' ? ['tile ', el('a', { href: `#/jobs/${job}/frames/${d.frame}/tiles/${d.tile_index}` }, String(d.tile_index)),
+        ' of ', el('a', { href: `#/jobs/${job}/frames/${d.frame}` }, `frame ${d.frame}`), ' of job ', el('a', { href: `#/jobs/${job}` }, d.job_id)]
+        : d.kind === 'assembly' ? ['the assembly of ', el('a', { href: `#/jobs/${job}/frames/${d.frame}` }, `frame ${d.frame}`), ' of job ', el('a', { href: `#/jobs/${job}` }, d.job_id)]
+          : ['a message the farm cannot read'];
+      head.replaceChildren(el('h2', {}, `Dead letter ${d.dlq_seq}`),
+        el('p', {}, 'Held ', ...what, `; delivered ${d.deliveries} times; dead-lettered ${d.time ? new Date(d.time).toLocaleString() : '–'}.`),
+        el('p', {}, 'Subject ', el('code', {}, d.subject)),
+        el('p', { class: 'error', id: 'dl-reason' }, d.reason),
+        el('p', {}, el('button', { type: 'button', 'data-action': 'requeue', 'aria-label': 'Requeue dead letter ' + d.dlq_seq,
+          onclick: async (ev) => { if (await requeue(d.dlq_seq, ev.target)) location.hash = '#/dlq'; } }, 'Requeue')));
+      body.replaceChildren(d.kind === 'assembly' ? el('p', { class: 'muted', id: 'attempts' }, 'An assembly keeps no attempts of its own: its reason above is its last error.')
+        : attemptsList(d.failures));
+    };
+    viewRefresh = () => refresh().catch(fail);
+    await refresh();
+    every(3000, viewRefresh);
   }
 
   async function requeue(seq, button) {
@@ -589,14 +946,16 @@
     try {
       await apiJSON(`/v1/dlq/${seq}/requeue`, { method: 'POST' });
       showMessage('');
-      dlqRefresh();
+      if (route.name === 'dlq') viewRefresh();
+      return true;
     } catch (e) {
       button.disabled = false;
       fail(e);
+      return false;
     }
   }
 
-  const views = { jobs: jobsView, job: jobView, frame: frameView, workers: workersView, dlq: dlqView };
+  const views = { jobs: jobsView, job: jobView, frame: frameView, tile: tileView, workers: workersView, dlq: dlqView, deadLetter: deadLetterView };
 
   // start asks the API once; a 401 brings up the token prompt, anything else shows the views.
   async function start() {
