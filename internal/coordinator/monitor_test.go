@@ -231,8 +231,8 @@ func TestWorkersDetail(t *testing.T) {
 		return nil
 	}
 	for _, busy := range []float64{1.5, 0.25, 3} { // 3 of 2 slots is cut to 2
+		n := len(samples("w1")) // before the beat, which the watch may deliver at once
 		beat("w1", busy)
-		n := len(samples("w1"))
 		for deadline := time.Now().Add(10 * time.Second); len(samples("w1")) == n; time.Sleep(10 * time.Millisecond) {
 			if time.Now().After(deadline) {
 				t.Fatalf("the beat of %v never reached the history", busy)
