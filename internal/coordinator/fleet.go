@@ -81,7 +81,9 @@ func newest(fs []api.WorkerFailure) []api.WorkerFailure {
 }
 
 // detail adds to each live worker of ws its samples of the last fleetWindow and its recent
-// failures, and forgets the workers neither live nor sampled within the window.
+// failures, and forgets the workers neither live nor heard of within the window: a worker
+// may fail tiles before its first heartbeat (it probes its renderers first), so its failures
+// are kept for the window whether it is listed yet or not.
 func (h *fleetHistory) detail(ws []api.Worker, now time.Time) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -97,8 +99,8 @@ func (h *fleetHistory) detail(ws []api.Worker, now time.Time) {
 			delete(h.busy, name)
 		}
 	}
-	for name := range h.failures {
-		if _, sampled := h.busy[name]; !live[name] && !sampled {
+	for name, fs := range h.failures {
+		if _, sampled := h.busy[name]; !live[name] && !sampled && (len(fs) == 0 || fs[len(fs)-1].Time.Before(now.Add(-fleetWindow))) {
 			delete(h.failures, name)
 		}
 	}

@@ -343,3 +343,23 @@ func TestFingerprintsInOnePassAreEachJobs(t *testing.T) {
 		t.Fatalf("fingerprints %x then %x: a change to the shared frame must change both jobs'", before, after)
 	}
 }
+
+// A worker's failures from before its first heartbeat (it probes its renderers before it
+// beats) are kept until it is listed, and forgotten only once older than the window.
+func TestFailuresOfAWorkerNotListedYetAreKept(t *testing.T) {
+	h := newFleetHistory()
+	now := time.Now()
+	h.failed([]workerFailure{{worker: "w1", f: api.WorkerFailure{Frame: 1, Tile: 2, Class: "panic", Time: now}}})
+	h.detail(nil, now) // w1 has not beaten yet
+	ws := []api.Worker{{Name: "w1"}}
+	h.detail(ws, now.Add(time.Second))
+	if len(ws[0].RecentFailures) != 1 || ws[0].RecentFailures[0].Tile != 2 {
+		t.Fatalf("w1's failures once listed = %+v, want the one from before its first beat", ws[0].RecentFailures)
+	}
+	h.detail(nil, now.Add(fleetWindow+time.Minute)) // gone, and its failure old
+	ws = []api.Worker{{Name: "w1"}}
+	h.detail(ws, now.Add(fleetWindow+2*time.Minute))
+	if len(ws[0].RecentFailures) != 0 {
+		t.Fatalf("a failure older than the window of a worker gone is kept: %+v", ws[0].RecentFailures)
+	}
+}

@@ -114,6 +114,8 @@ func TestWebContactSheetAndWhereTheTimeGoes(t *testing.T) {
 	if !sawUnfinished || !sawPartial {
 		t.Fatalf("the sheet never showed a frame unfinished (%v) or some thumbnails drawn but not all (%v)", sawUnfinished, sawPartial)
 	}
+	// The job's status, fetched at most every 2 s, catches up with the cards.
+	b.waitTrue(`document.querySelector('#job-head h2 .state')?.textContent === 'completed'`, 10*time.Second)
 	b.waitTrue(`document.querySelector('#frame-times').dataset.framesTimed === '3'`, 10*time.Second)
 	b.screenshot("job")
 
