@@ -235,16 +235,22 @@ func (c *Coordinator) handleFrameTiles(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ft)
 }
 
+// frameAndTile reads the frame and tile index of a tile route; either not a number is bad input.
+func frameAndTile(r *http.Request) (frame, index int, err error) {
+	if frame, err = strconv.Atoi(r.PathValue("frame")); err != nil {
+		return 0, 0, badInput("frame %q is not a number", r.PathValue("frame"))
+	}
+	if index, err = strconv.Atoi(r.PathValue("index")); err != nil {
+		return 0, 0, badInput("tile %q is not a number", r.PathValue("index"))
+	}
+	return frame, index, nil
+}
+
 // handleTilePNG serves one completed tile as the 8-bit PNG the frame's PNG holds of it.
 func (c *Coordinator) handleTilePNG(w http.ResponseWriter, r *http.Request) {
-	frame, err := strconv.Atoi(r.PathValue("frame"))
+	frame, index, err := frameAndTile(r)
 	if err != nil {
-		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
-		return
-	}
-	index, err := strconv.Atoi(r.PathValue("index"))
-	if err != nil {
-		writeError(w, badInput("tile %q is not a number", r.PathValue("index")))
+		writeError(w, err)
 		return
 	}
 	data, err := c.TilePNG(r.Context(), r.PathValue("id"), frame, index)
@@ -273,14 +279,9 @@ func (c *Coordinator) handleMovie(w http.ResponseWriter, r *http.Request) {
 
 // handleTileFailures serves a tile's recorded failed attempts with their logs.
 func (c *Coordinator) handleTileFailures(w http.ResponseWriter, r *http.Request) {
-	frame, err := strconv.Atoi(r.PathValue("frame"))
+	frame, index, err := frameAndTile(r)
 	if err != nil {
-		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
-		return
-	}
-	index, err := strconv.Atoi(r.PathValue("index"))
-	if err != nil {
-		writeError(w, badInput("tile %q is not a number", r.PathValue("index")))
+		writeError(w, err)
 		return
 	}
 	tf, err := c.TileFailures(r.Context(), r.PathValue("id"), frame, index)
