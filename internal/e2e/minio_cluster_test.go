@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/objstore"
 )
@@ -60,9 +61,11 @@ func TestMinIOClusterFarmSurvivesANodeKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The preview movie is encoded after the job completed: wait for it, as it is one more manifest.
+	f.waitMovie(st.JobID, api.MovieReady, 2*time.Minute)
 	manifests, err := objects.List(ctx, finalize.ManifestPrefix)
-	if err != nil || len(manifests) != done.TilesTotal+len(frames) {
-		t.Fatalf("manifests through the restarted node: %d (%v), want %d", len(manifests), err, done.TilesTotal+len(frames))
+	if want := done.TilesTotal + len(frames) + 1; err != nil || len(manifests) != want {
+		t.Fatalf("manifests through the restarted node: %d (%v), want %d (tiles, frames, the movie)", len(manifests), err, want)
 	}
 	for _, mi := range manifests {
 		key := strings.TrimSuffix(strings.TrimPrefix(mi.Key, finalize.ManifestPrefix), ".json")

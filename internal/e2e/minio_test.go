@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/miniotest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
@@ -259,9 +260,11 @@ func TestMinIOOutageThenGC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The preview movie is encoded after the job completed: wait for it, as it is one more manifest.
+	f.waitMovie(st.JobID, api.MovieReady, 2*time.Minute)
 	manifests, err := objects.List(ctx, finalize.ManifestPrefix)
-	if err != nil || len(manifests) != done.TilesTotal+4 {
-		t.Fatalf("manifests before gc: %d (%v), want %d", len(manifests), err, done.TilesTotal+4)
+	if want := done.TilesTotal + 4 + 1; err != nil || len(manifests) != want {
+		t.Fatalf("manifests before gc: %d (%v), want %d (tiles, frames, the movie)", len(manifests), err, want)
 	}
 	if r := runEnv(t, f.Env, "coordinator", "gc", "--store", m.URL(), "--grace", "0s"); r.code != 2 || !strings.Contains(r.stderr, "--force") {
 		t.Fatalf("gc with no grace period and no --force: %s", r)

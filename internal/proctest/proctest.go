@@ -5,12 +5,14 @@
 package proctest
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -59,12 +61,30 @@ func ModuleRoot() (string, error) {
 	return strings.TrimSpace(string(out)), nil
 }
 
-// FreeAddr returns a loopback address whose port was free a moment ago.
+// handedOut holds the addresses FreeAddr returned in this process: the kernel may offer a
+// port again once its listener closed, and two of a farm's listeners given the same port
+// (its HTTP and its NATS, say) make the later one fail to bind.
+var handedOut = struct {
+	sync.Mutex
+	addrs map[string]bool
+}{addrs: map[string]bool{}}
+
+// FreeAddr returns a loopback address whose port was free a moment ago and that it has not
+// returned before in this process.
 func FreeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("finding a free port: %w", err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	for range 100 {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", fmt.Errorf("finding a free port: %w", err)
+		}
+		addr := ln.Addr().String()
+		ln.Close()
+		if !handedOut.addrs[addr] {
+			handedOut.addrs[addr] = true
+			return addr, nil
+		}
 	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
+	return "", errors.New("finding a free port: the kernel offered only ports handed out before")
 }
