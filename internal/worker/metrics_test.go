@@ -3,9 +3,10 @@ package worker
 import (
 	"context"
 	"errors"
-	"github.com/tilefarm/tilefarm/internal/queue"
-	"github.com/tilefarm/tilefarm/render"
+	"fmt"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,7 +20,9 @@ import (
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
+	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/objstore"
+	"github.com/tilefarm/tilefarm/render"
 )
 
 // A tile resumed half-way from a checkpoint counts only the samples it rendered itself in
@@ -59,6 +62,63 @@ func TestSamplesRenderedOfAResumedTile(t *testing.T) {
 		t.Fatalf("tiles completed %v, want 1", got)
 	}
 	samePixels(t, h.promoted(t, job), h.reference(t, job, spp).Pixels())
+}
+
+// flakyCheckpointGets fails the first reads of remote checkpoints as a connection reset
+// would, then reads them.
+type flakyCheckpointGets struct {
+	objstore.Store
+	mu       sync.Mutex
+	failures int // reads still to fail
+	reads    int // reads of checkpoints, failed or not
+}
+
+func (f *flakyCheckpointGets) Get(ctx context.Context, key string) ([]byte, error) {
+	if _, ok := layout.CheckpointTile(key); ok {
+		f.mu.Lock()
+		fail := f.failures > 0
+		f.failures--
+		f.reads++
+		f.mu.Unlock()
+		if fail {
+			return nil, fmt.Errorf("reading %s: %w", key, syscall.ECONNRESET)
+		}
+	}
+	return f.Store.Get(ctx, key)
+}
+
+// Property: a resume survives a store that fails for a moment. The remote checkpoint is read
+// like every other store read of a tile, retried in place, so a transient error does not
+// throw away the samples it holds and render the tile from sample 0.
+func TestResumeRetriesAFailedCheckpointRead(t *testing.T) {
+	h := newRunHarness(t)
+	job := h.job()
+	half := h.reference(t, job, job.Settings.SPP/2).Export()
+	codec, err := checkpoint.NewCodec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
+		Next: half.Next, Sum: half.Sum, Build: identity.BuildFor(job.Settings), SavedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
+		t.Fatal(err)
+	}
+	flaky := &flakyCheckpointGets{Store: h.objects, failures: 2}
+	w, m := h.workerOn(t, Config{PassesPerTile: 4, RetryBase: 10 * time.Millisecond}, flaky)
+	h.deliver(t, w, job)
+	if flaky.reads != 3 {
+		t.Fatalf("the checkpoint was read %d times, want 3 (two failed, then read):\n%s", flaky.reads, h.logs.String())
+	}
+	if got := testutil.ToFloat64(m.SamplesRecovered); got != float64(half.Next) {
+		t.Fatalf("samples recovered %v, want %d after the failed reads:\n%s", got, half.Next, h.logs.String())
+	}
+	if !strings.Contains(h.logs.String(), "retrying in place") {
+		t.Fatalf("no retry in place logged:\n%s", h.logs.String())
+	}
+	samePixels(t, h.promoted(t, job), h.reference(t, job, job.Settings.SPP).Pixels())
 }
 
 // A tile whose first attempt is interrupted by a shutdown after some passes, then resumed by

@@ -249,7 +249,10 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 
 	// 3. Resume from a checkpoint made from the same inputs by the same build.
 	r.left = &leftCheckpoints{}
-	recovered := r.resume(ctx, tile)
+	recovered, err := r.resume(ctx, tile)
+	if err != nil {
+		return err
+	}
 	if err := w.retryInPlace(ctx, r.delivery, "publishing start event", func(ctx context.Context) error {
 		return w.publishEvent(ctx, r.delivery, wire.Event{Type: wire.EventTileStarted, JobID: r.job.JobID, TileKey: r.job.TileKey,
 			TileIndex: r.job.Index, FrameKey: r.job.FrameKey, SamplesRecovered: recovered})
@@ -377,42 +380,56 @@ func (r *tileRun) complete(ctx context.Context, rendered, recovered int, duplica
 }
 
 // resume imports the newest usable checkpoint, local first, then remote: one of this tile,
-// made from the same inputs by the same build. It returns the samples recovered.
-func (r *tileRun) resume(ctx context.Context, tile scene.Tile) int {
+// made from the same inputs by the same build. It returns the samples recovered. The remote
+// checkpoint is read like every store read of the tile, retried in place through an outage, so
+// a store that is slow for a moment does not cost the samples it holds; an outage that outlasts
+// the hand-on time returns its error (errHandOn), and the tile goes to a worker that reaches it.
+func (r *tileRun) resume(ctx context.Context, tile scene.Tile) (int, error) {
 	w := r.w
-	candidates := []func() (checkpoint.Checkpoint, bool){
-		func() (checkpoint.Checkpoint, bool) {
+	candidates := []func() (checkpoint.Checkpoint, bool, error){
+		func() (checkpoint.Checkpoint, bool, error) {
 			c, ok, err := w.ckpts.Load(ctx, r.job.TileKey)
 			if err != nil {
 				r.log.Warn("loading local checkpoint", "err", err)
 			}
 			r.left.local = ok || err != nil
-			return c, ok && err == nil
+			return c, ok && err == nil, nil
 		},
-		func() (checkpoint.Checkpoint, bool) {
+		func() (checkpoint.Checkpoint, bool, error) {
 			if r.fresh() { // no attempt of the tile began: there is no remote checkpoint
-				return checkpoint.Checkpoint{}, false
+				return checkpoint.Checkpoint{}, false, nil
 			}
-			data, err := w.objects.Get(ctx, layout.CheckpointKey(r.job.TileKey))
+			var data []byte
+			err := w.retryStore(ctx, r.delivery, "loading remote checkpoint", func(ctx context.Context) (err error) {
+				data, err = w.objects.Get(ctx, layout.CheckpointKey(r.job.TileKey))
+				return err
+			})
 			r.left.remote = !errors.Is(err, objstore.ErrNotFound)
 			if err != nil {
-				if !errors.Is(err, objstore.ErrNotFound) {
-					r.log.Warn("loading remote checkpoint", "err", err)
+				if errors.Is(err, objstore.ErrNotFound) {
+					return checkpoint.Checkpoint{}, false, nil
 				}
-				return checkpoint.Checkpoint{}, false
+				if errors.Is(err, errHandOn) || ctx.Err() != nil {
+					return checkpoint.Checkpoint{}, false, err
+				}
+				r.log.Warn("loading remote checkpoint", "err", err)
+				return checkpoint.Checkpoint{}, false, nil
 			}
 			c, err := w.codec.Decode(data)
 			if err != nil {
 				r.log.Warn("discarding corrupt remote checkpoint", "err", err)
-				return checkpoint.Checkpoint{}, false
+				return checkpoint.Checkpoint{}, false, nil
 			}
-			return c, true
+			return c, true, nil
 		},
 	}
 	build := identity.BuildFor(r.job.Settings)
 	best := checkpoint.Checkpoint{}
 	for _, load := range candidates {
-		c, ok := load()
+		c, ok, err := load()
+		if err != nil {
+			return 0, err
+		}
 		if !ok {
 			continue
 		}
@@ -429,16 +446,16 @@ func (r *tileRun) resume(ctx context.Context, tile scene.Tile) int {
 		}
 	}
 	if best.Next == 0 {
-		return 0
+		return 0, nil
 	}
 	if err := tile.Import(render.State{Next: best.Next, Sum: best.Sum}); err != nil {
 		r.log.Warn("discarding checkpoint that does not fit the tile", "err", err)
-		return 0
+		return 0, nil
 	}
 	r.log.Info("resuming from checkpoint", "samples_recovered", best.Next)
 	w.m.CheckpointResumes.Inc()
 	w.m.SamplesRecovered.Add(float64(best.Next))
-	return best.Next
+	return best.Next, nil
 }
 
 // renderPasses renders the remaining samples pass by pass (the partition the settings fix, or
