@@ -172,8 +172,10 @@ func (f *theFarm) nextFrames(n int) (first, last int) {
 
 // submit submits frames first-last with the scenario settings.
 func (f *theFarm) submit(ctx context.Context, first, last int) (api.Status, error) {
+	// No preview movie: its encoding would be delivered after the job completed, in the next
+	// scenario's count of deliveries.
 	req := api.SubmitRequest{SceneVersion: f.bundle.Version(), First: first, Last: last, Width: 96, Height: 54, SPP: 8,
-		TileSize: 32, Formats: []string{"png"}}
+		TileSize: 32, Formats: []string{"png"}, NoMovie: true}
 	res, err := f.api.Submit(ctx, f.bundle, req)
 	return res.Status, err
 }
@@ -255,26 +257,45 @@ func differingPixels(got []byte, refPath string) (int, error) {
 	return n, nil
 }
 
-// deliveries sums the deliveries the TILES consumers made so far, redeliveries included.
+// deliveries sums the deliveries of every consumer of TILES: each pool's and band's tile
+// consumers and the assemblers. It retries while a cluster elects leaders.
 func (f *theFarm) deliveries(ctx context.Context) uint64 {
+	for try := 0; ; try++ {
+		n, err := f.tryDeliveries(ctx)
+		if err == nil || try == 20 || ctx.Err() != nil {
+			return n
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+func (f *theFarm) tryDeliveries(ctx context.Context) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	stream, err := f.js.Stream(cctx, queue.StreamTiles)
+	if err != nil {
+		return 0, err
+	}
 	var n uint64
-	for _, name := range []string{queue.ConsumerWorkers, queue.ConsumerAssemblers} {
-		for try := 0; try < 20; try++ {
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			c, err := f.js.Consumer(cctx, queue.StreamTiles, name)
-			var info *jetstream.ConsumerInfo
-			if err == nil {
-				info, err = c.Info(cctx)
+	infos := stream.ListConsumers(cctx)
+	for info := range infos.Info() {
+		n += info.Delivered.Consumer
+	}
+	return n, infos.Err()
+}
+
+// tileStory is every worker's log lines about the tile of key, each after its worker's name:
+// what a scenario that went wrong with one tile shows.
+func (f *theFarm) tileStory(key string) string {
+	var b strings.Builder
+	for _, w := range f.Workers {
+		for _, line := range strings.Split(w.Log(), "\n") {
+			if key != "" && strings.Contains(line, key) {
+				fmt.Fprintf(&b, "%s: %s\n", w.Name, line)
 			}
-			cancel()
-			if err == nil {
-				n += info.Delivered.Consumer
-				break
-			}
-			time.Sleep(500 * time.Millisecond)
 		}
 	}
-	return n
+	return b.String()
 }
 
 // duplicates sums tilefarm_duplicates_suppressed_total by layer over the coordinator and the

@@ -43,7 +43,8 @@ type attempt struct {
 	faults          int
 	landed          bool
 	recovery        time.Duration
-	expectRecovered bool // a worker died mid-tile after a checkpoint: samples must be recovered
+	expectRecovered bool   // a worker died mid-tile after a checkpoint: samples must be recovered
+	tile            string // the tile a fault struck, when it names one
 }
 
 // scenario is a fault schedule run on one farm.
@@ -114,6 +115,7 @@ func killAtSeam(seam string) func(context.Context, *attempt) error {
 		if m == nil {
 			return fmt.Errorf("%w: no crash at %s in the worker's log", errInvalid, seam)
 		}
+		a.tile = m[1]
 		switch seam {
 		case "mid-pass", "after-checkpoint", "after-upload":
 			a.expectRecovered = true // checkpoints were uploaded after every pass before the kill
@@ -143,6 +145,7 @@ func freeze(ctx context.Context, a *attempt) error {
 		return fmt.Errorf("%w: the worker never uploaded a checkpoint: %w", errInvalid, err)
 	}
 	tile := uploaded.Groups[1]
+	a.tile = tile
 	zombie.Signal(syscall.SIGSTOP)
 	frozenAt := time.Now()
 	a.faults++
@@ -508,6 +511,7 @@ func runScenario(ctx context.Context, f *theFarm, sc scenario) row {
 		}
 		if a.expectRecovered && st.SamplesRecovered == 0 {
 			problems = append(problems, "a worker died mid-tile but no sample was recovered")
+			f.logf("the story of tile %s:\n%s", a.tile, f.tileStory(a.tile))
 		}
 		if st.State == api.JobCompleted {
 			if err := f.manifestsComplete(ctx, st); err != nil {
