@@ -14,7 +14,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/faults"
@@ -31,18 +30,7 @@ func TestSamplesRenderedOfAResumedTile(t *testing.T) {
 	h := newRunHarness(t)
 	job := h.job()
 	half := h.reference(t, job, job.Settings.SPP/2).Export()
-	codec, err := checkpoint.NewCodec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
-		Next: half.Next, Sum: half.Sum, Build: identity.BuildFor(job.Settings), SavedAt: time.Now()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
-		t.Fatal(err)
-	}
+	h.putCheckpoint(t, job, half, identity.BuildFor(job.Settings))
 	w, m := h.worker(t, Config{PassesPerTile: 4})
 	h.deliver(t, w, job)
 	if ok, err := finalize.ManifestExists(h.ctx, h.objects, layout.TileManifestKey(job.FrameKey, job.TileKey)); err != nil || !ok {
@@ -94,18 +82,7 @@ func TestResumeRetriesAFailedCheckpointRead(t *testing.T) {
 	h := newRunHarness(t)
 	job := h.job()
 	half := h.reference(t, job, job.Settings.SPP/2).Export()
-	codec, err := checkpoint.NewCodec()
-	if err != nil {
-		t.Fatal(err)
-	}
-	data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
-		Next: half.Next, Sum: half.Sum, Build: identity.BuildFor(job.Settings), SavedAt: time.Now()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
-		t.Fatal(err)
-	}
+	h.putCheckpoint(t, job, half, identity.BuildFor(job.Settings))
 	flaky := &flakyCheckpointGets{Store: h.objects, failures: 2}
 	w, m := h.workerOn(t, Config{PassesPerTile: 4, RetryBase: 10 * time.Millisecond}, flaky)
 	h.deliver(t, w, job)

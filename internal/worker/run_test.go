@@ -195,6 +195,24 @@ func (h *runHarness) reference(t *testing.T, job wire.TileJob, to int) *render.T
 	return tile
 }
 
+// putCheckpoint stores a remote checkpoint of job's tile holding st, made by build, as a
+// worker that rendered part of the tile would have left it.
+func (h *runHarness) putCheckpoint(t *testing.T, job wire.TileJob, st render.State, build string) {
+	t.Helper()
+	codec, err := checkpoint.NewCodec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
+		Next: st.Next, Sum: st.Sum, Build: build, SavedAt: time.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // promoted returns the promoted float pixels of the job's tile.
 func (h *runHarness) promoted(t *testing.T, job wire.TileJob) []float32 {
 	t.Helper()
@@ -285,18 +303,7 @@ func TestCheckpointOfAnotherBuildIsDiscarded(t *testing.T) {
 					sum[i] = 1e6
 				}
 			}
-			codec, err := checkpoint.NewCodec()
-			if err != nil {
-				t.Fatal(err)
-			}
-			data, err := codec.Encode(checkpoint.Checkpoint{TileKey: job.TileKey, FrameKey: job.FrameKey, InputHash: job.InputHash,
-				Next: half.Next, Sum: sum, Build: c.build, SavedAt: time.Now()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := h.objects.Put(h.ctx, layout.CheckpointKey(job.TileKey), data); err != nil {
-				t.Fatal(err)
-			}
+			h.putCheckpoint(t, job, render.State{Next: half.Next, Sum: sum}, c.build)
 			w, m := h.worker(t, Config{})
 			h.deliver(t, w, job)
 			var started *wire.Event
