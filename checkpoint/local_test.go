@@ -14,6 +14,8 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/tilefarm/tilefarm/internal/logtest"
 )
 
 func openTestStore(t *testing.T, path string) *Local {
@@ -176,30 +178,13 @@ func putRaw(t *testing.T, path, key string, value []byte) {
 }
 
 // captureLogs points slog's default logger at a buffer for the test.
-func captureLogs(t *testing.T) *syncBuffer {
+func captureLogs(t *testing.T) *logtest.Buffer {
 	t.Helper()
-	buf := &syncBuffer{}
+	buf := &logtest.Buffer{}
 	prev := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(buf, nil)))
 	t.Cleanup(func() { slog.SetDefault(prev) })
 	return buf
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func TestCheckpointStoreDiscardsCorrupt(t *testing.T) {

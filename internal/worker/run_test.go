@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,6 +22,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/logtest"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/natstest"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -46,25 +45,7 @@ type runHarness struct {
 	bundle  *bundle.Bundle
 	scene   *render.Scene
 	st      render.Settings
-	logs    *syncBuffer
-}
-
-// syncBuffer is a log sink safe for the worker's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs    *logtest.Buffer
 }
 
 func newRunHarness(t *testing.T) *runHarness {
@@ -106,7 +87,7 @@ func newRunHarnessWith(t *testing.T, cfg queue.Config) *runHarness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &runHarness{ctx: ctx, queue: f, js: js, objects: objects, ckpts: ckpts, bundle: b, scene: scene, st: st, logs: &syncBuffer{}}
+	return &runHarness{ctx: ctx, queue: f, js: js, objects: objects, ckpts: ckpts, bundle: b, scene: scene, st: st, logs: &logtest.Buffer{}}
 }
 
 // job is the tile job of the frame's only 32 px tile, as the relay derives it.
