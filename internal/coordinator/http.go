@@ -161,9 +161,9 @@ func (c *Coordinator) handleStatus(w http.ResponseWriter, r *http.Request) {
 // handleFrameOutput serves one encoded output of a frame, verified through its manifest: its
 // main file, or with ?file=N the output's file N (FrameIndex).
 func (c *Coordinator) handleFrameOutput(w http.ResponseWriter, r *http.Request) {
-	frame, err := strconv.Atoi(r.PathValue("frame"))
+	frame, err := pathNumber(r, "frame", "frame")
 	if err != nil {
-		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		writeError(w, err)
 		return
 	}
 	var data []byte
@@ -188,9 +188,9 @@ func (c *Coordinator) handleFrameOutput(w http.ResponseWriter, r *http.Request) 
 
 // handleFrameIndex names the files of one output of a frame (FrameIndex).
 func (c *Coordinator) handleFrameIndex(w http.ResponseWriter, r *http.Request) {
-	frame, err := strconv.Atoi(r.PathValue("frame"))
+	frame, err := pathNumber(r, "frame", "frame")
 	if err != nil {
-		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		writeError(w, err)
 		return
 	}
 	index, err := c.FrameIndex(r.Context(), r.PathValue("id"), frame, r.PathValue("format"))
@@ -203,9 +203,9 @@ func (c *Coordinator) handleFrameIndex(w http.ResponseWriter, r *http.Request) {
 
 // handleThumbnail serves a finished frame's PNG scaled down (Thumbnail).
 func (c *Coordinator) handleThumbnail(w http.ResponseWriter, r *http.Request) {
-	frame, err := strconv.Atoi(r.PathValue("frame"))
+	frame, err := pathNumber(r, "frame", "frame")
 	if err != nil {
-		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		writeError(w, err)
 		return
 	}
 	data, err := c.Thumbnail(r.Context(), r.PathValue("id"), frame)
@@ -222,9 +222,9 @@ func (c *Coordinator) handleThumbnail(w http.ResponseWriter, r *http.Request) {
 
 // handleFrameTiles lists a frame's tiles: where each lies and where it stands.
 func (c *Coordinator) handleFrameTiles(w http.ResponseWriter, r *http.Request) {
-	frame, err := strconv.Atoi(r.PathValue("frame"))
+	frame, err := pathNumber(r, "frame", "frame")
 	if err != nil {
-		writeError(w, badInput("frame %q is not a number", r.PathValue("frame")))
+		writeError(w, err)
 		return
 	}
 	ft, err := c.FrameTiles(r.Context(), r.PathValue("id"), frame)
@@ -235,13 +235,23 @@ func (c *Coordinator) handleFrameTiles(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, ft)
 }
 
+// pathNumber reads the route's path value name as a number; one that is not is bad input,
+// named what.
+func pathNumber(r *http.Request, name, what string) (int, error) {
+	n, err := strconv.Atoi(r.PathValue(name))
+	if err != nil {
+		return 0, badInput("%s %q is not a number", what, r.PathValue(name))
+	}
+	return n, nil
+}
+
 // frameAndTile reads the frame and tile index of a tile route; either not a number is bad input.
 func frameAndTile(r *http.Request) (frame, index int, err error) {
-	if frame, err = strconv.Atoi(r.PathValue("frame")); err != nil {
-		return 0, 0, badInput("frame %q is not a number", r.PathValue("frame"))
+	if frame, err = pathNumber(r, "frame", "frame"); err != nil {
+		return 0, 0, err
 	}
-	if index, err = strconv.Atoi(r.PathValue("index")); err != nil {
-		return 0, 0, badInput("tile %q is not a number", r.PathValue("index"))
+	if index, err = pathNumber(r, "index", "tile"); err != nil {
+		return 0, 0, err
 	}
 	return frame, index, nil
 }

@@ -27,39 +27,56 @@ func jobFrame(tx *coorddb.Tx, jobID string, n int) (*coorddb.Job, *coorddb.Frame
 	return j, f, nil
 }
 
+// frameTile is a tile of a job's frame with where it stands.
+type frameTile struct {
+	job   *coorddb.Job
+	frame *coorddb.Frame
+	tile  tiles.FrameTile
+	state coorddb.TileState
+}
+
+// jobTile looks up tile index of frame n of a job; a frame the job does not have, or a tile the
+// frame does not have, is bad input.
+func jobTile(tx *coorddb.Tx, jobID string, n, index int) (frameTile, error) {
+	j, f, err := jobFrame(tx, jobID, n)
+	if err != nil {
+		return frameTile{}, err
+	}
+	ft, err := f.Tiles()
+	if err != nil {
+		return frameTile{}, err
+	}
+	if index < 0 || index >= len(ft) {
+		return frameTile{}, fmt.Errorf("%w: frame %d has tiles 0-%d, not %d", api.ErrBadInput, n, len(ft)-1, index)
+	}
+	table, err := tx.TileTable(f)
+	if err != nil {
+		return frameTile{}, err
+	}
+	s, _ := table.Get(index)
+	return frameTile{job: j, frame: f, tile: ft[index], state: s}, nil
+}
+
 // TilePNG returns tile index of a job's frame, read through its manifest and encoded by the
 // scene's kind exactly as the frame's 8-bit PNG holds it (scene.Kind.EncodeTilePreview), so
 // tiles drawn at their rectangles reproduce the frame's PNG. A tile not completed yet is
 // api.ErrTileNotReady; every tile of a kind without tile previews (a Blender scene, whose PNG
 // Blender's colour management encodes from the whole frame) is api.ErrNoTilePNG.
 func (c *Coordinator) TilePNG(ctx context.Context, jobID string, frame, index int) ([]byte, error) {
-	var f *coorddb.Frame
-	var tile tiles.FrameTile
+	var at frameTile
 	err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
-		_, f, err = jobFrame(tx, jobID, frame)
-		if err != nil {
+		if at, err = jobTile(tx, jobID, frame, index); err != nil {
 			return err
 		}
-		ft, err := f.Tiles()
-		if err != nil {
-			return err
-		}
-		if index < 0 || index >= len(ft) {
-			return fmt.Errorf("%w: frame %d has tiles 0-%d, not %d", api.ErrBadInput, frame, len(ft)-1, index)
-		}
-		tile = ft[index]
-		table, err := tx.TileTable(f)
-		if err != nil {
-			return err
-		}
-		if s, _ := table.Get(index); s != coorddb.TileCompleted {
-			return fmt.Errorf("tile %d of frame %d is %s: %w", index, frame, s, api.ErrTileNotReady)
+		if at.state != coorddb.TileCompleted {
+			return fmt.Errorf("tile %d of frame %d is %s: %w", index, frame, at.state, api.ErrTileNotReady)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, err
 	}
+	f, tile := at.frame, at.tile
 	sc, err := c.scene(ctx, f.SceneVersion)
 	if err != nil {
 		return nil, err
@@ -136,28 +153,16 @@ func apiRect(r render.Rect) api.TileRect { return api.TileRect{X0: r.X0, Y0: r.Y
 func (c *Coordinator) TileFailures(ctx context.Context, jobID string, frame, index int) (api.TileFailures, error) {
 	var out api.TileFailures
 	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
-		j, f, err := jobFrame(tx, jobID, frame)
+		at, err := jobTile(tx, jobID, frame, index)
 		if err != nil {
 			return err
 		}
-		ft, err := f.Tiles()
+		list, err := tx.TileFailures(at.frame.Key, index)
 		if err != nil {
 			return err
 		}
-		if index < 0 || index >= len(ft) {
-			return fmt.Errorf("%w: frame %d has tiles 0-%d, not %d", api.ErrBadInput, frame, len(ft)-1, index)
-		}
-		table, err := tx.TileTable(f)
-		if err != nil {
-			return err
-		}
-		list, err := tx.TileFailures(f.Key, index)
-		if err != nil {
-			return err
-		}
-		s, _ := table.Get(index)
-		out = api.TileFailures{JobID: j.ID, Frame: frame, Index: index, TileKey: ft[index].Key, Rect: apiRect(ft[index].Rect),
-			State: apiTileState(s), Failures: apiFailures(list)}
+		out = api.TileFailures{JobID: at.job.ID, Frame: frame, Index: index, TileKey: at.tile.Key, Rect: apiRect(at.tile.Rect),
+			State: apiTileState(at.state), Failures: apiFailures(list)}
 		return nil
 	})
 	return out, err
