@@ -289,14 +289,16 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	}
 }
 
-// Property: hand-backs are free. At the default MaxDeliver (20), a worker that blocklisted a
-// job sits idle while the healthy worker is kept busy by another job: it takes the job's one
-// tile again and again and hands it back more than MaxDeliver times, without a hot loop. The
-// tile is never dead-lettered, and renders on the healthy worker once it is free.
+// Property: hand-backs are free. A worker that blocklisted a job sits idle while the healthy
+// worker is kept busy by another job: it takes the job's one tile again each time the tile
+// comes back unclaimed and hands it back, more often than MaxDeliver (3 here, so the test
+// need not outwait the growing grace a blocklisting worker leaves the others), without a hot
+// loop. The tile is never dead-lettered, and renders on the healthy worker once it is free.
 func TestBlocklistHandBacksNeverDeadLetterAHealthyTile(t *testing.T) {
 	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
-	f := startServe(t, t.TempDir())
+	const maxDeliver = 3
+	f := startServe(t, t.TempDir(), "--max-deliver", strconv.Itoa(maxDeliver))
 	good := f.worker("w-good", t.TempDir(), "--fault-pass-delay", "1500ms", "--passes", "24", "--checkpoint-every", "0")
 	busy, _ := f.submit(scene, "--frames", "2", "--width", "64", "--height", "36", "--spp", "48", "--tile", "64")
 	waitCheckpoint(t, good, 2) // w-good renders the busy job's one tile for about 36 s
@@ -307,7 +309,7 @@ func TestBlocklistHandBacksNeverDeadLetterAHealthyTile(t *testing.T) {
 	q, _ := f.submit(append([]string{scene, "--frames", "1"}, tiny...)...)
 	handBack := regexp.MustCompile(`handing back a tile of a blocklisted job.* delivery=(\d+)`)
 	maxDelivery := 0
-	for deadline := time.Now().Add(90 * time.Second); maxDelivery <= queue.DefaultConfig().MaxDeliver; {
+	for deadline := time.Now().Add(90 * time.Second); maxDelivery <= maxDeliver; {
 		if st, _ := f.status(q.JobID); st.State == api.JobFailed || st.TilesFailed != 0 {
 			t.Fatalf("the handed-back tile failed (delivery %d):\n%s", maxDelivery, f.cli("status", q.JobID).stdout)
 		}

@@ -95,6 +95,12 @@ func (s *Sources) FetchTile(ctx context.Context, wait time.Duration) (jetstream.
 			return nil, ctx.Err()
 		}
 		home, _ := s.homes()
+		if home == nil { // avoided: nowhere to wait but here
+			if !Sleep(ctx, min(left, bandIdle)) {
+				return nil, ctx.Err()
+			}
+			continue
+		}
 		if msg, err := s.q.fetchOne(ctx, home, min(left, bandIdle)); msg != nil || err != nil {
 			return s.settle(msg, err, home, false)
 		}

@@ -216,6 +216,9 @@ type Sources struct {
 	// waits there, so the pool a worker is busy with delivers at once, the others within
 	// bandIdle. Both start as the default pool's.
 	home, homeAsm jetstream.Consumer
+	// avoid are tile consumers the worker does not pull from until the time given, by name
+	// (Avoid).
+	avoid map[string]time.Time
 }
 
 // sourcesRefresh is how often a worker looks for new pools: a job of a new pool waits at most
@@ -345,21 +348,61 @@ func (s *Sources) settle(msg jetstream.Msg, err error, from jetstream.Consumer, 
 	return msg, err
 }
 
-// homes returns where idle pulls of tiles and of assemblies wait.
+// homes returns where idle pulls of tiles and of assemblies wait; tile is nil while the
+// tile home is avoided.
 func (s *Sources) homes() (tile, asm jetstream.Consumer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.home, s.homeAsm
+	tile = s.home
+	if s.avoided(tile, time.Now()) {
+		tile = nil
+	}
+	return tile, s.homeAsm
 }
 
-// snapshot returns the consumers to pull tiles from per band and the assemblers, pools
-// rotated by one each call.
+// Avoid keeps every tile pull of the worker off the consumer called name until until. A
+// worker that handed back a tile of a job it blocklisted avoids the consumer past the moment
+// the tile is delivered again, so the tile goes to a pull of another worker: which waiting
+// pull JetStream serves first is no promise, and a worker still pulling there may be served
+// the same tile every time (docs/design.md, "Failures, deliveries and the failure budget").
+func (s *Sources) Avoid(name string, until time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.avoid == nil {
+		s.avoid = map[string]time.Time{}
+	}
+	if until.After(s.avoid[name]) {
+		s.avoid[name] = until
+	}
+}
+
+// avoided reports whether c is avoided at now; s.mu is held. Avoidances past are forgotten.
+func (s *Sources) avoided(c jetstream.Consumer, now time.Time) bool {
+	if len(s.avoid) == 0 || c == nil {
+		return false
+	}
+	name := c.CachedInfo().Name
+	until, ok := s.avoid[name]
+	if ok && !now.Before(until) {
+		delete(s.avoid, name)
+		return false
+	}
+	return ok
+}
+
+// snapshot returns the consumers to pull tiles from per band, less those avoided, and the
+// assemblers, pools rotated by one each call.
 func (s *Sources) snapshot() (tiles [NumBands][]jetstream.Consumer, asm []jetstream.Consumer) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.turn++
+	now := time.Now()
 	for b := range NumBands {
-		tiles[b] = rotate(s.tiles[b], s.turn)
+		for _, c := range rotate(s.tiles[b], s.turn) {
+			if !s.avoided(c, now) {
+				tiles[b] = append(tiles[b], c)
+			}
+		}
 	}
 	return tiles, rotate(s.asm, s.turn)
 }

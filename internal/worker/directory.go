@@ -22,11 +22,29 @@ import (
 // job's tiles.
 const DefaultBlocklistAfter = 3
 
-// blocklistNakDelay is how long a tile of a blocklisted job is handed back for: long enough
-// that another worker takes it first. A hand-back is free (queue.Queue.HandBack), and the slot
-// that handed it back pauses (handBackPause), so an idle worker that blocklisted a job never
-// spins on its tiles while the healthy workers are busy.
+// blocklistNakDelay is how long a tile of a blocklisted job is handed back for. A hand-back is
+// free (queue.Queue.HandBack); the worker that handed it back then stays off the consumer it
+// came from until the tile has been delivered again and a while after (avoidAfterHandBack), so
+// the tile reaches another worker's pull whichever JetStream serves first, and an idle worker
+// that blocklisted a job never spins on its tiles.
 const blocklistNakDelay = time.Second
+
+// blocklistGrace is how long past the tile's return a worker avoids the consumer after its
+// n-th hand-back in a row of a blocklisted job's tile there: 500 ms, doubling to 8 s. An idle
+// worker's pulls never leave a consumer unwatched that long (bandIdle), and a tile that came
+// back anyway (no other worker was idle) is handed back again with a longer grace.
+func blocklistGrace(n int) time.Duration {
+	return min(500*time.Millisecond<<min(max(n, 1)-1, 4), 8*time.Second)
+}
+
+// avoidAfterHandBack keeps the worker's pulls off consumer (queue.Sources.Avoid) after it
+// handed back a blocklisted job's tile from there: a worker that blocklisted a job stops being
+// a candidate for its tiles. Tiles of other jobs queued there wait meanwhile, or go to the
+// other workers; the next tile the worker takes from the consumer ends the streak (tookFrom).
+func (w *Worker) avoidAfterHandBack(consumer string) {
+	n := w.act.handedBackFrom(consumer)
+	w.sources.Avoid(consumer, time.Now().Add(blocklistNakDelay+blocklistGrace(n)))
+}
 
 // handBackPause is how long a slot waits before its next fetch after n hand-backs in a row:
 // 250 ms doubling to 1 s.
@@ -44,6 +62,9 @@ type activity struct {
 	failures map[string]int            // failed tiles by job id
 	blocked  []string                  // jobs whose tiles this worker no longer takes
 	samples  int64                     // samples rendered, ever
+	// streaks are the hand-backs in a row of blocklisted jobs' tiles, by the consumer they
+	// came from (avoidAfterHandBack).
+	streaks map[string]int
 	// slots is the worker's tile slots; busy the slot-seconds its tiles held them, ever (a
 	// tile finalizing behind the one rendering holds no slot of its own), counted up to
 	// since.
@@ -53,7 +74,23 @@ type activity struct {
 }
 
 func newActivity(slots int) *activity {
-	return &activity{tiles: map[string]api.WorkerTile{}, failures: map[string]int{}, slots: slots, since: time.Now()}
+	return &activity{tiles: map[string]api.WorkerTile{}, failures: map[string]int{}, streaks: map[string]int{}, slots: slots, since: time.Now()}
+}
+
+// handedBackFrom counts a blocklisted job's tile handed back to consumer and returns the
+// hand-backs in a row there.
+func (a *activity) handedBackFrom(consumer string) int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.streaks[consumer]++
+	return a.streaks[consumer]
+}
+
+// tookFrom ends the streak of hand-backs to consumer: the worker took a tile of it to render.
+func (a *activity) tookFrom(consumer string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.streaks, consumer)
 }
 
 // account adds the slot-seconds since the last change; a.mu is held.

@@ -246,12 +246,13 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 // delivery is one delivery of one message: what a job's run needs to settle it and to place
 // its events in causal order.
 type delivery struct {
-	msg     jetstream.Msg
-	msgID   string
-	seq     uint64 // TILES stream sequence
-	num     uint64 // delivery count, 1-based
-	attempt string
-	log     *slog.Logger
+	msg      jetstream.Msg
+	msgID    string
+	seq      uint64 // TILES stream sequence
+	num      uint64 // delivery count, 1-based
+	consumer string // the TILES consumer that delivered it
+	attempt  string
+	log      *slog.Logger
 	// rec keeps the last lines log wrote, debug ones included, for the failure event
 	// (attemptlog.go).
 	rec *attemptLog
@@ -289,7 +290,7 @@ func (w *Worker) handle(ctx context.Context, msg jetstream.Msg) { w.serve(ctx, m
 func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, began time.Time, free func()) (handedBack bool) {
 	d := &delivery{msg: msg, msgID: queue.MsgID(msg.Headers()), attempt: identity.NewAttemptID(), num: 1, free: free}
 	if md, err := msg.Metadata(); err == nil {
-		d.seq, d.num = md.Sequence.Stream, md.NumDelivered
+		d.seq, d.num, d.consumer = md.Sequence.Stream, md.NumDelivered, md.Consumer
 		if !began.IsZero() {
 			d.ready = began
 			if md.Timestamp.After(began) {
@@ -313,11 +314,16 @@ func (w *Worker) serve(ctx context.Context, msg jetstream.Msg, began time.Time, 
 		if err := w.lostTooOften(ctx, d); err != nil {
 			return err
 		}
-		if job := r.blocklistJob(); job != "" && w.act.isBlocked(job) {
-			d.log.Debug("handing back a tile of a blocklisted job")
-			w.queue.HandBack(ctx, msg, blocklistNakDelay)
-			handedBack = true
-			return errSettled
+		if job := r.blocklistJob(); job != "" {
+			if w.act.isBlocked(job) {
+				// No pause of the slot: the worker avoids the consumer instead, and takes
+				// other work meanwhile.
+				d.log.Debug("handing back a tile of a blocklisted job")
+				w.queue.HandBack(ctx, msg, blocklistNakDelay)
+				w.avoidAfterHandBack(d.consumer)
+				return errSettled
+			}
+			w.act.tookFrom(d.consumer)
 		}
 		return r.perform(ctx)
 	}()
