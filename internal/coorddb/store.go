@@ -27,8 +27,9 @@ var (
 	bucketOpen     = []byte("open")     // frame_key of every frame not completed
 	bucketOutbox   = []byte("outbox")
 	bucketDeps     = []byte("dependents") // upstream job_id/downstream job_id -> nothing
+	bucketResumes  = []byte("resumes")    // frame_key/attempt_id -> samples recovered (uvarint): a resume counted
 	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketTimes, bucketFailures, bucketOpen, bucketOutbox,
-		bucketNotify, bucketAnnounced, bucketDeps}
+		bucketNotify, bucketAnnounced, bucketDeps, bucketResumes}
 )
 
 // ErrNotFound is returned when a job or frame does not exist.
@@ -291,6 +292,27 @@ func failureKey(frameKey string, tile int) []byte {
 	k[len(frameKey)] = '/'
 	binary.BigEndian.PutUint32(k[len(frameKey)+1:], uint32(tile))
 	return k
+}
+
+// MaxAttemptID bounds the attempt ids the resumes bucket keeps: an attempt id is a worker's
+// (identity.NewAttemptID), and a longer one comes from no worker.
+const MaxAttemptID = 64
+
+// AddResume records that attempt of a tile of frame frameKey resumed samples from a checkpoint, and
+// reports whether it was news: each attempt's recovered samples are counted once, whatever
+// order its start arrives in and however often (docs/design.md, "States"). Only attempts that
+// recovered samples are kept (a few bytes each), so a frame rendered without a kill costs
+// nothing here.
+func (tx *Tx) AddResume(frameKey, attempt string, samples int) (bool, error) {
+	if attempt == "" || len(attempt) > MaxAttemptID {
+		return false, fmt.Errorf("attempt id of %d bytes: want 1 to %d", len(attempt), MaxAttemptID)
+	}
+	b := tx.tx.Bucket(bucketResumes)
+	k := []byte(frameKey + "/" + attempt)
+	if b.Get(k) != nil {
+		return false, nil
+	}
+	return true, b.Put(k, binary.AppendUvarint(nil, uint64(max(samples, 0))))
 }
 
 // AddFailure records a failed attempt of tile index tile of a frame, keeping the newest few.

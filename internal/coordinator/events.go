@@ -218,7 +218,7 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 		u := tileUpdate{Index: ev.TileIndex}
 		switch ev.Type {
 		case wire.EventTileStarted:
-			u.Change, u.Order, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.SamplesRecovered
+			u.Change, u.Order, u.Attempt, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.Attempt, ev.SamplesRecovered
 		case wire.EventTileCompleted:
 			u.Change, u.SamplesRendered, u.Object, u.RenderMillis = coorddb.TileDone, ev.SamplesRendered, ev.Object, ev.RenderMillis
 		case wire.EventTileFailed:

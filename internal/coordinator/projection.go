@@ -157,6 +157,7 @@ type tileUpdate struct {
 	Change           coorddb.TileChange
 	Order            coorddb.Order
 	Failure          *coorddb.Failure // failed and dead-letter changes: what went wrong
+	Attempt          string           // started: the attempt, whose recovered samples count once
 	SamplesRecovered int              // started: samples resumed from a checkpoint
 	SamplesRendered  int              // done: samples rendered by the attempt that promoted it
 	Object           *wire.TileObject // done: the object promoted, as its worker reported it
@@ -180,6 +181,9 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	if err != nil {
 		return false, err
 	}
+	if err := p.recovered(e, u); err != nil {
+		return false, err
+	}
 	cur, ord := t.Get(u.Index)
 	next, nord, changed := coorddb.NextTileState(cur, ord, u.Change, u.Order)
 	if !changed {
@@ -189,9 +193,8 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	e.tableMod, e.dirty = true, true
 	f := e.f
 	if u.Change == coorddb.TileStarted {
-		// Every start is news exactly once (its order advanced), whatever state it finds.
+		// A start that advanced the tile's order is an attempt not seen before.
 		f.TileAttempts++
-		f.SamplesRecovered += u.SamplesRecovered
 	}
 	if next == cur {
 		return false, nil
@@ -236,6 +239,25 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// recovered counts the samples a start reports resumed from a checkpoint, once per attempt
+// (coorddb.Tx.AddResume), whether or not the start still changes the tile: a start that
+// arrives after the tile's completion, or after a later attempt's start, resumed its samples
+// all the same. A start of no attempt id, or naming more samples than its frame's tiles
+// take, counts nothing.
+func (p *projection) recovered(e *frameEdit, u tileUpdate) error {
+	if u.Change != coorddb.TileStarted || u.SamplesRecovered <= 0 || u.SamplesRecovered > e.f.Settings.SPP ||
+		u.Attempt == "" || len(u.Attempt) > coorddb.MaxAttemptID {
+		return nil
+	}
+	news, err := p.tx.AddResume(e.f.Key, u.Attempt, u.SamplesRecovered)
+	if err != nil || !news {
+		return err
+	}
+	e.f.SamplesRecovered += u.SamplesRecovered
+	e.dirty = true
+	return nil
 }
 
 // setObject records tile i's promoted object (nil: forgets it).

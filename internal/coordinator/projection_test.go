@@ -340,3 +340,51 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 		t.Fatalf("job after the retry: %+v", st)
 	}
 }
+
+// Property: every sample a worker reports resumed from a checkpoint is counted exactly once,
+// whatever order a tile's starts, failures and completion arrive in, in whatever batches, and
+// however often each is applied: a start that arrives after the tile completed, after a later
+// attempt's start, or with the delivery count of another attempt (a replicated consumer's
+// leader change repeats one) still resumed its samples.
+func TestRecoveredSamplesCountOnceInAnyOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	for round := range 40 {
+		h := newHarness(t, Config{})
+		req := h.request(1, 1, 16, 16, 16) // one tile
+		req.SPP = 8
+		res := h.submit(t, req)
+		fk := h.job(t, res.Status.JobID).FrameKey(1)
+		f := h.frame(t, fk)
+		start := func(d uint64, attempt string, recovered int) wire.Event {
+			ev := tileEvent(t, f, 0, wire.EventTileStarted, 10, d)
+			ev.Attempt, ev.SamplesRecovered, ev.ID = attempt, recovered, "started:"+attempt
+			return ev
+		}
+		failed := tileEvent(t, f, 0, wire.EventTileFailed, 10, 2)
+		failed.Code, failed.Error = failure.CodePanic, "boom"
+		done := tileEvent(t, f, 0, wire.EventTileCompleted, 10, 4)
+		evs := []wire.Event{
+			start(1, "first", 0), start(2, "second", 5), failed,
+			start(3, "third", 6), start(3, "third-again", 2), // two attempts, one delivery count
+			start(4, "last", 7), done,
+		}
+		want := 5 + 6 + 2 + 7
+		for i := range len(evs) { // some events twice
+			if rng.IntN(3) == 0 {
+				evs = append(evs, evs[i])
+			}
+		}
+		rng.Shuffle(len(evs), func(i, j int) { evs[i], evs[j] = evs[j], evs[i] })
+		for len(evs) > 0 {
+			n := 1 + rng.IntN(len(evs))
+			h.apply(t, evs[:n]...)
+			evs = evs[n:]
+		}
+		if got := h.frame(t, fk).SamplesRecovered; got != want {
+			t.Fatalf("round %d: %d samples recovered, want %d", round, got, want)
+		}
+		if st := h.status(t, res.Status.JobID); st.SamplesRecovered != want || h.tileState(t, fk, 0) != coorddb.TileCompleted {
+			t.Fatalf("round %d: status says %d samples recovered (want %d), tile %s", round, st.SamplesRecovered, want, h.tileState(t, fk, 0))
+		}
+	}
+}
