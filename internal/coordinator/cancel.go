@@ -39,7 +39,7 @@ func (c *Coordinator) giveUp(ctx context.Context, jobID, reason string) error {
 func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*coorddb.Job)) (api.Status, error) {
 	var dropped []string
 	err := c.update(ctx, func(p *projection) error {
-		j, err := p.tx.Job(jobID)
+		j, err := p.job(jobID)
 		if err != nil {
 			return err
 		}
@@ -51,9 +51,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*coor
 			return fmt.Errorf("%w: job %s already %s: only a job not finished can be cancelled", api.ErrConflict, jobID, st.State)
 		}
 		mark(j)
-		if err := p.tx.PutJob(j); err != nil {
-			return err
-		}
+		p.markJob(j)
 		for n := range j.FrameNumbers() {
 			e, err := p.edit(j.FrameKey(n))
 			if err != nil {

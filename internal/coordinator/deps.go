@@ -456,22 +456,6 @@ func (p *projection) releaseWaiting() error {
 	return nil
 }
 
-// job reads a job once per projection.
-func (p *projection) job(id string) (*coorddb.Job, error) {
-	if j, ok := p.jobs[id]; ok {
-		return j, nil
-	}
-	j, err := p.tx.Job(id)
-	if err != nil {
-		return nil, err
-	}
-	if p.jobs == nil {
-		p.jobs = map[string]*coorddb.Job{}
-	}
-	p.jobs[id] = j
-	return j, nil
-}
-
 // jobDone reports whether job j is completed: not cancelled, every frame completed with its
 // formats. Frames are read from the last, which in a job rendered in order is the last to
 // complete, so a job not done yet costs one frame read.

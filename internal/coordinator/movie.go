@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/nats-io/nats.go"
 
@@ -31,13 +30,6 @@ func MovieMsgID(jobID string) string { return "movie:" + jobID }
 
 // maxMovieError bounds the reason a failed movie keeps, as a tile failure's is bounded.
 const maxMovieError = 1024
-
-// markJob makes flush write j.
-func (p *projection) markJob(j *coorddb.Job) {
-	if !slices.Contains(p.dirtyJobs, j.ID) {
-		p.dirtyJobs = append(p.dirtyJobs, j.ID)
-	}
-}
 
 // moviesDue asks for the movie of every job one of the projection's frames completed: a frame
 // that became completed in a job's formats in this transaction (its Done now holds them, and

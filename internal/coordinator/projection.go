@@ -27,15 +27,20 @@ type projection struct {
 	now    time.Time
 	frames map[string]*frameEdit
 	order  []string // frames in the order they were first touched, for deterministic writes
-	// jobs are the jobs read, once per projection (job); flush writes those changed,
-	// dirtyJobs, in order (movie.go). done caches which are completed (jobDone, deps.go).
-	jobs      map[string]*coorddb.Job
-	dirtyJobs []string
-	done      map[string]bool
+	// jobs are the jobs read, once per projection (job), in jobOrder; flush writes those
+	// changed (markJob). done caches which are completed (jobDone, deps.go).
+	jobs     map[string]*jobEdit
+	jobOrder []string
+	done     map[string]bool
+	// step is the flush step running (flushSteps), nil before flush: a step that only records
+	// may no longer edit frames.
+	step *flushStep
 
 	// What the projection changed that the metrics count. Coordinator.counted adds them once
 	// the transaction has committed, so a rolled-back or repeated transaction counts nothing.
 	tileDeadLetters, assemblyDeadLetters, framesCompleted int
+	// settled counts the frames whose state changed (writeFrames).
+	settled int
 
 	// touched are jobs whose announcement flush settles whatever their frames did, notices the
 	// events it recorded (announce.go).
@@ -80,19 +85,75 @@ func (e *frameEdit) completedFor(j *coorddb.Job) bool {
 	return coorddb.HasAll(e.f.Done, j.Formats) && !coorddb.HasAll(e.doneBefore(), j.Formats)
 }
 
-// newProjection starts a projection in tx, at the coordinator's now; ctx is for what a flush
-// may do outside the database (reviving a dropped frame of a job released, startFrame).
+// jobEdit is one job read in a projection: as stored before it (nil for the job a submission
+// creates) and as it is now. Flush writes it if dirty (markJob).
+type jobEdit struct {
+	before *coorddb.Job
+	j      *coorddb.Job
+	dirty  bool
+}
+
+// newProjection starts a projection in tx, at the coordinator's now. Everything it does outside
+// the database leaves through the outbox, after the commit.
 func (c *Coordinator) newProjection(ctx context.Context, tx *coorddb.Tx) *projection {
 	return &projection{ctx: ctx, c: c, tx: tx, now: c.now(), frames: map[string]*frameEdit{}}
 }
 
+// errEditAfterSettle is a flush step that only records changing what was already written.
+var errEditAfterSettle = errors.New("changed after the flush wrote it")
+
+// editable reports whether frames may still change: before flush, and in its steps that edit.
+func (p *projection) editable() error {
+	if p.step != nil && !p.step.edits {
+		return fmt.Errorf("flush step %q: a frame %w", p.step.name, errEditAfterSettle)
+	}
+	return nil
+}
+
 // edit loads a frame to change it; flush writes it back.
 func (p *projection) edit(fk string) (*frameEdit, error) {
+	if err := p.editable(); err != nil {
+		return nil, err
+	}
 	e, err := p.frame(fk)
 	if err == nil {
 		e.dirty = true
 	}
 	return e, err
+}
+
+// job reads a job once per projection.
+func (p *projection) job(id string) (*coorddb.Job, error) {
+	if e, ok := p.jobs[id]; ok {
+		return e.j, nil
+	}
+	j, err := p.tx.Job(id)
+	if err != nil {
+		return nil, err
+	}
+	before := *j
+	p.putJob(&jobEdit{before: &before, j: j})
+	return j, nil
+}
+
+// addJob registers the job a submission creates; flush writes it.
+func (p *projection) addJob(j *coorddb.Job) { p.putJob(&jobEdit{j: j, dirty: true}) }
+
+func (p *projection) putJob(e *jobEdit) {
+	if p.jobs == nil {
+		p.jobs = map[string]*jobEdit{}
+	}
+	p.jobs[e.j.ID] = e
+	p.jobOrder = append(p.jobOrder, e.j.ID)
+}
+
+// markJob makes flush write j, a job read through job or added.
+func (p *projection) markJob(j *coorddb.Job) {
+	if e, ok := p.jobs[j.ID]; ok && e.j == j {
+		e.dirty = true
+		return
+	}
+	p.putJob(&jobEdit{j: j, dirty: true})
 }
 
 // frame loads a frame; an unknown frame is coorddb.ErrNotFound.
@@ -122,11 +183,14 @@ func (p *projection) lookup(fk string) (*coorddb.Frame, error) {
 }
 
 // add registers a frame that does not exist yet.
-func (p *projection) add(f *coorddb.Frame) *frameEdit {
+func (p *projection) add(f *coorddb.Frame) (*frameEdit, error) {
+	if err := p.editable(); err != nil {
+		return nil, err
+	}
 	e := &frameEdit{f: f, dirty: true}
 	p.frames[f.Key] = e
 	p.order = append(p.order, f.Key)
-	return e
+	return e, nil
 }
 
 func (p *projection) table(e *frameEdit) (coorddb.TileTable, error) {
@@ -170,6 +234,9 @@ var errUnknownTile = errors.New("unknown tile")
 // tile applies u to tile u.Index of frame fk and keeps the frame's counters in step. It
 // reports whether the tile's state changed.
 func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
+	if err := p.editable(); err != nil {
+		return false, err
+	}
 	e, err := p.frame(fk)
 	if err != nil {
 		return false, err
@@ -459,72 +526,122 @@ func (p *projection) staleAssembly(fk string) error {
 	return nil
 }
 
-// flush starts the frames of waiting jobs that may start now (releaseWaiting), asks for the
-// assembly of every frame whose tiles are all completed and whose formats are not, settles
-// each frame's state, writes everything touched and records the events of what changed
-// (announce). It reports whether any frame's state changed.
+// flushStep is one feature of a flush, run over what the projection changed: its frames as
+// stored before and as they are now (frameEdit), its jobs likewise (jobEdit). A step that edits
+// may still change frames and ask for dispatches; once "write frames" has settled and written
+// them, the steps only record what the change says (outbox records, jobs, notifications).
+type flushStep struct {
+	name  string
+	edits bool
+	run   func(p *projection) error
+}
+
+// flushSteps are the features of a flush in the order they run: the one place the order is
+// written down (docs/design.md, "States"). A new feature of the projection is one entry here.
+var flushSteps = []flushStep{
+	// A frame that completed for a job starts the frames of the jobs waiting for it (deps.go).
+	{name: "release waiting jobs", edits: true, run: (*projection).releaseWaiting},
+	// A frame whose tiles are all completed and that owes formats asks for its assembly.
+	{name: "ask for assemblies", edits: true, run: (*projection).askAssemblies},
+	// Each frame changed settles its state, and is written with its tile records.
+	{name: "write frames", run: (*projection).writeFrames},
+	// A job a frame completed for in this change asks for its preview movie (movie.go).
+	{name: "ask for movies", run: (*projection).moviesDue},
+	// Each job changed is written.
+	{name: "write jobs", run: (*projection).writeJobs},
+	// What became of jobs and frames is recorded for notification (announce.go).
+	{name: "announce", run: (*projection).announce},
+}
+
+// flush runs flushSteps over the projection, in the caller's transaction. It reports whether
+// any frame's state changed.
 func (p *projection) flush() (bool, error) {
-	if err := p.releaseWaiting(); err != nil {
-		return false, fmt.Errorf("releasing waiting jobs: %w", err)
+	for i := range flushSteps {
+		s := &flushSteps[i]
+		p.step = s
+		if err := s.run(p); err != nil {
+			return false, fmt.Errorf("%s: %w", s.name, err)
+		}
 	}
-	changed := false
+	return p.settled > 0, nil
+}
+
+// askAssemblies asks for the assembly of every frame changed whose tiles are all completed
+// and whose formats are neither promoted nor asked for yet (Frame.NeedsAssembly).
+func (p *projection) askAssemblies() error {
+	for _, fk := range p.order {
+		e := p.frames[fk]
+		f := e.f
+		if !e.dirty || !f.NeedsAssembly() {
+			continue
+		}
+		f.Assemblies++
+		f.AssemblyRequested = slices.Clone(f.Formats)
+		jobID := ""
+		if len(f.JobIDs) > 0 {
+			jobID = f.JobIDs[len(f.JobIDs)-1]
+		}
+		if err := p.tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxAssemble, FrameKey: fk, JobID: jobID, Assembly: f.Assemblies}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeFrames settles the state of every frame changed (recording its transition and why it
+// fails, if it does) and writes it with its tile table, objects and times.
+func (p *projection) writeFrames() error {
 	for _, fk := range p.order {
 		e := p.frames[fk]
 		if !e.dirty {
 			continue
 		}
 		f := e.f
-		if f.NeedsAssembly() {
-			f.Assemblies++
-			f.AssemblyRequested = slices.Clone(f.Formats)
-			jobID := ""
-			if len(f.JobIDs) > 0 {
-				jobID = f.JobIDs[len(f.JobIDs)-1]
-			}
-			if err := p.tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxAssemble, FrameKey: fk, JobID: jobID, Assembly: f.Assemblies}); err != nil {
-				return false, err
-			}
-		}
 		reason := ""
 		if f.Derive() == coorddb.FrameFailed {
 			reason = e.reason
 		}
 		before := f.State
 		if f.Settle(reason, p.now) {
-			changed = true
+			p.settled++
 			if f.State == coorddb.FrameCompleted && before != coorddb.FrameCompleted {
 				p.framesCompleted++
 			}
 		}
 		f.Updated = p.now
 		if err := p.tx.PutFrame(f); err != nil {
-			return false, err
+			return err
 		}
 		if e.tableMod {
 			if err := p.tx.PutTileTable(fk, e.table); err != nil {
-				return false, err
+				return err
 			}
 		}
 		if e.objectsMod {
 			if err := p.tx.PutTileObjects(fk, e.objects); err != nil {
-				return false, err
+				return err
 			}
 		}
 		if e.timesMod {
 			if err := p.tx.PutTileTimes(fk, e.times); err != nil {
-				return false, err
+				return err
 			}
 		}
 	}
-	if err := p.moviesDue(); err != nil {
-		return false, err
-	}
-	for _, id := range p.dirtyJobs {
-		if err := p.tx.PutJob(p.jobs[id]); err != nil {
-			return false, err
+	return nil
+}
+
+// writeJobs writes every job changed, in the order the projection first read it.
+func (p *projection) writeJobs() error {
+	for _, id := range p.jobOrder {
+		if e := p.jobs[id]; e.dirty {
+			if err := p.tx.PutJob(e.j); err != nil {
+				return err
+			}
+			e.dirty = false
 		}
 	}
-	return changed, p.announce()
+	return nil
 }
 
 // update runs fn on a projection in one transaction and flushes it, then counts what the

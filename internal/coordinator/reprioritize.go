@@ -33,15 +33,13 @@ func (c *Coordinator) Reprioritize(ctx context.Context, jobID string, priority i
 	}
 	moved := 0
 	err = c.update(ctx, func(p *projection) error {
-		j, err := p.tx.Job(jobID)
+		j, err := p.job(jobID)
 		if err != nil {
 			return err
 		}
 		old := j.Priority
 		j.Priority = priority
-		if err := p.tx.PutJob(j); err != nil {
-			return err
-		}
+		p.markJob(j)
 		if queue.BandOf(old) == queue.BandOf(priority) {
 			return nil
 		}

@@ -214,8 +214,8 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		}
 		created = true
 		p = c.newProjection(ctx, tx)
-		// The job its frames' changes find, before it is written.
-		p.jobs = map[string]*coorddb.Job{j.ID: j}
+		// The job its frames' changes find; flush writes it.
+		p.addJob(j)
 		// Announced from now on: a job whose frames are all done completes here.
 		p.touchJob(j.ID)
 		deps := newDepView(tx, p.lookup)
@@ -236,8 +236,10 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 			} else if !errors.Is(err, coorddb.ErrNotFound) {
 				return err
 			}
-			p.add(&coorddb.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
-				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles, Held: !start})
+			if _, err := p.add(&coorddb.Frame{Key: fk, Frame: n, SceneVersion: j.SceneVersion, Settings: j.Settings,
+				Formats: j.Formats, JobIDs: []string{j.ID}, TileSize: j.TileSize, TilesTotal: ntiles, Held: !start}); err != nil {
+				return err
+			}
 			if !start {
 				continue
 			}
@@ -253,9 +255,6 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		// A job of frames all completed before is completed as it is submitted: its movie is
 		// asked for now, as flush asks for a job's that its frames complete (movie.go).
 		if err := p.movieIfCompleted(j); err != nil {
-			return err
-		}
-		if err := tx.PutJob(j); err != nil {
 			return err
 		}
 		if _, err := p.flush(); err != nil {
