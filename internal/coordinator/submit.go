@@ -60,118 +60,244 @@ func badInput(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", api.ErrBadInput, fmt.Sprintf(format, args...))
 }
 
-// planSubmission resolves a request into a job without touching any state.
+// plan is a submission being resolved by submitSteps: the request, what each step found so far,
+// and the job they make.
+type plan struct {
+	req      api.SubmitRequest
+	sc       *sceneInfo
+	st       render.Settings // the resolved settings
+	requires []string        // tags, normalized
+	live     []api.Worker    // the worker directory as submit found it
+	build    string
+	first    int
+	last     int
+	step     int // 0: every frame
+	size     int // tile size
+	tiles    int // tiles of a frame
+	formats  []string
+	job      *coorddb.Job
+}
+
+// frames is how many frames the plan's range and step make.
+func (pl *plan) frames() int { return (pl.last-pl.first)/max(pl.step, 1) + 1 }
+
+// submitStep is one feature of a submission: it checks its part of the request and resolves
+// it into the plan, as a hook of a job endpoint does. A step sees what the steps before it
+// found and changes no state.
+type submitStep struct {
+	name string
+	run  func(c *Coordinator, ctx context.Context, pl *plan) error
+}
+
+// submitSteps are the features of a submission in the order they resolve it: the one place
+// the order is written down. A new submission feature is one entry here.
+var submitSteps = []submitStep{
+	{name: "limits", run: checkLimits},
+	{name: "scene", run: resolveScene},
+	{name: "tags", run: resolveTags},
+	{name: "slots", run: checkSlots},
+	{name: "build", run: resolveBuild},
+	{name: "frames", run: resolveFrames},
+	{name: "frame step", run: resolveStep},
+	{name: "preview", run: checkPreview},
+	{name: "tile size", run: resolveTileSize},
+	{name: "formats", run: resolveFormats},
+	{name: "job", run: makeJob},
+	{name: "pool", run: checkJobPool},
+	{name: "notifications", run: resolveNotify},
+	{name: "dependencies", run: resolveAfter},
+}
+
+// planSubmission resolves a request into a job without touching any state: submitSteps in
+// order. It returns the job and the tiles of one of its frames.
 func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest) (*coorddb.Job, int, error) {
-	switch {
-	case len(req.IdempotencyKey) > MaxIdempotencyKey:
-		return nil, 0, badInput("idempotency key is %d bytes, at most %d", len(req.IdempotencyKey), MaxIdempotencyKey)
-	case len(req.Project) > MaxProjectName:
-		return nil, 0, badInput("project name is %d bytes, at most %d", len(req.Project), MaxProjectName)
-	case req.Priority < api.MinPriority || req.Priority > api.MaxPriority:
-		return nil, 0, badInput("priority %d: want %d to %d", req.Priority, api.MinPriority, api.MaxPriority)
+	pl := &plan{req: req}
+	for _, s := range submitSteps {
+		if err := s.run(c, ctx, pl); err != nil {
+			return nil, 0, err
+		}
 	}
-	sc, err := c.scene(ctx, req.SceneVersion)
+	return pl.job, pl.tiles, nil
+}
+
+// checkLimits bounds the request's idempotency key, project name and priority.
+func checkLimits(_ *Coordinator, _ context.Context, pl *plan) error {
+	switch req := pl.req; {
+	case len(req.IdempotencyKey) > MaxIdempotencyKey:
+		return badInput("idempotency key is %d bytes, at most %d", len(req.IdempotencyKey), MaxIdempotencyKey)
+	case len(req.Project) > MaxProjectName:
+		return badInput("project name is %d bytes, at most %d", len(req.Project), MaxProjectName)
+	case req.Priority < api.MinPriority || req.Priority > api.MaxPriority:
+		return badInput("priority %d: want %d to %d", req.Priority, api.MinPriority, api.MaxPriority)
+	}
+	return nil
+}
+
+// resolveScene finds the stored scene and resolves the request's settings against it.
+func resolveScene(c *Coordinator, ctx context.Context, pl *plan) error {
+	sc, err := c.scene(ctx, pl.req.SceneVersion)
 	if err != nil {
 		if errors.Is(err, ErrSceneMissing) {
-			return nil, 0, badInput("%v", err)
+			return badInput("%v", err)
 		}
-		return nil, 0, err
+		return err
 	}
+	req := pl.req
 	st, err := sc.info.Resolve(render.Overrides{Camera: req.Camera, Width: req.Width, Height: req.Height, SPP: req.SPP, Passes: req.Passes, Split: req.Split})
 	if err != nil {
-		return nil, 0, badInput("%v", err)
+		return badInput("%v", err)
 	}
-	requires, err := api.Tags(req.Requires)
+	pl.sc, pl.st = sc, st
+	return nil
+}
+
+// resolveTags normalizes the tags a worker must carry.
+func resolveTags(_ *Coordinator, _ context.Context, pl *plan) error {
+	requires, err := api.Tags(pl.req.Requires)
 	if err != nil {
-		return nil, 0, badInput("required tags: %v", err)
+		return badInput("required tags: %v", err)
 	}
-	if req.MaxSlots < 0 || req.MaxSlots > MaxSlots {
-		return nil, 0, badInput("max slots %d: want 0 (no limit) to %d", req.MaxSlots, MaxSlots)
+	pl.requires = requires
+	return nil
+}
+
+// checkSlots bounds the job's slot limit.
+func checkSlots(_ *Coordinator, _ context.Context, pl *plan) error {
+	if n := pl.req.MaxSlots; n < 0 || n > MaxSlots {
+		return badInput("max slots %d: want 0 (no limit) to %d", n, MaxSlots)
 	}
-	live := c.directory.list()
-	build, err := c.renderBuild(ctx, sc.kind, &st, req.Build, requires, live)
-	if err != nil {
-		return nil, 0, err
+	return nil
+}
+
+// resolveBuild chooses the renderer build among the live workers (renderBuild).
+func resolveBuild(c *Coordinator, ctx context.Context, pl *plan) error {
+	pl.live = c.directory.list()
+	build, err := c.renderBuild(ctx, pl.sc.kind, &pl.st, pl.req.Build, pl.requires, pl.live)
+	pl.build = build
+	return err
+}
+
+// resolveFrames takes the range asked for, or the scene's own.
+func resolveFrames(_ *Coordinator, _ context.Context, pl *plan) error {
+	pl.first, pl.last = pl.req.First, pl.req.Last
+	if pl.req.SceneFrames {
+		pl.first, pl.last = pl.sc.info.Frames()
 	}
-	first, last := req.First, req.Last
-	if req.SceneFrames {
-		first, last = sc.info.Frames()
-	}
-	if err := CheckFrameRange(first, last); err != nil {
-		return nil, 0, err
-	}
-	step := req.Step
+	return CheckFrameRange(pl.first, pl.last)
+}
+
+// resolveStep takes the frame step asked for, or the scene's own.
+func resolveStep(_ *Coordinator, _ context.Context, pl *plan) error {
+	step := pl.req.Step
 	switch {
 	case step == 0:
-		step = sc.info.FrameStep()
+		step = pl.sc.info.FrameStep()
 	case step < 0 || step > render.MaxFrame:
-		return nil, 0, badInput("frame step %d: want 1 to %d", step, render.MaxFrame)
+		return badInput("frame step %d: want 1 to %d", step, render.MaxFrame)
 	}
 	if step == 1 {
 		step = 0 // every frame: jobs of every frame are stored and hashed as before steps existed
 	}
-	if req.Preview < 0 || req.Preview > render.MaxFrame {
-		return nil, 0, badInput("preview %d: want 0 (none) to %d", req.Preview, render.MaxFrame)
+	pl.step = step
+	return nil
+}
+
+// checkPreview bounds the preview interval.
+func checkPreview(_ *Coordinator, _ context.Context, pl *plan) error {
+	if n := pl.req.Preview; n < 0 || n > render.MaxFrame {
+		return badInput("preview %d: want 0 (none) to %d", n, render.MaxFrame)
 	}
-	frames := (last-first)/max(step, 1) + 1
-	size := req.TileSize
+	return nil
+}
+
+// resolveTileSize takes the tile size asked for, or the kind's; a frame that renders whole is
+// one tile (docs/design.md, "Blender scenes"). The job's tiles are bounded.
+func resolveTileSize(_ *Coordinator, _ context.Context, pl *plan) error {
+	st := pl.st
+	size := pl.req.TileSize
 	switch {
 	case st.Whole:
-		// The frame renders whole: one tile, whatever was asked (docs/design.md, "Blender scenes").
 		size = max(st.Width, st.Height)
 		if size > tiles.MaxTileSize {
-			return nil, 0, badInput("a %dx%d frame that renders whole is larger than a tile may be (%d px): submit it with split", st.Width, st.Height, tiles.MaxTileSize)
+			return badInput("a %dx%d frame that renders whole is larger than a tile may be (%d px): submit it with split", st.Width, st.Height, tiles.MaxTileSize)
 		}
 	case size == 0:
-		size = sc.kind.TileSize()
+		size = pl.sc.kind.TileSize()
 	}
 	rects, err := tiles.Split(st.Width, st.Height, size)
 	if err != nil {
-		return nil, 0, badInput("tile size: %v", err)
+		return badInput("tile size: %v", err)
 	}
-	if len(rects)*frames > MaxTilesPerJob {
-		return nil, 0, badInput("%d frames of %d tiles exceed %d tiles per job", frames, len(rects), MaxTilesPerJob)
+	if frames := pl.frames(); len(rects)*frames > MaxTilesPerJob {
+		return badInput("%d frames of %d tiles exceed %d tiles per job", frames, len(rects), MaxTilesPerJob)
 	}
-	asked := req.Formats
+	pl.size, pl.tiles = size, len(rects)
+	return nil
+}
+
+// resolveFormats takes the formats asked for, or the kind's default, each one the kind writes.
+func resolveFormats(_ *Coordinator, _ context.Context, pl *plan) error {
+	kind := pl.sc.kind
+	asked := pl.req.Formats
 	if len(asked) == 0 {
-		asked = sc.kind.Formats()[:1]
+		asked = kind.Formats()[:1]
 	}
 	formats, err := layout.NormalizeFormats(asked)
 	if err != nil {
-		return nil, 0, badInput("%v", err)
+		return badInput("%v", err)
 	}
 	for _, f := range formats {
-		if !slices.Contains(sc.kind.Formats(), f) {
-			return nil, 0, badInput("output format %q: a %s is written as %s", f, sc.kind.Name(), strings.Join(sc.kind.Formats(), ", "))
+		if !slices.Contains(kind.Formats(), f) {
+			return badInput("output format %q: a %s is written as %s", f, kind.Name(), strings.Join(kind.Formats(), ", "))
 		}
 	}
+	pl.formats = formats
+	return nil
+}
+
+// makeJob makes the job and its identities (docs/design.md, "Identities") from what the steps
+// before resolved.
+func makeJob(c *Coordinator, _ context.Context, pl *plan) error {
+	req, st := pl.req, pl.st
 	sv := req.SceneVersion
 	sh := identity.SettingsHash(st)
 	payload, _ := json.Marshal(canonicalPayload{Project: req.Project, SceneVersion: sv, Camera: st.Camera,
-		First: first, Last: last, Step: step, SettingsHash: sh, Formats: formats})
+		First: pl.first, Last: pl.last, Step: pl.step, SettingsHash: sh, Formats: pl.formats})
 	key := req.IdempotencyKey
 	if key == "" {
-		key = identity.DerivedIdempotencyKey(req.Project, sv, st.Camera, first, last, step, sh, formats)
+		key = identity.DerivedIdempotencyKey(req.Project, sv, st.Camera, pl.first, pl.last, pl.step, sh, pl.formats)
 	}
-	j := &coorddb.Job{
+	pl.job = &coorddb.Job{
 		ID: identity.JobID(key), IdempotencyKey: key, PayloadHash: identity.PayloadHash(payload), Project: req.Project,
-		SceneVersion: sv, SceneName: sc.name, Camera: st.Camera, First: first, Last: last, Step: step, Preview: req.Preview, Settings: st,
-		SettingsHash: sh, TileSize: size, Priority: req.Priority, Formats: formats, Requires: requires, MaxSlots: req.MaxSlots, Build: build, Created: c.now(),
-		NoMovie: req.NoMovie,
+		SceneVersion: sv, SceneName: pl.sc.name, Camera: st.Camera, First: pl.first, Last: pl.last, Step: pl.step, Preview: req.Preview,
+		Settings: st, SettingsHash: sh, TileSize: pl.size, Priority: req.Priority, Formats: pl.formats, Requires: pl.requires,
+		MaxSlots: req.MaxSlots, Build: pl.build, Created: c.now(), NoMovie: req.NoMovie,
 	}
-	if err := checkPool(jobPool(j), live); err != nil {
-		return nil, 0, err
+	return nil
+}
+
+// checkJobPool refuses a job no live worker could render (checkPool).
+func checkJobPool(_ *Coordinator, _ context.Context, pl *plan) error {
+	return checkPool(jobPool(pl.job), pl.live)
+}
+
+// resolveNotify takes the job's own webhook receivers (checkNotify).
+func resolveNotify(c *Coordinator, _ context.Context, pl *plan) error {
+	urls, err := c.checkNotify(pl.req.Notify)
+	if err != nil {
+		return err
 	}
-	if j.Notify, err = c.checkNotify(req.Notify); err != nil {
-		return nil, 0, err
-	}
-	j.NotifyFrames = req.NotifyFrames
-	// What the job waits for is a scheduling choice, outside the payload hash: a resubmission
-	// naming other jobs returns the first job.
-	if j.After, j.AfterFrames, err = normalizeAfter(req.After, req.AfterFrames); err != nil {
-		return nil, 0, err
-	}
-	return j, len(rects), nil
+	pl.job.Notify, pl.job.NotifyFrames = urls, pl.req.NotifyFrames
+	return nil
+}
+
+// resolveAfter takes the jobs the job waits for: a scheduling choice, outside the payload hash,
+// so a resubmission naming other jobs returns the first job (docs/design.md, "Jobs that wait
+// for jobs").
+func resolveAfter(_ *Coordinator, _ context.Context, pl *plan) error {
+	after, afterFrames, err := normalizeAfter(pl.req.After, pl.req.AfterFrames)
+	pl.job.After, pl.job.AfterFrames = after, afterFrames
+	return err
 }
 
 // Submit records a job, its frames and one outbox record per new frame in one transaction:
