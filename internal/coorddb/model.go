@@ -355,6 +355,7 @@ const (
 	OutboxTiles    OutboxKind = "tiles"    // tile render jobs of one frame
 	OutboxAssemble OutboxKind = "assemble" // one assembly of one frame
 	OutboxMovie    OutboxKind = "movie"    // the preview movie of one job (JobID; no frame)
+	OutboxMove     OutboxKind = "move"     // a frame's tiles not started moved to where its jobs are now (Revive: all not completed)
 )
 
 // OutboxRecord is a batch of messages the relay must publish. It names a frame, not its
@@ -370,10 +371,14 @@ type OutboxRecord struct {
 	Retry int `json:"retry,omitempty"`
 	// Assembly is the frame's assembly request number; it is part of the message id.
 	Assembly int `json:"assembly,omitempty"`
-	// Priority is the priority of the job the tiles are dispatched for: it picks their band.
+	// Priority is the priority of the job the tiles are dispatched for: their band when no
+	// job wants the frame any more (the frame's jobs pick it otherwise).
 	Priority int `json:"priority,omitempty"`
 	// First marks the first dispatch of a frame new at submission (wire.TileJob.First).
 	First bool `json:"first,omitempty"`
+	// Revive marks the move of a frame revived from dropped: every tile not completed moves,
+	// and the workers are told the frame is wanted again.
+	Revive bool `json:"revive,omitempty"`
 	// Tried is set (MarkOutboxTried) before the relay first publishes the record: a record
 	// found tried may have its messages in the stream already, from a publish a crash or an
 	// error cut short, and tile messages carry no dedup id (docs/design.md, "Dispatch").

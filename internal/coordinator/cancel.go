@@ -4,14 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 )
 
 // Cancelling a job and giving one up, both through stopJob, which drops the frames no other
-// live job waits for (liveJob), and reviving a dropped frame a new job asks for.
+// live job waits for (liveJob). A dropped frame a new job asks for is revived by its move
+// (dispatch.go).
 
 // Cancel stops a job: it is cancelled from now on, and each of its frames that no other live
 // job waits for is dropped, so workers render none of its tiles (they check before leasing a
@@ -96,61 +96,9 @@ func liveJob(tx *coorddb.Tx, f *coorddb.Frame, except string) (*coorddb.Job, err
 		} else if err != nil {
 			return nil, err
 		}
-		if k.Cancelled.IsZero() && k.Failed == "" && f.StateFor(k.Formats) != coorddb.FrameCompleted {
+		if wants(k, f) {
 			return k, nil
 		}
 	}
 	return nil, nil
-}
-
-// revive makes a dropped frame wanted again for job j: workers are told before its tiles not
-// completed are dispatched anew (completed ones are reused, in-flight ones resume from their
-// checkpoints), inside the transaction, so no new message can meet the old mark.
-func (c *Coordinator) revive(ctx context.Context, p *projection, e *frameEdit, j *coorddb.Job) error {
-	if err := c.queue.Dropped.Revive(ctx, e.f.Key); err != nil {
-		return err
-	}
-	e.f.Dropped = false
-	// The dropped copies may still queue: the new ones are dispatched as a move, so no old copy
-	// can fail the tile (coorddb.TileMoved). The outbox is not awaited here, inside the
-	// submission's transaction; a dropped frame's copies were published long before.
-	ord, err := c.movedOrder(ctx)
-	if err != nil {
-		return err
-	}
-	_, err = p.redispatch(e.f.Key, j, func(_ int, s coorddb.TileState) bool { return s != coorddb.TileCompleted }, coorddb.TileMoved, ord)
-	return err
-}
-
-// movedOrder is the order of a tile moved to a new copy (coorddb.TileMoved): the dead letter
-// of the newest message TILES holds, so every copy of it dispatched before is older and every
-// copy dispatched after is newer.
-func (c *Coordinator) movedOrder(ctx context.Context) (coorddb.Order, error) {
-	seq, err := c.queue.LastSeq(ctx)
-	if err != nil {
-		return coorddb.Order{}, err
-	}
-	return coorddb.DeadLetterOrder(seq), nil
-}
-
-// publishOutbox has the relay publish the outbox and waits, at most wait, until it is empty, so
-// that every copy of a tile dispatched so far is in TILES.
-func (c *Coordinator) publishOutbox(ctx context.Context, wait time.Duration) error {
-	deadline := time.Now().Add(wait)
-	for {
-		c.kickRelay()
-		n, err := c.db.OutboxLen(ctx)
-		if err != nil || n == 0 {
-			return err
-		}
-		if time.Now().After(deadline) {
-			c.log.Warn("the outbox did not empty in time: copies not yet published may still count", "records", n)
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }

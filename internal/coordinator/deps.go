@@ -326,8 +326,9 @@ func (c *Coordinator) startFrame(p *projection, e *frameEdit, j *coorddb.Job) er
 	e.dirty = true
 	switch {
 	case f.Dropped:
-		f.Held = false
-		return c.revive(p.ctx, p, e, j)
+		// Revived: flush's "move frames" step moves its tiles (moveFrames).
+		f.Dropped, f.Held = false, false
+		return nil
 	case f.Held:
 		f.Held = false
 		return p.tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxTiles, FrameKey: f.Key, JobID: j.ID, Priority: j.Priority, First: true})

@@ -541,6 +541,9 @@ type flushStep struct {
 var flushSteps = []flushStep{
 	// A frame that completed for a job starts the frames of the jobs waiting for it (deps.go).
 	{name: "release waiting jobs", edits: true, run: (*projection).releaseWaiting},
+	// A frame whose jobs changed (one joined, left, changed priority) or that was revived has
+	// its tiles not started yet moved to where its jobs reach them (dispatch.go).
+	{name: "move frames", edits: true, run: (*projection).moveFrames},
 	// A frame whose tiles are all completed and that owes formats asks for its assembly.
 	{name: "ask for assemblies", edits: true, run: (*projection).askAssemblies},
 	// Each frame changed settles its state, and is written with its tile records.

@@ -258,8 +258,13 @@ func TestReprioritizedTileIgnoresItsOldCopy(t *testing.T) {
 	if _, err := h.c.Reprioritize(h.ctx, res.Status.JobID, 50); err != nil {
 		t.Fatal(err)
 	}
-	if recs := h.outbox(t); len(recs) != 1 || recs[0].Priority != 50 {
-		t.Fatalf("outbox after the reprioritize: %+v, want one new copy in the high band", recs)
+	if recs := h.outbox(t); len(recs) != 1 || recs[0].Kind != coorddb.OutboxMove {
+		t.Fatalf("outbox after the reprioritize: %+v, want the frame's move", recs)
+	}
+	h.relay(t) // the move: a new copy, a later message, in the high band
+	high := jobPool(h.job(t, res.Status.JobID)).Subject(queue.BandHigh)
+	if msg, err := h.queue.Tiles.GetMsg(h.ctx, last+1); err != nil || msg.Subject != high {
+		t.Fatalf("TILES after the move: %v; want the new copy on %s", err, high)
 	}
 	// The old copy runs out of deliveries in its old band.
 	old := tileEvent(t, h.frame(t, fk), 0, wire.EventTileFailed, last, 20)
@@ -271,7 +276,6 @@ func TestReprioritizedTileIgnoresItsOldCopy(t *testing.T) {
 	if st := h.status(t, res.Status.JobID); st.State == api.JobFailed || st.TilesFailed != 0 {
 		t.Fatalf("the old copy's dead letter failed the job: %+v", st)
 	}
-	h.relay(t) // the new copy, a later message
 	ft, err := tiles.FrameTiles(fk, 16, 16, 16)
 	if err != nil {
 		t.Fatal(err)

@@ -92,6 +92,17 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 	}
 	seqs := make([]uint64, 0, len(recs))
 	for _, r := range recs {
+		if r.Kind == coorddb.OutboxMove {
+			// A move's order must come after every copy dispatched before it.
+			if err := settle(len(window)); err != nil {
+				return err
+			}
+			if err := c.move(ctx, r); err != nil {
+				return fmt.Errorf("outbox record %d (move of frame %s): %w", r.Seq, r.FrameKey, err)
+			}
+			seqs = append(seqs, r.Seq)
+			continue
+		}
 		msgs, err := c.outboxMessages(ctx, r)
 		if err != nil {
 			return fmt.Errorf("outbox record %d (%s of frame %s): %w", r.Seq, r.Kind, r.FrameKey, err)
@@ -163,6 +174,7 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 	}
 	var f *coorddb.Frame
 	var j *coorddb.Job
+	var to target
 	var objects coorddb.TileObjects
 	err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
 		if f, err = tx.Frame(r.FrameKey); err != nil {
@@ -176,6 +188,11 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 		if j, err = tx.Job(r.JobID); errors.Is(err, coorddb.ErrNotFound) {
 			err = nil // a record of an older farm, or of a job since forgotten: the frame's build alone
 		}
+		if err != nil {
+			return err
+		}
+		jobs, err := frameJobs(f, tx.Job)
+		to = frameTarget(f, jobs, j, r.Priority)
 		return err
 	})
 	if errors.Is(err, coorddb.ErrNotFound) {
@@ -185,13 +202,13 @@ func (c *Coordinator) outboxMessages(ctx context.Context, r coorddb.OutboxRecord
 	if err != nil {
 		return nil, err
 	}
-	pool := poolOf(j, f)
+	pool := to.pool
 	if err := c.queue.EnsurePool(ctx, pool); err != nil {
 		return nil, err
 	}
 	switch r.Kind {
 	case coorddb.OutboxTiles:
-		return tileMessages(f, r, pool)
+		return tileMessages(f, r, to)
 	case coorddb.OutboxAssemble:
 		if proven, err := c.proveTiles(ctx, f, j); err != nil || !proven {
 			return nil, err
@@ -288,9 +305,9 @@ func poolOf(j *coorddb.Job, f *coorddb.Frame) queue.Pool {
 	return p
 }
 
-// tileMessages derives the tile render jobs of a record in pool: every tile of its frame, or
-// the ones it lists.
-func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord, pool queue.Pool) ([]*nats.Msg, error) {
+// tileMessages derives the tile render jobs of a record for target to: every tile of its
+// frame, or the ones it lists.
+func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord, to target) ([]*nats.Msg, error) {
 	ft, err := f.Tiles()
 	if err != nil {
 		return nil, err
@@ -315,7 +332,7 @@ func tileMessages(f *coorddb.Frame, r coorddb.OutboxRecord, pool queue.Pool) ([]
 		if err != nil {
 			return nil, err
 		}
-		m := nats.NewMsg(pool.Subject(queue.BandOf(r.Priority)))
+		m := nats.NewMsg(to.subject())
 		m.Data = data
 		m.Header.Set(queue.HeaderMsgID, TileMsgID(t.Key, r.Retry))
 		msgs = append(msgs, m)
