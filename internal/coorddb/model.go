@@ -356,6 +356,7 @@ const (
 	OutboxAssemble OutboxKind = "assemble" // one assembly of one frame
 	OutboxMovie    OutboxKind = "movie"    // the preview movie of one job (JobID; no frame)
 	OutboxMove     OutboxKind = "move"     // a frame's tiles not started moved to where its jobs are now (Revive: all not completed)
+	OutboxRetire   OutboxKind = "retire"   // pools no frame wanted is dispatched to any more (Pools; no frame)
 )
 
 // OutboxRecord is a batch of messages the relay must publish. It names a frame, not its
@@ -379,6 +380,8 @@ type OutboxRecord struct {
 	// Revive marks the move of a frame revived from dropped: every tile not completed moves,
 	// and the workers are told the frame is wanted again.
 	Revive bool `json:"revive,omitempty"`
+	// Pools are the pools a retire record retires, each as its JSON (queue.Pool).
+	Pools []string `json:"pools,omitempty"`
 	// Tried is set (MarkOutboxTried) before the relay first publishes the record: a record
 	// found tried may have its messages in the stream already, from a publish a crash or an
 	// error cut short, and tile messages carry no dedup id (docs/design.md, "Dispatch").

@@ -52,6 +52,7 @@ func (c *Coordinator) stopJob(ctx context.Context, jobID string, mark func(*coor
 		}
 		mark(j)
 		p.markJob(j)
+		p.stopped = true
 		for n := range j.FrameNumbers() {
 			e, err := p.edit(j.FrameKey(n))
 			if err != nil {

@@ -97,6 +97,7 @@ type Coordinator struct {
 	drain       rateMeter // completions per second, sampled by sampleMetrics
 
 	relayKick chan struct{}
+	poolsKick chan struct{} // retireLoop's
 	changedMu sync.Mutex
 	changed   chan struct{} // closed and replaced on every projection change, for waiters
 
@@ -124,6 +125,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),
 		relayKick: make(chan struct{}, 1),
+		poolsKick: make(chan struct{}, 1),
 		changed:   make(chan struct{}),
 		eta:       newETATracker(),
 		thumbs:    newThumbnails(),
@@ -153,6 +155,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"outbox relay":      c.relay,
 		"event consumer":    c.consumeEvents,
 		"reconciler":        c.reconcileLoop,
+		"pool retirement":   c.retireLoop,
 		"progress watcher":  c.watchProgress,
 		"metrics sampler":   c.sampleMetrics,
 		"worker directory":  c.watchWorkers,
@@ -207,6 +210,9 @@ func (c *Coordinator) counted(p *projection) {
 	c.m.FramesCompleted.Add(float64(p.framesCompleted))
 	if p.notices > 0 {
 		c.notifier.Kick()
+	}
+	if p.framesCompleted > 0 || p.stopped {
+		c.kickPools() // a pool may have no frame wanted left (dispatch.go)
 	}
 }
 

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"encoding/json"
+	"errors"
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/api"
@@ -58,7 +59,7 @@ func (c *Coordinator) DeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadLe
 // RequeueDeadLetter puts a dead letter back on the queue and records it: a tile goes back to
 // queued, an assembly or a movie is awaited again.
 func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) error {
-	dl, err := c.queue.RequeueDeadLetter(ctx, dlqSeq)
+	dl, err := c.queue.RequeueDeadLetter(ctx, dlqSeq, queue.RequeueTo(c.requeueSubject))
 	if err != nil {
 		return err
 	}
@@ -85,4 +86,40 @@ func (c *Coordinator) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) erro
 		}
 		return nil
 	})
+}
+
+// requeueSubject is where a requeued dead tile goes: where its frame's tiles go now (its pool
+// made anew if it was retired since, dispatch.go); another dead letter goes back where it was.
+func (c *Coordinator) requeueSubject(ctx context.Context, dl api.DeadLetter) (string, error) {
+	var job wire.TileJob
+	if !queue.IsRenderSubject(dl.Subject) || json.Unmarshal(dl.Data, &job) != nil {
+		return "", nil
+	}
+	var to target
+	err := c.db.View(ctx, func(tx *coorddb.Tx) error {
+		f, err := tx.Frame(job.FrameKey)
+		if err != nil {
+			return err
+		}
+		jobs, err := frameJobs(f, tx.Job)
+		if err != nil {
+			return err
+		}
+		j, err := tx.Job(job.JobID)
+		if errors.Is(err, coorddb.ErrNotFound) {
+			j, err = nil, nil
+		}
+		to = frameTarget(f, jobs, j, 0)
+		return err
+	})
+	if errors.Is(err, coorddb.ErrNotFound) {
+		return "", nil // a frame this coordinator does not know: where it was
+	}
+	if err != nil {
+		return "", err
+	}
+	if err := c.queue.EnsurePool(ctx, to.pool); err != nil {
+		return "", err
+	}
+	return to.subject(), nil
 }

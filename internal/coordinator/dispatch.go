@@ -3,9 +3,11 @@ package coordinator
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -234,4 +236,141 @@ func (c *Coordinator) movedOrder(ctx context.Context) (coorddb.Order, error) {
 		return coorddb.Order{}, err
 	}
 	return coorddb.DeadLetterOrder(seq), nil
+}
+
+// Retiring pools: a pool's tile consumers exist while a frame wanted is dispatched there, and
+// go once none is, so no worker polls a finished job's own pool (--max-slots) for ever, and no
+// stale copy waits in TILES where no worker pulls (a tag's pool once its last job left a
+// shared frame).
+
+// poolsInUse are the pools (by ID) where the tiles of a frame some job still wants rendered
+// go: every unfinished frame's target, held, dropped and finished ones aside.
+func poolsInUse(tx *coorddb.Tx) (map[string]bool, error) {
+	jobs := map[string]*coorddb.Job{}
+	job := func(id string) (*coorddb.Job, error) {
+		if j, ok := jobs[id]; ok {
+			return j, nil
+		}
+		j, err := tx.Job(id)
+		if err == nil {
+			jobs[id] = j
+		}
+		return j, err
+	}
+	inUse := map[string]bool{}
+	var err error
+	tx.OpenFrames(func(fk string) bool {
+		var f *coorddb.Frame
+		if f, err = tx.Frame(fk); err != nil {
+			return false
+		}
+		if f.Held || f.Dropped || f.TilesCompleted == f.TilesTotal {
+			return true
+		}
+		var fj []*coorddb.Job
+		if fj, err = frameJobs(f, job); err != nil {
+			return false
+		}
+		if newestWanting(f, fj) != nil {
+			inUse[frameTarget(f, fj, nil, 0).pool.ID()] = true
+		}
+		return true
+	})
+	return inUse, err
+}
+
+// retirePools retires (an OutboxRetire record, carried out by the relay) every pool with tile
+// consumers that no frame wanted is dispatched to. The decision is made in a transaction, so a
+// submission committed before it keeps its pool, and one after it finds the pool made anew by
+// the relay, which retires in outbox order. A read-only look first spares the write when every
+// pool is in use.
+func (c *Coordinator) retirePools(ctx context.Context) error {
+	present, err := c.queue.TilePools(ctx)
+	if err != nil || len(present) == 0 {
+		return err
+	}
+	idle := func(tx *coorddb.Tx) ([]string, error) {
+		inUse, err := poolsInUse(tx)
+		if err != nil {
+			return nil, err
+		}
+		var out []string
+		for _, p := range present {
+			if !inUse[p.ID()] {
+				data, err := json.Marshal(p)
+				if err != nil {
+					return nil, err
+				}
+				out = append(out, string(data))
+			}
+		}
+		return out, nil
+	}
+	var retire []string
+	if err := c.db.View(ctx, func(tx *coorddb.Tx) (err error) {
+		retire, err = idle(tx)
+		return err
+	}); err != nil || len(retire) == 0 {
+		return err
+	}
+	err = c.db.Update(ctx, func(tx *coorddb.Tx) (err error) {
+		if retire, err = idle(tx); err != nil || len(retire) == 0 {
+			return err
+		}
+		return tx.AddOutbox(coorddb.OutboxRecord{Kind: coorddb.OutboxRetire, Pools: retire})
+	})
+	if err == nil && len(retire) > 0 {
+		c.kickRelay()
+	}
+	return err
+}
+
+// retire carries out a retire record: each of its pools' tile consumers deleted and their
+// subjects purged (queue.Queue.RetirePool).
+func (c *Coordinator) retire(ctx context.Context, r coorddb.OutboxRecord) error {
+	for _, raw := range r.Pools {
+		var p queue.Pool
+		if err := json.Unmarshal([]byte(raw), &p); err != nil || p.IsDefault() {
+			c.log.Warn("dropping a retire record of a pool that is not one", "pool", raw)
+			continue
+		}
+		if err := c.queue.RetirePool(ctx, p); err != nil {
+			return err
+		}
+		c.log.Info("pool retired: no frame wanted is dispatched there", "pool", p.String())
+	}
+	return nil
+}
+
+// poolsEvery is the least time between two looks for pools to retire: a frame completing or
+// a job stopping asks for one (kickPools), the reconciler's period brings one anyway.
+const poolsEvery = 2 * time.Second
+
+// retireLoop looks for pools to retire at start, when kicked (kickPools) and every reconcile
+// period.
+func (c *Coordinator) retireLoop(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.ReconcileEvery)
+	defer t.Stop()
+	for {
+		if err := c.retirePools(ctx); err != nil && ctx.Err() == nil {
+			c.log.Warn("looking for pools to retire", "err", err)
+		}
+		if !queue.Sleep(ctx, poolsEvery) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-c.poolsKick:
+		}
+	}
+}
+
+// kickPools asks retireLoop to look for pools to retire.
+func (c *Coordinator) kickPools() {
+	select {
+	case c.poolsKick <- struct{}{}:
+	default:
+	}
 }

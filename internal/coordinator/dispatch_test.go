@@ -1,13 +1,19 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/queue"
+	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
 // fetchAll takes, without acking, every tile a worker with src can pull within wait, by tile
@@ -136,5 +142,130 @@ func TestReviveLeavesThroughTheOutbox(t *testing.T) {
 	}
 	if st := h.status(t, b.Status.JobID); st.State != api.JobQueued || st.TilesTotal != 2 {
 		t.Fatalf("job B: %s, %d tiles", st.State, st.TilesTotal)
+	}
+}
+
+// Property: a pool goes away once no frame wanted is dispatched there, and only then. The own
+// pools of five finished --max-slots jobs are retired (consumers deleted, subjects purged),
+// while that of a job still rendering keeps its consumers and its queued tiles.
+func TestPoolsOfFinishedJobsAreRetired(t *testing.T) {
+	h := newHarness(t, Config{})
+	for n := 1; n <= 5; n++ {
+		req := h.request(n, n, 16, 16, 16) // one tile
+		req.MaxSlots = 1
+		res := h.submit(t, req)
+		h.relay(t)
+		fk := h.job(t, res.Status.JobID).FrameKey(n)
+		h.completeTiles(t, fk)
+		h.promoteFormat(t, fk, "png")
+		h.apply(t, wire.Event{ID: fmt.Sprintf("assembled-%d", n), Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+		if st := h.status(t, res.Status.JobID); st.State != api.JobCompleted {
+			t.Fatalf("job %d: %s", n, st.State)
+		}
+	}
+	live := h.request(9, 9, 32, 16, 16) // two tiles, still to render
+	live.MaxSlots = 1
+	running := h.submit(t, live)
+	h.relay(t)
+	runningPool := jobPool(h.job(t, running.Status.JobID))
+	pools, err := h.queue.TilePools(h.ctx)
+	if err != nil || len(pools) != 6 {
+		t.Fatalf("pools before retiring: %d (%v), want the six jobs' own", len(pools), err)
+	}
+	if err := h.c.retirePools(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.relay(t)
+	pools, err = h.queue.TilePools(h.ctx)
+	if err != nil || len(pools) != 1 || pools[0].ID() != runningPool.ID() {
+		t.Fatalf("pools after retiring: %v (%v), want only the running job's %s", pools, err, runningPool)
+	}
+	if got := fetchAll(t, h, h.workerSources(t), 300*time.Millisecond); len(got) != 1 {
+		t.Fatalf("the running job's pool delivered %d tiles at once, want 1 (its slot limit) of its 2", len(got))
+	}
+	// No tile of a job that finished is left in TILES: the running job's two alone (the
+	// assemblies and movies of the others wait for an assembler, which this test runs none of).
+	info, err := h.queue.Tiles.Info(h.ctx, jetstream.WithSubjectFilter(queue.SubjectRender+".>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := info.State.Subjects[runningPool.Subject(queue.BandNormal)]; n != 2 || len(info.State.Subjects) != 1 {
+		t.Fatalf("tile messages in TILES by subject: %v, want the running job's 2 alone", info.State.Subjects)
+	}
+}
+
+// Property: a worker's polling does not grow with finished work. A running coordinator leaves
+// no tile consumer of a finished --max-slots job's own pool in TILES, so an idle worker, which
+// pulls from every consumer it finds, pulls from none of them.
+func TestRunningCoordinatorLeavesNoPoolOfFinishedJobs(t *testing.T) {
+	h := newHarness(t, Config{})
+	for n := 1; n <= 3; n++ {
+		req := h.request(n, n, 16, 16, 16)
+		req.MaxSlots = 2
+		res := h.submit(t, req)
+		h.relay(t)
+		fk := h.job(t, res.Status.JobID).FrameKey(n)
+		h.completeTiles(t, fk)
+		h.promoteFormat(t, fk, "png")
+		h.apply(t, wire.Event{ID: fmt.Sprintf("assembled-%d", n), Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	}
+	poolConsumers := func() []string {
+		var out []string
+		names := h.queue.Tiles.ConsumerNames(h.ctx)
+		for name := range names.Name() {
+			if strings.HasPrefix(name, queue.ConsumerWorkers+"-p") {
+				out = append(out, name)
+			}
+		}
+		if err := names.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	if n := len(poolConsumers()); n != 3*int(queue.NumBands) {
+		t.Fatalf("%d pool consumers before the coordinator runs, want the three jobs' %d", n, 3*int(queue.NumBands))
+	}
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = h.c.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		left := poolConsumers()
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the finished jobs' pools are still polled: %v", left)
+		}
+	}
+}
+
+// Property: a dead letter requeued after its pool was retired reaches a worker: it goes where
+// its frame's tiles go now, the pool made anew.
+func TestRequeueAfterThePoolWasRetiredReachesAWorker(t *testing.T) {
+	h := newHarness(t, Config{})
+	req := h.request(1, 2, 16, 16, 16) // two frames of one tile
+	req.MaxSlots = 1
+	res := h.submit(t, req)
+	h.relay(t)
+	h.deadLetterTile(t)
+	if _, err := h.c.Cancel(h.ctx, res.Status.JobID); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.c.retirePools(h.ctx); err != nil {
+		t.Fatal(err)
+	}
+	h.relay(t)
+	if pools, err := h.queue.TilePools(h.ctx); err != nil || len(pools) != 0 {
+		t.Fatalf("pools of a job cancelled: %v (%v), want it retired", pools, err)
+	}
+	if err := h.c.RequeueDeadLetter(h.ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := fetchAll(t, h, h.workerSources(t), 500*time.Millisecond); len(got) != 1 {
+		t.Fatalf("the requeued tile reached no worker (%d messages)", len(got))
 	}
 }

@@ -41,6 +41,8 @@ type projection struct {
 	tileDeadLetters, assemblyDeadLetters, framesCompleted int
 	// settled counts the frames whose state changed (writeFrames).
 	settled int
+	// stopped says a job was cancelled or given up (stopJob).
+	stopped bool
 
 	// touched are jobs whose announcement flush settles whatever their frames did, notices the
 	// events it recorded (announce.go).

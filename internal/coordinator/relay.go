@@ -62,6 +62,14 @@ func (c *Coordinator) relay(ctx context.Context) error {
 	}
 }
 
+// outboxActions are what the relay does for a record that publishes nothing itself: a move of
+// a frame's tiles (move) and the retirement of pools (retire), effects of a transaction made
+// after it committed.
+var outboxActions = map[coorddb.OutboxKind]func(c *Coordinator, ctx context.Context, r coorddb.OutboxRecord) error{
+	coorddb.OutboxMove:   (*Coordinator).move,
+	coorddb.OutboxRetire: (*Coordinator).retire,
+}
+
 // pendingAck is one published message awaiting its PubAck.
 type pendingAck struct {
 	fut jetstream.PubAckFuture
@@ -92,13 +100,13 @@ func (c *Coordinator) publishRecords(ctx context.Context, js jetstream.JetStream
 	}
 	seqs := make([]uint64, 0, len(recs))
 	for _, r := range recs {
-		if r.Kind == coorddb.OutboxMove {
-			// A move's order must come after every copy dispatched before it.
+		if act := outboxActions[r.Kind]; act != nil {
+			// What it does comes after every copy dispatched before it.
 			if err := settle(len(window)); err != nil {
 				return err
 			}
-			if err := c.move(ctx, r); err != nil {
-				return fmt.Errorf("outbox record %d (move of frame %s): %w", r.Seq, r.FrameKey, err)
+			if err := act(c, ctx, r); err != nil {
+				return fmt.Errorf("outbox record %d (%s of frame %s): %w", r.Seq, r.Kind, r.FrameKey, err)
 			}
 			seqs = append(seqs, r.Seq)
 			continue

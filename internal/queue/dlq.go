@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -161,7 +162,25 @@ func (f *Queue) DeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadLetter, 
 // RequeueDeadLetter puts a dead letter back on its original subject with Msg-Id "<msgid>:requeue:<dlq seq>"
 // (a fresh id, since the original may still be blocked by the dedup window) and then deletes it from the DLQ.
 // A crash between the two repeats the publish, which the dedup window absorbs.
-func (f *Queue) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadLetter, error) {
+// RequeueOpt is an option of RequeueDeadLetter.
+type RequeueOpt func(*requeueOpts)
+
+type requeueOpts struct {
+	route func(ctx context.Context, dl api.DeadLetter) (string, error)
+}
+
+// RequeueTo has RequeueDeadLetter publish the dead letter on the subject route returns for it,
+// "" for its own: the coordinator's, for a tile whose pool was retired or whose frame is
+// dispatched elsewhere now.
+func RequeueTo(route func(ctx context.Context, dl api.DeadLetter) (string, error)) RequeueOpt {
+	return func(o *requeueOpts) { o.route = route }
+}
+
+func (f *Queue) RequeueDeadLetter(ctx context.Context, dlqSeq uint64, opts ...RequeueOpt) (api.DeadLetter, error) {
+	var o requeueOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	raw, err := f.DLQ.GetMsg(ctx, dlqSeq)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
@@ -177,7 +196,15 @@ func (f *Queue) RequeueDeadLetter(ctx context.Context, dlqSeq uint64) (api.DeadL
 	hdr.Del(HeaderLastError) // the requeued attempt starts with a clean slate
 	hdr.Del(HeaderMsgID)     // and with its own id, so its failures count afresh
 	id := fmt.Sprintf("%s:requeue:%d", dl.MsgID, dlqSeq)
-	if _, err := f.Publish(ctx, dl.Subject, id, dl.Data, hdr); err != nil {
+	subject := dl.Subject
+	if o.route != nil {
+		to, err := o.route(ctx, dl)
+		if err != nil {
+			return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
+		}
+		subject = cmp.Or(to, subject)
+	}
+	if _, err := f.Publish(ctx, subject, id, dl.Data, hdr); err != nil {
 		return api.DeadLetter{}, fmt.Errorf("requeueing dead letter %d: %w", dlqSeq, err)
 	}
 	if err := f.DLQ.DeleteMsg(ctx, dlqSeq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {

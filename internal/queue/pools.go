@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -162,10 +163,12 @@ func (cfg Config) poolConsumers(p Pool) []jetstream.ConsumerConfig {
 	return out
 }
 
-// EnsurePool creates p's consumers unless this Queue made them already; the coordinator calls
-// it before it publishes a job's tiles, and for every unfinished job when it starts. A pool's
-// consumers stay: a job's own pool (a slot limit) is small, and deleting one under a live
-// message would strand it.
+// ID names the pool: a hash of what makes it, "" for the pool of every worker.
+func (p Pool) ID() string { return p.id() }
+
+// EnsurePool creates p's consumers unless this Queue made them already (or retired them
+// since); the coordinator calls it before it publishes a job's tiles, and for every unfinished
+// job when it starts.
 func (f *Queue) EnsurePool(ctx context.Context, p Pool) error {
 	if p.IsDefault() {
 		return nil
@@ -180,6 +183,56 @@ func (f *Queue) EnsurePool(ctx context.Context, p Pool) error {
 		}
 	}
 	f.pools.Store(id, p)
+	return nil
+}
+
+// TilePools lists the pools other than the default one that have tile consumers in TILES,
+// each once: what RetirePool may retire.
+func (f *Queue) TilePools(ctx context.Context) ([]Pool, error) {
+	seen := map[string]bool{}
+	var out []Pool
+	lister := f.Tiles.ConsumerNames(ctx)
+	for name := range lister.Name() {
+		if !strings.HasPrefix(name, ConsumerWorkers+"-p") {
+			continue // the default pool's bands, and every pool's assemblers
+		}
+		src, err := f.poolSource(ctx, name)
+		if err != nil {
+			if errors.Is(err, jetstream.ErrConsumerNotFound) {
+				continue // deleted meanwhile
+			}
+			return nil, fmt.Errorf("reading consumer %s/%s: %w", StreamTiles, name, err)
+		}
+		if src.cons == nil || src.asm || seen[src.pool.id()] {
+			continue
+		}
+		seen[src.pool.id()] = true
+		out = append(out, src.pool)
+	}
+	if err := lister.Err(); err != nil {
+		return nil, fmt.Errorf("listing the consumers of %s: %w", StreamTiles, err)
+	}
+	return out, nil
+}
+
+// RetirePool deletes the tile consumers of pool p (its assemblers stay: a finished job's
+// preview movie still goes there) and purges their subjects, so workers stop pulling it and
+// nothing is left in TILES that no consumer delivers. The coordinator retires a pool only
+// when no frame it still wants rendered is dispatched there (docs/design.md, "Dispatch"):
+// what remains are stale copies. EnsurePool makes it anew when a job needs it again.
+func (f *Queue) RetirePool(ctx context.Context, p Pool) error {
+	if p.IsDefault() {
+		return errors.New("retiring a pool: the pool of every worker stays")
+	}
+	f.pools.Delete(p.id())
+	for b := range NumBands {
+		if err := f.JS.DeleteConsumer(ctx, StreamTiles, p.Consumer(b)); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("retiring pool %s: deleting consumer %s: %w", p, p.Consumer(b), err)
+		}
+		if err := f.Tiles.Purge(ctx, jetstream.WithPurgeSubject(p.Subject(b))); err != nil {
+			return fmt.Errorf("retiring pool %s: purging %s: %w", p, p.Subject(b), err)
+		}
+	}
 	return nil
 }
 
@@ -258,8 +311,10 @@ func (s *Sources) refresh(ctx context.Context) {
 	var tiles [NumBands][]jetstream.Consumer
 	var asm []jetstream.Consumer
 	pools := []string{Pool{}.String()}
+	listed := map[string]bool{}
 	lister := s.q.Tiles.ConsumerNames(ctx)
 	for name := range lister.Name() {
+		listed[name] = true
 		src, ok := s.known[name]
 		if !ok {
 			var err error
@@ -288,6 +343,11 @@ func (s *Sources) refresh(ctx context.Context) {
 	if err := lister.Err(); err != nil && !errors.Is(err, context.Canceled) {
 		s.q.logger().Warn("listing the farm's pools; keeping those known", "err", err)
 		return
+	}
+	for name := range s.known {
+		if !listed[name] {
+			delete(s.known, name) // a retired pool's: what a worker knows does not grow with finished jobs
+		}
 	}
 	for b := range NumBands {
 		s.tiles[b] = append([]jetstream.Consumer{s.q.Bands[b]}, tiles[b]...)
@@ -334,8 +394,46 @@ func (f *Queue) poolSource(ctx context.Context, name string) (poolSource, error)
 	return poolSource{cons: c, pool: p, asm: IsAssembleSubject(info.Config.FilterSubject)}, nil
 }
 
-// settle records where a pulled message came from (see home) and returns it.
+// consumerGone reports whether a pull failed because its consumer no longer exists: a pool
+// the coordinator retired since the worker last listed them (a pull of a consumer that is not
+// there has no responder).
+func consumerGone(err error) bool {
+	return errors.Is(err, jetstream.ErrConsumerNotFound) || errors.Is(err, jetstream.ErrConsumerDeleted) ||
+		errors.Is(err, nats.ErrNoResponders)
+}
+
+// forget drops consumer c, a pool's, from every list and makes the next pull list the pools
+// afresh; the default pool's consumers, which are never retired, stay.
+func (s *Sources) forget(c jetstream.Consumer) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c == s.q.Assemblers || slices.Contains(s.q.Bands[:], c) {
+		s.refreshed = time.Time{}
+		return
+	}
+	drop := func(cs []jetstream.Consumer) []jetstream.Consumer {
+		return slices.DeleteFunc(slices.Clone(cs), func(x jetstream.Consumer) bool { return x == c })
+	}
+	for b := range NumBands {
+		s.tiles[b] = drop(s.tiles[b])
+	}
+	s.asm = drop(s.asm)
+	if s.home == c {
+		s.home = s.q.Bands[BandNormal]
+	}
+	if s.homeAsm == c {
+		s.homeAsm = s.q.Assemblers
+	}
+	s.refreshed = time.Time{}
+}
+
+// settle records where a pulled message came from (see home) and returns it. A pull whose
+// consumer is gone returns nothing, and the consumer is forgotten.
 func (s *Sources) settle(msg jetstream.Msg, err error, from jetstream.Consumer, asm bool) (jetstream.Msg, error) {
+	if err != nil && consumerGone(err) {
+		s.forget(from)
+		return nil, nil
+	}
 	if msg != nil {
 		s.mu.Lock()
 		if asm {

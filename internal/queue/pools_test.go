@@ -1,8 +1,11 @@
 package queue
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Property: a pool's tiles reach only the workers it serves, through consumers the workers
@@ -147,4 +150,80 @@ func TestConsumersKeepAFleetsPullsWaiting(t *testing.T) {
 	if got := c.CachedInfo().Config.MaxWaiting; got != 512 {
 		t.Errorf("older consumer's MaxWaiting = %d after Setup, want the 512 it was made with", got)
 	}
+}
+
+// Property: a retired pool leaves nothing to poll. Its tile consumers and queued tiles go, its
+// assemblers stay; a worker that still pulls from its consumers gets nothing and no error, and
+// forgets them, so what it polls does not grow with retired pools; EnsurePool makes it anew.
+func TestRetiredPoolsAreNotPolled(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+	var pools []Pool
+	for _, job := range []string{"job-1", "job-2", "job-3"} {
+		p := Pool{Job: job, Slots: 1}
+		if err := tf.f.EnsurePool(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		pools = append(pools, p)
+	}
+	if _, err := tf.f.Publish(ctx, pools[0].Subject(BandNormal), "stale", []byte("stale"), nil); err != nil {
+		t.Fatal(err)
+	}
+	w := tf.f.Sources(Capabilities{})
+	w.refresh(ctx)
+	if n := len(w.snapshotTiles()); n != 4*int(NumBands) {
+		t.Fatalf("a worker polls %d tile consumers, want the default pool's and three pools' %d", n, 4*int(NumBands))
+	}
+	if listed, err := tf.f.TilePools(ctx); err != nil || len(listed) != 3 {
+		t.Fatalf("TilePools = %v, %v; want the three", listed, err)
+	}
+	for _, p := range pools {
+		if err := tf.f.RetirePool(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Pulls from the consumers it knows: nothing, and no error.
+	for range 3 {
+		if m, err := w.FetchTile(ctx, 300*time.Millisecond); m != nil || err != nil {
+			t.Fatalf("FetchTile after the pools were retired = %v, %v", m, err)
+		}
+	}
+	w.mu.Lock()
+	w.refreshed = time.Time{}
+	w.mu.Unlock()
+	w.refresh(ctx)
+	if n := len(w.snapshotTiles()); n != int(NumBands) {
+		t.Fatalf("after the pools were retired a worker polls %d tile consumers, want the default pool's %d", n, NumBands)
+	}
+	for name := range w.known {
+		if strings.HasPrefix(name, ConsumerWorkers+"-p") {
+			t.Fatalf("a worker still knows the retired consumer %s", name)
+		}
+	}
+	if depth, _, err := tf.f.Depth(ctx); err != nil || depth != 0 {
+		t.Fatalf("TILES holds %d messages after the retirement (%v): a stale tile nothing delivers", depth, err)
+	}
+	if listed, err := tf.f.TilePools(ctx); err != nil || len(listed) != 0 {
+		t.Fatalf("TilePools after retiring = %v, %v", listed, err)
+	}
+	if _, err := tf.f.JS.Consumer(ctx, StreamTiles, pools[0].assemblers()); err != nil {
+		t.Fatalf("the assemblers of a retired pool went too: %v", err)
+	}
+	if err := tf.f.EnsurePool(ctx, pools[0]); err != nil {
+		t.Fatal(err)
+	}
+	if listed, err := tf.f.TilePools(ctx); err != nil || len(listed) != 1 {
+		t.Fatalf("EnsurePool after retiring made %v, %v; want the pool again", listed, err)
+	}
+}
+
+// snapshotTiles is every tile consumer the worker would pull from now.
+func (s *Sources) snapshotTiles() []jetstream.Consumer {
+	tiles, _ := s.snapshot()
+	var out []jetstream.Consumer
+	for b := range NumBands {
+		out = append(out, tiles[b]...)
+	}
+	return out
 }
