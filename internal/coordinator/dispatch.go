@@ -334,7 +334,12 @@ func (c *Coordinator) retire(ctx context.Context, r coorddb.OutboxRecord) error 
 			c.log.Warn("dropping a retire record of a pool that is not one", "pool", raw)
 			continue
 		}
-		if err := c.queue.RetirePool(ctx, p); err != nil {
+		err := c.queue.RetirePool(ctx, p)
+		switch {
+		case errors.Is(err, queue.ErrPoolBusy):
+			c.log.Debug("pool not retired yet: a worker holds a tile of it", "pool", p.String())
+			continue // the next look retires it
+		case err != nil:
 			return err
 		}
 		c.log.Info("pool retired: no frame wanted is dispatched there", "pool", p.String())

@@ -215,14 +215,31 @@ func (f *Queue) TilePools(ctx context.Context) ([]Pool, error) {
 	return out, nil
 }
 
+// ErrPoolBusy is RetirePool finding a tile of the pool held by a worker: it is retired later.
+var ErrPoolBusy = errors.New("a tile of the pool is held by a worker")
+
 // RetirePool deletes the tile consumers of pool p (its assemblers stay: a finished job's
 // preview movie still goes there) and purges their subjects, so workers stop pulling it and
 // nothing is left in TILES that no consumer delivers. The coordinator retires a pool only
 // when no frame it still wants rendered is dispatched there (docs/design.md, "Dispatch"):
-// what remains are stale copies. EnsurePool makes it anew when a job needs it again.
+// what waits there are stale copies. A tile a worker holds (delivered, not acked) may be the
+// one copy of a tile rendering when its frame moved, which a redelivery must still reach if
+// the worker dies: while there is one, the pool stays (ErrPoolBusy). EnsurePool makes it anew
+// when a job needs it again.
 func (f *Queue) RetirePool(ctx context.Context, p Pool) error {
 	if p.IsDefault() {
 		return errors.New("retiring a pool: the pool of every worker stays")
+	}
+	for b := range NumBands {
+		c, err := f.JS.Consumer(ctx, StreamTiles, p.Consumer(b))
+		if errors.Is(err, jetstream.ErrConsumerNotFound) {
+			continue
+		} else if err != nil {
+			return fmt.Errorf("retiring pool %s: %w", p, err)
+		}
+		if c.CachedInfo().NumAckPending > 0 {
+			return fmt.Errorf("retiring pool %s: %w", p, ErrPoolBusy)
+		}
 	}
 	f.pools.Delete(p.id())
 	for b := range NumBands {

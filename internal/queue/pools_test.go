@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -226,4 +227,34 @@ func (s *Sources) snapshotTiles() []jetstream.Consumer {
 		out = append(out, tiles[b]...)
 	}
 	return out
+}
+
+// Property: a pool with a tile held by a worker is not retired: the held tile may be the one
+// copy a redelivery must reach if its worker dies.
+func TestPoolWithAHeldTileIsNotRetired(t *testing.T) {
+	t.Parallel()
+	cfg := fastConfig()
+	cfg.AckWait = 20 * time.Second
+	tf := startFarm(t, cfg)
+	ctx := testCtx(t)
+	p := Pool{Job: "job-1", Slots: 2}
+	if err := tf.f.EnsurePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tf.f.Publish(ctx, p.Subject(BandNormal), "held", []byte("held"), nil); err != nil {
+		t.Fatal(err)
+	}
+	m := mustFetchFrom(t, tf.f.Sources(Capabilities{}))
+	if err := tf.f.RetirePool(ctx, p); !errors.Is(err, ErrPoolBusy) {
+		t.Fatalf("RetirePool with a tile held = %v, want ErrPoolBusy", err)
+	}
+	if listed, err := tf.f.TilePools(ctx); err != nil || len(listed) != 1 {
+		t.Fatalf("TilePools = %v, %v; want the pool kept", listed, err)
+	}
+	if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tf.f.RetirePool(ctx, p); err != nil {
+		t.Fatalf("RetirePool once the tile was acked: %v", err)
+	}
 }
