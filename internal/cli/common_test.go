@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +129,7 @@ func TestMainPathAsBlenderNamesIt(t *testing.T) {
 	}{
 		{"", "//render/plate_0007.exr", "base/render/plate_0007.exr"},
 		{"", "/abs/plate_0007.exr", "/abs/plate_0007.exr"},
+		{"", "//../plate_0007.exr", "plate_0007.exr"}, // base/..: as Blender resolves it from the .blend
 		{outPattern("out/f_", formatBlend), "//render/plate_0007.exr", "out/f_0007.exr"},
 		{outPattern("out/f_##.exr", formatBlend), "//render/plate_0007.exr", "out/f_07.exr"},
 		{outPattern("out/f_####.png", formatBlend), "//render/plate_0007.exr", "out/f_0007.exr"},
@@ -142,10 +144,12 @@ func TestMainPathAsBlenderNamesIt(t *testing.T) {
 	if _, err := mainPath(outputDest{Base: "base"}, "", 7); err == nil {
 		t.Error("mainPath wrote a farm format with no --out")
 	}
-	dir := t.TempDir()
-	if _, err := writeFrame(outputDest{Base: dir}, 1, "//a_0001.png", []byte("x"), []string{"../escape.png"},
-		func(int) ([]byte, error) { return []byte("y"), nil }); err == nil {
-		t.Error("writeFrame wrote a file outside the .blend's directory")
+	to, err := framePaths(outputDest{Base: "base"}, 7, "//render/plate_0007.exr", []string{"render/depth/depth_0007.png"})
+	if want := []string{filepath.FromSlash("base/render/plate_0007.exr"), filepath.FromSlash("base/render/depth/depth_0007.png")}; err != nil || !slices.Equal(to, want) {
+		t.Errorf("framePaths = %q, %v; want %q", to, err, want)
+	}
+	if to, err := framePaths(outputDest{Base: "base"}, 7, "//a_0007.png", []string{"../escape.png"}); !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), `"../escape.png"`) {
+		t.Errorf("framePaths of a File Output file outside the .blend's directory = %q, %v; want bad input naming it", to, err)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/scene"
 )
 
@@ -13,7 +14,9 @@ import (
 // farm's own formats go to --out; a Blender scene's own output (format blend) goes where
 // Blender itself would write it: its output path from the .blend, relative to the .blend's
 // directory, or --out as Blender's -o takes it ('####' or else four digits appended, the
-// extension Blender adds); its File Output nodes' files under the .blend's directory.
+// extension Blender adds); its File Output nodes' files under the .blend's directory. Every
+// path of every frame is checked before the first byte is written, so a refused path leaves no
+// half-written set of outputs behind (docs/design.md, "Assembly: Blender's own pipeline").
 
 // formatBlend is a Blender scene's own output format.
 const formatBlend = "blend"
@@ -80,31 +83,43 @@ func mainPath(dest outputDest, name string, frame int) (string, error) {
 	return p, nil
 }
 
-// writeFrame writes one encoded output of frame: its main file (named name by its renderer, or
-// "") to mainPath, and its other files (paths, relative to dest.Base, fetched by file) under
-// dest.Base. It returns the paths written.
-func writeFrame(dest outputDest, frame int, name string, main []byte, paths []string, file func(i int) ([]byte, error)) ([]string, error) {
-	path, err := mainPath(dest, name, frame)
+// framePaths is where writeFrame puts frame's output: its main file (named name by its
+// renderer, or "") at mainPath, then its other files (paths, relative to dest.Base) under
+// dest.Base. It is the check of every destination, made before anything is written: a File
+// Output file that would leave dest.Base is refused (api.ErrBadInput) before its frame's main
+// file is written, not after.
+func framePaths(dest outputDest, frame int, name string, paths []string) ([]string, error) {
+	main, err := mainPath(dest, name, frame)
 	if err != nil {
 		return nil, err
 	}
-	if err := writeFile(path, main); err != nil {
+	to := []string{main}
+	for _, p := range paths {
+		rel := filepath.FromSlash(p)
+		if !filepath.IsLocal(rel) {
+			return nil, fmt.Errorf("%w: frame %d: the File Output file %q leaves the .blend's directory %q", api.ErrBadInput, frame, p, dest.Base)
+		}
+		to = append(to, filepath.Join(dest.Base, rel))
+	}
+	return to, nil
+}
+
+// writeFrame writes one encoded output of frame where framePaths said: main at to[0], and
+// file(i) at to[i+1]. It returns the paths written.
+func writeFrame(frame int, to []string, main []byte, file func(i int) ([]byte, error)) ([]string, error) {
+	if err := writeFile(to[0], main); err != nil {
 		return nil, fmt.Errorf("writing frame %d: %w", frame, err)
 	}
-	written := []string{path}
-	for i, p := range paths {
-		if !filepath.IsLocal(filepath.FromSlash(p)) {
-			return written, fmt.Errorf("frame %d: the file %q is not under the .blend's directory", frame, p)
-		}
+	written := []string{to[0]}
+	for i, path := range to[1:] {
 		data, err := file(i)
 		if err != nil {
-			return written, fmt.Errorf("fetching %s of frame %d: %w", p, frame, err)
+			return written, fmt.Errorf("fetching %s of frame %d: %w", path, frame, err)
 		}
-		full := filepath.Join(dest.Base, filepath.FromSlash(p))
-		if err := writeFile(full, data); err != nil {
-			return written, fmt.Errorf("writing %s of frame %d: %w", p, frame, err)
+		if err := writeFile(path, data); err != nil {
+			return written, fmt.Errorf("writing %s of frame %d: %w", path, frame, err)
 		}
-		written = append(written, full)
+		written = append(written, path)
 	}
 	return written, nil
 }
