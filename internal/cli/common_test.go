@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -150,6 +151,39 @@ func TestMainPathAsBlenderNamesIt(t *testing.T) {
 	}
 	if to, err := framePaths(outputDest{Base: "base"}, 7, "//a_0007.png", []string{"../escape.png"}); !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), `"../escape.png"`) {
 		t.Errorf("framePaths of a File Output file outside the .blend's directory = %q, %v; want bad input naming it", to, err)
+	}
+}
+
+// Property: under outputs --dir (a confined dest) the scene's own output path stays under the
+// directory: one leaving it, also after cleaning, or absolute is bad input (exit 1) naming the
+// path and --out; one that stays under it after cleaning is written there, and --out, the
+// user's own, goes where it says even when absolute.
+func TestMainPathConfinedToDir(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "a", "b", "out")
+	dest := outputDest{Base: dir, Confined: true}
+	for _, name := range []string{"//../../escaped_0007.png", "//render/../../escaped_0007.png", "//..", "//", filepath.Join(root, "abs_0007.png")} {
+		got, err := mainPath(dest, name, 7)
+		if !errors.Is(err, api.ErrBadInput) || api.ExitCode(err) != api.ExitFailed ||
+			!strings.Contains(err.Error(), strconv.Quote(name)) || !strings.Contains(err.Error(), "give --out") {
+			t.Errorf("mainPath(confined, %q) = %q, %v; want bad input naming it and --out", name, got, err)
+		}
+		_, err = framePaths(dest, 7, name, []string{"render/depth_0007.png"})
+		if !errors.Is(err, api.ErrBadInput) {
+			t.Errorf("framePaths(confined, %q) = %v; want the main file's refusal", name, err)
+		}
+	}
+	for _, c := range []struct {
+		pattern, name, want string
+	}{
+		{"", "//render/../plate_0007.png", filepath.Join(dir, "plate_0007.png")},
+		{"", "//render/plate_0007.png", filepath.Join(dir, "render", "plate_0007.png")},
+		{filepath.Join(root, "mine", "f_####"), "//../../escaped_0007.png", filepath.Join(root, "mine", "f_0007.png")},
+	} {
+		got, err := mainPath(outputDest{Pattern: c.pattern, Base: dir, Confined: true}, c.name, 7)
+		if err != nil || got != c.want {
+			t.Errorf("mainPath(confined, %q, %q) = %q, %v; want %q", c.pattern, c.name, got, err, c.want)
+		}
 	}
 }
 
