@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,6 +130,7 @@ func TestMainPathAsBlenderNamesIt(t *testing.T) {
 	}{
 		{"", "//render/plate_0007.exr", "base/render/plate_0007.exr"},
 		{"", "/abs/plate_0007.exr", "/abs/plate_0007.exr"},
+		{"", "//../plate_0007.exr", "plate_0007.exr"}, // base/..: as Blender resolves it from the .blend
 		{outPattern("out/f_", formatBlend), "//render/plate_0007.exr", "out/f_0007.exr"},
 		{outPattern("out/f_##.exr", formatBlend), "//render/plate_0007.exr", "out/f_07.exr"},
 		{outPattern("out/f_####.png", formatBlend), "//render/plate_0007.exr", "out/f_0007.exr"},
@@ -142,10 +145,45 @@ func TestMainPathAsBlenderNamesIt(t *testing.T) {
 	if _, err := mainPath(outputDest{Base: "base"}, "", 7); err == nil {
 		t.Error("mainPath wrote a farm format with no --out")
 	}
-	dir := t.TempDir()
-	if _, err := writeFrame(outputDest{Base: dir}, 1, "//a_0001.png", []byte("x"), []string{"../escape.png"},
-		func(int) ([]byte, error) { return []byte("y"), nil }); err == nil {
-		t.Error("writeFrame wrote a file outside the .blend's directory")
+	to, err := framePaths(outputDest{Base: "base"}, 7, "//render/plate_0007.exr", []string{"render/depth/depth_0007.png"})
+	if want := []string{filepath.FromSlash("base/render/plate_0007.exr"), filepath.FromSlash("base/render/depth/depth_0007.png")}; err != nil || !slices.Equal(to, want) {
+		t.Errorf("framePaths = %q, %v; want %q", to, err, want)
+	}
+	if to, err := framePaths(outputDest{Base: "base"}, 7, "//a_0007.png", []string{"../escape.png"}); !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), `"../escape.png"`) {
+		t.Errorf("framePaths of a File Output file outside the .blend's directory = %q, %v; want bad input naming it", to, err)
+	}
+}
+
+// Property: under outputs --dir (a confined dest) the scene's own output path stays under the
+// directory: one leaving it, also after cleaning, or absolute is bad input (exit 1) naming the
+// path and --out; one that stays under it after cleaning is written there, and --out, the
+// user's own, goes where it says even when absolute.
+func TestMainPathConfinedToDir(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "a", "b", "out")
+	dest := outputDest{Base: dir, Confined: true}
+	for _, name := range []string{"//../../escaped_0007.png", "//render/../../escaped_0007.png", "//..", "//", filepath.Join(root, "abs_0007.png")} {
+		got, err := mainPath(dest, name, 7)
+		if !errors.Is(err, api.ErrBadInput) || api.ExitCode(err) != api.ExitFailed ||
+			!strings.Contains(err.Error(), strconv.Quote(name)) || !strings.Contains(err.Error(), "give --out") {
+			t.Errorf("mainPath(confined, %q) = %q, %v; want bad input naming it and --out", name, got, err)
+		}
+		_, err = framePaths(dest, 7, name, []string{"render/depth_0007.png"})
+		if !errors.Is(err, api.ErrBadInput) {
+			t.Errorf("framePaths(confined, %q) = %v; want the main file's refusal", name, err)
+		}
+	}
+	for _, c := range []struct {
+		pattern, name, want string
+	}{
+		{"", "//render/../plate_0007.png", filepath.Join(dir, "plate_0007.png")},
+		{"", "//render/plate_0007.png", filepath.Join(dir, "render", "plate_0007.png")},
+		{filepath.Join(root, "mine", "f_####"), "//../../escaped_0007.png", filepath.Join(root, "mine", "f_0007.png")},
+	} {
+		got, err := mainPath(outputDest{Pattern: c.pattern, Base: dir, Confined: true}, c.name, 7)
+		if err != nil || got != c.want {
+			t.Errorf("mainPath(confined, %q, %q) = %q, %v; want %q", c.pattern, c.name, got, err, c.want)
+		}
 	}
 }
 

@@ -165,9 +165,11 @@ Download the finished frames of JOB, verified against their manifests, into file
 PATTERN ('####' is the zero-padded frame number). Frames not finished yet are skipped and listed.
 A .blend's own output (format blend, the default for a job that asked for it) is written as
 Blender names it, under --dir as if it were the .blend's directory (or at --out, taken as
-Blender's -o takes it), with its File Output nodes' files under --dir. --movie writes the job's
-preview movie (a WebM, the extension added when PATH has none), alone or with the frames; while
-it is not ready the command exits 3, and 1 if it failed or the job has none.`)
+Blender's -o takes it), with its File Output nodes' files under --dir. Nothing of the scene's
+is written outside --dir: an output path that leaves it (//../) or is absolute is refused
+(exit 1) before any frame is written; give --out to say where those frames go. --movie writes
+the job's preview movie (a WebM, the extension added when PATH has none), alone or with the
+frames; while it is not ready the command exits 3, and 1 if it failed or the job has none.`)
 	fs := c.Flags()
 	out := fs.String("out", "", "output path pattern, e.g. out/shot_####.png (for a .blend's own output, default its own path)")
 	format := fs.String("format", "", "png, png16, exr or blend (default: blend if the job asked for it, else from --out's extension; png16/exr only if submitted with it)")
@@ -210,7 +212,7 @@ it is not ready the command exits 3, and 1 if it failed or the job has none.`)
 				return err
 			}
 		}
-		if err := writeOutputs(ctx, api, &st, outputDest{Pattern: outPattern(*out, f), Base: *dir}, f); err != nil {
+		if err := writeOutputs(ctx, api, &st, outputDest{Pattern: outPattern(*out, f), Base: *dir, Confined: true}, f); err != nil {
 			return err
 		}
 		if p.jsonOut {

@@ -86,8 +86,11 @@ write it, or at FILE.`)
 			return err
 		}
 		paths := slices.Sorted(maps.Keys(o.Files))
-		written, err := writeFrame(outputDest{Pattern: outPattern(*out, f), Base: filepath.Dir(pos[0])}, fr, o.Name, o.Data,
-			paths, func(i int) ([]byte, error) { return o.Files[paths[i]], nil })
+		to, err := framePaths(outputDest{Pattern: outPattern(*out, f), Base: filepath.Dir(pos[0])}, fr, o.Name, paths)
+		if err != nil {
+			return err
+		}
+		written, err := writeFrame(fr, to, o.Data, func(i int) ([]byte, error) { return o.Files[paths[i]], nil })
 		if err != nil {
 			return err
 		}

@@ -56,8 +56,15 @@ func countReuse(st *api.Status, completedBefore int) {
 }
 
 // writeOutputs downloads every completed frame of a job in format to dest (frameout.go): a
-// Blender scene's own output (format blend) with the files of its File Output nodes.
+// Blender scene's own output (format blend) with the files of its File Output nodes. Every
+// frame's paths are checked (framePaths) before the first frame is downloaded, so a path
+// refused in the last frame leaves the first ones unwritten too.
 func writeOutputs(ctx context.Context, src jobSource, st *api.Status, dest outputDest, format string) error {
+	type frameDest struct {
+		frame int
+		to    []string
+	}
+	var dests []frameDest
 	for _, f := range st.Frames {
 		if f.State != api.FrameCompleted {
 			continue
@@ -69,12 +76,19 @@ func writeOutputs(ctx context.Context, src jobSource, st *api.Status, dest outpu
 				return fmt.Errorf("fetching frame %d: %w", f.Frame, err)
 			}
 		}
-		data, err := src.FrameOutput(ctx, st.JobID, f.Frame, format)
+		to, err := framePaths(dest, f.Frame, index.Name, index.Files)
 		if err != nil {
-			return fmt.Errorf("fetching frame %d: %w", f.Frame, err)
+			return err
 		}
-		written, err := writeFrame(dest, f.Frame, index.Name, data, index.Files, func(i int) ([]byte, error) {
-			return src.FrameFile(ctx, st.JobID, f.Frame, format, i)
+		dests = append(dests, frameDest{f.Frame, to})
+	}
+	for _, d := range dests {
+		data, err := src.FrameOutput(ctx, st.JobID, d.frame, format)
+		if err != nil {
+			return fmt.Errorf("fetching frame %d: %w", d.frame, err)
+		}
+		written, err := writeFrame(d.frame, d.to, data, func(i int) ([]byte, error) {
+			return src.FrameFile(ctx, st.JobID, d.frame, format, i)
 		})
 		st.Outputs = append(st.Outputs, written...)
 		if err != nil {
