@@ -253,7 +253,7 @@ func TestCoordinatorDeliversItsAnnouncements(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var ev notify.Event
-		if !notify.Verify(testNotifySecret, body, r.Header.Get(notify.SignatureHeader)) || json.Unmarshal(body, &ev) != nil {
+		if notify.Verify(testNotifySecret, body, r.Header.Get(notify.TimestampHeader), r.Header.Get(notify.SignatureHeader), time.Now(), 0) != nil || json.Unmarshal(body, &ev) != nil {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}

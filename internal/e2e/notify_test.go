@@ -22,8 +22,9 @@ import (
 const notifySecret = "the e2e farm's notification secret"
 
 // hookReceiver is a webhook receiver of the test's own: it verifies every delivery's signature
-// and keeps, per path, the events it accepted (answered 200). hold, when it returns true for a
-// delivery, holds that one until release is closed and then refuses it (503).
+// and timestamp as docs/operations.md tells receivers to (notify.Verify) and keeps, per path,
+// the events it accepted (answered 200). hold, when it returns true for a delivery, holds that
+// one until release is closed and then refuses it (503).
 type hookReceiver struct {
 	*httptest.Server
 	hold    func(path string, ev notify.Event) bool
@@ -41,7 +42,8 @@ func newHookReceiver(t *testing.T) *hookReceiver {
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		var ev notify.Event
-		valid := notify.Verify([]byte(notifySecret), body, req.Header.Get(notify.SignatureHeader)) && json.Unmarshal(body, &ev) == nil
+		valid := notify.Verify([]byte(notifySecret), body, req.Header.Get(notify.TimestampHeader), req.Header.Get(notify.SignatureHeader), time.Now(), notify.DefaultTolerance) == nil &&
+			json.Unmarshal(body, &ev) == nil
 		r.mu.Lock()
 		r.attempts++
 		hold := valid && r.hold != nil && r.hold(req.URL.Path, ev)
@@ -58,7 +60,7 @@ func newHookReceiver(t *testing.T) *hookReceiver {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if !valid {
-			r.bad = append(r.bad, fmt.Sprintf("%s %s: %s", req.URL.Path, req.Header.Get(notify.SignatureHeader), body))
+			r.bad = append(r.bad, fmt.Sprintf("%s %s %s: %s", req.URL.Path, req.Header.Get(notify.TimestampHeader), req.Header.Get(notify.SignatureHeader), body))
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}

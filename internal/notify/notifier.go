@@ -45,8 +45,9 @@ type Config struct {
 	// URLs are the farm-wide receivers (serve --notify): every job's events go to them, on top
 	// of the job's own.
 	URLs []string
-	// Secret signs every webhook delivery (SignatureHeader). Without one nothing is posted:
-	// a delivery to a URL fails until the deadline, and serve and submit refuse URLs.
+	// Secret signs every webhook delivery (SignatureHeader, over TimestampHeader and the
+	// body). Without one nothing is posted: a delivery to a URL fails until the deadline, and
+	// serve and submit refuse URLs.
 	Secret []byte
 	// GiveUpAfter is how long after its event a delivery is retried before it is dropped with
 	// a log line; default DefaultGiveUpAfter.
@@ -310,7 +311,11 @@ func (n *Notifier) attempt(ctx context.Context, js jetstream.JetStream, rec coor
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", "tilefarm/"+buildinfo.Version())
-	req.Header.Set(SignatureHeader, Sign(n.cfg.Secret, rec.Body))
+	// Each attempt is signed at its own time: a retry hours after the event is as fresh as the
+	// first attempt, and a delivery replayed later is stale (Verify).
+	ts := Timestamp(n.now())
+	req.Header.Set(TimestampHeader, ts)
+	req.Header.Set(SignatureHeader, Sign(n.cfg.Secret, ts, rec.Body))
 	req.Header.Set(EventHeader, eventType(rec.Subject))
 	req.Header.Set(IDHeader, rec.ID)
 	resp, err := n.client.Do(req)

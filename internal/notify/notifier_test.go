@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -49,8 +50,8 @@ func newReceiver(t *testing.T, failFirst int) *receiver {
 		switch {
 		case req.Method != http.MethodPost || req.Header.Get("Content-Type") != "application/json":
 			r.bad = append(r.bad, req.Method+" "+req.Header.Get("Content-Type"))
-		case !Verify(testSecret, body, req.Header.Get(SignatureHeader)):
-			r.bad = append(r.bad, "signature "+req.Header.Get(SignatureHeader))
+		case Verify(testSecret, body, req.Header.Get(TimestampHeader), req.Header.Get(SignatureHeader), time.Now(), 0) != nil:
+			r.bad = append(r.bad, "signature "+req.Header.Get(TimestampHeader)+" "+req.Header.Get(SignatureHeader))
 		case json.Unmarshal(body, &ev) != nil || ev.ID != req.Header.Get(IDHeader) || ev.Type != req.Header.Get(EventHeader):
 			r.bad = append(r.bad, "body "+string(body))
 		}
@@ -123,10 +124,14 @@ func (e *env) record(urls []string, evs ...Event) {
 	}
 }
 
-// run runs a notifier of cfg, its first retry after base, until the returned stop is called.
-func (e *env) run(cfg Config, base time.Duration) (n *Notifier, stop func()) {
+// run runs a notifier of cfg, its first retry after base, until the returned stop is called;
+// setup, if any, changes the notifier before it runs (its clock).
+func (e *env) run(cfg Config, base time.Duration, setup ...func(*Notifier)) (n *Notifier, stop func()) {
 	n = New(cfg, Deps{DB: e.db, NATS: e.nc, Metrics: e.m, Log: slog.New(slog.NewTextHandler(&e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	n.base = base
+	for _, f := range setup {
+		f(n)
+	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan struct{})
 	go func() {
@@ -355,5 +360,51 @@ func TestNotifierPostsNothingWithoutASecret(t *testing.T) {
 	}
 	if len(e.published()) != 1 {
 		t.Fatal("the event was not published on NATS")
+	}
+}
+
+// Each attempt is signed at its own time: the retry of a delivery three hours after its first
+// attempt carries that later timestamp, signed with the body, so a receiver that refuses
+// stale timestamps (Verify) takes it, and would refuse the first attempt replayed then.
+func TestNotifierSignsEachAttemptAtItsOwnTime(t *testing.T) {
+	e := newEnv(t)
+	start := time.Date(2030, 5, 4, 12, 0, 0, 0, time.UTC)
+	var clockMu sync.Mutex
+	clock := start
+	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
+	var mu sync.Mutex
+	var stamps []string
+	var verdicts []error
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		ts := req.Header.Get(TimestampHeader)
+		err := Verify(testSecret, body, ts, req.Header.Get(SignatureHeader), now(), 0)
+		mu.Lock()
+		defer mu.Unlock()
+		stamps, verdicts = append(stamps, ts), append(verdicts, err)
+		if len(stamps) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	evs := events("ev_stamped")
+	evs[0].Time = start
+	e.record([]string{srv.URL}, evs...)
+	n, stop := e.run(Config{Secret: testSecret}, 10*time.Millisecond, func(n *Notifier) { n.now = now })
+	defer stop()
+	waitFor(t, 10*time.Second, "the failed first attempt recorded", func() bool {
+		p := e.pending()
+		return len(p) == 1 && len(p[0].Targets) == 1 && p[0].Targets[0].Attempts == 1
+	})
+	clockMu.Lock()
+	clock = start.Add(3 * time.Hour)
+	clockMu.Unlock()
+	n.Kick()
+	waitFor(t, 10*time.Second, "the retry delivered", func() bool { return len(e.pending()) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{Timestamp(start), Timestamp(start.Add(3 * time.Hour))}
+	if !slices.Equal(stamps, want) || verdicts[0] != nil || verdicts[1] != nil {
+		t.Fatalf("attempts stamped %q, verified %v; want %q, each valid when it arrived", stamps, verdicts, want)
 	}
 }
