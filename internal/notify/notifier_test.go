@@ -3,6 +3,7 @@ package notify
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -407,4 +408,99 @@ func TestNotifierSignsEachAttemptAtItsOwnTime(t *testing.T) {
 	if !slices.Equal(stamps, want) || verdicts[0] != nil || verdicts[1] != nil {
 		t.Fatalf("attempts stamped %q, verified %v; want %q, each valid when it arrived", stamps, verdicts, want)
 	}
+}
+
+// hangingReceiver holds every request until the test ends, counting those open and those
+// that returned.
+type hangingReceiver struct {
+	*httptest.Server
+	mu             sync.Mutex
+	open, returned int
+}
+
+func newHangingReceiver(t *testing.T) *hangingReceiver {
+	h := &hangingReceiver{}
+	release := make(chan struct{})
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		h.mu.Lock()
+		h.open++
+		h.mu.Unlock()
+		select {
+		case <-release:
+		case <-req.Context().Done():
+		}
+		h.mu.Lock()
+		h.open--
+		h.returned++
+		h.mu.Unlock()
+	}))
+	t.Cleanup(h.Close)
+	t.Cleanup(func() { close(release) }) // before Close, which waits for the requests
+	return h
+}
+
+func (h *hangingReceiver) state() (open, returned int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.open, h.returned
+}
+
+// One receiver that hangs delays no other (docs/operations.md, "Notifications": each receiver
+// is retried on its own): while the farm-wide receiver holds every request it gets, with a
+// timeout of a minute so that nothing is freed by one, the job's receiver and the NOTIFY
+// stream get all 48 events. The hanging receiver's lane holds at most its bound of requests,
+// and none of them has returned when the last event reached the fast receiver.
+func TestNotifierAHangingReceiverDelaysNoOther(t *testing.T) {
+	e := newEnv(t)
+	hung, fast := newHangingReceiver(t), newReceiver(t, 0)
+	var ids []string
+	for i := range 48 {
+		ids = append(ids, fmt.Sprintf("ev_%02d", i))
+	}
+	e.record([]string{fast.URL}, events(ids...)...)
+	_, stop := e.run(Config{URLs: []string{hung.URL}, Secret: testSecret, Timeout: time.Minute}, 10*time.Millisecond)
+	defer stop()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, got, _ := fast.state()
+		if len(got) == len(ids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			open, returned := hung.state()
+			t.Fatalf("the fast receiver got %d of %d events while the hanging one held %d requests (%d returned)", len(got), len(ids), open, returned)
+		}
+	}
+	open, returned := hung.state()
+	if returned != 0 || open == 0 {
+		t.Fatalf("the hanging receiver has %d requests open and %d returned; want some open and none returned", open, returned)
+	}
+	if open > laneInFlight {
+		t.Fatalf("the hanging receiver holds %d requests, more than a lane's bound of %d", open, laneInFlight)
+	}
+	_, got, bad := fast.state()
+	seen := map[string]bool{}
+	for _, ev := range got {
+		seen[ev.ID] = true
+	}
+	if len(seen) != len(ids) || len(bad) > 0 {
+		t.Fatalf("the fast receiver got %d distinct events of %d (wrong: %v)", len(seen), len(ids), bad)
+	}
+	waitFor(t, 20*time.Second, "every event published", func() bool { return len(e.published()) == len(ids) })
+	// What was delivered is written soon after it was: then each record owes the hanging
+	// receiver alone.
+	waitFor(t, 20*time.Second, "the deliveries recorded", func() bool {
+		p := e.pending()
+		for _, r := range p {
+			if !r.Expanded || len(r.Targets) != 1 || r.Targets[0].To != hung.URL || r.Targets[0].Attempts != 0 {
+				return false
+			}
+		}
+		return len(p) == len(ids)
+	})
+	if open, returned := hung.state(); returned != 0 {
+		t.Fatalf("%d requests of the hanging receiver returned (%d open): a timeout or a retry intervened", returned, open)
+	}
+	waitFor(t, 10*time.Second, "tilefarm_notifications_pending at 48", func() bool {
+		return testutil.ToFloat64(e.m.NotificationsPending) == float64(len(ids))
+	})
 }
