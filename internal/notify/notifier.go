@@ -284,12 +284,14 @@ type settled struct {
 }
 
 // settle writes the outcomes of a batch of attempts, in one transaction however many
-// notifications they are of: a delivery that succeeded, or whose receiver is refused, or that
-// failed past the give-up time, is removed from its record (the record deleted with its last
-// one); one that failed is kept with its attempts and next try after queue.Backoff. Only then
-// are they logged, counted and taken out of (or put back in) their lanes. A write that fails
-// leaves the records as they were and the deliveries due again in a second: attempted again,
-// at least once. While stopping nothing is written: what was attempted is attempted again at
+// notifications they are of: a delivery that succeeded, or that failed past the give-up time,
+// is removed from its record (the record deleted with its last one); one that failed is kept
+// with its attempts and next try after queue.Backoff. Each
+// attempt is logged and counted as it is written, before the commit, so a reader that sees a
+// record gone sees its deliveries counted; after the commit the deliveries are taken out of
+// (or put back in) their lanes. A write that fails leaves the records as they were and the
+// deliveries due again in a second: attempted again, at least once, and counted again, as
+// attempts are. While stopping nothing is written: what was attempted is attempted again at
 // the next start.
 func (n *Notifier) settle(ctx context.Context, ls *lanes, batch []attempted) {
 	if ctx.Err() != nil {
@@ -324,6 +326,9 @@ func (n *Notifier) settle(ctx context.Context, ls *lanes, batch []attempted) {
 				}
 			}
 		}
+		for _, s := range out {
+			n.report(s)
+		}
 		return nil
 	})
 	if err != nil {
@@ -334,23 +339,27 @@ func (n *Notifier) settle(ctx context.Context, ls *lanes, batch []attempted) {
 		return
 	}
 	for _, s := range out {
-		log := n.log.With("event", s.id, "subject", s.subject, "to", shown(s.to))
-		switch s.result {
-		case metrics.DeliveryOK:
-			log.Debug("notification delivered", "attempts", s.attempts)
-		case metrics.DeliveryFailed:
-			log.Warn("notification not delivered; retrying", "attempts", s.attempts, "next", s.next, "err", s.err)
-		case metrics.DeliveryGaveUp:
-			log.Error("giving up on a notification", "attempts", s.attempts, "since", s.created, "err", s.err)
-		default:
-			if s.local != nil {
-				log.Error("notification not attempted; retrying", "err", s.local)
-			}
-		}
-		if s.result != "" {
-			n.m.NotificationDeliveries.WithLabelValues(s.result).Inc()
-		}
 		ls.finish(s.seq, s.to, s.owed, s.next)
+	}
+}
+
+// report logs and counts the outcome of one attempt.
+func (n *Notifier) report(s settled) {
+	log := n.log.With("event", s.id, "subject", s.subject, "to", shown(s.to))
+	switch s.result {
+	case metrics.DeliveryOK:
+		log.Debug("notification delivered", "attempts", s.attempts)
+	case metrics.DeliveryFailed:
+		log.Warn("notification not delivered; retrying", "attempts", s.attempts, "next", s.next, "err", s.err)
+	case metrics.DeliveryGaveUp:
+		log.Error("giving up on a notification", "attempts", s.attempts, "since", s.created, "err", s.err)
+	default:
+		if s.local != nil {
+			log.Error("notification not attempted; retrying", "err", s.local)
+		}
+	}
+	if s.result != "" {
+		n.m.NotificationDeliveries.WithLabelValues(s.result).Inc()
 	}
 }
 
