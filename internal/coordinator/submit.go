@@ -162,7 +162,7 @@ func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest)
 	if err := checkPool(jobPool(j), live); err != nil {
 		return nil, 0, err
 	}
-	if j.Notify, err = c.checkNotify(req.Notify); err != nil {
+	if j.Notify, err = c.checkNotify(ctx, req.Notify); err != nil {
 		return nil, 0, err
 	}
 	j.NotifyFrames = req.NotifyFrames

@@ -114,7 +114,9 @@ func TestNotificationsSurviveCoordinatorKills(t *testing.T) {
 	r := newHookReceiver(t)
 	f := newFarm(t, t.TempDir())
 	f.Env = append(f.Env, notify.EnvSecret+"="+notifySecret)
-	f.ServeArgs = []string{"--workers", "1", "--notify", r.URL + "/farm"}
+	// The job's receiver is the test's own, on loopback, which a job's receivers may not reach
+	// by default; the farm-wide one is the operator's and may.
+	f.ServeArgs = []string{"--workers", "1", "--notify", r.URL + "/farm", "--notify-allow", "127.0.0.0/8"}
 	f.restart("--fault-crash", "notify-before-deliver")
 
 	st1, res := f.submit(append([]string{scene, "--frames", "1-2", "--notify", r.URL + "/job?token=kept-secret", "--notify-frames"}, small...)...)
@@ -137,6 +139,12 @@ func TestNotificationsSurviveCoordinatorKills(t *testing.T) {
 	}
 	if strings.Contains(f.Coord.Log(), "kept-secret") {
 		t.Fatal("the coordinator logged a receiver URL's query")
+	}
+	// Loopback is allowed on this farm, the cloud metadata address is not: submit says so
+	// (HTTP 400, exit 1) and how to allow it, without the URL's credentials.
+	if _, res := f.submit(append([]string{scene, "--frames", "1", "--notify", "http://ops:hunter2@169.254.169.254/latest/meta-data"}, small...)...); res.code != 1 ||
+		!strings.Contains(res.stderr, "169.254.169.254/32 (cloud metadata)") || !strings.Contains(res.stderr, "--notify-allow") || strings.Contains(res.stderr, "hunter2") {
+		t.Fatalf("submit with a receiver on the metadata address: %s", res)
 	}
 
 	// The second kill: the receiver holds the first delivery of the next job's completion

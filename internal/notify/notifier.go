@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -58,6 +59,9 @@ type Config struct {
 	GiveUpAfter time.Duration
 	// Timeout bounds one attempt (a POST, a publish); default DefaultTimeout.
 	Timeout time.Duration
+	// Allow are ranges a job's own receivers may reach though they are refused by default
+	// (serve --notify-allow; CheckAddr): at submission (CheckReach) and at every dial.
+	Allow []netip.Prefix
 }
 
 func (c *Config) normalize() {
@@ -90,7 +94,8 @@ type Notifier struct {
 	m      *metrics.Coordinator
 	faults *faults.Injector
 	log    *slog.Logger
-	client *http.Client
+	farm   *http.Client // to the farm-wide receivers: the operator's own, reaching anything
+	jobs   *http.Client // to a job's own receivers: every address dialled checked (CheckAddr)
 	kick   chan struct{}
 	now    func() time.Time
 	jitter func() float64
@@ -106,12 +111,8 @@ func New(cfg Config, d Deps) *Notifier {
 	}
 	return &Notifier{
 		cfg: cfg, db: d.DB, nc: d.NATS, m: d.Metrics, faults: d.Faults, log: log,
-		client: &http.Client{
-			Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, MaxIdleConnsPerHost: 4, IdleConnTimeout: time.Minute},
-			// A redirect is an answer that is not 2xx: following one would post the event
-			// (and its signature) somewhere the operator did not name.
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		},
+		farm:   receiverClient(false, nil, http.ProxyFromEnvironment),
+		jobs:   receiverClient(true, cfg.Allow, http.ProxyFromEnvironment),
 		kick:   make(chan struct{}, 1),
 		now:    func() time.Time { return time.Now().UTC() },
 		jitter: queue.CryptoJitter,
@@ -279,20 +280,21 @@ type settled struct {
 	created  time.Time
 	attempts int
 	result   string // a metrics.Delivery* label; "" for an attempt not counted
+	refused  bool   // dropped because the receiver's address is refused (CheckAddr)
 	owed     bool
 	next     time.Time
 }
 
 // settle writes the outcomes of a batch of attempts, in one transaction however many
-// notifications they are of: a delivery that succeeded, or that failed past the give-up time,
-// is removed from its record (the record deleted with its last one); one that failed is kept
-// with its attempts and next try after queue.Backoff. Each
-// attempt is logged and counted as it is written, before the commit, so a reader that sees a
-// record gone sees its deliveries counted; after the commit the deliveries are taken out of
-// (or put back in) their lanes. A write that fails leaves the records as they were and the
-// deliveries due again in a second: attempted again, at least once, and counted again, as
-// attempts are. While stopping nothing is written: what was attempted is attempted again at
-// the next start.
+// notifications they are of: a delivery that succeeded, or whose receiver is refused, or that
+// failed past the give-up time, is removed from its record (the record deleted with its last
+// one); one that failed is kept with its attempts and next try after queue.Backoff. Each
+// attempt is logged and counted as it is written, before the commit, so a reader that sees
+// a record gone sees its deliveries counted; after the commit the deliveries are taken out
+// of (or put back in) their lanes. A write that fails leaves the records as they were and
+// the deliveries due again in a second: attempted again, at least once, and counted again,
+// as attempts are. While stopping nothing is written: what was attempted is attempted again
+// at the next start.
 func (n *Notifier) settle(ctx context.Context, ls *lanes, batch []attempted) {
 	if ctx.Err() != nil {
 		return
@@ -352,6 +354,10 @@ func (n *Notifier) report(s settled) {
 	case metrics.DeliveryFailed:
 		log.Warn("notification not delivered; retrying", "attempts", s.attempts, "next", s.next, "err", s.err)
 	case metrics.DeliveryGaveUp:
+		if s.refused {
+			log.Error("giving up on a notification: its receiver's address is refused", "attempts", s.attempts, "err", s.err)
+			break
+		}
 		log.Error("giving up on a notification", "attempts", s.attempts, "since", s.created, "err", s.err)
 	default:
 		if s.local != nil {
@@ -388,6 +394,12 @@ func (n *Notifier) outcome(rec *coorddb.Notification, a attempted, now time.Time
 	s.attempts = t.Attempts + 1
 	if a.err == nil {
 		return drop(metrics.DeliveryOK)
+	}
+	// A receiver whose address is refused is refused at every retry: the policy is the
+	// process's, so the delivery is dropped at once (counted as given up, which alerts).
+	if errors.As(a.err, new(*RefusedError)) {
+		s.refused = true
+		return drop(metrics.DeliveryGaveUp)
 	}
 	deadline := rec.Created.Add(n.cfg.GiveUpAfter)
 	if !now.Before(deadline) {
@@ -525,7 +537,11 @@ func (n *Notifier) attempt(ctx context.Context, js jetstream.JetStream, rec coor
 	req.Header.Set(SignatureHeader, Sign(n.cfg.Secret, ts, rec.Body))
 	req.Header.Set(EventHeader, eventType(rec.Subject))
 	req.Header.Set(IDHeader, rec.ID)
-	resp, err := n.client.Do(req)
+	client := n.jobs
+	if slices.Contains(n.cfg.URLs, to) {
+		client = n.farm // a job naming a farm-wide receiver gets nothing the farm does not
+	}
+	resp, err := client.Do(req)
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

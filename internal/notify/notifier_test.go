@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -27,6 +28,10 @@ import (
 )
 
 var testSecret = []byte("a notification secret for tests")
+
+// loopback is the --notify-allow of a notifier whose job receivers are the test's own
+// servers, on loopback, which a job's receivers may not reach by default.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 
 // receiver is a webhook receiver: it checks each delivery's signature and headers, answers 503
 // to the first failFirst attempts and 200 after, and keeps what it accepted.
@@ -205,7 +210,7 @@ func TestNotifierDeliversEachEventOnceSignedAndPublishes(t *testing.T) {
 	job, farm := newReceiver(t, 0), newReceiver(t, 0)
 	evs := events("ev_a", "ev_b", "ev_c")
 	e.record([]string{job.URL}, evs...)
-	_, stop := e.run(Config{URLs: []string{farm.URL}, Secret: testSecret}, 10*time.Millisecond)
+	_, stop := e.run(Config{URLs: []string{farm.URL}, Secret: testSecret, Allow: loopback}, 10*time.Millisecond)
 	defer stop()
 	waitFor(t, 10*time.Second, "every notification delivered", func() bool { return len(e.pending()) == 0 })
 	for name, r := range map[string]*receiver{"job's": job, "farm-wide": farm} {
@@ -248,7 +253,7 @@ func TestNotifierRetriesAFailedDeliveryWithBackoff(t *testing.T) {
 	e := newEnv(t)
 	r := newReceiver(t, 2)
 	e.record([]string{r.URL}, events("ev_retried")...)
-	_, stop := e.run(Config{Secret: testSecret}, 50*time.Millisecond)
+	_, stop := e.run(Config{Secret: testSecret, Allow: loopback}, 50*time.Millisecond)
 	defer stop()
 	var sawFailure bool
 	waitFor(t, 10*time.Second, "the notification delivered", func() bool {
@@ -281,7 +286,7 @@ func TestNotifierGivesUpAfterTheDeadline(t *testing.T) {
 	url := strings.Replace(r.URL, "http://", "http://alice:hunter2@", 1) + "/hook?token=topsecret"
 	e.record([]string{url}, events("ev_doomed")...)
 	start := time.Now()
-	_, stop := e.run(Config{Secret: testSecret, GiveUpAfter: 400 * time.Millisecond}, 50*time.Millisecond)
+	_, stop := e.run(Config{Secret: testSecret, Allow: loopback, GiveUpAfter: 400 * time.Millisecond}, 50*time.Millisecond)
 	waitFor(t, 10*time.Second, "the notification given up", func() bool { return len(e.pending()) == 0 })
 	stop()
 	if took := time.Since(start); took < 350*time.Millisecond {
@@ -312,7 +317,7 @@ func TestNotifierKeepsWhatIsOwedAcrossARestart(t *testing.T) {
 	e := newEnv(t)
 	r := newReceiver(t, 1)
 	e.record([]string{r.URL}, events("ev_kept")...)
-	_, stop := e.run(Config{Secret: testSecret}, time.Hour) // the retry would come in an hour
+	_, stop := e.run(Config{Secret: testSecret, Allow: loopback}, time.Hour) // the retry would come in an hour
 	waitFor(t, 10*time.Second, "a first attempt", func() bool { a, _, _ := r.state(); return a == 1 })
 	waitFor(t, 10*time.Second, "the failed attempt recorded", func() bool {
 		p := e.pending()
@@ -332,7 +337,7 @@ func TestNotifierKeepsWhatIsOwedAcrossARestart(t *testing.T) {
 	if err := e.db.PutNotification(e.ctx, p[0]); err != nil {
 		t.Fatal(err)
 	}
-	_, stop = e.run(Config{Secret: testSecret}, time.Hour)
+	_, stop = e.run(Config{Secret: testSecret, Allow: loopback}, time.Hour)
 	defer stop()
 	waitFor(t, 10*time.Second, "the notification delivered after the restart", func() bool { return len(e.pending()) == 0 })
 	attempts, got, bad := r.state()
@@ -391,7 +396,7 @@ func TestNotifierSignsEachAttemptAtItsOwnTime(t *testing.T) {
 	evs := events("ev_stamped")
 	evs[0].Time = start
 	e.record([]string{srv.URL}, evs...)
-	n, stop := e.run(Config{Secret: testSecret}, 10*time.Millisecond, func(n *Notifier) { n.now = now })
+	n, stop := e.run(Config{Secret: testSecret, Allow: loopback}, 10*time.Millisecond, func(n *Notifier) { n.now = now })
 	defer stop()
 	waitFor(t, 10*time.Second, "the failed first attempt recorded", func() bool {
 		p := e.pending()
@@ -458,7 +463,7 @@ func TestNotifierAHangingReceiverDelaysNoOther(t *testing.T) {
 		ids = append(ids, fmt.Sprintf("ev_%02d", i))
 	}
 	e.record([]string{fast.URL}, events(ids...)...)
-	_, stop := e.run(Config{URLs: []string{hung.URL}, Secret: testSecret, Timeout: time.Minute}, 10*time.Millisecond)
+	_, stop := e.run(Config{URLs: []string{hung.URL}, Secret: testSecret, Allow: loopback, Timeout: time.Minute}, 10*time.Millisecond)
 	defer stop()
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		_, got, _ := fast.state()
