@@ -129,9 +129,12 @@ are this process's client certificate and the servers' CA.
 
 Notifications: when a job completes, fails or is cancelled, its event is published on the NATS
 subject notify.<type>.<job_id> (stream NOTIFY) and posted as JSON to every --notify URL and the
-job's own (submit --notify), signed with the secret of --notify-secret-file or
-TILEFARM_NOTIFY_SECRET in X-Tilefarm-Signature: sha256=<hex HMAC-SHA256 of the body>. Each is
-retried with backoff until --notify-give-up-after, and survives a restart.`)
+job's own (submit --notify), stamped with X-Tilefarm-Timestamp (unix seconds of the attempt)
+and signed with the secret of --notify-secret-file or TILEFARM_NOTIFY_SECRET in
+X-Tilefarm-Signature: sha256=<hex HMAC-SHA256 of "<timestamp>.<body>">. Each is retried with
+backoff until --notify-give-up-after, and survives a restart. A job's own receivers may not
+reach loopback, link-local (cloud metadata included) or unspecified addresses unless
+--notify-allow names their range; the --notify URLs may reach any.`)
 	fs := c.Flags()
 	data := fs.String("data", ".tilefarm", "directory for the coordinator database (and embedded JetStream, store)")
 	nf := natsFlags(fs, "")

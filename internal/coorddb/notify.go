@@ -125,26 +125,39 @@ func (s *DB) Notifications(ctx context.Context, after uint64, limit int) ([]Noti
 // Notification returns the notification of sequence seq; ok is false once it is gone.
 func (s *DB) Notification(ctx context.Context, seq uint64) (n Notification, ok bool, err error) {
 	err = s.View(ctx, func(tx *Tx) error {
-		raw := tx.tx.Bucket(bucketNotify).Get([]byte(seqKey(seq)))
-		if raw == nil {
-			return nil
-		}
-		ok = true
-		n.Seq = seq
-		return json.Unmarshal(raw, &n)
+		n, ok, err = tx.Notification(seq)
+		return err
 	})
 	return n, ok, err
+}
+
+// Notification returns the notification of sequence seq in the caller's transaction; ok is
+// false once it is gone.
+func (tx *Tx) Notification(seq uint64) (n Notification, ok bool, err error) {
+	raw := tx.tx.Bucket(bucketNotify).Get([]byte(seqKey(seq)))
+	if raw == nil {
+		return n, false, nil
+	}
+	if err := json.Unmarshal(raw, &n); err != nil {
+		return n, false, fmt.Errorf("decoding notification %d: %w", seq, err)
+	}
+	n.Seq = seq
+	return n, true, nil
 }
 
 // PutNotification writes back a notification the notifier worked on, or deletes it once it has
 // no target left.
 func (s *DB) PutNotification(ctx context.Context, n Notification) error {
-	return s.Update(ctx, func(tx *Tx) error {
-		if n.Expanded && len(n.Targets) == 0 {
-			return tx.tx.Bucket(bucketNotify).Delete([]byte(seqKey(n.Seq)))
-		}
-		return put(tx, bucketNotify, seqKey(n.Seq), n)
-	})
+	return s.Update(ctx, func(tx *Tx) error { return tx.PutNotification(n) })
+}
+
+// PutNotification is DB.PutNotification in the caller's transaction: the notifier writes the
+// outcomes of many attempts, of many notifications, in one.
+func (tx *Tx) PutNotification(n Notification) error {
+	if n.Expanded && len(n.Targets) == 0 {
+		return tx.tx.Bucket(bucketNotify).Delete([]byte(seqKey(n.Seq)))
+	}
+	return put(tx, bucketNotify, seqKey(n.Seq), n)
 }
 
 // NotificationsLen counts the notifications not yet delivered.

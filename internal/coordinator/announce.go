@@ -1,9 +1,11 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
@@ -249,8 +251,11 @@ func (p *projection) peek(fk string) (*coorddb.Frame, error) {
 
 // checkNotify checks a submission's receivers (each an http or https URL, at most
 // notify.MaxURLs) and returns them without repeats. A farm with no secret to sign with takes
-// none: its deliveries could only fail.
-func (c *Coordinator) checkNotify(urls []string) ([]string, error) {
+// none: its deliveries could only fail. A receiver whose host is, or resolves to, an address a
+// job's receivers may not reach (loopback, link-local, cloud metadata, unspecified, unless
+// serve --notify-allow allows it: notify.CheckReach) is bad input, so a submitter learns at
+// once; the notifier checks every address it dials as well.
+func (c *Coordinator) checkNotify(ctx context.Context, urls []string) ([]string, error) {
 	if len(urls) == 0 {
 		return nil, nil
 	}
@@ -266,5 +271,16 @@ func (c *Coordinator) checkNotify(urls []string) ([]string, error) {
 			out = append(out, u)
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, checkReachTimeout)
+	defer cancel()
+	for _, u := range out {
+		if err := notify.CheckReach(ctx, u, c.cfg.Notify.Allow); err != nil {
+			return nil, badInput("%v", err)
+		}
+	}
 	return out, nil
 }
+
+// checkReachTimeout bounds resolving a submission's receivers: a name not resolved in time is
+// accepted and checked at each dial instead.
+const checkReachTimeout = 5 * time.Second

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -244,16 +245,61 @@ func TestSubmitChecksReceivers(t *testing.T) {
 	}
 }
 
+// A job's receivers may not reach loopback, link-local, cloud metadata or unspecified
+// addresses, named literally or by a name resolving there ("localhost"): bad input (HTTP 400),
+// saying the range and that serve --notify-allow allows it, without the URL's credentials.
+// Other addresses, private ones too, are taken; with --notify-allow 127.0.0.0/8 loopback is,
+// and the metadata address still is not.
+func TestSubmitRefusesReceiversOnAddressesTheFarmDoesNotAllow(t *testing.T) {
+	h := notifyHarness(t)
+	for url, says := range map[string]string{
+		"http://127.0.0.1:9000/hook":                                 "127.0.0.0/8 (loopback)",
+		"http://ops:hunter2@169.254.169.254/latest/meta-data?t=p4ss": "169.254.169.254/32 (cloud metadata)",
+		"http://[fd00:ec2::254]/latest":                              "fd00:ec2::254/128 (cloud metadata)",
+		"http://[::1]:8080/x":                                        "::1/128 (loopback)",
+		"http://[::ffff:127.0.0.1]/x":                                "127.0.0.0/8 (loopback)",
+		"http://localhost:8080/x":                                    "localhost resolves to 127.0.0.1",
+		"http://0.0.0.0:8080/x":                                      "0.0.0.0/32 (unspecified)",
+		"http://[fe80::1%25eth0]/x":                                  "fe80::/10 (link-local)",
+		"http://169.254.10.1/x":                                      "169.254.0.0/16 (link-local)",
+	} {
+		req := h.request(1, 1, 32, 32, 32)
+		req.Notify = []string{"https://hooks.example.com/fine", url}
+		_, err := h.c.Submit(h.ctx, req)
+		if !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), says) || !strings.Contains(err.Error(), "serve --notify-allow") ||
+			strings.Contains(err.Error(), "hunter2") || strings.Contains(err.Error(), "p4ss") {
+			t.Errorf("receiver %s: %v; want bad input saying %q and --notify-allow, without credentials", url, err, says)
+		}
+	}
+	req := h.request(1, 1, 32, 32, 32)
+	req.Notify = []string{"http://10.0.0.5/hook", "http://192.168.1.20:8080/hook", "http://[2001:db8::1]/hook"}
+	if _, err := h.c.Submit(h.ctx, req); err != nil {
+		t.Fatalf("private and public addresses: %v", err)
+	}
+
+	allowed := newHarness(t, Config{Notify: notify.Config{Secret: testNotifySecret, Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
+	req = allowed.request(1, 1, 32, 32, 32)
+	req.Notify = []string{"http://127.0.0.1:9000/hook", "http://localhost:9000/hook"}
+	if _, err := allowed.c.Submit(allowed.ctx, req); err != nil {
+		t.Fatalf("loopback with --notify-allow 127.0.0.0/8: %v", err)
+	}
+	req = allowed.request(2, 2, 32, 32, 32)
+	req.Notify = []string{"http://169.254.169.254/latest"}
+	if _, err := allowed.c.Submit(allowed.ctx, req); !errors.Is(err, api.ErrBadInput) {
+		t.Fatalf("the metadata address with only loopback allowed: %v", err)
+	}
+}
+
 // The coordinator's notifier delivers what it announces: the receiver gets the completion once,
 // signed, and a subscriber on the NATS subject sees it.
 func TestCoordinatorDeliversItsAnnouncements(t *testing.T) {
-	h := notifyHarness(t)
+	h := newHarness(t, Config{Notify: notify.Config{Secret: testNotifySecret, Allow: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}})
 	var mu sync.Mutex
 	var got []notify.Event
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
 		var ev notify.Event
-		if !notify.Verify(testNotifySecret, body, r.Header.Get(notify.SignatureHeader)) || json.Unmarshal(body, &ev) != nil {
+		if notify.Verify(testNotifySecret, body, r.Header.Get(notify.TimestampHeader), r.Header.Get(notify.SignatureHeader), time.Now(), 0) != nil || json.Unmarshal(body, &ev) != nil {
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}

@@ -282,8 +282,8 @@ func checkJobPool(_ *Coordinator, _ context.Context, pl *plan) error {
 }
 
 // resolveNotify takes the job's own webhook receivers (checkNotify).
-func resolveNotify(c *Coordinator, _ context.Context, pl *plan) error {
-	urls, err := c.checkNotify(pl.req.Notify)
+func resolveNotify(c *Coordinator, ctx context.Context, pl *plan) error {
+	urls, err := c.checkNotify(ctx, pl.req.Notify)
 	if err != nil {
 		return err
 	}

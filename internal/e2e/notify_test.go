@@ -22,8 +22,9 @@ import (
 const notifySecret = "the e2e farm's notification secret"
 
 // hookReceiver is a webhook receiver of the test's own: it verifies every delivery's signature
-// and keeps, per path, the events it accepted (answered 200). hold, when it returns true for a
-// delivery, holds that one until release is closed and then refuses it (503).
+// and timestamp as docs/operations.md tells receivers to (notify.Verify) and keeps, per path,
+// the events it accepted (answered 200). hold, when it returns true for a delivery, holds that
+// one until release is closed and then refuses it (503).
 type hookReceiver struct {
 	*httptest.Server
 	hold    func(path string, ev notify.Event) bool
@@ -41,7 +42,8 @@ func newHookReceiver(t *testing.T) *hookReceiver {
 	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
 		var ev notify.Event
-		valid := notify.Verify([]byte(notifySecret), body, req.Header.Get(notify.SignatureHeader)) && json.Unmarshal(body, &ev) == nil
+		valid := notify.Verify([]byte(notifySecret), body, req.Header.Get(notify.TimestampHeader), req.Header.Get(notify.SignatureHeader), time.Now(), notify.DefaultTolerance) == nil &&
+			json.Unmarshal(body, &ev) == nil
 		r.mu.Lock()
 		r.attempts++
 		hold := valid && r.hold != nil && r.hold(req.URL.Path, ev)
@@ -58,7 +60,7 @@ func newHookReceiver(t *testing.T) *hookReceiver {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		if !valid {
-			r.bad = append(r.bad, fmt.Sprintf("%s %s: %s", req.URL.Path, req.Header.Get(notify.SignatureHeader), body))
+			r.bad = append(r.bad, fmt.Sprintf("%s %s %s: %s", req.URL.Path, req.Header.Get(notify.TimestampHeader), req.Header.Get(notify.SignatureHeader), body))
 			w.WriteHeader(http.StatusUnauthorized)
 			return
 		}
@@ -112,7 +114,9 @@ func TestNotificationsSurviveCoordinatorKills(t *testing.T) {
 	r := newHookReceiver(t)
 	f := newFarm(t, t.TempDir())
 	f.Env = append(f.Env, notify.EnvSecret+"="+notifySecret)
-	f.ServeArgs = []string{"--workers", "1", "--notify", r.URL + "/farm"}
+	// The job's receiver is the test's own, on loopback, which a job's receivers may not reach
+	// by default; the farm-wide one is the operator's and may.
+	f.ServeArgs = []string{"--workers", "1", "--notify", r.URL + "/farm", "--notify-allow", "127.0.0.0/8"}
 	f.restart("--fault-crash", "notify-before-deliver")
 
 	st1, res := f.submit(append([]string{scene, "--frames", "1-2", "--notify", r.URL + "/job?token=kept-secret", "--notify-frames"}, small...)...)
@@ -135,6 +139,12 @@ func TestNotificationsSurviveCoordinatorKills(t *testing.T) {
 	}
 	if strings.Contains(f.Coord.Log(), "kept-secret") {
 		t.Fatal("the coordinator logged a receiver URL's query")
+	}
+	// Loopback is allowed on this farm, the cloud metadata address is not: submit says so
+	// (HTTP 400, exit 1) and how to allow it, without the URL's credentials.
+	if _, res := f.submit(append([]string{scene, "--frames", "1", "--notify", "http://ops:hunter2@169.254.169.254/latest/meta-data"}, small...)...); res.code != 1 ||
+		!strings.Contains(res.stderr, "169.254.169.254/32 (cloud metadata)") || !strings.Contains(res.stderr, "--notify-allow") || strings.Contains(res.stderr, "hunter2") {
+		t.Fatalf("submit with a receiver on the metadata address: %s", res)
 	}
 
 	// The second kill: the receiver holds the first delivery of the next job's completion

@@ -45,7 +45,7 @@ const (
 const (
 	DeliveryOK     = "ok"      // a receiver answered 2xx, or the NATS publish was acknowledged
 	DeliveryFailed = "failed"  // an attempt failed; it is retried with backoff
-	DeliveryGaveUp = "gave_up" // an attempt failed past the give-up time: the delivery is dropped
+	DeliveryGaveUp = "gave_up" // an attempt failed past the give-up time, or a job's receiver's address is refused: the delivery is dropped
 )
 
 // Retry kinds, the label values of tilefarm_retries_total.

@@ -3,11 +3,14 @@ package notify
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +28,10 @@ import (
 )
 
 var testSecret = []byte("a notification secret for tests")
+
+// loopback is the --notify-allow of a notifier whose job receivers are the test's own
+// servers, on loopback, which a job's receivers may not reach by default.
+var loopback = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}
 
 // receiver is a webhook receiver: it checks each delivery's signature and headers, answers 503
 // to the first failFirst attempts and 200 after, and keeps what it accepted.
@@ -49,8 +56,8 @@ func newReceiver(t *testing.T, failFirst int) *receiver {
 		switch {
 		case req.Method != http.MethodPost || req.Header.Get("Content-Type") != "application/json":
 			r.bad = append(r.bad, req.Method+" "+req.Header.Get("Content-Type"))
-		case !Verify(testSecret, body, req.Header.Get(SignatureHeader)):
-			r.bad = append(r.bad, "signature "+req.Header.Get(SignatureHeader))
+		case Verify(testSecret, body, req.Header.Get(TimestampHeader), req.Header.Get(SignatureHeader), time.Now(), 0) != nil:
+			r.bad = append(r.bad, "signature "+req.Header.Get(TimestampHeader)+" "+req.Header.Get(SignatureHeader))
 		case json.Unmarshal(body, &ev) != nil || ev.ID != req.Header.Get(IDHeader) || ev.Type != req.Header.Get(EventHeader):
 			r.bad = append(r.bad, "body "+string(body))
 		}
@@ -123,10 +130,14 @@ func (e *env) record(urls []string, evs ...Event) {
 	}
 }
 
-// run runs a notifier of cfg, its first retry after base, until the returned stop is called.
-func (e *env) run(cfg Config, base time.Duration) (n *Notifier, stop func()) {
+// run runs a notifier of cfg, its first retry after base, until the returned stop is called;
+// setup, if any, changes the notifier before it runs (its clock).
+func (e *env) run(cfg Config, base time.Duration, setup ...func(*Notifier)) (n *Notifier, stop func()) {
 	n = New(cfg, Deps{DB: e.db, NATS: e.nc, Metrics: e.m, Log: slog.New(slog.NewTextHandler(&e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	n.base = base
+	for _, f := range setup {
+		f(n)
+	}
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan struct{})
 	go func() {
@@ -199,7 +210,7 @@ func TestNotifierDeliversEachEventOnceSignedAndPublishes(t *testing.T) {
 	job, farm := newReceiver(t, 0), newReceiver(t, 0)
 	evs := events("ev_a", "ev_b", "ev_c")
 	e.record([]string{job.URL}, evs...)
-	_, stop := e.run(Config{URLs: []string{farm.URL}, Secret: testSecret}, 10*time.Millisecond)
+	_, stop := e.run(Config{URLs: []string{farm.URL}, Secret: testSecret, Allow: loopback}, 10*time.Millisecond)
 	defer stop()
 	waitFor(t, 10*time.Second, "every notification delivered", func() bool { return len(e.pending()) == 0 })
 	for name, r := range map[string]*receiver{"job's": job, "farm-wide": farm} {
@@ -242,7 +253,7 @@ func TestNotifierRetriesAFailedDeliveryWithBackoff(t *testing.T) {
 	e := newEnv(t)
 	r := newReceiver(t, 2)
 	e.record([]string{r.URL}, events("ev_retried")...)
-	_, stop := e.run(Config{Secret: testSecret}, 50*time.Millisecond)
+	_, stop := e.run(Config{Secret: testSecret, Allow: loopback}, 50*time.Millisecond)
 	defer stop()
 	var sawFailure bool
 	waitFor(t, 10*time.Second, "the notification delivered", func() bool {
@@ -275,7 +286,7 @@ func TestNotifierGivesUpAfterTheDeadline(t *testing.T) {
 	url := strings.Replace(r.URL, "http://", "http://alice:hunter2@", 1) + "/hook?token=topsecret"
 	e.record([]string{url}, events("ev_doomed")...)
 	start := time.Now()
-	_, stop := e.run(Config{Secret: testSecret, GiveUpAfter: 400 * time.Millisecond}, 50*time.Millisecond)
+	_, stop := e.run(Config{Secret: testSecret, Allow: loopback, GiveUpAfter: 400 * time.Millisecond}, 50*time.Millisecond)
 	waitFor(t, 10*time.Second, "the notification given up", func() bool { return len(e.pending()) == 0 })
 	stop()
 	if took := time.Since(start); took < 350*time.Millisecond {
@@ -306,7 +317,7 @@ func TestNotifierKeepsWhatIsOwedAcrossARestart(t *testing.T) {
 	e := newEnv(t)
 	r := newReceiver(t, 1)
 	e.record([]string{r.URL}, events("ev_kept")...)
-	_, stop := e.run(Config{Secret: testSecret}, time.Hour) // the retry would come in an hour
+	_, stop := e.run(Config{Secret: testSecret, Allow: loopback}, time.Hour) // the retry would come in an hour
 	waitFor(t, 10*time.Second, "a first attempt", func() bool { a, _, _ := r.state(); return a == 1 })
 	waitFor(t, 10*time.Second, "the failed attempt recorded", func() bool {
 		p := e.pending()
@@ -326,7 +337,7 @@ func TestNotifierKeepsWhatIsOwedAcrossARestart(t *testing.T) {
 	if err := e.db.PutNotification(e.ctx, p[0]); err != nil {
 		t.Fatal(err)
 	}
-	_, stop = e.run(Config{Secret: testSecret}, time.Hour)
+	_, stop = e.run(Config{Secret: testSecret, Allow: loopback}, time.Hour)
 	defer stop()
 	waitFor(t, 10*time.Second, "the notification delivered after the restart", func() bool { return len(e.pending()) == 0 })
 	attempts, got, bad := r.state()
@@ -356,4 +367,145 @@ func TestNotifierPostsNothingWithoutASecret(t *testing.T) {
 	if len(e.published()) != 1 {
 		t.Fatal("the event was not published on NATS")
 	}
+}
+
+// Each attempt is signed at its own time: the retry of a delivery three hours after its first
+// attempt carries that later timestamp, signed with the body, so a receiver that refuses
+// stale timestamps (Verify) takes it, and would refuse the first attempt replayed then.
+func TestNotifierSignsEachAttemptAtItsOwnTime(t *testing.T) {
+	e := newEnv(t)
+	start := time.Date(2030, 5, 4, 12, 0, 0, 0, time.UTC)
+	var clockMu sync.Mutex
+	clock := start
+	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
+	var mu sync.Mutex
+	var stamps []string
+	var verdicts []error
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		ts := req.Header.Get(TimestampHeader)
+		err := Verify(testSecret, body, ts, req.Header.Get(SignatureHeader), now(), 0)
+		mu.Lock()
+		defer mu.Unlock()
+		stamps, verdicts = append(stamps, ts), append(verdicts, err)
+		if len(stamps) == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	evs := events("ev_stamped")
+	evs[0].Time = start
+	e.record([]string{srv.URL}, evs...)
+	n, stop := e.run(Config{Secret: testSecret, Allow: loopback}, 10*time.Millisecond, func(n *Notifier) { n.now = now })
+	defer stop()
+	waitFor(t, 10*time.Second, "the failed first attempt recorded", func() bool {
+		p := e.pending()
+		return len(p) == 1 && len(p[0].Targets) == 1 && p[0].Targets[0].Attempts == 1
+	})
+	clockMu.Lock()
+	clock = start.Add(3 * time.Hour)
+	clockMu.Unlock()
+	n.Kick()
+	waitFor(t, 10*time.Second, "the retry delivered", func() bool { return len(e.pending()) == 0 })
+	mu.Lock()
+	defer mu.Unlock()
+	want := []string{Timestamp(start), Timestamp(start.Add(3 * time.Hour))}
+	if !slices.Equal(stamps, want) || verdicts[0] != nil || verdicts[1] != nil {
+		t.Fatalf("attempts stamped %q, verified %v; want %q, each valid when it arrived", stamps, verdicts, want)
+	}
+}
+
+// hangingReceiver holds every request until the test ends, counting those open and those
+// that returned.
+type hangingReceiver struct {
+	*httptest.Server
+	mu             sync.Mutex
+	open, returned int
+}
+
+func newHangingReceiver(t *testing.T) *hangingReceiver {
+	h := &hangingReceiver{}
+	release := make(chan struct{})
+	h.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		h.mu.Lock()
+		h.open++
+		h.mu.Unlock()
+		select {
+		case <-release:
+		case <-req.Context().Done():
+		}
+		h.mu.Lock()
+		h.open--
+		h.returned++
+		h.mu.Unlock()
+	}))
+	t.Cleanup(h.Close)
+	t.Cleanup(func() { close(release) }) // before Close, which waits for the requests
+	return h
+}
+
+func (h *hangingReceiver) state() (open, returned int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.open, h.returned
+}
+
+// One receiver that hangs delays no other (docs/operations.md, "Notifications": each receiver
+// is retried on its own): while the farm-wide receiver holds every request it gets, with a
+// timeout of a minute so that nothing is freed by one, the job's receiver and the NOTIFY
+// stream get all 48 events. The hanging receiver's lane holds at most its bound of requests,
+// and none of them has returned when the last event reached the fast receiver.
+func TestNotifierAHangingReceiverDelaysNoOther(t *testing.T) {
+	e := newEnv(t)
+	hung, fast := newHangingReceiver(t), newReceiver(t, 0)
+	var ids []string
+	for i := range 48 {
+		ids = append(ids, fmt.Sprintf("ev_%02d", i))
+	}
+	e.record([]string{fast.URL}, events(ids...)...)
+	_, stop := e.run(Config{URLs: []string{hung.URL}, Secret: testSecret, Allow: loopback, Timeout: time.Minute}, 10*time.Millisecond)
+	defer stop()
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		_, got, _ := fast.state()
+		if len(got) == len(ids) {
+			break
+		}
+		if time.Now().After(deadline) {
+			open, returned := hung.state()
+			t.Fatalf("the fast receiver got %d of %d events while the hanging one held %d requests (%d returned)", len(got), len(ids), open, returned)
+		}
+	}
+	open, returned := hung.state()
+	if returned != 0 || open == 0 {
+		t.Fatalf("the hanging receiver has %d requests open and %d returned; want some open and none returned", open, returned)
+	}
+	if open > laneInFlight {
+		t.Fatalf("the hanging receiver holds %d requests, more than a lane's bound of %d", open, laneInFlight)
+	}
+	_, got, bad := fast.state()
+	seen := map[string]bool{}
+	for _, ev := range got {
+		seen[ev.ID] = true
+	}
+	if len(seen) != len(ids) || len(bad) > 0 {
+		t.Fatalf("the fast receiver got %d distinct events of %d (wrong: %v)", len(seen), len(ids), bad)
+	}
+	waitFor(t, 20*time.Second, "every event published", func() bool { return len(e.published()) == len(ids) })
+	// What was delivered is written soon after it was: then each record owes the hanging
+	// receiver alone.
+	waitFor(t, 20*time.Second, "the deliveries recorded", func() bool {
+		p := e.pending()
+		for _, r := range p {
+			if !r.Expanded || len(r.Targets) != 1 || r.Targets[0].To != hung.URL || r.Targets[0].Attempts != 0 {
+				return false
+			}
+		}
+		return len(p) == len(ids)
+	})
+	if open, returned := hung.state(); returned != 0 {
+		t.Fatalf("%d requests of the hanging receiver returned (%d open): a timeout or a retry intervened", returned, open)
+	}
+	waitFor(t, 10*time.Second, "tilefarm_notifications_pending at 48", func() bool {
+		return testutil.ToFloat64(e.m.NotificationsPending) == float64(len(ids))
+	})
 }

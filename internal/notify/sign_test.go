@@ -1,6 +1,10 @@
 package notify
 
 import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -8,32 +12,73 @@ import (
 	"time"
 )
 
-// The signature is the documented one: "sha256=" and the hex HMAC-SHA256 of the body under the
-// secret, as any receiver computes it (the vector is Python's hmac module's); Verify accepts it
-// and nothing else.
-func TestSignatureIsHMACSHA256OfTheBody(t *testing.T) {
+// The signature is the documented one: "sha256=" and the hex HMAC-SHA256 of
+// "<timestamp>.<body>" under the secret, as any receiver computes it (the vector is Python's
+// hmac module's and openssl's); Verify accepts it within its tolerance and nothing else.
+func TestSignatureIsHMACSHA256OfTimestampAndBody(t *testing.T) {
 	secret := []byte("it is a secret of sixteen+")
 	body := []byte(`{"id":"ev_1","type":"job.completed"}`)
-	const want = "sha256=0cf7d1d3c85c2f06aa84dd157a270bdd6349315ffd499d4be879b814eadb6787"
-	if got := Sign(secret, body); got != want {
+	const ts = "1893456000" // 2030-01-01T00:00:00Z
+	const want = "sha256=45514335b56f03b810d48b36ff7ae4997576d911b3780841b0edcd961c9a13c2"
+	signedAt := time.Unix(1893456000, 0)
+	if got := Timestamp(signedAt); got != ts {
+		t.Fatalf("Timestamp = %s, want %s", got, ts)
+	}
+	if got := Sign(secret, ts, body); got != want {
 		t.Fatalf("Sign = %s, want %s", got, want)
 	}
-	if !Verify(secret, body, want) {
-		t.Fatal("Verify refuses the body's own signature")
+	if err := Verify(secret, body, ts, want, signedAt.Add(time.Minute), 0); err != nil {
+		t.Fatalf("Verify refuses the body's own signature a minute later: %v", err)
 	}
 	for name, c := range map[string]struct {
-		secret, body []byte
-		header       string
+		secret, body  []byte
+		ts, signature string
 	}{
-		"another body":    {secret, []byte(`{"id":"ev_1","type":"job.failed"}`), want},
-		"another secret":  {[]byte("it is a secret of sixteen-"), body, want},
-		"no prefix":       {secret, body, strings.TrimPrefix(want, "sha256=")},
-		"upper-case hex":  {secret, body, "sha256=" + strings.ToUpper(strings.TrimPrefix(want, "sha256="))},
-		"empty signature": {secret, body, ""},
+		"another body":      {secret, []byte(`{"id":"ev_1","type":"job.failed"}`), ts, want},
+		"another secret":    {[]byte("it is a secret of sixteen-"), body, ts, want},
+		"another timestamp": {secret, body, "1893456001", want},
+		"no timestamp":      {secret, body, "", want},
+		"no prefix":         {secret, body, ts, strings.TrimPrefix(want, "sha256=")},
+		"upper-case hex":    {secret, body, ts, "sha256=" + strings.ToUpper(strings.TrimPrefix(want, "sha256="))},
+		"empty signature":   {secret, body, ts, ""},
 	} {
-		if Verify(c.secret, c.body, c.header) {
-			t.Errorf("%s: Verify accepted it", name)
+		if err := Verify(c.secret, c.body, c.ts, c.signature, signedAt, 0); !errors.Is(err, ErrBadSignature) {
+			t.Errorf("%s: Verify = %v, want ErrBadSignature", name, err)
 		}
+	}
+}
+
+// A receiver refuses replays: a delivery signed correctly but with a timestamp further from
+// its clock than the tolerance (a recorded delivery sent again an hour later, or one from the
+// future) is ErrStaleTimestamp; a body signed without the timestamp, as the signature was
+// before timestamps, is ErrBadSignature, whatever timestamp comes with it.
+func TestVerifyRefusesReplaysAndSignaturesWithoutTheTimestamp(t *testing.T) {
+	secret := []byte("it is a secret of sixteen+")
+	body := []byte(`{"id":"ev_2","type":"job.failed"}`)
+	signedAt := time.Date(2030, 5, 4, 12, 0, 0, 0, time.UTC)
+	ts := Timestamp(signedAt)
+	sig := Sign(secret, ts, body)
+	for name, c := range map[string]struct {
+		now       time.Time
+		tolerance time.Duration
+	}{
+		"replayed an hour later":           {signedAt.Add(time.Hour), 0},
+		"replayed past a tolerance of 30s": {signedAt.Add(31 * time.Second), 30 * time.Second},
+		"from the future":                  {signedAt.Add(-10 * time.Minute), 0},
+	} {
+		err := Verify(secret, body, ts, sig, c.now, c.tolerance)
+		if !errors.Is(err, ErrStaleTimestamp) || errors.Is(err, ErrBadSignature) {
+			t.Errorf("%s: Verify = %v, want ErrStaleTimestamp alone", name, err)
+		}
+	}
+	if err := Verify(secret, body, ts, sig, signedAt.Add(DefaultTolerance), 0); err != nil {
+		t.Errorf("at the edge of the tolerance: %v", err)
+	}
+	mac := hmac.New(sha256.New, secret)
+	mac.Write(body)
+	bodyOnly := "sha256=" + hex.EncodeToString(mac.Sum(nil))
+	if err := Verify(secret, body, ts, bodyOnly, signedAt, 0); !errors.Is(err, ErrBadSignature) {
+		t.Errorf("a body signed without the timestamp: Verify = %v, want ErrBadSignature", err)
 	}
 }
 
