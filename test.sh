@@ -96,9 +96,17 @@ if [ $# -eq 0 ]; then
   fuzz=true
 fi
 go vet ./...
+
+# The farm's commands, built once for every package that starts a farm (farmtest.Build reads
+# TILEFARM_BINS).
+bins=$(mktemp -d "${TMPDIR:-/tmp}/tilefarm-bins.XXXXXX")
+trap 'rm -rf "$bins"' EXIT
+go build -o "$bins/" ./cmd/coordinator ./cmd/tileworker
+export TILEFARM_BINS="$bins"
+
 # With no arguments, every fuzz target also fuzzes for a few seconds ($TILEFARM_FUZZTIME,
 # default 3s) on top of its corpus in testdata/fuzz.
 if $fuzz; then
   ./.ci/fuzz
 fi
-exec go test -count=1 -timeout 30m "$@"
+go test -count=1 -timeout 30m "$@"

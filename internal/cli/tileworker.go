@@ -49,6 +49,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	tags := fs.StringSlice("tags", nil, "the operator's tags of this worker (e.g. gpu,highmem): jobs submitted with --requires render only on workers with every tag they name")
 	blocklist := fs.Int("blocklist-after", worker.DefaultBlocklistAfter, "failed tiles of one job after which this worker takes none of its tiles")
 	ffmpeg := fs.String("ffmpeg", "", "the ffmpeg that encodes preview movies (default: $"+worker.EnvFFmpeg+", else ffmpeg on the PATH)")
+	handOn := fs.Duration("hand-on-after", worker.DefaultHandOnAfter, "how long a tile waits in place for an unreachable object store or NATS before this worker hands it on to one that may reach them (tests run on a fast clock with less)")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
 	kf := kinds.AddFlags(fs, true)
 	ff := faults.AddFlags(fs, faults.WorkerSeams)
@@ -56,6 +57,9 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	p.runErr(c, noArgs, func(ctx context.Context, _ []string, stdout, stderr io.Writer) error {
 		if *storeURL == "" {
 			return usagef("--store is required: the object store the coordinator uses (file:///DIR or s3://HOST:PORT/BUCKET)")
+		}
+		if *handOn <= 0 {
+			return usagef("--hand-on-after %v: want a positive duration", *handOn)
 		}
 		if *concurrency < 1 || *concurrency > 1024 {
 			return usagef("--concurrency %d: want 1-1024", *concurrency)
@@ -69,7 +73,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 			return err
 		}
 		wc := worker.Config{Capabilities: queue.Capabilities{Tags: workerTags}, Name: *name, Concurrency: *concurrency, Heartbeat: *heartbeat, CheckpointEvery: ckptEvery.config(),
-			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist, FFmpeg: *ffmpeg}
+			RemoteEvery: remoteEvery.config(), PassesPerTile: *passes, BlocklistAfter: *blocklist, FFmpeg: *ffmpeg, HandOnAfter: *handOn}
 		if wc.Faults, err = ff.Plan(func(seam string) { killSelf(log, "tileworker", seam) }); err != nil {
 			return usagef("%v", err)
 		}

@@ -38,13 +38,24 @@ type Client struct {
 	http  *http.Client
 }
 
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient sends the client's requests with h: one that dials from inside a network
+// namespace, say. Its Timeout bounds each request; the default client's is ten minutes.
+func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
+
 // New returns a client for a coordinator at base ("http://127.0.0.1:7070" or "127.0.0.1:7070")
 // that sends token, if any, as its bearer token.
-func New(base, token string) *Client {
+func New(base, token string, opts ...Option) *Client {
 	if !strings.Contains(base, "://") {
 		base = "http://" + base
 	}
-	return &Client{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	c := &Client{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 // Scene is a scene bundle as the client uploads it: its scene version and its encoding.

@@ -169,6 +169,7 @@ func runAddon(t *testing.T, plan ...map[string]any) ([]addonStep, result) {
 // .blend, through `coordinator submit`, and follows the job to the end: the frames equal
 // `tileworker render`'s pixel for pixel.
 func TestBlenderAddonSubmitsAndFollowsTheJob(t *testing.T) {
+	t.Parallel()
 	f := addonFarm(t, "w")
 	blend := exampleCopy(t)
 	server := "http://" + f.HTTP

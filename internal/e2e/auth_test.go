@@ -58,6 +58,7 @@ func (v *violations) wait(t *testing.T, sub string) {
 // else: clients without credentials, API calls without the token, and a worker credential
 // trying what only the coordinator may do. No secret appears in any log line or error.
 func TestAuthenticatedFarm(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	data := t.TempDir()
 	raw := make([]byte, 24)
@@ -301,6 +302,7 @@ func secretLines(t *testing.T, files ...string) []string {
 
 // serve refuses to expose the API beyond loopback without a token, and says why.
 func TestServeRefusesAnOpenAPIBeyondLoopback(t *testing.T) {
+	t.Parallel()
 	r := runEnv(t, []string{"TILEFARM_API_TOKEN="}, "coordinator", "serve", "--data", t.TempDir(), "--listen", "0.0.0.0:"+strings.Split(freePort(t), ":")[1],
 		"--nats-listen", freePort(t))
 	if r.code != 2 || !strings.Contains(r.stderr, "without a token") || !strings.Contains(r.stderr, "--insecure") {
@@ -311,6 +313,7 @@ func TestServeRefusesAnOpenAPIBeyondLoopback(t *testing.T) {
 // Beyond loopback the embedded JetStream requires credentials without being asked: serve
 // writes them and refuses a client that has none.
 func TestEmbeddedNATSBeyondLoopbackRequiresCredentials(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	port := strings.Split(freePort(t), ":")[1]
 	f := newFarm(t, data)
@@ -342,6 +345,7 @@ func TestEmbeddedNATSBeyondLoopbackRequiresCredentials(t *testing.T) {
 // manifest before asking for the frame's assembly and sends the tiles back, and the job
 // renders them and completes equal to the reference.
 func TestForgedCompletionDoesNotCompleteATile(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	data := t.TempDir()
 	f := newFarm(t, data)

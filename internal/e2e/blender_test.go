@@ -42,6 +42,7 @@ func sameFloats(t *testing.T, got, want string) {
 // Property: a Blender shot rendered by the farm equals `tileworker render` of each frame bit for
 // bit, and Blender's own full-frame render of it to within float rounding.
 func TestBlenderFarmEqualsReferenceAndBlender(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	r := run(t, "coordinator", "render", blenderExample(t), "--frames", "1-3", "--out", filepath.Join(dir, "f_####.exr"), "--format", "exr",
 		"--data", filepath.Join(dir, "data"), "--workers", "2", "--json")
@@ -67,6 +68,7 @@ func TestBlenderFarmEqualsReferenceAndBlender(t *testing.T) {
 // Property: tile size never changes a float (16, 37 and 64 px tiles give the same frame), and
 // the farm's PNG of a Blender frame is Blender's own PNG of it to within one 8-bit level.
 func TestBlenderTileSizesAndPNG(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	var exrs []string
 	for _, size := range []string{"16", "37", "64"} {
@@ -137,6 +139,7 @@ func processGone(pid int, d time.Duration) bool {
 // at all are refused at submit with a clear message and exit 1, and nothing is half-written:
 // no output, no stored scene, no job.
 func TestBlenderBadInputIsRefused(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	blendertest.Run(t, "--python", filepath.Join(blendertest.Root(t), "blender", "testdata", "make_bad.py"), "--", blenderExample(t), dir)
 	if err := os.Remove(filepath.Join(dir, "lib", "props.blend")); err != nil {

@@ -19,6 +19,7 @@ import (
 // second node restarts: every process rides through the leader changes, nothing is lost or
 // dead-lettered, and every frame equals the reference.
 func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	c := natstest.StartCluster(t, 3)
 	f := startServeNATS(t, t.TempDir(), c.URLs(), "--replicas", "3", "--ack-wait", "5s", "--lease-ttl", "5s")
@@ -93,6 +94,7 @@ func TestClusterFarmSurvivesLeaderKill(t *testing.T) {
 // and prints the account block; a 3-node cluster configured with it runs a farm whose
 // coordinator and workers each present their own credential, and refuses anyone else.
 func TestExternalClusterWithCredentials(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	creds := t.TempDir()
 	r := run(t, "coordinator", "credentials", "--data", creds)

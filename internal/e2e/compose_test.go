@@ -59,6 +59,7 @@ func executable(t *testing.T, name string, s *composecheck.Service) (exe string,
 // on a volume written by a step it waits for; volumes are declared; what test.sh and go.mod pin
 // is what the images run.
 func TestComposeFileMatchesDockerfile(t *testing.T) {
+	t.Parallel()
 	df, err := composecheck.ParseDockerfile(repoRoot())
 	if err != nil {
 		t.Fatal(err)
@@ -81,6 +82,7 @@ func TestComposeFileMatchesDockerfile(t *testing.T) {
 // parsed before --help is honoured, so an unknown flag or a bad value exits 2 and a good line
 // prints the usage and exits 0.
 func TestComposeCommandLinesParse(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for _, env := range composeVariants {
 		cf := loadCompose(t, env)
@@ -121,6 +123,7 @@ func TestComposeCommandLinesParse(t *testing.T) {
 // and volumes, each healthcheck fails before its service is up and passes once it is, and a
 // job renders frames equal to the local reference.
 func TestComposeStackRunsWithoutDocker(t *testing.T) {
+	t.Parallel()
 	cf := loadCompose(t, nil)
 	w := composecheck.NewWorld(t, repoRoot(), cf)
 	natsBin := serverBinary(t, natstest.EnvBinary, "nats-server")

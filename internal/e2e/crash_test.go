@@ -44,6 +44,7 @@ func waitCheckpoint(t *testing.T, p *proctest.Proc, minSample int) {
 // A worker process killed with SIGKILL mid-tile; the restarted worker resumes the
 // tile from its checkpoint and the frame equals the reference.
 func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "3s", "--lease-ttl", "3s")
 	ckpts := t.TempDir()
@@ -76,6 +77,7 @@ func TestWorkerKilledMidTileResumesFromCheckpoint(t *testing.T) {
 // A worker paused beyond its lease loses the tile to another worker; when it wakes
 // it cannot promote anything, and its late ack loses nothing.
 func TestPausedWorkerLosesLeaseAndCannotPromote(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	data := t.TempDir()
 	f := startServe(t, data, "--ack-wait", "2s", "--lease-ttl", "2s")
@@ -157,6 +159,7 @@ func tileKeys(t *testing.T, f *farmProc, job string) []string {
 // and between publishing and deleting the outbox record: nothing lost, nothing rendered twice,
 // and the duplicate publish is caught and counted.
 func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
+	t.Parallel()
 	for _, seam := range []string{"outbox-before-publish", "outbox-after-publish"} {
 		t.Run(seam, func(t *testing.T) {
 			scene := example("shot")
@@ -206,6 +209,7 @@ func TestCoordinatorKilledAtOutboxSeams(t *testing.T) {
 // A tile that fails in every attempt is dead-lettered once its failure budget is spent, with
 // its error; the other tiles and frames complete; status exits 1 and names it.
 func TestPoisonTileIsDeadLettered(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "3")
 	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,32")
@@ -262,6 +266,7 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 // started again: the worker reconnects, the coordinator catches up from EVENTS, nothing is
 // lost and the frames equal the reference.
 func TestCoordinatorKilledMidRender(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "3s", "--lease-ttl", "3s")
 	w := f.worker("survivor", t.TempDir(), "--fault-pass-delay", "40ms")
@@ -301,6 +306,7 @@ func TestCoordinatorKilledMidRender(t *testing.T) {
 // the reference: the reconciler finds the tiles nothing can deliver and dispatches them again.
 // The loss lands on work in progress: no worker has taken a tile when the stream is purged.
 func TestLostTileMessagesAreDispatchedAgain(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--reconcile-every", "1s")
 	st, r := f.submit(append([]string{scene, "--frames", "11"}, small...)...)

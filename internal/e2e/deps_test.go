@@ -97,6 +97,7 @@ func frameKeys(t *testing.T, f *farmProc, job string) map[int]string {
 // frame, not job by job). While they wait, status exits 42 saying what they wait for, and jobs
 // lists it.
 func TestJobsStartAfterTheJobsTheyWaitFor(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	// 4 tiles a frame; each job its own frames (another spp is another frame key).

@@ -2,7 +2,9 @@
 // embedded JetStream, killed with SIGKILL and paused with SIGSTOP at the seams docs/design.md names,
 // with every result compared pixel for pixel against a local reference render.
 //
-// Most tests run one at a time, as their timings are the machine's. Those that spend their time
-// waiting (on leases, outages, cut links, slow passes) and keep to their own farm, hosts and free
-// ports call t.Parallel, and run two at a time after the others (go test's -parallel).
+// Every test keeps to its own farm, directories, hosts and free ports, and calls t.Parallel:
+// most of a farm test's time is waiting (on leases, outages, cut links, slow passes, a
+// process starting), so test.sh runs several at once (go test's -parallel). No test asserts
+// how long something took on this machine; a test that needs a fault to hit work in progress
+// checks that it did, so a busier machine only makes the work last longer.
 package e2e

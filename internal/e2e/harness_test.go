@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/farmtest"
 	"github.com/tilefarm/tilefarm/internal/proctest"
 )
@@ -345,19 +346,59 @@ func (f *farmProc) status(job string) (api.Status, result) {
 	return st, r
 }
 
-// waitState polls status until the job reaches a terminal state or d passes.
+// api is a client of the farm's HTTP API with its token, from its client host if it has one:
+// what the tests poll with, so a wait costs a request and not a CLI process.
+func (f *farmProc) api() *client.Client {
+	token := ""
+	for _, kv := range f.Env {
+		if v, ok := strings.CutPrefix(kv, client.EnvToken+"="); ok {
+			token = v
+		}
+	}
+	var opts []client.Option
+	if f.client != nil {
+		opts = append(opts, client.WithHTTPClient(f.client.HTTPClient()))
+	}
+	return client.New(f.HTTP, token, opts...)
+}
+
+// waitDone polls the job's status until it is completed or failed (status would exit 0 or 1),
+// failing the test if d passes first.
 func (f *farmProc) waitDone(job string, d time.Duration) api.Status {
 	f.t.Helper()
+	return f.waitUntil(job, d, "finished", func(st api.Status) bool {
+		code := st.State.ExitCode()
+		return code == api.ExitOK || code == api.ExitFailed
+	})
+}
+
+// waitCode polls the job's status until status would exit with code (api.JobState.ExitCode).
+func (f *farmProc) waitCode(job string, code int, d time.Duration) api.Status {
+	f.t.Helper()
+	return f.waitUntil(job, d, fmt.Sprintf("with status exiting %d", code), func(st api.Status) bool { return st.State.ExitCode() == code })
+}
+
+// statusPoll is how often waitUntil asks for a job's status.
+const statusPoll = 100 * time.Millisecond
+
+// waitUntil polls the job's status through the API until done says so, failing the test
+// (the job not what) with the last status or error if d passes first. A coordinator that does
+// not answer for a while (restarting, say) is asked again.
+func (f *farmProc) waitUntil(job string, d time.Duration, what string, done func(api.Status) bool) api.Status {
+	f.t.Helper()
+	c := f.api()
 	deadline := time.Now().Add(d)
 	for {
-		st, r := f.status(job)
-		if r.code == 0 || r.code == 1 {
+		ctx, cancel := context.WithTimeout(f.t.Context(), 10*time.Second)
+		st, err := c.Status(ctx, job)
+		cancel()
+		if err == nil && done(st) {
 			return st
 		}
 		if time.Now().After(deadline) {
-			f.t.Fatalf("job %s not finished after %v: %s", job, d, r)
+			f.t.Fatalf("job %s not %s after %v: last status %+v, error %v", job, what, d, st, err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(statusPoll)
 	}
 }
 
@@ -435,18 +476,3 @@ func containsFold(s, sub string) bool {
 	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
 }
 
-// waitCode polls status until it exits with code.
-func (f *farmProc) waitCode(job string, code int, d time.Duration) api.Status {
-	f.t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		st, r := f.status(job)
-		if r.code == code {
-			return st
-		}
-		if time.Now().After(deadline) {
-			f.t.Fatalf("job %s: status never exited %d within %v: %s", job, code, d, r)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}

@@ -27,6 +27,7 @@ func renderJSON(t *testing.T, args ...string) api.Status {
 
 // A one-shot farm render equals the reference, and a re-run renders nothing.
 func TestRenderEqualsReferenceAndRerunReusesEverything(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	data := t.TempDir()
 	out := filepath.Join(t.TempDir(), "shot_####.png")
@@ -59,6 +60,7 @@ func TestRenderEqualsReferenceAndRerunReusesEverything(t *testing.T) {
 
 // Another tile size is the same picture: tiling is not part of a frame's identity.
 func TestRenderTileSizeDoesNotChangePixels(t *testing.T) {
+	t.Parallel()
 	scene := example("cornell")
 	out := filepath.Join(t.TempDir(), "c_####.png")
 	st := renderJSON(t, scene, "--frames", "1", "--out", out, "--data", t.TempDir(),
@@ -70,6 +72,7 @@ func TestRenderTileSizeDoesNotChangePixels(t *testing.T) {
 }
 
 func TestRenderBadInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	cases := []struct {
 		name string
@@ -103,6 +106,7 @@ func TestRenderBadInput(t *testing.T) {
 // Ctrl-C during `coordinator render`, then the same command again: finished tiles are reused,
 // the rest are rendered (in-flight ones from their checkpoints), and the frames equal the reference.
 func TestRenderInterruptedThenResumed(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	data := t.TempDir()
 	out := filepath.Join(t.TempDir(), "i_####.png")

@@ -121,6 +121,7 @@ func waitMetrics(t *testing.T, addr string, p *proctest.Proc) families {
 // that sets it, and neither process exports a family it never sets. Then every metric the
 // shipped dashboard and alerting rules use is checked against what the two processes export.
 func TestMetricsOfARun(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "2")
 	maddr := freePort(t)
@@ -237,6 +238,7 @@ func TestMetricsOfARun(t *testing.T) {
 // A one-machine farm (serve with in-process workers) registers the coordinator's and the
 // workers' families into one /metrics, each once.
 func TestMetricsOfOneProcess(t *testing.T) {
+	t.Parallel()
 	f := startServe(t, t.TempDir(), "--workers", "2")
 	st, r := f.submit(append([]string{example("shot"), "--frames", "3-3"}, small...)...)
 	if r.code != 42 && r.code != 3 && r.code != 0 {

@@ -18,6 +18,7 @@ import (
 // reference; once restarted, the killed node serves every manifest and object, including those
 // written while it was down.
 func TestMinIOClusterFarmSurvivesANodeKill(t *testing.T) {
+	t.Parallel()
 	c := miniotest.StartCluster(t, 4)
 	scene := example("shot")
 	frames := []int{1, 2, 3, 4}

@@ -63,6 +63,7 @@ func sameEXR(t *testing.T, got, want string) {
 // serve + two tileworker processes + MinIO render frames equal to the local
 // reference, and `outputs` downloads them (PNG and OpenEXR) through verified manifests.
 func TestMinIOFarmEqualsReference(t *testing.T) {
+	t.Parallel()
 	m := miniotest.Start(t)
 	scene := example("shot")
 	f := startServeStore(t, t.TempDir(), m.URL(), m.Env())
@@ -157,6 +158,7 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 // A worker killed mid-tile, and the tile finished on another node with an empty
 // checkpoint directory, resumed from the remote checkpoint in MinIO.
 func TestRemoteCheckpointResumesOnAnotherNode(t *testing.T) {
+	t.Parallel()
 	m := miniotest.Start(t)
 	scene := example("shot")
 	f := startServeStore(t, t.TempDir(), m.URL(), m.Env(), "--ack-wait", "3s", "--lease-ttl", "3s")

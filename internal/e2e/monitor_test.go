@@ -84,6 +84,7 @@ func apiGet(t *testing.T, f *farmProc, path string, v any) {
 // chart of render time per frame marks the frame with a tile made slow on purpose, and that
 // frame's heat map shows the slow tile as the hottest, first of the slowest tiles.
 func TestWebContactSheetAndWhereTheTimeGoes(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	// 320x192 in 64 px tiles: 5x3 tiles a frame; frame 2's tile (128,64)-(192,128) sleeps
@@ -170,6 +171,7 @@ func TestWebContactSheetAndWhereTheTimeGoes(t *testing.T) {
 // dead letter's page shows the failure's message and the worker's log of the attempt, and
 // opens the tile's attempts.
 func TestWebWorkersAndDeadLetter(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "1")
 	faulty := []string{"--concurrency", "2", "--fault-panic-tile", "1:0,0,32,32", "--fault-pass-delay", "150ms", "--checkpoint-every", "0"}

@@ -62,6 +62,7 @@ func (f *farmProc) waitMovie(job string, want api.MovieState, d time.Duration) a
 // resolution; the job's page plays it, its video reporting about a second (24 frames at 24
 // fps), and nothing on the page fails.
 func TestMovieOfA24FrameJob(t *testing.T) {
+	t.Parallel()
 	f := startServe(t, t.TempDir())
 	w := f.worker("w", t.TempDir(), "--concurrency", "2")
 	began := time.Now()

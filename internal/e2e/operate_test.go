@@ -34,6 +34,7 @@ func tilesOfFrames(st api.Status, frames ...int) int {
 // next pass), a frame another job also asked for still completes for that job, the cancelled
 // job says so with exit 1, and a later job asking for a dropped frame revives it.
 func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	w := f.worker("w", t.TempDir(), "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
@@ -104,6 +105,7 @@ func TestCancelDropsTheJobButNotASharedFrame(t *testing.T) {
 // high-priority job, and a job moved from the low band to the high one with reprioritize,
 // are rendered before any tile of the large one.
 func TestPriorityRendersTheLaterHighJobFirst(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	low, _ := f.submit(append([]string{scene, "--frames", "1-4", "--priority", "-10"}, small...)...)
@@ -339,6 +341,7 @@ func TestBlocklistHandBacksNeverDeadLetterAHealthyTile(t *testing.T) {
 // Backpressure: over --max-pending-tiles a submission gets HTTP 429 with a Retry-After and the
 // CLI exits 75 saying when to retry; a resubmission of a known job is still answered.
 func TestBackpressureRefusesWithRetryAfter(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--workers", "0", "--max-pending-tiles", "10")
 	first, r := f.submit(append([]string{scene, "--frames", "1"}, small...)...) // 6 tiles
@@ -371,6 +374,7 @@ func TestBackpressureRefusesWithRetryAfter(t *testing.T) {
 // JSON logs are the default off a terminal, and every line of a tile's life carries its job,
 // frame, tile, attempt and worker.
 func TestJSONLogsByDefault(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	w := startEnv(t, []string{"TILEFARM_LOG_FORMAT="}, "tileworker", "--nats", f.NATSURL(), "--store", f.Store,
@@ -409,6 +413,7 @@ func TestJSONLogsByDefault(t *testing.T) {
 // The read commands print one JSON value in the documented shape, and every command exits by
 // the contract.
 func TestReadCommandsJSONAndExitCodes(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--workers", "1")
 	st, _ := f.submit(append([]string{scene, "--frames", "1"}, small...)...)

@@ -117,6 +117,7 @@ func levelDiff(t *testing.T, a, b image.Image) int {
 // their passes, Cryptomatte, denoising data, the composited result) within 1e-5 relative and the
 // Cryptomatte header equal, whether a frame is one tile or 37 px tiles.
 func TestBlenderPlateIsBlendersOwnOutput(t *testing.T) {
+	t.Parallel()
 	own := ownRender(t, blendertest.Plate(t), "")
 	for _, tile := range []string{"", "37"} {
 		farm := copyBlend(t, blendertest.Plate(t))
@@ -138,6 +139,7 @@ func TestBlenderPlateIsBlendersOwnOutput(t *testing.T) {
 // farm's 16-bit RGBA PNG equals Blender's own within one 16-bit level. Split on request, the
 // setting is switched off and submit says so.
 func TestBlenderWholeFrameKeepsAdaptiveSamplingAndGrade(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	blendertest.Run(t, "--python", filepath.Join(blendertest.Root(t), "blender", "testdata", "make_graded.py"), "--", blenderExample(t), dir)
 	graded := filepath.Join(dir, "graded.blend")
@@ -177,6 +179,7 @@ func TestBlenderWholeFrameKeepsAdaptiveSamplingAndGrade(t *testing.T) {
 // remote checkpoint, rendering only the missing passes of every layer and pass, into the file
 // Blender itself writes.
 func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
+	t.Parallel()
 	f := startServe(t, t.TempDir(), "--ack-wait", "4s", "--lease-ttl", "4s")
 	// One tile per frame, 8 passes of 32 samples, each checkpointed remotely as it ends.
 	const spp, pass = 256, 32

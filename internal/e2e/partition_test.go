@@ -235,7 +235,8 @@ func TestPartitionWorkerCutOffFromTheStore(t *testing.T) {
 	t.Parallel() // its own hosts and ports; it mostly waits on leases and cuts
 	scene := example("shot")
 	h := startHostFarm(t, hostFarmConfig{})
-	slow, slowHost := h.worker("w1", "--fault-pass-delay", "400ms", "--passes", "32", "--checkpoint-every", "0")
+	// A fast clock: w1 hands its tile on after 5 s of an unreachable store, not 30.
+	slow, slowHost := h.worker("w1", "--fault-pass-delay", "400ms", "--passes", "32", "--checkpoint-every", "0", "--hand-on-after", "5s")
 	st, r := h.submit(append([]string{scene, "--frames", "4"}, oneTile...)...)
 	if r.code != 42 && r.code != 3 {
 		t.Fatalf("submit: %s", r)

@@ -19,6 +19,7 @@ import (
 // carries is refused at submit with the live pools listed; a worker with the tag finishes the
 // job, equal to the reference.
 func TestPoolsRouteTilesOnlyToTheirWorkers(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	plain := f.worker("w-plain", t.TempDir())
@@ -85,6 +86,7 @@ func TestPoolsRouteTilesOnlyToTheirWorkers(t *testing.T) {
 // Property: `submit --max-slots 1` on a farm of 3 slots: never more than one tile of the job
 // renders at once, while a job without a limit on the same worker renders three at once.
 func TestMaxSlotsLimitsTilesRenderingAtOnce(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	w := f.worker("w", t.TempDir(), "--concurrency", "3", "--fault-pass-delay", "40ms", "--checkpoint-every", "0")
@@ -149,6 +151,7 @@ func maxTilesAtOnce(t *testing.T, log, job string) int {
 // is chosen when a worker runs it, --build picks another, and each job's tiles render only on
 // the workers of its build.
 func TestBlenderJobsRenderOnTheFarmsBuild(t *testing.T) {
+	t.Parallel()
 	blend := blenderExample(t)
 	f := startServe(t, t.TempDir())
 	capped := f.worker("w-sse2", t.TempDir(), "--blender-kernel", "sse2")

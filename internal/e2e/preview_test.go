@@ -15,6 +15,7 @@ import (
 // one slot, their tiles are the first four promoted and their frames the first four assembled,
 // and status says the preview is done exactly when those four frames are completed.
 func TestPreviewFramesCompleteFirst(t *testing.T) {
+	t.Parallel()
 	f := startServe(t, t.TempDir())
 	st, r := f.submit(example("shot"), "--frames", "1-24", "--preview", "8", "--width", "48", "--height", "27", "--spp", "4", "--tile", "48")
 	if r.code != 42 {

@@ -12,6 +12,7 @@ import (
 // Issue 2, must show 1: the reference renderer gives identical pixels for tile sizes 16, 37, 64
 // and one full-frame tile.
 func TestReferenceRenderTileSizesIdenticalPNG(t *testing.T) {
+	t.Parallel()
 	for _, ex := range []string{"cornell", "shot"} {
 		scene := example(ex)
 		var first string
@@ -33,6 +34,7 @@ func TestReferenceRenderTileSizesIdenticalPNG(t *testing.T) {
 
 // Issue 2, bad input: a clear error naming the problem, exit 1, and no output file.
 func TestReferenceRenderBadInput(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	write := func(name, body string) string {
 		p := filepath.Join(dir, name)
@@ -89,6 +91,7 @@ func mustRead(t *testing.T, p string) string {
 // successor resumes it long before the ack-wait would have expired. The hand-back is free: with
 // --max-deliver 1 the tile's next delivery is no lost one, and nothing is dead-lettered.
 func TestWorkerSIGTERMHandsTileBack(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "60s", "--lease-ttl", "60s", "--max-deliver", "1")
 	ckpts := t.TempDir()

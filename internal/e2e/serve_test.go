@@ -48,6 +48,7 @@ func waitQueue(t *testing.T, natsURL string, n uint64) {
 
 // Idempotent submit, conflicts, and the exit-code contract.
 func TestServeIdempotencyAndExitCodes(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	args := append([]string{scene, "--frames", "1-2"}, small...)

@@ -64,6 +64,7 @@ func writeCert(t *testing.T, dir, name string, isCA bool, parent *x509.Certifica
 // The embedded JetStream serves render nodes over TLS: a worker trusting the farm's CA
 // renders; one that does not is refused by its own TLS check and renders nothing.
 func TestEmbeddedNATSOverTLS(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	pki := t.TempDir()
 	ca, caKey := writeCert(t, pki, "ca", true, nil, nil)

@@ -45,6 +45,7 @@ func countLines(log, re string) int { return len(regexp.MustCompile(re).FindAllS
 // dead-lettering it the worker finds the manifest: the tile is recorded done, not dead, and the
 // job completes.
 func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "1")
 	victim := f.worker("victim", t.TempDir(), "--fault-crash", "after-manifest")
@@ -73,6 +74,7 @@ func TestPromotedOnLastDeliveryThenKilled(t *testing.T) {
 // Outages are no failures: publishing tile.completed fails on the last allowed delivery. An outage of NATS
 // is retried in place, never a failure of the tile: the job completes, nothing is failed.
 func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s", "--max-deliver", "1", "--max-failures", "1")
 	w := f.worker("flaky", t.TempDir(), "--fault-fail-publish", "tile.completed:3")
@@ -92,6 +94,7 @@ func TestCompletionEventPublishFailsOnLastDelivery(t *testing.T) {
 // fail twice for a tile that panics in every attempt (one failure allowed), and the coordinator
 // still learns it was dead-lettered: the job fails, naming the tile, instead of waiting for it.
 func TestFailureEventPublishIsRetried(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "1")
 	w := f.worker("flaky", t.TempDir(), "--fault-panic-tile", "3:0,0,64,36", "--fault-fail-publish", "tile.failed:2")
@@ -109,6 +112,7 @@ func TestFailureEventPublishIsRetried(t *testing.T) {
 // first re-assembly is queued or running. Each re-assembly has a dedup id of its own, so both
 // complete; and the job that finished first stays completed throughout.
 func TestBackToBackReassembliesNeverRegressAFinishedJob(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	f.worker("w", t.TempDir())
@@ -213,6 +217,7 @@ func TestDuplicateOfALongTileWaitsForTheHolder(t *testing.T) {
 // Handbacks are no failures: a tile handed back twice by SIGTERM, with a failure budget of one. A
 // handback is no failure: the tile resumes from its checkpoint each time and completes.
 func TestHandbacksAreNoFailures(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "30s", "--lease-ttl", "30s", "--max-failures", "1")
 	st, _ := f.submit(append([]string{scene, "--frames", "6"}, oneTile...)...)
@@ -399,6 +404,7 @@ func waitStream(t *testing.T, js jetstream.JetStream, stream string, n uint64) {
 // The coordinator killed with more than 10,000 unapplied events and restarted ends with the
 // same status as an uninterrupted run of the same job.
 func TestCoordinatorCatchesUpTenThousandEvents(t *testing.T) {
+	t.Parallel()
 	want, _, _ := runBusyShot(t, false, false)
 	wantStatus := want()
 	got, f, job := runBusyShot(t, true, false)
@@ -410,6 +416,7 @@ func TestCoordinatorCatchesUpTenThousandEvents(t *testing.T) {
 
 // The reconciler alone, with every event purged, completes a job whose tiles are all promoted.
 func TestReconcilerAloneCompletesAJob(t *testing.T) {
+	t.Parallel()
 	got, f, job := runBusyShot(t, true, true)
 	status := got()
 	if !strings.Contains(status, `"state":"completed"`) || !strings.Contains(status, `"tiles_failed":0`) {
@@ -424,6 +431,7 @@ func TestReconcilerAloneCompletesAJob(t *testing.T) {
 // A farm on a shared filesystem store keeps remote checkpoints too: a tile killed on one node
 // resumes on another whose checkpoint directory is empty.
 func TestFileStoreFarmResumesOnAnotherNode(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--ack-wait", "2s", "--lease-ttl", "2s")
 	a := f.worker("node-a", t.TempDir(), append(slowWorker, "--remote-checkpoint-every", "0")...)

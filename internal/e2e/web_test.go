@@ -247,6 +247,7 @@ func apiStatus(t *testing.T, f *farmProc, job string) api.Status {
 // tiles as they complete, and once the frame is done its canvas is the frame's PNG pixel for
 // pixel. Nothing logs an error or fails, and every view is photographed.
 func TestWebLiveJobsAndFrame(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
 	b := newBrowser(t, "http://"+f.HTTP)
@@ -325,6 +326,7 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 // shows the frame's PNG, its Composite: the canvas equals `coordinator outputs` pixel for pixel,
 // the .blend's own output is offered by its own name, and nothing fails.
 func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
+	t.Parallel()
 	f := startServe(t, t.TempDir())
 	b := newBrowser(t, "http://"+f.HTTP)
 	b.open()
@@ -353,6 +355,7 @@ func TestWebBlenderFrameShowsTheFinishedPNG(t *testing.T) {
 // Cancel from the page stops the job; Requeue from the page brings a dead-lettered tile back
 // and its frame completes.
 func TestWebCancelAndRequeue(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "1")
 	bad := f.worker("w-bad", t.TempDir(), "--fault-panic-tile", "1:0,0,32,32", "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
@@ -420,6 +423,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 // With a token required, the page shows no job data and its API calls get 401 until the token
 // is entered; then the jobs appear. The token never travels in a URL.
 func TestWebTokenRequired(t *testing.T) {
+	t.Parallel()
 	scene := example("shot")
 	data := t.TempDir()
 	token := "tf-web-" + strings.Repeat("7", 20)

@@ -34,15 +34,24 @@ type BuildOptions struct {
 	Commands []string
 }
 
-// Build builds the farm's commands of this module into dir.
+// EnvBinaries names a directory holding the farm's commands already built from this checkout
+// (test.sh builds them once per run and sets it), which Build then uses instead of building
+// them again in every package that starts a farm.
+const EnvBinaries = "TILEFARM_BINS"
+
+// Build builds the farm's commands of this module into dir; without the race detector, those
+// of EnvBinaries when it is set.
 func Build(dir string, o BuildOptions) (Binaries, error) {
-	root, err := proctest.ModuleRoot()
-	if err != nil {
-		return Binaries{}, err
-	}
 	cmds := o.Commands
 	if len(cmds) == 0 {
 		cmds = []string{"coordinator", "tileworker"}
+	}
+	if built := os.Getenv(EnvBinaries); built != "" && !o.Race {
+		return prebuilt(built, cmds)
+	}
+	root, err := proctest.ModuleRoot()
+	if err != nil {
+		return Binaries{}, err
 	}
 	args := []string{"build", "-o", dir + string(filepath.Separator)}
 	if o.Race {
@@ -50,13 +59,8 @@ func Build(dir string, o BuildOptions) (Binaries, error) {
 	}
 	b := Binaries{Dir: dir}
 	for _, c := range cmds {
-		switch c {
-		case "coordinator":
-			b.Coordinator = b.Path(c)
-		case "tileworker":
-			b.Tileworker = b.Path(c)
-		default:
-			return Binaries{}, fmt.Errorf("building the farm: no command %q", c)
+		if err := b.name(c); err != nil {
+			return Binaries{}, err
 		}
 		args = append(args, "./cmd/"+c)
 	}
@@ -66,6 +70,33 @@ func Build(dir string, o BuildOptions) (Binaries, error) {
 		return Binaries{}, fmt.Errorf("building the farm: %w\n%s", err, out)
 	}
 	return b, nil
+}
+
+// prebuilt is the commands cmds in dir, each of which must be there.
+func prebuilt(dir string, cmds []string) (Binaries, error) {
+	b := Binaries{Dir: dir}
+	for _, c := range cmds {
+		if err := b.name(c); err != nil {
+			return Binaries{}, err
+		}
+		if fi, err := os.Stat(b.Path(c)); err != nil || fi.IsDir() {
+			return Binaries{}, fmt.Errorf("the farm's %s is not in $%s (%s)", c, EnvBinaries, dir)
+		}
+	}
+	return b, nil
+}
+
+// name sets the field of the command c to its path in b.Dir.
+func (b *Binaries) name(c string) error {
+	switch c {
+	case "coordinator":
+		b.Coordinator = b.Path(c)
+	case "tileworker":
+		b.Tileworker = b.Path(c)
+	default:
+		return fmt.Errorf("building the farm: no command %q", c)
+	}
+	return nil
 }
 
 // DataRace reports whether p, a process of binaries built with BuildOptions.Race, reported a

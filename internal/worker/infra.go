@@ -46,19 +46,20 @@ func (w *Worker) retryStore(ctx context.Context, d *delivery, what string, op fu
 	})
 }
 
-// handOnAfter is how long a job waits for its infrastructure in place before its worker
-// hands it on (errHandOn): an outage of everyone's store or NATS is waited out by any worker
-// alike, but a worker cut off alone should let another, which may still reach them, take over.
-const handOnAfter = 30 * time.Second
+// DefaultHandOnAfter is how long a job waits for its infrastructure in place before its worker
+// hands it on (errHandOn, Config.HandOnAfter): an outage of everyone's store or NATS is waited
+// out by any worker alike, but a worker cut off alone should let another, which may still
+// reach them, take over.
+const DefaultHandOnAfter = 30 * time.Second
 
-// errHandOn means the job's infrastructure stayed unavailable for handOnAfter: the worker
+// errHandOn means the job's infrastructure stayed unavailable for HandOnAfter: the worker
 // hands the job back (no failure, no delivery spent) for a worker that can reach it.
 var errHandOn = errors.New("infrastructure unavailable for too long: handing the job on")
 
 // retryInPlace runs op, retrying in place with backoff while it fails with an infrastructure
-// error, for up to handOnAfter. The message's ack-wait is extended meanwhile, so an outage
+// error, for up to Config.HandOnAfter. The message's ack-wait is extended meanwhile, so an outage
 // costs the tile neither deliveries nor failures. Only a job error, ctx ending, or the outage
-// outlasting handOnAfter (errHandOn) returns.
+// outlasting Config.HandOnAfter (errHandOn) returns.
 func (w *Worker) retryInPlace(ctx context.Context, d *delivery, what string, op func(context.Context) error) error {
 	start := time.Now()
 	for try := 1; ; try++ {
@@ -69,7 +70,7 @@ func (w *Worker) retryInPlace(ctx context.Context, d *delivery, what string, op 
 			}
 			return err
 		}
-		if time.Since(start) > handOnAfter {
+		if time.Since(start) > w.cfg.HandOnAfter {
 			return fmt.Errorf("%w: %s: %w", errHandOn, what, err)
 		}
 		delay := queue.Backoff(try, w.cfg.RetryBase, 8*w.cfg.RetryBase, w.jitter)

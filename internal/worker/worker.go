@@ -44,6 +44,9 @@ type Config struct {
 	RetryBase   time.Duration // first retry backoff; default 1 s
 	RetryMax    time.Duration // backoff cap; default 30 s
 	FetchWait   time.Duration // server-side expiry of one idle pull; default 2 s
+	// HandOnAfter is how long a job waits for its infrastructure in place before the worker
+	// hands it on (retryInPlace); default DefaultHandOnAfter.
+	HandOnAfter time.Duration
 	// BlocklistAfter is how many failed tiles of one job make this worker stop taking the
 	// job's tiles; default DefaultBlocklistAfter.
 	BlocklistAfter int
@@ -81,6 +84,9 @@ func (c *Config) normalize(f *queue.Queue) {
 	}
 	if c.FetchWait <= 0 {
 		c.FetchWait = 2 * time.Second
+	}
+	if c.HandOnAfter <= 0 {
+		c.HandOnAfter = DefaultHandOnAfter
 	}
 	if c.Name == "" {
 		c.Name = "worker-" + identity.NewAttemptID()[:8]
@@ -458,7 +464,7 @@ func (w *Worker) fail(ctx context.Context, d *delivery, r run, err error) (hande
 	}
 	// The failure event goes out only once the message's fate is sealed (copied to the DLQ,
 	// or about to be retried). A message that did not even decode names nothing to report.
-	// It is retried in place like a completion (up to handOnAfter): a lost one would leave the
+	// It is retried in place like a completion (up to Config.HandOnAfter): a lost one would leave the
 	// coordinator believing the tile renders, or, for a dead letter, lost.
 	if r != nil {
 		ev := r.failureEvent(wire.Event{Error: err.Error(), Terminal: terminal, Code: class, Log: d.rec.tail()})
