@@ -105,8 +105,21 @@ go build -o "$bins/" ./cmd/coordinator ./cmd/tileworker
 export TILEFARM_BINS="$bins"
 
 # With no arguments, every fuzz target also fuzzes for a few seconds ($TILEFARM_FUZZTIME,
-# default 3s) on top of its corpus in testdata/fuzz.
+# default 3s) on top of its corpus in testdata/fuzz: with one fuzzing process, beside the tests
+# (most of whose time is waiting on farms), its report printed after theirs.
 if $fuzz; then
-  ./.ci/fuzz
+  fuzzlog=$(mktemp "${TMPDIR:-/tmp}/tilefarm-fuzz.XXXXXX")
+  trap 'rm -rf "$bins" "$fuzzlog"' EXIT
+  TILEFARM_FUZZWORKERS=1 ./.ci/fuzz >"$fuzzlog" 2>&1 &
+  fuzzing=$!
 fi
-go test -count=1 -timeout 30m "$@"
+
+# Several packages at once (-p) and several tests of a package at once (-parallel): the farm
+# tests spend most of their time waiting, and each keeps to its own farm and ports.
+status=0
+go test -count=1 -timeout 30m -p 4 -parallel 8 "$@" || status=$?
+if $fuzz; then
+  wait "$fuzzing" || status=$((status == 0 ? 1 : status))
+  cat "$fuzzlog"
+fi
+exit "$status"

@@ -150,6 +150,7 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default; beyond loopback they need the API token)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
+	retirePools := fs.Duration("retire-idle-pools-after", coordinator.DefaultRetirePoolsAfter, "how long a pool no unfinished job renders in keeps its consumers (workers stop pulling it once retired); 0 retires it at once")
 	natsSync := fs.String("nats-sync", string(queue.DefaultSync), "embedded JetStream disk sync: 'always' (fsync every write) or an interval; only an OS crash or power loss can lose what is not synced")
 	ff := faults.AddFlags(fs, append(slices.Clone(faults.CoordinatorSeams), faults.WorkerSeams...))
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -186,11 +187,17 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 		if *reconcile <= 0 {
 			return usagef("--reconcile-every %v: must be positive", *reconcile)
 		}
+		if *retirePools < 0 {
+			return usagef("--retire-idle-pools-after %v: must be 0 or positive", *retirePools)
+		}
 		ncfg, err := nfl.config()
 		if err != nil {
 			return err
 		}
-		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile, Notify: ncfg}
+		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile, RetirePoolsAfter: *retirePools, Notify: ncfg}
+		if *retirePools == 0 {
+			ccfg.RetirePoolsAfter = -1
+		}
 		plan, err := ff.Plan(func(seam string) { killSelf(log, "coordinator", seam) })
 		if err != nil {
 			return usagef("%v", err)

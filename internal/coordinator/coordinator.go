@@ -34,6 +34,11 @@ type Config struct {
 	// for it again (its message may have been lost with a JetStream server's unsynced data);
 	// default 10 min.
 	StaleAssembly time.Duration
+	// RetirePoolsAfter is how long a pool no unfinished frame is dispatched to keeps its
+	// consumers before it is retired (retirePools): an artist's next job of the same pool
+	// within it finds the workers already pulling; default DefaultRetirePoolsAfter; negative
+	// retires a pool at the first look that finds it idle.
+	RetirePoolsAfter time.Duration
 	// MaxUploads bounds scene uploads handled at once, each holding its bundle in memory; default 2.
 	MaxUploads int
 	// Faults is what the coordinator breaks for fault tests (faults.Plan: a crash at one of
@@ -54,6 +59,9 @@ func (c *Config) normalize() {
 	}
 	if c.MaxUploads <= 0 {
 		c.MaxUploads = 2
+	}
+	if c.RetirePoolsAfter == 0 {
+		c.RetirePoolsAfter = DefaultRetirePoolsAfter
 	}
 }
 
@@ -98,6 +106,9 @@ type Coordinator struct {
 
 	relayKick chan struct{}
 	poolsKick chan struct{} // retireLoop's
+	// poolIdle is when each pool retirePools found idle was first found so, by Pool.ID; only
+	// retireLoop's goroutine touches it.
+	poolIdle map[string]time.Time
 	changedMu sync.Mutex
 	changed   chan struct{} // closed and replaced on every projection change, for waiters
 
@@ -126,6 +137,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		uploads:   make(chan struct{}, cfg.MaxUploads),
 		relayKick: make(chan struct{}, 1),
 		poolsKick: make(chan struct{}, 1),
+		poolIdle:  map[string]time.Time{},
 		changed:   make(chan struct{}),
 		eta:       newETATracker(),
 		thumbs:    newThumbnails(),

@@ -279,29 +279,52 @@ func poolsInUse(tx *coorddb.Tx) (map[string]bool, error) {
 	return inUse, err
 }
 
+// DefaultRetirePoolsAfter is how long an idle pool keeps its consumers by default
+// (Config.RetirePoolsAfter).
+const DefaultRetirePoolsAfter = time.Minute
+
 // retirePools retires (an OutboxRetire record, carried out by the relay) every pool with tile
-// consumers that no frame wanted is dispatched to. The decision is made in a transaction, so a
-// submission committed before it keeps its pool, and one after it finds the pool made anew by
-// the relay, which retires in outbox order. A read-only look first spares the write when every
-// pool is in use.
+// consumers that no frame wanted has been dispatched to for Config.RetirePoolsAfter, as far
+// as this coordinator's looks saw. The decision is made in a transaction, so a submission
+// committed before it keeps its pool, and one after it finds the pool made anew by the relay,
+// which retires in outbox order. A read-only look first spares the write when no pool is due.
 func (c *Coordinator) retirePools(ctx context.Context) error {
 	present, err := c.queue.TilePools(ctx)
 	if err != nil || len(present) == 0 {
+		clear(c.poolIdle)
 		return err
+	}
+	now := c.now()
+	due := func(id string) bool {
+		since, ok := c.poolIdle[id]
+		if !ok {
+			since, c.poolIdle[id] = now, now
+		}
+		return c.cfg.RetirePoolsAfter < 0 || now.Sub(since) >= c.cfg.RetirePoolsAfter
 	}
 	idle := func(tx *coorddb.Tx) ([]string, error) {
 		inUse, err := poolsInUse(tx)
 		if err != nil {
 			return nil, err
 		}
+		seen := map[string]bool{}
 		var out []string
 		for _, p := range present {
-			if !inUse[p.ID()] {
+			id := p.ID()
+			seen[id] = true
+			if inUse[id] {
+				delete(c.poolIdle, id)
+			} else if due(id) {
 				data, err := json.Marshal(p)
 				if err != nil {
 					return nil, err
 				}
 				out = append(out, string(data))
+			}
+		}
+		for id := range c.poolIdle {
+			if !seen[id] {
+				delete(c.poolIdle, id) // retired, or gone otherwise: its grace starts anew
 			}
 		}
 		return out, nil
@@ -352,9 +375,9 @@ func (c *Coordinator) retire(ctx context.Context, r coorddb.OutboxRecord) error 
 const poolsEvery = 2 * time.Second
 
 // retireLoop looks for pools to retire at start, when kicked (kickPools) and every reconcile
-// period.
+// period, or more often when an idle pool's grace is shorter.
 func (c *Coordinator) retireLoop(ctx context.Context) error {
-	t := time.NewTicker(c.cfg.ReconcileEvery)
+	t := time.NewTicker(min(c.cfg.ReconcileEvery, max(c.cfg.RetirePoolsAfter, poolsEvery)))
 	defer t.Stop()
 	for {
 		if err := c.retirePools(ctx); err != nil && ctx.Err() == nil {

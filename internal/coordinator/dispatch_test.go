@@ -149,7 +149,7 @@ func TestReviveLeavesThroughTheOutbox(t *testing.T) {
 // pools of five finished --max-slots jobs are retired (consumers deleted, subjects purged),
 // while that of a job still rendering keeps its consumers and its queued tiles.
 func TestPoolsOfFinishedJobsAreRetired(t *testing.T) {
-	h := newHarness(t, Config{})
+	h := newHarness(t, Config{RetirePoolsAfter: -1})
 	for n := 1; n <= 5; n++ {
 		req := h.request(n, n, 16, 16, 16) // one tile
 		req.MaxSlots = 1
@@ -194,11 +194,50 @@ func TestPoolsOfFinishedJobsAreRetired(t *testing.T) {
 	}
 }
 
+// Property: an idle pool keeps its consumers for Config.RetirePoolsAfter after a look first
+// found it idle, so a job of the same pool soon after finds the workers already pulling, and
+// is retired at the first look past it.
+func TestIdlePoolIsRetiredOnlyAfterItsGrace(t *testing.T) {
+	h := newHarness(t, Config{RetirePoolsAfter: time.Minute})
+	clock := time.Now()
+	h.c.now = func() time.Time { return clock }
+	req := h.request(1, 1, 16, 16, 16)
+	req.MaxSlots = 1
+	res := h.submit(t, req)
+	h.relay(t)
+	fk := h.job(t, res.Status.JobID).FrameKey(1)
+	h.completeTiles(t, fk)
+	h.promoteFormat(t, fk, "png")
+	h.apply(t, wire.Event{ID: "assembled", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	look := func() int {
+		t.Helper()
+		if err := h.c.retirePools(h.ctx); err != nil {
+			t.Fatal(err)
+		}
+		h.relay(t)
+		pools, err := h.queue.TilePools(h.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(pools)
+	}
+	for _, after := range []time.Duration{0, 59 * time.Second} {
+		clock = clock.Add(after)
+		if n := look(); n != 1 {
+			t.Fatalf("%v into its grace: %d pools, want the finished job's still there", after, n)
+		}
+	}
+	clock = clock.Add(time.Second)
+	if n := look(); n != 0 {
+		t.Fatalf("past its grace: %d pools, want the finished job's retired", n)
+	}
+}
+
 // Property: a worker's polling does not grow with finished work. A running coordinator leaves
 // no tile consumer of a finished --max-slots job's own pool in TILES, so an idle worker, which
 // pulls from every consumer it finds, pulls from none of them.
 func TestRunningCoordinatorLeavesNoPoolOfFinishedJobs(t *testing.T) {
-	h := newHarness(t, Config{})
+	h := newHarness(t, Config{RetirePoolsAfter: -1})
 	for n := 1; n <= 3; n++ {
 		req := h.request(n, n, 16, 16, 16)
 		req.MaxSlots = 2
@@ -246,7 +285,7 @@ func TestRunningCoordinatorLeavesNoPoolOfFinishedJobs(t *testing.T) {
 // Property: a dead letter requeued after its pool was retired reaches a worker: it goes where
 // its frame's tiles go now, the pool made anew.
 func TestRequeueAfterThePoolWasRetiredReachesAWorker(t *testing.T) {
-	h := newHarness(t, Config{})
+	h := newHarness(t, Config{RetirePoolsAfter: -1})
 	req := h.request(1, 2, 16, 16, 16) // two frames of one tile
 	req.MaxSlots = 1
 	res := h.submit(t, req)
