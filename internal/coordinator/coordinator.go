@@ -108,7 +108,7 @@ type Coordinator struct {
 	poolsKick chan struct{} // retireLoop's
 	// poolIdle is when each pool retirePools found idle was first found so, by Pool.ID; only
 	// retireLoop's goroutine touches it.
-	poolIdle map[string]time.Time
+	poolIdle  map[string]time.Time
 	changedMu sync.Mutex
 	changed   chan struct{} // closed and replaced on every projection change, for waiters
 

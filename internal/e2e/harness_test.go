@@ -475,4 +475,3 @@ func decodePNG(t *testing.T, path string) image.Image {
 func containsFold(s, sub string) bool {
 	return strings.Contains(strings.ToLower(s), strings.ToLower(sub))
 }
-
