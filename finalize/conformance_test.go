@@ -591,6 +591,7 @@ func waitNewer(t *testing.T, s objstore.Store, keys []string) time.Time {
 }
 
 func TestFSStoreConformance(t *testing.T) {
+	t.Parallel() // a store of its own
 	testStoreConformance(t, func(t *testing.T) objstore.Store {
 		s, err := objstore.NewFSStore(t.TempDir())
 		if err != nil {

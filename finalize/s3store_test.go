@@ -12,6 +12,7 @@ import (
 )
 
 func TestS3StoreConformance(t *testing.T) {
+	t.Parallel() // a store of its own
 	srv := miniotest.Start(t)
 	var n atomic.Int32
 	testStoreConformance(t, func(t *testing.T) objstore.Store {
@@ -29,6 +30,7 @@ func TestS3StoreConformance(t *testing.T) {
 // node 3 killed (SIGKILL): one node down keeps write quorum (3 of 4 drives), so
 // every operation and the finalization protocol on top must still hold.
 func TestS3ClusterConformance(t *testing.T) {
+	t.Parallel() // a store of its own
 	c := miniotest.StartCluster(t, 4)
 	var n atomic.Int32
 	newStore := func(t *testing.T) objstore.Store {
