@@ -34,7 +34,11 @@ type Options struct {
 	// Kernel caps the Cycles CPU kernel ("avx2", "avx", "sse41", "sse2"; "" is the best this
 	// CPU has), so machines of different CPUs can render with one build (Kernels).
 	Kernel string
-	Log    *slog.Logger
+	// BuildCache is a directory where the build a Blender reported is remembered (buildCache),
+	// so Build answers without starting one when this machine asked before; "" asks Blender
+	// every time a pool starts.
+	BuildCache string
+	Log        *slog.Logger
 }
 
 // Kernels are the Cycles CPU kernels a pool may be capped to, best first, each with the
@@ -76,6 +80,9 @@ type Pool struct {
 	closed bool
 	build  string
 	seq    int
+	cache  buildCache
+	// cached says build came from the cache and no process of the pool confirmed it yet.
+	cached bool
 }
 
 // NewPool makes a pool; no process starts until one is needed.
@@ -95,7 +102,7 @@ func NewPool(o Options) *Pool {
 	if abs, err := filepath.Abs(o.Dir); err == nil {
 		o.Dir = abs // Blender runs in its own working directory
 	}
-	return &Pool{o: o, slots: make(chan struct{}, o.Size), wake: make(chan struct{})}
+	return &Pool{o: o, slots: make(chan struct{}, o.Size), wake: make(chan struct{}), cache: newBuildCache(o)}
 }
 
 // Build is the fingerprint of the pool's Blender: its version and build, the Cycles kernel and
@@ -108,12 +115,21 @@ func (p *Pool) Build(ctx context.Context) (string, error) {
 	if b != "" {
 		return b, nil
 	}
+	if b := p.cache.load(); b != "" {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if p.build == "" {
+			p.build, p.cached = b, true
+		}
+		return p.build, nil
+	}
 	err := p.with(ctx, "", func(*process) error { return nil })
 	if err != nil {
 		return "", err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.cache.store(p.build)
 	return p.build, nil
 }
 
@@ -245,10 +261,16 @@ func (p *Pool) start(ctx context.Context) (*process, error) {
 	if p.build == "" {
 		p.build = fp
 	}
-	mismatch := p.build != fp
+	mismatch, cached := p.build != fp, p.cached
+	p.cached = p.cached && mismatch
 	p.mu.Unlock()
 	if mismatch {
 		proc.kill()
+		if cached {
+			// The machine's Blender is not the one remembered: the next start asks it again.
+			p.cache.forget()
+			return fail(fmt.Errorf("%w: Blender reports %q, not the build this worker announced from its cache, %q: restart the worker", ErrProcess, fp, p.build))
+		}
 		return fail(fmt.Errorf("%w: a restarted Blender reports %q, the pool started as %q", ErrProcess, fp, p.build))
 	}
 	return proc, nil

@@ -38,6 +38,19 @@ type Options struct {
 	Binary      string
 	HangTimeout time.Duration
 	Kernel      string // caps the Cycles CPU kernel (blender.Options.Kernel)
+	// BuildCache remembers this machine's Blender builds (blender.Options.BuildCache); AddFlags
+	// makes it DefaultBuildCache.
+	BuildCache string
+}
+
+// DefaultBuildCache is where the commands remember the builds of this machine's Blenders:
+// tilefarm/blender-builds in the user's cache directory, or "" (none) where there is none.
+func DefaultBuildCache() string {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		return ""
+	}
+	return filepath.Join(dir, "tilefarm", "blender-builds")
 }
 
 // AddFlags adds --blender (default $TILEFARM_BLENDER, else blender) and, for the commands
@@ -47,6 +60,8 @@ func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
 	if o.Binary == "" {
 		o.Binary = "blender"
 	}
+	o.BuildCache = DefaultBuildCache()
+	fs.StringVar(&o.BuildCache, "blender-build-cache", o.BuildCache, "directory remembering the build each Blender of this machine reported, so a start need not run Blender to know it (\"\": ask Blender every start)")
 	fs.StringVar(&o.Binary, "blender", o.Binary, "Blender 3.4 executable for .blend scenes (env "+EnvBinary+"); a job renders on the workers running its build")
 	var names []string
 	for _, k := range blender.Kernels {
@@ -78,7 +93,7 @@ var _ scene.Kind = (*Kind)(nil)
 // turns with the slots' passes.
 func New(o Options, env scene.Env) *Kind {
 	return &Kind{pool: blender.NewPool(blender.Options{Binary: o.Binary, HangTimeout: o.HangTimeout, Kernel: o.Kernel,
-		Dir: env.Dir, Size: env.Slots, Log: env.Log})}
+		BuildCache: o.BuildCache, Dir: env.Dir, Size: env.Slots, Log: env.Log})}
 }
 
 // Build is the fingerprint of this machine's Blender (scene.Builder), starting a process of
