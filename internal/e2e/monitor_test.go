@@ -196,15 +196,30 @@ func TestWebWorkersAndDeadLetter(t *testing.T) {
 		t.Fatalf("w2's pools and tags read %q, want the pool of any worker and its tag gpu", text)
 	}
 	b.screenshot("workers")
-	var ws api.WorkersResponse
-	apiGet(t, f, "/v1/workers?detail=1", &ws)
-	for _, w := range ws.Workers {
-		busy := 0.0
-		for _, s := range w.History {
-			busy = max(busy, s.Busy)
+	// A heartbeat says how busy the slots were since the one before, so the first (at the
+	// worker's start, perhaps before the job arrived) may read idle: wait for a beat taken
+	// while each rendered, then check what every beat says.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(250 * time.Millisecond) {
+		var ws api.WorkersResponse
+		apiGet(t, f, "/v1/workers?detail=1", &ws)
+		problem := ""
+		for _, w := range ws.Workers {
+			busy := 0.0
+			for _, s := range w.History {
+				busy = max(busy, s.Busy)
+			}
+			if w.Slots != 2 || busy <= 0 || busy > 2 {
+				problem = fmt.Sprintf("worker %s: %d slots, at most %v busy over %d heartbeats; want 2 slots, some busy", w.Name, w.Slots, busy, len(w.History))
+			}
 		}
-		if w.Slots != 2 || busy <= 0 || busy > 2 {
-			t.Fatalf("worker %s: %d slots, at most %v busy over %d heartbeats; want 2 slots, some busy", w.Name, w.Slots, busy, len(w.History))
+		if len(ws.Workers) != 2 {
+			problem = fmt.Sprintf("%d workers listed, want w1 and w2", len(ws.Workers))
+		}
+		if problem == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal(problem)
 		}
 	}
 
