@@ -435,9 +435,13 @@ func (r Result) Figures() [][2]any {
 
 // Table writes the figures, with their targets, as a readable table.
 func (r Result) Table(w io.Writer) {
-	fmt.Fprintf(w, "machine: %s\n\n%-26s %14s  %s\n", r.Machine, "figure", "value", "target")
+	width := 0
 	for _, f := range r.Figures() {
-		fmt.Fprintf(w, "%-26s %14.4g  %s\n", f[0], f[1], Targets[f[0].(string)])
+		width = max(width, len(f[0].(string)))
+	}
+	fmt.Fprintf(w, "machine: %s\n\n%-*s %14s  %s\n", r.Machine, width, "figure", "value", "target")
+	for _, f := range r.Figures() {
+		fmt.Fprintf(w, "%-*s %14.4g  %s\n", width, f[0], f[1], Targets[f[0].(string)])
 	}
 	fmt.Fprintf(w, "\nshot: %d tiles, %.2f s of CPU a tile; local %.1f s, farm %.1f s; dispatch %d tiles; rss at %d tiles\n",
 		r.ShotTiles, r.ShotTileSeconds, r.LocalSeconds, r.FarmSeconds, r.DispatchTiles, r.CoordinatorRSSTiles)
