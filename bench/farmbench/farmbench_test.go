@@ -21,7 +21,7 @@ func TestRunTiny(t *testing.T) {
 	c.DispatchFrames = 2
 	c.RecoveryReps = 1
 	c.RecoveryServe = []string{"--ack-wait", "2s", "--lease-ttl", "2s"}
-	c.ResumeKills, c.ResumeFrames = 1, 1
+	c.ResumeKills, c.ResumeFrames, c.ResumeTileSeconds = 1, 1, 0.4
 	c.RSSTiles = 100
 	c.ProfileDir, c.ProfileDuration = t.TempDir(), time.Second
 	res, err := Run(t.Context(), c)
@@ -50,6 +50,11 @@ func TestRunTiny(t *testing.T) {
 	}
 	if err := res.Finite(); err != nil {
 		t.Error(err)
+	}
+	// A tile's length and the seconds a kill lost come from the workers' logs: a length of 0
+	// means no line was read.
+	if res.ResumeTileSeconds <= 0 || res.ResumeSecondsLost < 0 {
+		t.Errorf("resume_tile_seconds %v, resume_seconds_lost_per_kill %v: want a length read from the logs", res.ResumeTileSeconds, res.ResumeSecondsLost)
 	}
 	// The factors come from the workers' metrics and the local renders' rusage. A slot renders
 	// one tile at a time, so the farm's rendering never exceeds its slots' time (slot_busy <= 1).

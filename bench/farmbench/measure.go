@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -279,12 +280,37 @@ func MeasureRecovery(ctx context.Context, bins farmtest.Binaries, b *bundle.Bund
 	return out, nil
 }
 
+// ResumeSpec sizes MeasureResume.
+type ResumeSpec struct {
+	Workers int    // worker processes, one slot each
+	Kills   int    // kills of the schedule
+	Seed    uint64 // seed of the schedule: when, and which worker
+	Frames  int    // frames of 96x54 in 32 px tiles, 6 tiles each
+	MinIO   bool   // objects in a MinIO process
+	// TileSeconds is how long a tile renders: each of its resumeSPP samples waits
+	// TileSeconds/resumeSPP (--fault-sample-delay). Kills come TileSeconds/2 to TileSeconds
+	// apart on a random worker, each at a random moment of some tile's render; with two
+	// workers each is killed once in about one and a half tile lengths.
+	TileSeconds float64
+}
+
+// resumeSPP is the samples per pixel of the resume job's tiles.
+const resumeSPP = 64
+
 // ResumeRun is what a seeded schedule of kills cost a job.
 type ResumeRun struct {
 	Kills     int
 	Needed    int64   // tiles x spp: the samples the job needs
 	Rendered  float64 // samples rendered by every worker process, the killed ones included
 	Recovered int64   // samples resumed from checkpoints (the coordinator's count)
+	// LoggedRecovered is the samples_recovered of every `resuming from checkpoint` line the
+	// workers logged, the killed processes' included; Resumes counts those lines.
+	LoggedRecovered int64
+	Resumes         int
+	// SecondsPerSample is what a sample of a tile took to render, measured: the render_seconds
+	// of every `tile promoted` line over the samples those renders rendered (spp - recovered).
+	SecondsPerSample float64
+	SPP              int
 }
 
 // Rate is the fraction of samples rendered before a kill that were not rendered again:
@@ -302,28 +328,47 @@ func (r ResumeRun) Rate() float64 {
 // Again is the samples rendered again: rendered - needed.
 func (r ResumeRun) Again() float64 { return max(r.Rendered-float64(r.Needed), 0) }
 
+// SecondsLostPerKill is the render time a kill cost: the samples rendered again, times what a
+// sample took, over the kills (0 without a kill).
+func (r ResumeRun) SecondsLostPerKill() float64 {
+	if r.Kills == 0 {
+		return 0
+	}
+	return r.Again() * r.SecondsPerSample / float64(r.Kills)
+}
+
+// TileSeconds is how long a tile took to render in the run: spp x SecondsPerSample.
+func (r ResumeRun) TileSeconds() float64 { return float64(r.SPP) * r.SecondsPerSample }
+
 // MeasureResume renders a job on workers while killing one with SIGKILL at seeded moments
 // (and restarting it on its own checkpoint directory), reading each worker's
-// tilefarm_samples_rendered_total just before it is killed and at the end.
-func MeasureResume(ctx context.Context, bins farmtest.Binaries, b *bundle.Bundle, dir string, workers, kills int, seed uint64, frames int, minio bool) (ResumeRun, error) {
-	var r ResumeRun
-	// The workers keep their default checkpoint cadence. Each sample waits 12 ms, so a tile of
-	// 64 samples takes about a second, and is counted as it lands: a kill loses the samples since
-	// the last checkpoint, a part of a pass included, and the counters show them.
-	spec := FarmSpec{Workers: workers, Slots: 1, MinIO: minio, WorkerArgs: []string{"--fault-sample-delay", "12ms"}}
+// tilefarm_samples_rendered_total just before it is killed and at the end. It checks that the
+// samples the workers logged as resumed are the samples the job's status counts as recovered,
+// and fails when they differ: the rate would then not be the farm's.
+func MeasureResume(ctx context.Context, bins farmtest.Binaries, b *bundle.Bundle, dir string, rs ResumeSpec) (ResumeRun, error) {
+	r := ResumeRun{SPP: resumeSPP}
+	if rs.TileSeconds <= 0 {
+		return r, fmt.Errorf("resume tiles of %g s: want a positive length", rs.TileSeconds)
+	}
+	tile := time.Duration(rs.TileSeconds * float64(time.Second))
+	// The workers keep their default checkpoint cadence. Each sample waits its share of the
+	// tile's length and is counted as it lands: a kill loses the samples since the last
+	// checkpoint it is resumed from, a part of a pass included, and the counters show them.
+	delay := tile / resumeSPP
+	spec := FarmSpec{Workers: rs.Workers, Slots: 1, MinIO: rs.MinIO, WorkerArgs: []string{"--fault-sample-delay", delay.String()}}
 	f, err := StartFarm(ctx, bins, dir, spec, b)
 	if err != nil {
 		return r, err
 	}
 	defer f.Close()
-	s := Shot{First: 1, Last: frames, Width: 96, Height: 54, SPP: 64, TileSize: 32}
+	s := Shot{First: 1, Last: rs.Frames, Width: 96, Height: 54, SPP: resumeSPP, TileSize: 32}
 	res, err := f.API.Submit(ctx, b, s.request(b))
 	if err != nil {
 		return r, fmt.Errorf("submitting: %w", err)
 	}
-	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	for range kills {
-		if err := sleep(ctx, time.Duration(500+rng.IntN(1500))*time.Millisecond); err != nil {
+	rng := rand.New(rand.NewPCG(rs.Seed, rs.Seed^0x9e3779b97f4a7c15))
+	for range rs.Kills {
+		if err := sleep(ctx, tile/2+time.Duration(rng.Int64N(int64(tile/2)+1))); err != nil {
 			return r, err
 		}
 		st, err := f.API.Status(ctx, res.Status.JobID)
@@ -358,7 +403,87 @@ func MeasureResume(ctx context.Context, bins farmtest.Binaries, b *bundle.Bundle
 		r.Rendered += n
 	}
 	r.Needed, r.Recovered = int64(st.TilesTotal)*int64(s.SPP), int64(st.SamplesRecovered)
+	var logs []string
+	for _, w := range f.Workers { // every process started, the killed ones included
+		logs = append(logs, w.Log())
+	}
+	lg := readResumeLogs(logs, s.SPP)
+	r.LoggedRecovered, r.Resumes = lg.recovered, lg.resumes
+	if lg.renderedSamples > 0 {
+		r.SecondsPerSample = lg.renderSeconds / float64(lg.renderedSamples)
+	}
+	if r.LoggedRecovered != r.Recovered && !lg.explains(r.Recovered) {
+		return r, fmt.Errorf("the workers logged %d resumes of %d samples in all, but the job's status counts %d samples recovered (%d of the logged samples in resumes whose start event went out)",
+			lg.resumes, lg.recovered, r.Recovered, lg.started)
+	}
 	return r, nil
+}
+
+var (
+	logResuming  = regexp.MustCompile(`msg="resuming from checkpoint"`)
+	logRendering = regexp.MustCompile(`msg="rendering tile"`)
+	logPromoted  = regexp.MustCompile(`msg="tile promoted"`)
+	logAttr      = regexp.MustCompile(`(?:^| )(attempt_id|samples_recovered|render_seconds)=(\S+)`)
+)
+
+// resumeLogs is what the workers' logs say of the resumes and renders of a job.
+type resumeLogs struct {
+	resumes   int
+	recovered int64 // samples_recovered of every `resuming from checkpoint`
+	// started is the part of recovered whose attempt logged `rendering tile` after it, which
+	// it does once its tile.started event, the coordinator's count, went out; unstarted is the
+	// rest, resumes of a process killed between the two.
+	started, unstarted int64
+	renderSeconds      float64 // render_seconds of every `tile promoted`
+	renderedSamples    int64   // the samples those renders rendered
+}
+
+// explains reports whether recovered, the coordinator's count, differs from the logged one
+// only by resumes whose worker was killed before their start event went out (or before it
+// logged that the event had): the coordinator never heard of those.
+func (l resumeLogs) explains(recovered int64) bool {
+	return l.unstarted > 0 && recovered >= l.started && recovered <= l.recovered
+}
+
+// readResumeLogs reads the logs of worker processes, one string each, of tiles of spp samples.
+func readResumeLogs(logs []string, spp int) resumeLogs {
+	var l resumeLogs
+	for _, log := range logs {
+		pending := map[string]int64{} // attempt_id of a resume to its samples
+		for _, line := range strings.Split(log, "\n") {
+			resuming, rendering, promoted := logResuming.MatchString(line), logRendering.MatchString(line), logPromoted.MatchString(line)
+			if !resuming && !rendering && !promoted {
+				continue
+			}
+			attrs := map[string]string{}
+			for _, m := range logAttr.FindAllStringSubmatch(line, -1) {
+				attrs[m[1]] = m[2]
+			}
+			key := attrs["attempt_id"]
+			n, _ := strconv.ParseInt(attrs["samples_recovered"], 10, 64)
+			switch {
+			case resuming:
+				l.resumes++
+				l.recovered += n
+				pending[key] = n
+			case rendering:
+				if v, ok := pending[key]; ok {
+					l.started += v
+					delete(pending, key)
+				}
+			case promoted:
+				secs, err := strconv.ParseFloat(attrs["render_seconds"], 64)
+				if err == nil && n < int64(spp) {
+					l.renderSeconds += secs
+					l.renderedSamples += int64(spp) - n
+				}
+			}
+		}
+		for _, v := range pending {
+			l.unstarted += v
+		}
+	}
+	return l
 }
 
 // MeasureCoordinatorRSS submits a job of at least tiles tiles (1920x1080 in 16 px tiles, 8160

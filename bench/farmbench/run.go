@@ -25,23 +25,26 @@ import (
 
 // Config sizes every measurement of a run.
 type Config struct {
-	Dir             string // work directory; its farms are removed afterwards
-	Workers, Slots  int    // worker processes and --concurrency of each
-	MinIO           bool   // objects in a MinIO process
-	Shot            Shot   // the realistic shot of farm_efficiency
-	SmallFrames     int    // frames of the bundled example as it ships (farm_efficiency_small)
-	Overhead        Shot   // tiny tiles, 1 spp (tile_overhead_cpu_ms)
-	DispatchFrames  int    // frames of the 1920x1080 64 px shot (510 tiles a frame)
-	RecoveryReps    int    // kills of recovery_seconds
-	RecoveryServe   []string
-	ResumeKills     int
-	ResumeFrames    int
-	Seed            uint64
-	RSSTiles        int // tiles of the --workers 0 job of coordinator_rss_job_mb (0: skip)
-	Growth          bool
-	ProfileDir      string // CPU profiles of the overhead farm's coordinator and first worker, and of each fleet's servers
-	ProfileDuration time.Duration
-	Log             io.Writer
+	Dir            string // work directory; its farms are removed afterwards
+	Workers, Slots int    // worker processes and --concurrency of each
+	MinIO          bool   // objects in a MinIO process
+	Shot           Shot   // the realistic shot of farm_efficiency
+	SmallFrames    int    // frames of the bundled example as it ships (farm_efficiency_small)
+	Overhead       Shot   // tiny tiles, 1 spp (tile_overhead_cpu_ms)
+	DispatchFrames int    // frames of the 1920x1080 64 px shot (510 tiles a frame)
+	RecoveryReps   int    // kills of recovery_seconds
+	RecoveryServe  []string
+	ResumeKills    int
+	ResumeFrames   int
+	// ResumeTileSeconds is how long each tile of the resume job renders: long enough that the
+	// workers' default checkpoint cadence, remote uploads included, is what a kill meets.
+	ResumeTileSeconds float64
+	Seed              uint64
+	RSSTiles          int // tiles of the --workers 0 job of coordinator_rss_job_mb (0: skip)
+	Growth            bool
+	ProfileDir        string // CPU profiles of the overhead farm's coordinator and first worker, and of each fleet's servers
+	ProfileDuration   time.Duration
+	Log               io.Writer
 	// Fleet is the simulated fleet (bench/fleet); it runs when it names sizes.
 	Fleet FleetConfig
 	// Monitor is the coordinator's CPU with the web monitor open (MeasureMonitor); it runs
@@ -78,7 +81,7 @@ var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", 
 func Default() Config {
 	return Config{Workers: 2, Slots: 1, MinIO: true, Shot: Shot{First: 1, Last: 2, Width: 1280, Height: 720, SPP: 16, TileSize: 256},
 		SmallFrames: 24, Overhead: Shot{First: 1, Last: 4, Width: 192, Height: 108, SPP: 1, TileSize: 16},
-		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 20, ResumeFrames: 8, Seed: 1, Log: io.Discard}
+		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 12, ResumeFrames: 3, ResumeTileSeconds: 4, Seed: 1, Log: io.Discard}
 }
 
 // Targets are the figures' goals, printed next to them.
@@ -133,15 +136,22 @@ type Result struct {
 	ResumeKills               int                `json:"resume_kills"`
 	ResumeRecovered           int64              `json:"resume_samples_recovered"`
 	ResumeAgain               float64            `json:"resume_samples_rendered_again"`
-	CoordinatorRSSMB          float64            `json:"coordinator_rss_mb"`
-	CoordinatorRSSTiles       int                `json:"coordinator_rss_tiles"`
-	WorkerRSSMBPerSlot        float64            `json:"worker_rss_mb_per_slot"`
-	FarmSeconds               float64            `json:"farm_seconds"`
-	LocalSeconds              float64            `json:"local_seconds"`
-	ShotTiles                 int                `json:"shot_tiles"`
-	ShotTileSeconds           float64            `json:"shot_tile_cpu_seconds"`
-	Targets                   map[string]string  `json:"targets"`
-	Growth                    []GrowthRow        `json:"growth,omitempty"`
+	// ResumeLogged is the samples the workers logged as resumed from checkpoints, which
+	// MeasureResume checks against ResumeRecovered, the job's status.
+	ResumeLogged int64 `json:"resume_samples_recovered_logged"`
+	// ResumeSecondsLost is the render time a kill cost: samples rendered again x seconds a
+	// sample / kills; ResumeTileSeconds is how long a tile of the job took to render.
+	ResumeSecondsLost   float64           `json:"resume_seconds_lost_per_kill"`
+	ResumeTileSeconds   float64           `json:"resume_tile_seconds"`
+	CoordinatorRSSMB    float64           `json:"coordinator_rss_mb"`
+	CoordinatorRSSTiles int               `json:"coordinator_rss_tiles"`
+	WorkerRSSMBPerSlot  float64           `json:"worker_rss_mb_per_slot"`
+	FarmSeconds         float64           `json:"farm_seconds"`
+	LocalSeconds        float64           `json:"local_seconds"`
+	ShotTiles           int               `json:"shot_tiles"`
+	ShotTileSeconds     float64           `json:"shot_tile_cpu_seconds"`
+	Targets             map[string]string `json:"targets"`
+	Growth              []GrowthRow       `json:"growth,omitempty"`
 	// Fleet is one row per fleet size; FleetSaturation the first size whose tiles_per_s fell
 	// below FleetSaturation of its ideal, 0 if none did (absent when no fleet was measured).
 	Fleet           []fleet.Row `json:"fleet,omitempty"`
@@ -265,13 +275,15 @@ func Run(ctx context.Context, c Config) (Result, error) {
 			return nil
 		},
 		"resume": func() error {
-			logf("resume: %d kills, seed %d", c.ResumeKills, c.Seed)
-			rr, err := MeasureResume(ctx, bins, b, filepath.Join(dir, "resume"), c.Workers, c.ResumeKills, c.Seed, c.ResumeFrames, c.MinIO)
+			logf("resume: %d kills, seed %d, tiles of %g s", c.ResumeKills, c.Seed, c.ResumeTileSeconds)
+			rr, err := MeasureResume(ctx, bins, b, filepath.Join(dir, "resume"), ResumeSpec{Workers: c.Workers, Kills: c.ResumeKills,
+				Seed: c.Seed, Frames: c.ResumeFrames, MinIO: c.MinIO, TileSeconds: c.ResumeTileSeconds})
 			if err != nil {
 				return fmt.Errorf("resume: %w", err)
 			}
 			res.ResumeRate, res.ResumeKills = rr.Rate(), rr.Kills
-			res.ResumeRecovered, res.ResumeAgain = rr.Recovered, rr.Again()
+			res.ResumeRecovered, res.ResumeAgain, res.ResumeLogged = rr.Recovered, rr.Again(), rr.LoggedRecovered
+			res.ResumeSecondsLost, res.ResumeTileSeconds = rr.SecondsLostPerKill(), rr.TileSeconds()
 			return nil
 		},
 		"rss": func() error {
@@ -415,19 +427,28 @@ func (r Result) Figures() [][2]any {
 		{"farm_efficiency", r.FarmEfficiency}, {"farm_efficiency_small", r.FarmEfficiencySmall},
 		{"tile_overhead_cpu_ms", r.TileOverheadCPUms}, {"tile_overhead_cpu_ms_file_store", r.TileOverheadFileCPUms}, {"dispatch_tiles_per_s", r.DispatchTilesPerS},
 		{"recovery_seconds_p50", r.RecoveryP50}, {"recovery_seconds_p99", r.RecoveryP99},
-		{"resume_rate", r.ResumeRate}, {"coordinator_rss_mb", r.CoordinatorRSSMB},
+		{"resume_rate", r.ResumeRate}, {"resume_seconds_lost_per_kill", r.ResumeSecondsLost}, {"resume_tile_seconds", r.ResumeTileSeconds},
+		{"coordinator_rss_mb", r.CoordinatorRSSMB},
 		{"worker_rss_mb_per_slot", r.WorkerRSSMBPerSlot},
 	}
 }
 
 // Table writes the figures, with their targets, as a readable table.
 func (r Result) Table(w io.Writer) {
-	fmt.Fprintf(w, "machine: %s\n\n%-26s %14s  %s\n", r.Machine, "figure", "value", "target")
+	width := 0
 	for _, f := range r.Figures() {
-		fmt.Fprintf(w, "%-26s %14.4g  %s\n", f[0], f[1], Targets[f[0].(string)])
+		width = max(width, len(f[0].(string)))
 	}
-	fmt.Fprintf(w, "\nshot: %d tiles, %.2f s of CPU a tile; local %.1f s, farm %.1f s; dispatch %d tiles; rss at %d tiles; %d resume kills\n",
-		r.ShotTiles, r.ShotTileSeconds, r.LocalSeconds, r.FarmSeconds, r.DispatchTiles, r.CoordinatorRSSTiles, r.ResumeKills)
+	fmt.Fprintf(w, "machine: %s\n\n%-*s %14s  %s\n", r.Machine, width, "figure", "value", "target")
+	for _, f := range r.Figures() {
+		fmt.Fprintf(w, "%-*s %14.4g  %s\n", width, f[0], f[1], Targets[f[0].(string)])
+	}
+	fmt.Fprintf(w, "\nshot: %d tiles, %.2f s of CPU a tile; local %.1f s, farm %.1f s; dispatch %d tiles; rss at %d tiles\n",
+		r.ShotTiles, r.ShotTileSeconds, r.LocalSeconds, r.FarmSeconds, r.DispatchTiles, r.CoordinatorRSSTiles)
+	if slices.Contains(r.Steps, "resume") {
+		fmt.Fprintf(w, "resume: %d kills, %d samples recovered (%d logged by the workers), %.0f rendered again\n",
+			r.ResumeKills, r.ResumeRecovered, r.ResumeLogged, r.ResumeAgain)
+	}
 	for _, e := range []struct {
 		name    string
 		factors map[string]float64

@@ -37,6 +37,7 @@ func main() {
 	serve := flag.String("recovery-serve-args", "", "extra coordinator serve flags of the recovery farm, space-separated (e.g. \"--ack-wait 3s --lease-ttl 3s\")")
 	flag.IntVar(&c.ResumeKills, "resume-kills", c.ResumeKills, "kills of the resume schedule")
 	flag.IntVar(&c.ResumeFrames, "resume-frames", c.ResumeFrames, "frames of the resume job (6 tiles each)")
+	flag.Float64Var(&c.ResumeTileSeconds, "resume-tile-seconds", c.ResumeTileSeconds, "render time of each tile of the resume job, in seconds")
 	flag.Uint64Var(&c.Seed, "seed", c.Seed, "seed of the kill schedule")
 	flag.IntVar(&c.RSSTiles, "rss-tiles", 0, "also track a job of this many tiles on coordinator serve --workers 0 (e.g. 1000000)")
 	flag.BoolVar(&c.Growth, "growth", false, "also measure the key figures at three sizes of tiles per frame, frames per job and workers")
