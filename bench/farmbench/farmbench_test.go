@@ -12,6 +12,7 @@ import (
 // has every figure as a finite number. No time is asserted: the figures only have to exist. A
 // missing MinIO binary fails the run (miniotest names the way to install it); it never skips.
 func TestRunTiny(t *testing.T) {
+	t.Parallel() // a farm and directory of its own; no figure is held to a value
 	c := Default()
 	c.Dir = t.TempDir()
 	c.MinIO = true
@@ -78,6 +79,7 @@ func TestRunTiny(t *testing.T) {
 // checks every window measured the coordinator's CPU as a finite, non-negative number, with
 // the tile events flowing. No figure is held to a value: that is the full run's to report.
 func TestMonitorTiny(t *testing.T) {
+	t.Parallel() // a farm and directory of its own; no figure is held to a value
 	c := Default()
 	c.Dir = t.TempDir()
 	c.Only = []string{"monitor"}

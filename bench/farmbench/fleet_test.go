@@ -14,6 +14,7 @@ import (
 // figures only have to exist and agree with each other. A missing nats-server fails the test
 // (natstest names the way to build it); it never skips.
 func TestFleetTiny(t *testing.T) {
+	t.Parallel() // a farm and directory of its own; no figure is held to a value
 	c := Default()
 	c.Dir = t.TempDir()
 	c.Only = []string{"fleet"}

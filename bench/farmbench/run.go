@@ -37,7 +37,9 @@ type Config struct {
 	ResumeKills    int
 	ResumeFrames   int
 	// ResumeTileSeconds is how long each tile of the resume job renders: long enough that the
-	// workers' default checkpoint cadence, remote uploads included, is what a kill meets.
+	// workers' default checkpoint cadence, remote uploads included, is what a kill meets, as a
+	// production tile of tens of seconds meets it (a pass of 40 s / 32 passes outlasts the
+	// 1 s floor between remote uploads, so every checkpoint is uploaded).
 	ResumeTileSeconds float64
 	Seed              uint64
 	RSSTiles          int // tiles of the --workers 0 job of coordinator_rss_job_mb (0: skip)
@@ -81,7 +83,7 @@ var Steps = []string{"efficiency", "small", "overhead", "dispatch", "recovery", 
 func Default() Config {
 	return Config{Workers: 2, Slots: 1, MinIO: true, Shot: Shot{First: 1, Last: 2, Width: 1280, Height: 720, SPP: 16, TileSize: 256},
 		SmallFrames: 24, Overhead: Shot{First: 1, Last: 4, Width: 192, Height: 108, SPP: 1, TileSize: 16},
-		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 12, ResumeFrames: 3, ResumeTileSeconds: 4, Seed: 1, Log: io.Discard}
+		DispatchFrames: 240, RecoveryReps: 5, ResumeKills: 12, ResumeFrames: 1, ResumeTileSeconds: 40, Seed: 1, Log: io.Discard}
 }
 
 // Targets are the figures' goals, printed next to them.

@@ -12,6 +12,7 @@ import (
 // read, once its cache of them is fresh, as two putobject and one getobject more, and per tile
 // as their sum over the tiles.
 func TestMinIORequestsCountsTheStoresRequests(t *testing.T) {
+	t.Parallel() // a farm and directory of its own; no figure is held to a value
 	srv := miniotest.Start(t)
 	ctx := context.Background()
 	s, err := objstore.NewS3Store(ctx, srv.Endpoint, srv.Bucket, false, srv.AccessKey, srv.SecretKey)

@@ -168,10 +168,14 @@ func (a *activity) snapshot() ([]api.WorkerTile, []string, int64, float64, time.
 }
 
 // beat keeps the worker's entry in the directory until ctx ends, then removes it: every
-// queue.WorkerBeat it writes what the worker renders, how fast and what it blocklisted. A beat
-// that fails is logged and tried again at the next; the entry outlives a few lost beats.
+// queue.WorkerBeat it writes what the worker renders, how fast and what it blocklisted, from
+// its start on, and again at once each time a renderer reports its build (capabilities), so a
+// worker rendering is listed even while a slow renderer starts. A beat that fails is logged
+// and tried again at the next; the entry outlives a few lost beats.
 func (w *Worker) beat(ctx context.Context) {
-	caps := w.capabilities(ctx)
+	caps := w.cfg.Capabilities
+	learned := make(chan queue.Capabilities, len(w.scenes.kinds))
+	go w.capabilities(ctx, learned)
 	host, _ := os.Hostname()
 	t := time.NewTicker(queue.WorkerBeat)
 	defer t.Stop()
@@ -194,6 +198,12 @@ func (w *Worker) beat(ctx context.Context) {
 			w.log.Warn("worker heartbeat", "err", err)
 		}
 		select {
+		case c, ok := <-learned:
+			if !ok {
+				learned = nil // every renderer answered
+				continue
+			}
+			caps = c
 		case <-ctx.Done():
 			lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 			if err := w.queue.Workers.Leave(lctx, w.cfg.Name); err != nil {
@@ -208,10 +218,11 @@ func (w *Worker) beat(ctx context.Context) {
 
 // capabilities completes the worker's with the builds of this machine's renderers (asked of
 // each kind that has one, scene.Builder, at once: the built-in renderer answers at once,
-// Blender once a process of it started, a second or two) and has the worker pull from the
-// pools each serves as soon as it is known. The worker beats only after every kind answered,
-// so the directory never lists it without its builds.
-func (w *Worker) capabilities(ctx context.Context) queue.Capabilities {
+// Blender once a process of it started, a second or two, or at once from its build cache) and
+// has the worker pull from the pools each serves as soon as it is known. It sends out the
+// capabilities after each answer, for the next beat, and closes out when every kind answered.
+func (w *Worker) capabilities(ctx context.Context, out chan<- queue.Capabilities) {
+	defer close(out)
 	caps := w.cfg.Capabilities
 	caps.Builds = slices.Clone(caps.Builds)
 	type answer struct {
@@ -244,8 +255,8 @@ func (w *Worker) capabilities(ctx context.Context) queue.Capabilities {
 		caps.Builds = append(caps.Builds, a.build)
 		slices.Sort(caps.Builds)
 		w.sources.SetCapabilities(caps)
+		out <- caps
 	}
-	return caps
 }
 
 // frameDropped reports whether the tile's frame was dropped. A directory that cannot be read
