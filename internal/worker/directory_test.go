@@ -52,7 +52,9 @@ func TestWorkerIsListedWhileASlowRendererStarts(t *testing.T) {
 	})
 	close(slow.release)
 	waitFor(t, "the slow renderer's build listed once it reported it", func() bool {
-		return listed(func(x api.Worker) bool { return slices.Contains(x.Builds, "slow/1") && slices.Contains(x.Builds, builtin) })
+		return listed(func(x api.Worker) bool {
+			return slices.Contains(x.Builds, "slow/1") && slices.Contains(x.Builds, builtin)
+		})
 	})
 }
 
