@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -145,23 +144,30 @@ func TestReviveLeavesThroughTheOutbox(t *testing.T) {
 	}
 }
 
+// finishSlotJob submits frame n alone as a one-tile job of slots --max-slots (its own pool),
+// dispatches it and completes it: tile done, PNG promoted, frame assembled.
+func (h *harness) finishSlotJob(t *testing.T, n, slots int) {
+	t.Helper()
+	req := h.request(n, n, 16, 16, 16) // one tile
+	req.MaxSlots = slots
+	res := h.submit(t, req)
+	h.relay(t)
+	fk := h.job(t, res.Status.JobID).FrameKey(n)
+	h.completeTiles(t, fk)
+	h.promoteFormat(t, fk, "png")
+	h.apply(t, wire.Event{ID: fmt.Sprintf("assembled-%d", n), Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	if st := h.status(t, res.Status.JobID); st.State != api.JobCompleted {
+		t.Fatalf("job of frame %d: %s", n, st.State)
+	}
+}
+
 // Property: a pool goes away once no frame wanted is dispatched there, and only then. The own
 // pools of five finished --max-slots jobs are retired (consumers deleted, subjects purged),
 // while that of a job still rendering keeps its consumers and its queued tiles.
 func TestPoolsOfFinishedJobsAreRetired(t *testing.T) {
 	h := newHarness(t, Config{RetirePoolsAfter: -1})
 	for n := 1; n <= 5; n++ {
-		req := h.request(n, n, 16, 16, 16) // one tile
-		req.MaxSlots = 1
-		res := h.submit(t, req)
-		h.relay(t)
-		fk := h.job(t, res.Status.JobID).FrameKey(n)
-		h.completeTiles(t, fk)
-		h.promoteFormat(t, fk, "png")
-		h.apply(t, wire.Event{ID: fmt.Sprintf("assembled-%d", n), Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
-		if st := h.status(t, res.Status.JobID); st.State != api.JobCompleted {
-			t.Fatalf("job %d: %s", n, st.State)
-		}
+		h.finishSlotJob(t, n, 1)
 	}
 	live := h.request(9, 9, 32, 16, 16) // two tiles, still to render
 	live.MaxSlots = 1
@@ -201,14 +207,7 @@ func TestIdlePoolIsRetiredOnlyAfterItsGrace(t *testing.T) {
 	h := newHarness(t, Config{RetirePoolsAfter: time.Minute})
 	clock := time.Now()
 	h.c.now = func() time.Time { return clock }
-	req := h.request(1, 1, 16, 16, 16)
-	req.MaxSlots = 1
-	res := h.submit(t, req)
-	h.relay(t)
-	fk := h.job(t, res.Status.JobID).FrameKey(1)
-	h.completeTiles(t, fk)
-	h.promoteFormat(t, fk, "png")
-	h.apply(t, wire.Event{ID: "assembled", Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+	h.finishSlotJob(t, 1, 1)
 	look := func() int {
 		t.Helper()
 		if err := h.c.retirePools(h.ctx); err != nil {
@@ -239,14 +238,7 @@ func TestIdlePoolIsRetiredOnlyAfterItsGrace(t *testing.T) {
 func TestRunningCoordinatorLeavesNoPoolOfFinishedJobs(t *testing.T) {
 	h := newHarness(t, Config{RetirePoolsAfter: -1})
 	for n := 1; n <= 3; n++ {
-		req := h.request(n, n, 16, 16, 16)
-		req.MaxSlots = 2
-		res := h.submit(t, req)
-		h.relay(t)
-		fk := h.job(t, res.Status.JobID).FrameKey(n)
-		h.completeTiles(t, fk)
-		h.promoteFormat(t, fk, "png")
-		h.apply(t, wire.Event{ID: fmt.Sprintf("assembled-%d", n), Type: wire.EventFrameAssembled, FrameKey: fk, Formats: []string{"png"}})
+		h.finishSlotJob(t, n, 2)
 	}
 	poolConsumers := func() []string {
 		var out []string
@@ -264,13 +256,7 @@ func TestRunningCoordinatorLeavesNoPoolOfFinishedJobs(t *testing.T) {
 	if n := len(poolConsumers()); n != 3*int(queue.NumBands) {
 		t.Fatalf("%d pool consumers before the coordinator runs, want the three jobs' %d", n, 3*int(queue.NumBands))
 	}
-	ctx, cancel := context.WithCancel(h.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = h.c.Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	h.run(t)
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
 		left := poolConsumers()
 		if len(left) == 0 {

@@ -124,6 +124,17 @@ func (h *harness) putScene(t *testing.T, b *bundle.Bundle) string {
 }
 
 // request asks for frames first-last of the shot at width x height in size-px tiles.
+// run runs the coordinator until the test ends.
+func (h *harness) run(t *testing.T) {
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = h.c.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
 func (h *harness) request(first, last, width, height, size int) api.SubmitRequest {
 	return api.SubmitRequest{SceneVersion: h.version, First: first, Last: last, Width: width, Height: height,
 		SPP: 2, TileSize: size, Formats: []string{"png"}}

@@ -1,7 +1,6 @@
 package coordinator
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -301,13 +300,7 @@ func TestRunWatchesProgress(t *testing.T) {
 	res := h.submit(t, req)
 	fk := h.job(t, res.Status.JobID).FrameKey(1)
 	tk := frameTiles(t, h.frame(t, fk))[0].Key
-	ctx, cancel := context.WithCancel(h.ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = h.c.Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
+	h.run(t)
 
 	// Run subscribes in its own time: report until a report is seen.
 	deadline := time.Now().Add(10 * time.Second)
