@@ -31,6 +31,10 @@ type Worker struct {
 	// Pools describe the pools whose tiles the worker pulls ("any worker" first), at most
 	// MaxWorkerPools of them.
 	Pools []string `json:"pools,omitempty"`
+	// Starting is set while some of the worker's renderers have not yet reported their
+	// builds (a Blender starting): what it can render is not known yet, so its Builds do not
+	// yet rule a job out.
+	Starting bool `json:"starting,omitempty"`
 
 	// What the coordinator adds for GET /v1/workers?detail=1, never in a heartbeat: the
 	// worker's busy slots at each heartbeat of the last minutes, oldest first, and its recent

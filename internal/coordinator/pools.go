@@ -34,8 +34,9 @@ func renderer(build string) string {
 // tags the job requires and running the scene's renderer: the build asked for (a part of its
 // fingerprint, e.g. "3.4.1" or "cycles-cpu/sse41"), else described if a worker runs it
 // (nothing changes then), else the build with the most slots.
-// With no live worker at all (a farm starting) the artist's build or the one asked for is
-// kept, and the job waits for its pool; with live workers none of which fits, ErrNoWorker.
+// With no live worker at all (a farm starting), or none fitting while a worker with the tags
+// is still starting its renderers, the artist's build is kept and the job waits for its pool;
+// with live workers none of which fits, ErrNoWorker.
 func chooseBuild(described, asked string, requires []string, live []api.Worker) (string, error) {
 	slots := map[string]int{}
 	for _, w := range live {
@@ -53,10 +54,11 @@ func chooseBuild(described, asked string, requires []string, live []api.Worker) 
 		builds = append(builds, b)
 	}
 	slices.SortFunc(builds, func(a, b string) int { return cmp.Or(slots[b]-slots[a], strings.Compare(a, b)) })
+	unknown := len(live) == 0 || len(builds) == 0 && starting(requires, live)
 	switch {
-	case len(live) == 0 && asked == "":
+	case unknown && asked == "":
 		return described, nil
-	case len(live) == 0:
+	case unknown:
 		return "", badInput("no live worker runs a build matching %q yet: submit without --build, or once the farm's workers run", asked)
 	case slices.Contains(builds, described) && asked == "":
 		return described, nil
@@ -96,12 +98,21 @@ func (c *Coordinator) renderBuild(ctx context.Context, kind scene.Kind, st *rend
 	return chooseBuild(own, asked, requires, live)
 }
 
-// checkPool refuses a job of pool p when workers are live and none of them is in p.
+// checkPool refuses a job of pool p when workers are live and none of them is in p or may
+// soon be (starting).
 func checkPool(p queue.Pool, live []api.Worker) error {
-	if len(live) == 0 || liveIn(p, live) > 0 {
+	if len(live) == 0 || liveIn(p, live) > 0 || starting(p.Requires, live) {
 		return nil
 	}
 	return noWorker(p.Build, p.Requires, live)
+}
+
+// starting reports whether a live worker carrying the tags requires is still starting its
+// renderers (api.Worker.Starting): until it reports their builds, a job is not refused.
+func starting(requires []string, live []api.Worker) bool {
+	return slices.ContainsFunc(live, func(w api.Worker) bool {
+		return w.Starting && (queue.Pool{Requires: requires}).Serves(queue.Capabilities{Tags: w.Tags})
+	})
 }
 
 // liveIn counts the live workers of pool p.

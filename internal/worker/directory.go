@@ -170,7 +170,8 @@ func (a *activity) snapshot() ([]api.WorkerTile, []string, int64, float64, time.
 // beat keeps the worker's entry in the directory until ctx ends, then removes it: every
 // queue.WorkerBeat it writes what the worker renders, how fast and what it blocklisted, from
 // its start on, and again at once each time a renderer reports its build (capabilities), so a
-// worker rendering is listed even while a slow renderer starts. A beat that fails is logged
+// worker rendering is listed even while a slow renderer starts; until every renderer answered
+// its entry says it is Starting, so no job is refused for a build it is about to report. A beat that fails is logged
 // and tried again at the next; the entry outlives a few lost beats.
 func (w *Worker) beat(ctx context.Context) {
 	caps := w.cfg.Capabilities
@@ -190,7 +191,7 @@ func (w *Worker) beat(ctx context.Context) {
 		}
 		info := api.Worker{Name: w.cfg.Name, Host: host, Slots: w.cfg.Concurrency, Tiles: tiles,
 			SamplesPerSecond: rate, BusySlots: busySlots, LastSeen: now.UTC(), Blocklisted: blocked,
-			Tags: caps.Tags, Builds: caps.Builds, Pools: w.sources.Pools()}
+			Tags: caps.Tags, Builds: caps.Builds, Pools: w.sources.Pools(), Starting: learned != nil}
 		if len(info.Pools) > api.MaxWorkerPools {
 			info.Pools = info.Pools[:api.MaxWorkerPools]
 		}
