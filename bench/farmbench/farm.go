@@ -159,13 +159,25 @@ func (f *Farm) CPU() (CPUTimes, error) {
 	return c, nil
 }
 
-// Metric reads one counter from a worker's /metrics, summed over its label sets.
+// metricsStart bounds how long a worker just started may take to serve /metrics.
+const metricsStart = time.Minute
+
+// Metric reads one counter from a worker's /metrics, summed over its label sets. A worker
+// started a moment ago (a killed one restarted) may not serve them yet on a loaded machine:
+// while it runs, it is asked again for up to metricsStart.
 func (f *Farm) Metric(ctx context.Context, w *farmtest.Worker, name string) (float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.Metrics+"/metrics", nil)
 	if err != nil {
 		return 0, err
 	}
+	deadline := time.Now().Add(metricsStart)
 	resp, err := http.DefaultClient.Do(req)
+	for err != nil && !w.Exited() && time.Now().Before(deadline) {
+		if serr := sleep(ctx, 50*time.Millisecond); serr != nil {
+			return 0, serr
+		}
+		resp, err = http.DefaultClient.Do(req)
+	}
 	if err != nil {
 		return 0, fmt.Errorf("reading %s metrics: %w", w.Name, err)
 	}
