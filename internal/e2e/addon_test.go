@@ -125,7 +125,7 @@ func runAddon(t *testing.T, plan ...map[string]any) ([]addonStep, result) {
 	go func() { done <- cmd.Wait() }()
 	select {
 	case err = <-done:
-	case <-time.After(3 * time.Minute):
+	case <-time.After(patience * 3 * time.Minute):
 		_ = cmd.Process.Kill()
 		err = <-done
 	}
@@ -182,7 +182,7 @@ func TestBlenderAddonSubmitsAndFollowsTheJob(t *testing.T) {
 		map[string]any{"open": blend},
 		map[string]any{"draw": true},
 		map[string]any{"op": "submit"},
-		map[string]any{"follow": 120},
+		map[string]any{"follow": patience * 120},
 		map[string]any{"draw": true},
 		map[string]any{"wait": 30},
 	)

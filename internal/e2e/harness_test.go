@@ -362,6 +362,12 @@ func (f *farmProc) api() *client.Client {
 	return client.New(f.HTTP, token, opts...)
 }
 
+// patience scales every bound a test puts on waiting for its farm (waitUntil, checkpoints,
+// the add-on's Blender). Those bounds catch a hang; they time nothing. The test command runs
+// the packages and their tests at once on two cores, where a farm's step takes several times
+// what it takes alone, so a test states what a step takes alone and waits patience times that.
+const patience = 4
+
 // waitDone polls the job's status until it is completed or failed (status would exit 0 or 1),
 // failing the test if d passes first.
 func (f *farmProc) waitDone(job string, d time.Duration) api.Status {
@@ -387,6 +393,7 @@ const statusPoll = 100 * time.Millisecond
 func (f *farmProc) waitUntil(job string, d time.Duration, what string, done func(api.Status) bool) api.Status {
 	f.t.Helper()
 	c := f.api()
+	d *= patience
 	deadline := time.Now().Add(d)
 	for {
 		ctx, cancel := context.WithTimeout(f.t.Context(), 10*time.Second)

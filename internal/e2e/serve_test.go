@@ -37,7 +37,7 @@ func tilesInQueue(t *testing.T, natsURL string) uint64 {
 // waitQueue waits until TILES holds n messages (the outbox relay publishes asynchronously).
 func waitQueue(t *testing.T, natsURL string, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(patience * 20 * time.Second)
 	for tilesInQueue(t, natsURL) != n {
 		if time.Now().After(deadline) {
 			t.Fatalf("TILES holds %d messages, want %d", tilesInQueue(t, natsURL), n)

@@ -313,7 +313,7 @@ func waitRemoteCheckpoint(t *testing.T, f *farmProc, tileKey string, minSample i
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(time.Minute)
+	deadline := time.Now().Add(patience * time.Minute)
 	for time.Now().Before(deadline) {
 		if data, err := objects.Get(context.Background(), layout.CheckpointKey(tileKey)); err == nil {
 			if c, err := codec.Decode(data); err == nil && c.Next >= minSample {
