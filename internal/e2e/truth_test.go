@@ -328,16 +328,19 @@ func waitRemoteCheckpoint(t *testing.T, f *farmProc, tileKey string, minSample i
 // busyShot is 2 frames of 2,500 tiles: 10,000 tile events and then some.
 var busyShot = []string{"--width", "400", "--height", "400", "--spp", "1", "--tile", "8", "--frames", "1-2"}
 
-// runBusyShot renders busyShot on a farm on its own NATS server with two workers, the
-// coordinator killed once every tile is queued and restarted only once the workers are done,
-// so every one of their events waits unapplied; with purgeEvents, those events are purged
-// before the restart too.
-func runBusyShot(t *testing.T, purgeEvents bool) (jobStatus func() string, f *farmProc, job string) {
+// purgedShot is 2 frames of 625 tiles, for the reconciler, which reads manifests, not events.
+var purgedShot = []string{"--width", "200", "--height", "200", "--spp", "1", "--tile", "8", "--frames", "1-2"}
+
+// runBusyShot renders shot on a farm on its own NATS server with two workers, the coordinator
+// killed once every tile is queued and restarted only once the workers are done, so every one
+// of their events (at least minEvents) waits unapplied; with purgeEvents, those events are
+// purged before the restart too.
+func runBusyShot(t *testing.T, shot []string, minEvents uint64, purgeEvents bool) (jobStatus func() string, f *farmProc, job string) {
 	t.Helper()
 	scene := example("shot")
 	ns := natstest.Start(t)
 	f = startServeNATS(t, t.TempDir(), ns.URL(), "--reconcile-every", "1h")
-	st, _ := f.submit(append([]string{scene}, busyShot...)...)
+	st, _ := f.submit(append([]string{scene}, shot...)...)
 	ctx := context.Background()
 	js := f.js()
 	waitStream(t, js, queue.StreamTiles, uint64(st.TilesTotal))
@@ -354,8 +357,8 @@ func runBusyShot(t *testing.T, purgeEvents bool) (jobStatus func() string, f *fa
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.NumPending < 10000 {
-		t.Fatalf("only %d events wait unapplied; the kill must leave at least 10,000", info.NumPending)
+	if info.NumPending < minEvents {
+		t.Fatalf("only %d events wait unapplied; the kill must leave at least %d", info.NumPending, minEvents)
 	}
 	t.Logf("%d events wait unapplied", info.NumPending)
 	if purgeEvents {
@@ -408,7 +411,7 @@ func waitStream(t *testing.T, js jetstream.JetStream, stream string, n uint64) {
 // worker died), nothing failed, recovered or retried.
 func TestCoordinatorCatchesUpTenThousandEvents(t *testing.T) {
 	t.Parallel()
-	got, f, job := runBusyShot(t, false)
+	got, f, job := runBusyShot(t, busyShot, 10000, false)
 	tiles := 2 * (400 / 8) * (400 / 8) // busyShot: two frames of 400x400 in 8 px tiles
 	wantStatus := statusSummary(api.Status{State: api.JobCompleted, FramesCompleted: 2, TilesCompleted: tiles,
 		TilesTotal: tiles, TileAttempts: tiles})
@@ -421,7 +424,7 @@ func TestCoordinatorCatchesUpTenThousandEvents(t *testing.T) {
 // The reconciler alone, with every event purged, completes a job whose tiles are all promoted.
 func TestReconcilerAloneCompletesAJob(t *testing.T) {
 	t.Parallel()
-	got, f, job := runBusyShot(t, true)
+	got, f, job := runBusyShot(t, purgedShot, 2500, true)
 	status := got()
 	if !strings.Contains(status, `"state":"completed"`) || !strings.Contains(status, `"tiles_failed":0`) {
 		t.Fatalf("job after its events were purged: %s", status)
@@ -429,7 +432,7 @@ func TestReconcilerAloneCompletesAJob(t *testing.T) {
 	if !strings.Contains(f.Coord.Log(), "reconciled with manifests") {
 		t.Fatalf("the reconciler did not find the promoted tiles:\n%s", f.Coord.Log())
 	}
-	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, busyShot[:6]...)
+	outputsEqualReference(t, f, job, example("shot"), []int{1, 2}, purgedShot[:6]...)
 }
 
 // A farm on a shared filesystem store keeps remote checkpoints too: a tile killed on one node
