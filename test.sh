@@ -7,7 +7,8 @@
 # from Debian, for the web monitor's browser tests, unless TILEFARM_CHROMIUM already names one;
 # and nftables from Debian, for the partition tests between network namespaces; and ffmpeg
 # from Debian, the workers' encoder of preview movies and the tests' reader of them (ffprobe),
-# unless TILEFARM_FFMPEG already names one.
+# unless TILEFARM_FFMPEG already names one. Blender's bundled Python scripts are compiled once
+# where they are writable (Blender never caches their bytecode itself).
 # Without arguments it also fuzzes every fuzz target for a few seconds (.ci/fuzz). Extra
 # arguments go to `go test` alone (e.g. ./test.sh -run Farm ./internal/...).
 set -euo pipefail
