@@ -171,8 +171,8 @@ func (a *activity) snapshot() ([]api.WorkerTile, []string, int64, float64, time.
 // queue.WorkerBeat it writes what the worker renders, how fast and what it blocklisted, from
 // its start on, and again at once each time a renderer reports its build (capabilities), so a
 // worker rendering is listed even while a slow renderer starts; until every renderer answered
-// its entry says it is Starting, so no job is refused for a build it is about to report. A beat that fails is logged
-// and tried again at the next; the entry outlives a few lost beats.
+// its entry says it is Starting, so no job is refused for a build it is about to report. A
+// beat that fails is logged and tried again at the next; the entry outlives a few lost beats.
 func (w *Worker) beat(ctx context.Context) {
 	caps := w.cfg.Capabilities
 	learned := make(chan queue.Capabilities, len(w.scenes.kinds))

@@ -29,8 +29,9 @@ func (k slowBuildKind) Build(ctx context.Context) (string, error) {
 }
 
 // Property: a worker is in the directory from its start, with the builds its renderers
-// reported so far, while a slow renderer starts; its build is listed once it reports it. A
-// worker rendering is never missing from `coordinator workers`.
+// reported so far and Starting set, while a slow renderer starts; its build is listed, and
+// Starting cleared, once it reports it. A worker rendering is never missing from
+// `coordinator workers`.
 func TestWorkerIsListedWhileASlowRendererStarts(t *testing.T) {
 	h := newRunHarness(t)
 	slow := slowBuildKind{release: make(chan struct{})}
@@ -48,12 +49,12 @@ func TestWorkerIsListedWhileASlowRendererStarts(t *testing.T) {
 	}
 	builtin, _ := jsonscene.Kind{}.Build(h.ctx)
 	waitFor(t, "the worker listed with the built-in renderer's build while the slow one starts", func() bool {
-		return listed(func(x api.Worker) bool { return slices.Equal(x.Builds, []string{builtin}) })
+		return listed(func(x api.Worker) bool { return slices.Equal(x.Builds, []string{builtin}) && x.Starting })
 	})
 	close(slow.release)
 	waitFor(t, "the slow renderer's build listed once it reported it", func() bool {
 		return listed(func(x api.Worker) bool {
-			return slices.Contains(x.Builds, "slow/1") && slices.Contains(x.Builds, builtin)
+			return slices.Contains(x.Builds, "slow/1") && slices.Contains(x.Builds, builtin) && !x.Starting
 		})
 	})
 }
