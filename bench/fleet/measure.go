@@ -514,7 +514,15 @@ func (f *fleet) follow(ctx context.Context, s Spec, job string, tiles int, logf 
 				logf("job status: %v", err)
 			}
 			if st.State.Finished() {
-				return points, st, profs, nil
+				// The counters once more, read after the status: the last reading above may
+				// predate the last tile's promotion, which the job's completion follows.
+				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				p, err := f.read(rctx)
+				cancel()
+				if err != nil {
+					return nil, st, nil, fmt.Errorf("reading the fleet's counters after the job finished: %w", err)
+				}
+				return append(points, p), st, profs, nil
 			}
 		}
 		if time.Now().After(deadline) {
