@@ -67,13 +67,10 @@ export TILEFARM_BLENDER
 # tests start a few hundred. Compiled once (by that Blender's own Python, so the bytecode is
 # its version's), where the installed scripts are writable; Python checks each file against
 # its source, so nothing Blender runs changes. Up to date, this costs one Blender start.
-blender_scripts=$("$TILEFARM_BLENDER" -b --factory-startup --python-expr \
-  "import bpy; print('TILEFARM_SCRIPTS', bpy.utils.system_resource('SCRIPTS'))" 2>/dev/null | sed -n 's/^TILEFARM_SCRIPTS //p')
-if [ -n "$blender_scripts" ] && [ -w "$blender_scripts" ]; then
-  "$TILEFARM_BLENDER" -b --factory-startup --python-expr \
-    "import compileall, sys; sys.exit(0 if compileall.compile_dir(sys.argv[-1], quiet=2, workers=0) else 1)" \
-    -- "$blender_scripts" >/dev/null 2>&1 || echo "test.sh: compiling Blender's scripts in $blender_scripts failed; its processes start slower" >&2
-fi
+"$TILEFARM_BLENDER" -b --factory-startup --python-expr "import bpy, compileall, os, sys
+d = bpy.utils.system_resource('SCRIPTS')
+sys.exit(0 if not os.access(d, os.W_OK) or compileall.compile_dir(d, quiet=2, workers=0) else 1)" >/dev/null 2>&1 ||
+  echo "test.sh: compiling $TILEFARM_BLENDER's scripts failed; its processes start slower" >&2
 
 # OpenImageIO (oiiotool and its Python module, with numpy): the tests' independent reader of
 # Blender's multilayer EXRs, channel by channel.
