@@ -462,6 +462,25 @@ type point struct {
 	conns                    int
 }
 
+// readAfter reads the counters, trying up to maxMisses times a quarter second apart: a server
+// too busy to answer once is asked again, as follow does.
+func (f *fleet) readAfter(ctx context.Context) (point, error) {
+	var err error
+	for range maxMisses {
+		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		var p point
+		p, err = f.read(rctx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return p, err
+		}
+		if !queue.Sleep(ctx, 250*time.Millisecond) {
+			return p, ctx.Err()
+		}
+	}
+	return point{}, err
+}
+
 // maxMisses is how many readings in a row may fail (a server too busy to answer its
 // monitoring port in time) before the measurement gives up.
 const maxMisses = 20
@@ -516,9 +535,7 @@ func (f *fleet) follow(ctx context.Context, s Spec, job string, tiles int, logf 
 			if st.State.Finished() {
 				// The counters once more, read after the status: the last reading above may
 				// predate the last tile's promotion, which the job's completion follows.
-				rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				p, err := f.read(rctx)
-				cancel()
+				p, err := f.readAfter(ctx)
 				if err != nil {
 					return nil, st, nil, fmt.Errorf("reading the fleet's counters after the job finished: %w", err)
 				}
