@@ -72,6 +72,39 @@ d = bpy.utils.system_resource('SCRIPTS')
 sys.exit(0 if not os.access(d, os.W_OK) or compileall.compile_dir(d, quiet=2, workers=0) else 1)" >/dev/null 2>&1 ||
   echo "test.sh: compiling $TILEFARM_BLENDER's scripts failed; its processes start slower" >&2
 
+# The Blender lines artists use besides Debian's 3.4: Blender's own builds of 4.2 LTS, 4.5 LTS and
+# 5.0 as the `bpy` module from PyPI (the newest patch release of each line with a wheel for this
+# machine's Python 3.11), each in its own virtual environment under the cache, pinned by version
+# and SHA-256 (pip refuses a wheel of another hash), with the numpy every bpy imports. A render
+# node installs a line the same way (README, "Blender lines"). TILEFARM_BLENDER_<line> names a
+# build already installed instead.
+BPY_PYTHON=${TILEFARM_BPY_PYTHON:-python3}
+NUMPY_PIN="numpy==1.26.4 --hash=sha256:666dbfb6ec68962c033a450943ded891bed2d54e6755e35e5835d63f4f6931d5"
+# install_bpy LINE VERSION SHA256 exports TILEFARM_BLENDER_<LINE> as the Python of that line's venv.
+install_bpy() {
+  local line=$1 version=$2 sha=$3 var=TILEFARM_BLENDER_${1/./_}
+  if [ -n "${!var:-}" ]; then
+    export "$var"
+    return
+  fi
+  local dir="$CACHE/bpy-$version"
+  if [ ! -e "$dir/.installed" ]; then
+    echo "installing Blender $version (bpy from PyPI, ~370 MB) into $dir (first run only)..."
+    rm -rf "$dir"
+    "$BPY_PYTHON" -m venv "$dir"
+    printf 'bpy==%s --hash=sha256:%s\n%s\n' "$version" "$sha" "$NUMPY_PIN" >"$dir/requirements.txt"
+    "$dir/bin/python" -m pip install -q --disable-pip-version-check --no-cache-dir --only-binary=:all: \
+      --no-deps --require-hashes -r "$dir/requirements.txt"
+    "$dir/bin/python" -c "import bpy, _cycles, sys; sys.exit(bpy.app.version_string.split()[0] != '$version')" 2>/dev/null ||
+      { echo "test.sh: the bpy $version just installed in $dir does not import" >&2; exit 1; }
+    touch "$dir/.installed"
+  fi
+  export "$var=$dir/bin/python"
+}
+install_bpy 4.2 4.2.23 9670c0c10b0307e518d4a6b015365a7d7adbfddf99f28889634fe12623ec95ff
+install_bpy 4.5 4.5.15 19203fb7825b005d2024b2e724d600fc82550a6deea71fbcc4447244df9ea737
+install_bpy 5.0 5.0.1 79c6e421f53ea24a5961d86eefb8141798eee708682415eb4f5a952c2abdeb8b
+
 # OpenImageIO (oiiotool and its Python module, with numpy): the tests' independent reader of
 # Blender's multilayer EXRs, channel by channel.
 if ! command -v oiiotool >/dev/null || ! /usr/bin/python3 -c 'import OpenImageIO, numpy' 2>/dev/null; then

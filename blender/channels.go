@@ -65,6 +65,37 @@ var (
 		"TransDir": "TransCol", "TransInd": "TransCol"}
 )
 
+// passNames50 are the passes Blender 5.0 renamed, by their new name: 3.4 to 4.5 write the
+// short names the rules above use ("DiffCol"), 5.0 the names its interface shows ("Diffuse
+// Color"). The rules are the same on every line; only the names differ.
+var passNames50 = map[string]string{"Ambient Occlusion": "AO", "Emission": "Emit", "Environment": "Env",
+	"Diffuse Color": "DiffCol", "Diffuse Direct": "DiffDir", "Diffuse Indirect": "DiffInd",
+	"Glossy Color": "GlossCol", "Glossy Direct": "GlossDir", "Glossy Indirect": "GlossInd",
+	"Transmission Color": "TransCol", "Transmission Direct": "TransDir", "Transmission Indirect": "TransInd",
+	"Object Index": "IndexOB", "Material Index": "IndexMA"}
+
+// shortPass is the name the rules know a pass by (passNames50).
+func shortPass(pass string) string {
+	if short, ok := passNames50[pass]; ok {
+		return short
+	}
+	return pass
+}
+
+// channelOf finds the channel of pass (a short name) in the layer, named as any line names it.
+func channelOf(index map[string]int, layer, pass, ch string) (int, bool) {
+	if i, ok := index[layer+"."+pass+"."+ch]; ok {
+		return i, true
+	}
+	for long, short := range passNames50 {
+		if short == pass {
+			i, ok := index[layer+"."+long+"."+ch]
+			return i, ok
+		}
+	}
+	return 0, false
+}
+
 // splitChannel splits "Layer.Pass.Channel" by the view layers' names (which may hold dots).
 func splitChannel(name string, layers []Layer) (layer, pass, channel string, ok bool) {
 	best := -1
@@ -95,6 +126,7 @@ func planChannels(d *Description) (*channelPlan, error) {
 		}
 		index[c] = i
 	}
+	p.onePass = append(p.onePass, d.OnePass...)
 	if d.ShadowCatcher {
 		p.onePass = append(p.onePass, "a shadow catcher, whose passes Blender derives from hidden ones")
 	}
@@ -108,6 +140,9 @@ func planChannels(d *Description) (*channelPlan, error) {
 			return nil, fmt.Errorf("channel %q names no view layer of the scene", c)
 		}
 		l := d.Layers[slices.IndexFunc(d.Layers, func(l Layer) bool { return l.Name == layer })]
+		if !slices.Contains(l.AOVs, pass) && !isLightgroup(pass, l) {
+			pass = shortPass(pass)
+		}
 		switch {
 		case meanPasses[pass] || slices.Contains(l.AOVs, pass) || isLightgroup(pass, l):
 			p.rules[i] = ruleMean
@@ -118,7 +153,7 @@ func planChannels(d *Description) (*channelPlan, error) {
 			// 4-68% off when combined by the ratio): no rule known.
 			unknown["DiffInd beside a volume"] = true
 		case lightPasses[pass] != "":
-			w, ok := index[layer+"."+lightPasses[pass]+"."+ch]
+			w, ok := channelOf(index, layer, lightPasses[pass], ch)
 			if !ok {
 				unknown[fmt.Sprintf("%s without %s", pass, lightPasses[pass])] = true
 				continue

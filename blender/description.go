@@ -49,7 +49,10 @@ type Description struct {
 	SplitOff []string `json:"split_off"`
 	// Caveats say what the farm does differently from Blender in every mode (a denoiser this
 	// Blender lacks, the sequencer, the GPU device), one line each.
-	Caveats         []string `json:"caveats"`
+	Caveats []string `json:"caveats"`
+	// OnePass says why this build cannot split a tile's samples into passes (a sampling
+	// pattern made for the sample count, on a line without sample subsets), empty if it can.
+	OnePass         []string `json:"one_pass,omitempty"`
 	Layers          []Layer  `json:"layers"` // the view layers rendered
 	Output          Output   `json:"output"`
 	FilmTransparent bool     `json:"film_transparent"`

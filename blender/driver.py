@@ -16,17 +16,24 @@ import struct
 import sys
 import threading
 import time
+import warnings
 
-import bpy
+req_fd, rep_fd = (int(a) for a in sys.argv[sys.argv.index("--") + 1:][:2])
+requests = os.fdopen(req_fd, "r", encoding="utf-8")
+replies = os.fdopen(rep_fd, "w", encoding="utf-8")
+
+try:
+    import bpy
+except ImportError as e:  # a Python that is not a Blender build
+    replies.write(json.dumps({"ok": False, "no_bpy": True,
+                              "error": "%s cannot import bpy (%s): install Blender's bpy module for it" % (sys.executable, e)}) + "\n")
+    replies.flush()
+    os._exit(0)
 
 try:
     import _cycles
 except ImportError:  # a Blender built without Cycles
     _cycles = None
-
-req_fd, rep_fd = (int(a) for a in sys.argv[sys.argv.index("--") + 1:][:2])
-requests = os.fdopen(req_fd, "r", encoding="utf-8")
-replies = os.fdopen(rep_fd, "w", encoding="utf-8")
 
 
 class SceneError(Exception):
@@ -41,6 +48,93 @@ def send(obj):
     with send_lock:
         replies.write(line)
         replies.flush()
+
+
+# 5.0 warns of what 6.0 removes (Material.use_nodes...) on stderr, which error messages quote.
+warnings.filterwarnings("ignore", category=DeprecationWarning)
+
+
+# --- what differs between the Blender lines the farm runs (3.4, 4.2, 4.5, 5.0), in one place ---
+
+# A Python that imports bpy (Blender as a module) runs the driver as a plain script, without the
+# flags the worker gives Blender's executable: it starts from factory settings and with
+# auto-run scripts off itself. Its render threads are set per scene (prepare_tiles).
+MODULE = not bpy.app.binary_path
+
+
+def module_mode():
+    if MODULE:
+        bpy.ops.wm.read_factory_settings(use_empty=False)  # blender --factory-startup
+        bpy.context.preferences.filepaths.use_scripts_auto_execute = False  # --disable-autoexec
+
+
+def compositor(sc):
+    """The compositor's node tree of the scene, None if it has none in use. 5.0 made it a node
+    group of its own (scene.compositing_node_group); before, it is the scene's node_tree, used
+    when use_nodes is on."""
+    if hasattr(sc, "compositing_node_group"):
+        return sc.compositing_node_group
+    return sc.node_tree if sc.use_nodes else None
+
+
+def file_output_dir(node):
+    """The directory a File Output node writes under: 5.0's directory, base_path before."""
+    return node.directory if hasattr(node, "directory") else node.base_path
+
+
+def set_file_output_dir(node, path):
+    if hasattr(node, "directory"):
+        node.directory = path
+    else:
+        node.base_path = path
+
+
+def set_samples(cy, start, end, total):
+    """Renders samples [start, end) of a render of total samples. 4.5 and 5.0 render a subset
+    of a render's samples (use_sample_subset), so the sampling pattern is the whole render's;
+    3.4 and 4.2 only start at an offset, rendering end-start samples as a render of that many,
+    which is the whole render's samples only for patterns that do not depend on the sample
+    count (count_dependent_pattern)."""
+    if hasattr(cy, "use_sample_subset"):
+        put(cy, "use_sample_subset", True)
+        put(cy, "samples", total)
+        put(cy, "sample_offset", start)
+        put(cy, "sample_subset_length", end - start)
+    else:
+        put(cy, "sample_offset", start)
+        put(cy, "samples", end - start)
+
+
+def count_dependent_pattern(cy):
+    """Why a tile's samples cannot be split into passes on this line, or "". 4.2's automatic and
+    blue-noise patterns are made for the render's sample count, and 4.2 cannot render a subset
+    of a render's samples (4.5 can: set_samples)."""
+    if hasattr(cy, "use_sample_subset") or cy.sampling_pattern not in ("AUTOMATIC", "BLUE_NOISE"):
+        return ""
+    return ("Blender %s's %s sampling pattern depends on the sample count, and %s cannot render a part of a "
+            "render's samples (Tabulated Sobol can be split)" % (version(), cy.sampling_pattern.replace("_", " ").title(), version()))
+
+
+def version():
+    """The build's version, major.minor.patch (version_string adds " LTS" to some)."""
+    return "%d.%d.%d" % tuple(bpy.app.version)
+
+
+def set_file_format(s, fmt):
+    """Sets the image settings' format, named as every line names it (OPEN_EXR_MULTILAYER, PNG,
+    FFMPEG...): 5.0 first needs the media type the format is of (multilayer EXR is a type of its
+    own there, MULTI_LAYER_IMAGE, and movies are VIDEO)."""
+    if hasattr(s, "media_type"):
+        s.media_type = "MULTI_LAYER_IMAGE" if fmt == "OPEN_EXR_MULTILAYER" else "VIDEO" if fmt == "FFMPEG" else "IMAGE"
+    s.file_format = fmt
+
+
+def strips(sc):
+    """Every strip of the scene's sequencer: strips_all from 4.4 (sequences_all is gone in 5.0)."""
+    se = sc.sequence_editor
+    if se is None:
+        return []
+    return se.strips_all if hasattr(se, "strips_all") else se.sequences_all
 
 
 # --- OpenEXR headers -----------------------------------------------------------------------
@@ -113,8 +207,8 @@ def build():
             break
     bvh = "embree" if _cycles is not None and _cycles.with_embree and cy.debug_bvh_layout == "EMBREE" else "bvh2"
     hash_ = bpy.app.build_hash.decode("ascii", "replace") if isinstance(bpy.app.build_hash, bytes) else str(bpy.app.build_hash)
-    return {"version": bpy.app.version_string, "hash": hash_, "kernel": kernel, "bvh": bvh,
-            "cycles": _cycles is not None}
+    return {"version": version(), "hash": hash_, "kernel": kernel, "bvh": bvh,
+            "cycles": _cycles is not None, "denoiser": "oidn" if has_denoiser() else "none"}
 
 
 # --- opening scenes --------------------------------------------------------------------------
@@ -244,7 +338,7 @@ def caveats(sc):
     if cy.use_denoising and not has_denoiser():
         out.append("denoising is on, but this Blender has no denoiser (Blender itself fails such a render): "
                    "frames are delivered undenoised, with their denoising data passes")
-    if r.use_sequencer and sc.sequence_editor is not None and len(sc.sequence_editor.sequences_all) > 0:
+    if r.use_sequencer and len(strips(sc)) > 0:
         out.append("the sequencer is off: tilefarm renders the 3D scene")
     if cy.device != "CPU":
         out.append("the GPU device is not used: tiles render on CPU, one thread per process")
@@ -278,19 +372,20 @@ def output_info(sc):
     r = sc.render
     s = r.image_settings
     files = []
-    if r.use_compositing and sc.use_nodes and sc.node_tree is not None:
-        for n in sc.node_tree.nodes:
+    tree = compositor(sc)
+    if r.use_compositing and tree is not None:
+        for n in tree.nodes:
             if n.type == "OUTPUT_FILE" and not n.mute:
-                if not n.base_path.startswith("//"):
+                if not file_output_dir(n).startswith("//"):
                     raise SceneError("the File Output node %r writes to the absolute path %s: make it relative "
-                                     "(start it with //) so the farm can deliver its files" % (n.name, n.base_path))
+                                     "(start it with //) so the farm can deliver its files" % (n.name, file_output_dir(n)))
                 files.append(n.name)
     if s.file_format in ("AVI_JPEG", "AVI_RAW", "FFMPEG"):
         raise SceneError("the scene renders to a movie (%s); tilefarm renders frames: choose an image format "
                          "(Output Properties > Output) and encode the movie from them" % s.file_format)
     return {"file_format": s.file_format, "color_mode": s.color_mode, "color_depth": s.color_depth,
             "exr_codec": s.exr_codec, "extension": r.file_extension, "use_extension": r.use_file_extension,
-            "path": r.filepath, "compositing": bool(r.use_compositing and sc.use_nodes and sc.node_tree is not None),
+            "path": r.filepath, "compositing": bool(r.use_compositing and tree is not None),
             "file_outputs": files}
 
 
@@ -304,8 +399,7 @@ def probe(sc, frame, out):
     for attr, value in (("border_min_x", 0.0), ("border_max_x", f32(1.0 / r.resolution_x)),
                         ("border_min_y", 0.0), ("border_max_y", f32(1.0 / r.resolution_y))):
         put(r, attr, value)
-    put(cy, "sample_offset", 0)
-    put(cy, "samples", 1)
+    set_samples(cy, 0, 1, 1)
     if os.path.exists(out):
         os.remove(out)
     r.filepath = out
@@ -359,7 +453,7 @@ def inspect(req):
             "view_transform": sc.view_settings.view_transform, "look": sc.view_settings.look,
             "exposure": sc.view_settings.exposure, "gamma": sc.view_settings.gamma,
             "whole": [why for why, _ in unsplittable(sc)], "split_off": [off for _, off in unsplittable(sc)],
-            "caveats": caveats(sc),
+            "caveats": caveats(sc), "one_pass": [why for why in [count_dependent_pattern(cy)] if why],
             "layers": layer_info(sc), "output": output_info(sc), "film_transparent": bool(r.film_transparent),
             "shadow_catcher": any(getattr(o, "is_shadow_catcher", False) for o in sc.objects if o.type in GEOMETRY),
             "volumes": has_volumes(sc)}
@@ -410,7 +504,7 @@ def prepare_tiles(sc):
     r.resolution_percentage = 100
     r.use_file_extension = False
     s = r.image_settings
-    s.file_format = "OPEN_EXR_MULTILAYER"
+    set_file_format(s, "OPEN_EXR_MULTILAYER")
     s.color_depth = "32"
     s.exr_codec = "NONE"
 
@@ -459,8 +553,7 @@ def render(req):
     for o, attr, split in whole_only(sc):
         put(o, attr, current["own"][attr] if req.get("whole") else split)
     put(cy, "seed", req["seed"])
-    put(cy, "sample_offset", req["from"])
-    put(cy, "samples", req["to"] - req["from"])
+    set_samples(cy, req["from"], req["to"], req["spp"])
     out = req["out"]
     if os.path.exists(out):
         os.remove(out)
@@ -569,7 +662,7 @@ def assemble(req):
     s = r.image_settings
     fmt = req.get("format") or "blend"
     if fmt == "blend":
-        s.file_format = own["file_format"]
+        set_file_format(s, own["file_format"])
         s.color_mode = own["color_mode"]
         s.color_depth = own["color_depth"]
         s.exr_codec = own["exr_codec"]
@@ -579,7 +672,9 @@ def assemble(req):
         if own["path"].startswith("//"):  # named as the .blend's directory sees it
             name = "//" + os.path.relpath(name, os.path.dirname(bpy.data.filepath)).replace(os.sep, "/")
     else:
-        s.file_format, s.color_mode, s.color_depth, codec = FORMATS[fmt]
+        ff, mode, depth, codec = FORMATS[fmt]
+        set_file_format(s, ff)
+        s.color_mode, s.color_depth = mode, depth
         if codec:
             s.exr_codec = codec
         name = "frame"
@@ -588,14 +683,16 @@ def assemble(req):
     # the scene adds one), File Output nodes' files under files/ by their path.
     r.filepath = os.path.join(outdir, "main", os.path.basename(name))
     files = {}
-    if own["compositing"] and sc.node_tree is not None:
-        for n in sc.node_tree.nodes:
+    tree = compositor(sc)
+    if own["compositing"] and tree is not None:
+        for n in tree.nodes:
             if n.type == "OUTPUT_FILE":
                 if fmt != "blend":
                     n.mute = True  # the farm's own formats are the Composite alone
                     continue
-                rel = n.base_path[2:] if n.base_path.startswith("//") else n.base_path.lstrip("/")
-                n.base_path = os.path.join(outdir, "files", rel)
+                base = file_output_dir(n)
+                rel = base[2:] if base.startswith("//") else base.lstrip("/")
+                set_file_output_dir(n, os.path.join(outdir, "files", rel))
     bpy.ops.render.render(write_still=True)
     written = os.listdir(os.path.join(outdir, "main")) if os.path.isdir(os.path.join(outdir, "main")) else []
     if len(written) != 1:
@@ -612,6 +709,7 @@ OPS = {"inspect": inspect, "render": render, "assemble": assemble}
 
 
 def main():
+    module_mode()
     bpy.utils.register_class(Assembler)
     send({"ok": True, "build": build()})
     threading.Thread(target=heartbeat, daemon=True).start()

@@ -24,12 +24,17 @@ func (t *Tile) RenderPass(ctx context.Context, a, b int) ([]float32, error) {
 	return pix, err
 }
 
-// Rules names the rule each channel of the scene's tiles combines by.
+// Rules names the rule each channel of the scene's tiles combines by, by the channel's name
+// and, where 5.0 renamed its pass, by the name 3.4 gives it too ("Beauty.DiffDir.R").
 func (s *Scene) Rules() map[string]string {
 	names := map[rule]string{ruleMean: "mean", ruleFirst: "first", ruleWeighted: "weighted", ruleCrypto: "crypto"}
 	out := map[string]string{}
 	for i, r := range s.plan.rules {
-		out[s.Desc.Channels[i]] = names[r]
+		c := s.Desc.Channels[i]
+		out[c] = names[r]
+		if layer, pass, ch, ok := splitChannel(c, s.Desc.Layers); ok {
+			out[layer+"."+shortPass(pass)+"."+ch] = names[r]
+		}
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,7 +41,8 @@ func TestInspectExample(t *testing.T) {
 	if o := d.Output; o.FileFormat != "PNG" || o.Extension != ".png" || !o.UseExtension {
 		t.Fatalf("output %+v: want the example's PNG", o)
 	}
-	if !strings.HasPrefix(d.Build, "blender/3.4.1 ") || !strings.Contains(d.Build, "cycles-cpu/") || !strings.Contains(d.Build, "driver/"+blender.DriverVersion) {
+	if !regexp.MustCompile(`^blender/\d+\.\d+\.\d+ \(`).MatchString(d.Build) || !strings.Contains(d.Build, "cycles-cpu/") ||
+		!strings.Contains(d.Build, "denoise/") || !strings.Contains(d.Build, "driver/"+blender.DriverVersion) {
 		t.Fatalf("build %q lacks the Blender version, kernel or driver", d.Build)
 	}
 	for name, p := range in.Paths {
@@ -106,17 +108,32 @@ func TestInspectRejectsBadScenes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Adaptive sampling makes the frame render whole, and --split switches it off; denoising on
-	// a Blender without a denoiser is a caveat in every mode; the compositor runs at assembly.
+	// Adaptive sampling makes the frame render whole, and --split switches it off; denoising
+	// does too on a build with a denoiser, and on one without it is a caveat in every mode; the
+	// compositor runs at assembly.
 	d := in.Desc
-	if len(d.Whole) != 1 || !strings.Contains(d.Whole[0], "adaptive sampling") {
-		t.Errorf("whole %q: want adaptive sampling alone", d.Whole)
-	}
-	if len(d.SplitOff) != 1 || !strings.Contains(d.SplitOff[0], "adaptive sampling") {
-		t.Errorf("split off %q: want adaptive sampling alone", d.SplitOff)
-	}
-	if len(d.Caveats) != 1 || !strings.Contains(d.Caveats[0], "no denoiser") {
+	whole := []string{"adaptive sampling"}
+	if strings.Contains(d.Build, "denoise/oidn") {
+		whole = append(whole, "denoising (OPENIMAGEDENOISE)")
+		if len(d.Caveats) != 0 {
+			t.Errorf("caveats %q: want none on a build with a denoiser", d.Caveats)
+		}
+	} else if len(d.Caveats) != 1 || !strings.Contains(d.Caveats[0], "no denoiser") {
 		t.Errorf("caveats %q: want the missing denoiser", d.Caveats)
+	}
+	for _, l := range []struct {
+		name string
+		got  []string
+	}{{"whole", d.Whole}, {"split off", d.SplitOff}} {
+		if len(l.got) != len(whole) {
+			t.Errorf("%s %q: want %q", l.name, l.got, whole)
+			continue
+		}
+		for i, w := range whole {
+			if !strings.Contains(l.got[i], w) {
+				t.Errorf("%s %q: want %q", l.name, l.got, whole)
+			}
+		}
 	}
 	if !d.Output.Compositing {
 		t.Errorf("output %+v: the scene's compositor is on", d.Output)

@@ -134,7 +134,7 @@ func (p *Pool) Build(ctx context.Context) (string, error) {
 }
 
 func fingerprint(b Build) string {
-	return fmt.Sprintf("blender/%s (%s) cycles-cpu/%s bvh/%s driver/%s", b.Version, b.Hash, b.Kernel, b.BVH, DriverVersion)
+	return fmt.Sprintf("blender/%s (%s) cycles-cpu/%s bvh/%s denoise/%s driver/%s", b.Version, b.Hash, b.Kernel, b.BVH, b.Denoiser, DriverVersion)
 }
 
 // with runs fn on a process, preferring one with file open. A process fn leaves in trouble

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,9 @@ type Build struct {
 	Kernel  string `json:"kernel"`
 	BVH     string `json:"bvh"`
 	Cycles  bool   `json:"cycles"`
+	// Denoiser is the denoiser the build has ("oidn" or "none"): a scene with denoising on
+	// renders differently without one.
+	Denoiser string `json:"denoiser"`
 }
 
 // reply is the part of every reply line the process itself reads.
@@ -52,6 +56,7 @@ type reply struct {
 	Scene bool   `json:"scene_error"`
 	Alive bool   `json:"alive"`
 	Build *Build `json:"build"`
+	NoBpy bool   `json:"no_bpy"` // the hello of a Python that cannot import bpy
 }
 
 // startProcess runs o's Blender with the driver, which it writes into dir, and waits for its
@@ -76,10 +81,7 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		reqW.Close()
 		return nil, fmt.Errorf("%w: %v", ErrProcess, err)
 	}
-	// -t 1: Blender 3.4 accumulates vertex normals with parallel atomic float adds, so only one
-	// thread per process gives the same bits every time.
-	cmd := exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", "1",
-		"--python-exit-code", "70", "--python", script, "--", "3", "4")
+	cmd := driverCommand(binary, script)
 	cmd.Dir = dir
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
@@ -96,7 +98,7 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		reqW.Close()
 		repR.Close()
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("%w: %q (install Blender 3.4 or point --blender at it): %v", ErrNotFound, binary, err)
+			return nil, fmt.Errorf("%w: %q (install Blender or its bpy module and point --blender at it, README \"Blender lines\"): %v", ErrNotFound, binary, err)
 		}
 		return nil, fmt.Errorf("%w: starting %q: %v", ErrProcess, binary, err)
 	}
@@ -110,7 +112,9 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 	line, err := p.next(sctx, startTimeout)
 	if err == nil {
 		var r reply
-		if jerr := json.Unmarshal(line, &r); jerr != nil || !r.OK || r.Build == nil {
+		if jerr := json.Unmarshal(line, &r); jerr == nil && r.NoBpy {
+			err = fmt.Errorf("%w: %q is not a Blender build: %s", ErrNotFound, binary, r.Error)
+		} else if jerr != nil || !r.OK || r.Build == nil {
 			err = fmt.Errorf("%w: unexpected hello %q", ErrProcess, line)
 		} else if !r.Build.Cycles {
 			err = fmt.Errorf("%w: %q was built without Cycles", ErrNotFound, binary)
@@ -123,6 +127,26 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		return nil, err
 	}
 	return p, nil
+}
+
+// IsPython reports whether binary names a Python interpreter (its file name starts with
+// "python": python3, python3.11, python.exe) rather than a Blender executable. A Python is a
+// Blender build when it imports bpy, Blender as a Python module (README, "Blender lines").
+func IsPython(binary string) bool {
+	return strings.HasPrefix(strings.ToLower(filepath.Base(binary)), "python")
+}
+
+// driverCommand runs driver.py (at script) on a build: Blender's executable runs it as its
+// --python script in the background, with factory settings, auto-run scripts off and one
+// thread (-t 1: Blender 3.4 accumulates vertex normals with parallel atomic float adds, so only
+// one thread per process gives the same bits every time); a Python with bpy runs it as a
+// script, which then does what those flags do itself (driver.py, module_mode).
+func driverCommand(binary, script string) *exec.Cmd {
+	if IsPython(binary) {
+		return exec.Command(binary, script, "--", "3", "4")
+	}
+	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", "1",
+		"--python-exit-code", "70", "--python", script, "--", "3", "4")
 }
 
 // writeDriver puts driver.py into dir (once per content), where Blender reads it.

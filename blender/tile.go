@@ -109,7 +109,7 @@ func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, er
 	blend := t.scene.Blend()
 	req := map[string]any{"op": "render", "file": blend, "frame": t.frame, "camera": t.st.Camera,
 		"width": t.st.Width, "height": t.st.Height, "seed": t.st.Seed, "whole": t.st.Whole,
-		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "out": out}
+		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "spp": t.st.SPP, "out": out}
 	line, err := t.pool.call(ctx, blend, req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("rendering samples [%d,%d) of tile %v: %w", a, b, t.rect, err)

@@ -5,6 +5,7 @@ package blendertest
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"image"
 	"image/png"
@@ -64,12 +65,111 @@ func Pool(t testing.TB, size int) *blender.Pool {
 // Run runs Blender with args (after -b --factory-startup) and fails the test on error.
 func Run(t testing.TB, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(Binary(t), append([]string{"-b", "--factory-startup", "--python-exit-code", "1"}, args...)...)
+	return RunWith(t, Binary(t), args...)
+}
+
+// RunWith runs the Blender build binary with args as `blender -b --factory-startup ARGS` takes
+// them, and fails the test on error. A Python with bpy has no such command line: it runs a
+// script doing what those arguments do, in their order (Command).
+func RunWith(t testing.TB, binary string, args ...string) []byte {
+	t.Helper()
+	cmd, err := Command(binary, t.TempDir(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		t.Fatalf("blender %v: %v\n%s", args, err, out)
+		t.Fatalf("%s %v: %v\n%s", filepath.Base(binary), args, err, out)
 	}
 	return out
+}
+
+// Command is `blender -b --factory-startup --python-exit-code 1 ARGS` on the build binary. For
+// a Python with bpy (blender.IsPython) it writes, into dir, a script that does what Blender's
+// command line does with these arguments, in their order as Blender takes them: a .blend path
+// opens it (scripts off), -t N renders with N threads, --python and --python-expr run Python
+// (seeing Blender's sys.argv, "--" and what follows included), -o sets the output path, -f N
+// renders frame N and writes it where Blender would, -a renders the scene's frames; --disable-autoexec is the
+// default there. Anything else is an error: the test would otherwise not run what it says.
+func Command(binary, dir string, args ...string) (*exec.Cmd, error) {
+	if !blender.IsPython(binary) {
+		return exec.Command(binary, append([]string{"-b", "--factory-startup", "--python-exit-code", "1"}, args...)...), nil
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "import bpy, sys\nsys.argv = %s\n", pyList(append([]string{"blender"}, args...)))
+	b.WriteString(`bpy.ops.wm.read_factory_settings(use_empty=False)
+bpy.context.preferences.filepaths.use_scripts_auto_execute = False
+threads = 0
+def render(**kw):
+    r = bpy.context.scene.render
+    if threads:
+        r.threads_mode, r.threads = "FIXED", threads
+    bpy.ops.render.render(**kw)
+def render_frame(n):  # -f N: Blender renders an animation of that one frame
+    sc = bpy.context.scene
+    first, last = sc.frame_start, sc.frame_end
+    sc.frame_start = sc.frame_end = n
+    render(animation=True)
+    sc.frame_start, sc.frame_end = first, last
+`)
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		value := func() (string, error) {
+			if i+1 >= len(args) {
+				return "", fmt.Errorf("blender argument %s wants a value", a)
+			}
+			i++
+			return args[i], nil
+		}
+		switch a {
+		case "--":
+			i = len(args)
+			continue
+		case "--disable-autoexec":
+			continue
+		case "-a":
+			b.WriteString("render(animation=True)\n")
+			continue
+		}
+		if !strings.HasPrefix(a, "-") {
+			fmt.Fprintf(&b, "bpy.ops.wm.open_mainfile(filepath=%s, load_ui=False, use_scripts=False)\n", pyStr(a))
+			continue
+		}
+		v, err := value()
+		if err != nil {
+			return nil, err
+		}
+		switch a {
+		case "-t":
+			fmt.Fprintf(&b, "threads = int(%s)\n", pyStr(v))
+		case "--python":
+			fmt.Fprintf(&b, "exec(compile(open(%s).read(), %s, 'exec'), {'__name__': '__main__'})\n", pyStr(v), pyStr(v))
+		case "--python-expr":
+			fmt.Fprintf(&b, "exec(%s, {'__name__': '__main__'})\n", pyStr(v))
+		case "-o":
+			fmt.Fprintf(&b, "bpy.context.scene.render.filepath = %s\n", pyStr(v))
+		case "-f":
+			fmt.Fprintf(&b, "render_frame(int(%s))\n", pyStr(v))
+		default:
+			return nil, fmt.Errorf("blender argument %s: not known to blendertest.Command for a bpy build", a)
+		}
+	}
+	script := filepath.Join(dir, "blender-args.py")
+	if err := os.WriteFile(script, []byte(b.String()), 0o644); err != nil {
+		return nil, err
+	}
+	return exec.Command(binary, script), nil
+}
+
+// pyStr is s as a Python string literal (JSON's is one).
+func pyStr(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func pyList(ss []string) string {
+	b, _ := json.Marshal(ss)
+	return string(b)
 }
 
 // OwnRenderSettings is a Python script that sets a scene up for Blender's own command-line

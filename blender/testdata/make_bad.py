@@ -52,5 +52,8 @@ fresh()
 sc = bpy.context.scene
 sc.cycles.use_adaptive_sampling = True
 sc.cycles.use_denoising = True
-sc.use_nodes = True
+if hasattr(sc, "compositing_node_group"):  # 5.0: the compositor is a node group of its own
+    sc.compositing_node_group = bpy.data.node_groups.new("Compositing", "CompositorNodeTree")
+else:
+    sc.use_nodes = True
 bpy.ops.wm.save_as_mainfile(filepath=os.path.join(out, "unsplittable.blend"), relative_remap=True)
