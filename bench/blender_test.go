@@ -39,7 +39,7 @@ type blenderWorkload struct {
 // loadBlender inspects the example Blender scene into a bundle, outside any timed region.
 func loadBlender(tb testing.TB, ctx context.Context) *bundle.Bundle {
 	tb.Helper()
-	k := blendscene.New(blendscene.Options{Binary: blendertest.Binary(tb)}, scene.Env{Dir: tb.TempDir()})
+	k := blendscene.New(blendscene.Options{Binaries: []string{blendertest.Binary(tb)}}, scene.Env{Dir: tb.TempDir()})
 	defer k.Close()
 	b, err := k.Read(ctx, blendertest.Example(tb))
 	if err != nil {
@@ -100,7 +100,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *bundle.Bundle,
 	if err != nil {
 		return blenderRun{}, err
 	}
-	ks := kinds.Builtin(kinds.Options{Blender: blendscene.Options{Binary: w.binary}},
+	ks := kinds.Builtin(kinds.Options{Blender: blendscene.Options{Binaries: []string{w.binary}}},
 		scene.Env{Dir: filepath.Join(dir, "worker"), Slots: w.workers})
 	defer ks.Close()
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: filepath.Join(dir, "farm"), Queue: queue.DefaultConfig(),
@@ -321,7 +321,7 @@ func measurePlate(ctx context.Context, base, binary, plate string, workers int) 
 		return blenderRun{}, err
 	}
 	defer os.RemoveAll(dir)
-	k := blendscene.New(blendscene.Options{Binary: binary}, scene.Env{Dir: filepath.Join(dir, "inspect")})
+	k := blendscene.New(blendscene.Options{Binaries: []string{binary}}, scene.Env{Dir: filepath.Join(dir, "inspect")})
 	b, err := k.Read(ctx, plate)
 	k.Close()
 	if err != nil {
@@ -348,7 +348,7 @@ func measurePlate(ctx context.Context, base, binary, plate string, workers int) 
 	if r.ownFrames, _ = blenderFrameTimes(string(log)); r.ownFrames == 0 {
 		return blenderRun{}, fmt.Errorf("blender's own render printed no frame times:\n%s", log)
 	}
-	ks := kinds.Builtin(kinds.Options{Blender: blendscene.Options{Binary: binary}}, scene.Env{Dir: filepath.Join(dir, "worker"), Slots: workers})
+	ks := kinds.Builtin(kinds.Options{Blender: blendscene.Options{Binaries: []string{binary}}}, scene.Env{Dir: filepath.Join(dir, "worker"), Slots: workers})
 	defer ks.Close()
 	n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: filepath.Join(dir, "farm"), Queue: queue.DefaultConfig(),
 		Workers: workers, Kinds: ks, Log: quietLogger()})

@@ -62,6 +62,10 @@ type Description struct {
 	// prepared scene writes them: every view layer, every pass.
 	Channels []string `json:"channels"`
 	Build    string   `json:"build"` // the fingerprint of the Blender that inspected it
+	// FileVersion is the Blender line that saved the .blend, from its header (FileVersion):
+	// the line that renders it, or the nearest newer one (FitBuilds). "" in descriptions made
+	// before it was recorded, which render on any build.
+	FileVersion string `json:"file_version,omitempty"`
 }
 
 // Layer is a view layer rendered, with the passes whose names the artist chose.
@@ -137,6 +141,8 @@ func (d *Description) validate() error {
 		return bad("frame range %d-%d is reversed", d.FrameStart, d.FrameEnd)
 	case d.Build == "":
 		return bad("no build fingerprint")
+	case d.FileVersion != "" && !validVersion(d.FileVersion):
+		return bad("file version %q: want major.minor", d.FileVersion)
 	case len(d.Channels) == 0:
 		return bad("no channels")
 	}

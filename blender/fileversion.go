@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -124,4 +125,95 @@ func parseHeader(h []byte) (Version, error) {
 		return Version{}, fmt.Errorf("unreadable version %q in the .blend header", strings.ToValidUTF8(digits, "?"))
 	}
 	return Version{n / 100, n % 100}, nil
+}
+
+func validVersion(s string) bool {
+	v, err := ParseVersion(s)
+	return err == nil && v.String() == s
+}
+
+// BuildLine is the Blender line of a build fingerprint ("blender/4.5.15 (...) ..." is 4.5);
+// false for a fingerprint that is not a Blender's.
+func BuildLine(build string) (Version, bool) {
+	rest, ok := strings.CutPrefix(build, "blender/")
+	if !ok {
+		return Version{}, false
+	}
+	v, err := ParseVersion(rest)
+	return v, err == nil
+}
+
+// FitBuilds returns which of builds (the live Blender builds a job may use, in the order the
+// farm prefers them) render the scene: those of the line that saved the .blend, else those of
+// the nearest newer line, with a note saying so; Blender reads files of older lines, and a
+// file of a newer line than every build is refused (an ErrScene naming the file's line and the
+// builds). The chosen line must also be the line of the build that inspected the .blend: the
+// channels its tiles render, the passes and what renders whole were read there, and lines
+// differ in them (5.0 renamed passes), so a scene inspected by one line never renders on
+// another (docs/design.md, "Blender lines"). A description without a file version fits every
+// build.
+func (d *Description) FitBuilds(builds []string) ([]string, string, error) {
+	if d.FileVersion == "" || len(builds) == 0 {
+		return builds, "", nil
+	}
+	file, err := ParseVersion(d.FileVersion)
+	if err != nil {
+		return nil, "", sceneErr("%v", err)
+	}
+	var best Version
+	found := false
+	for _, b := range builds {
+		v, ok := BuildLine(b)
+		if ok && !v.Less(file) && (!found || v.Less(best)) {
+			best, found = v, true
+		}
+	}
+	if !found {
+		return nil, "", sceneErr("%s was saved by Blender %s, newer than every live build, which cannot read it: %s",
+			d.Blend, file, strings.Join(lineNames(builds), ", "))
+	}
+	var fit []string
+	for _, b := range builds {
+		if v, _ := BuildLine(b); v == best {
+			fit = append(fit, b)
+		}
+	}
+	if own, ok := BuildLine(d.Build); ok && own != best {
+		return nil, "", sceneErr("%s was inspected by Blender %s, but the farm renders it on %s (%s): lines differ in the passes they render; submit it with --blender naming a %s build, or --build a live build of %s",
+			d.Blend, releaseOf(d.Build), best, lineWhy(file, best), best, own)
+	}
+	note := ""
+	if best != file {
+		note = fmt.Sprintf("saved by Blender %s, and no live build it may use is of %s: renders on Blender %s, the nearest newer line", file, file, releaseOf(fit[0]))
+	}
+	return fit, note, nil
+}
+
+// lineWhy says why a file of line file renders on line v.
+func lineWhy(file, v Version) string {
+	if file == v {
+		return "the line that saved it"
+	}
+	return "the nearest newer live line to " + file.String() + ", which saved it"
+}
+
+// releaseOf is the release a Blender fingerprint names, "4.5.15".
+func releaseOf(build string) string {
+	rest := strings.TrimPrefix(build, "blender/")
+	if f := strings.Fields(rest); len(f) > 0 {
+		return f[0]
+	}
+	return build
+}
+
+// lineNames are the releases of builds, sorted and without repeats ("3.4.1, 4.2.23").
+func lineNames(builds []string) []string {
+	var out []string
+	for _, b := range builds {
+		if r := releaseOf(b); !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -46,6 +46,18 @@ func Inspect(ctx context.Context, pool *Pool, path string) (*Inspection, error) 
 	if err := checkMagic(blend); err != nil {
 		return nil, err
 	}
+	saved, err := FileVersion(blend)
+	if err != nil {
+		return nil, err
+	}
+	build, err := pool.Build(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if line, ok := BuildLine(build); ok && line.Less(saved) {
+		return nil, sceneErr("%s was saved by Blender %s, which Blender %s cannot read: inspect it with a build of %s or newer (--blender)",
+			filepath.Base(path), saved, releaseOf(build), saved)
+	}
 	probe, err := pool.scratch(".exr")
 	if err != nil {
 		return nil, err
@@ -58,10 +70,6 @@ func Inspect(ctx context.Context, pool *Pool, path string) (*Inspection, error) 
 	var r inspectReply
 	if err := json.Unmarshal(line, &r); err != nil {
 		return nil, fmt.Errorf("%w: unreadable inspection: %v", ErrProcess, err)
-	}
-	build, err := pool.Build(ctx)
-	if err != nil {
-		return nil, err
 	}
 	files := append([]string{blend}, r.Deps...)
 	root := commonDir(files)
@@ -81,7 +89,7 @@ func Inspect(ctx context.Context, pool *Pool, path string) (*Inspection, error) 
 	slices.Sort(names)
 	blendName, _ := filepath.Rel(root, blend)
 	d := r.Description
-	d.Format, d.Blend, d.Files, d.Build = Format, filepath.ToSlash(blendName), names, build
+	d.Format, d.Blend, d.Files, d.Build, d.FileVersion = Format, filepath.ToSlash(blendName), names, build, saved.String()
 	in.Desc = &d
 	for _, l := range []*[]string{&in.Desc.Whole, &in.Desc.SplitOff, &in.Desc.Caveats, &in.Desc.Output.FileOutputs} {
 		if *l == nil {

@@ -162,7 +162,7 @@ func TestPassesAreInTheIdentity(t *testing.T) {
 	variant := filepath.Join(dir, "plate.blend")
 	blendertest.Run(t, blendertest.Plate(t), "--python-expr",
 		"import bpy; bpy.context.scene.view_layers['Beauty'].use_pass_mist = False; bpy.ops.wm.save_as_mainfile(filepath="+strconv.Quote(variant)+")")
-	k := blendscene.New(blendscene.Options{Binary: blendertest.Binary(t)}, scene.Env{Dir: t.TempDir()})
+	k := blendscene.New(blendscene.Options{Binaries: []string{blendertest.Binary(t)}}, scene.Env{Dir: t.TempDir()})
 	defer k.Close()
 	var versions []string
 	var channels [][]string

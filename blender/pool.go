@@ -354,3 +354,6 @@ func (p *Pool) scratch(ext string) (string, error) {
 	f.Close()
 	return name, nil
 }
+
+// Binary is the build's executable (or Python) the pool runs, as it was given.
+func (p *Pool) Binary() string { return p.o.Binary }

@@ -12,7 +12,9 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -29,13 +31,16 @@ import (
 // render call per pass, so its tiles are larger (a 1920x1080 frame is still 40 of them).
 const TileSize = 256
 
-// EnvBinary names the variable that chooses the Blender executable.
+// EnvBinary names the variable that chooses the Blender builds: one path, or several
+// separated as PATH separates its directories.
 const EnvBinary = "TILEFARM_BLENDER"
 
-// Options say which Blender renders on this machine; the rest of a pool's options (its
+// Options say which Blender builds render on this machine; the rest of a pool's options (its
 // directory, its size, its log) are the process's.
 type Options struct {
-	Binary      string
+	// Binaries are the builds, each a Blender executable or a Python that imports bpy
+	// (blender.IsPython); none means "blender" on PATH. Each is a pool of its own.
+	Binaries    []string
 	HangTimeout time.Duration
 	Kernel      string // caps the Cycles CPU kernel (blender.Options.Kernel)
 	// BuildCache remembers this machine's Blender builds (blender.Options.BuildCache); AddFlags
@@ -53,16 +58,13 @@ func DefaultBuildCache() string {
 	return filepath.Join(dir, "tilefarm", "blender-builds")
 }
 
-// AddFlags adds --blender (default $TILEFARM_BLENDER, else blender) and, for the commands
-// that render for a farm, --blender-hang-timeout.
+// AddFlags adds --blender (repeatable; default $TILEFARM_BLENDER, else blender) and, for the
+// commands that render for a farm, --blender-hang-timeout.
 func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
-	o := &Options{Binary: os.Getenv(EnvBinary), HangTimeout: blender.DefaultHangTimeout}
-	if o.Binary == "" {
-		o.Binary = "blender"
-	}
+	o := &Options{Binaries: filepath.SplitList(os.Getenv(EnvBinary)), HangTimeout: blender.DefaultHangTimeout}
 	o.BuildCache = DefaultBuildCache()
 	fs.StringVar(&o.BuildCache, "blender-build-cache", o.BuildCache, "directory remembering the build each Blender of this machine reported, so a start need not run Blender to know it (\"\": ask Blender every start)")
-	fs.StringVar(&o.Binary, "blender", o.Binary, "Blender 3.4 executable for .blend scenes (env "+EnvBinary+"); a job renders on the workers running its build")
+	fs.StringArrayVar(&o.Binaries, "blender", o.Binaries, "a Blender build for .blend scenes: its executable, or a Python that imports bpy (Blender as a module); repeat it for several builds, each its own pool (env "+EnvBinary+", several separated by '"+string(filepath.ListSeparator)+"'; default blender). A .blend renders on a build of the line that saved it, else the nearest newer")
 	var names []string
 	for _, k := range blender.Kernels {
 		names = append(names, k.Name)
@@ -82,26 +84,125 @@ func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
 	return o
 }
 
-// Kind is the Blender .blend scene, with the pool of Blender processes that inspect and render
-// it on this machine; none starts until one is needed.
-type Kind struct{ pool *blender.Pool }
+// Kind is the Blender .blend scene, with a pool of Blender processes for each build of this
+// machine, which inspect and render it; none starts until one is needed.
+type Kind struct{ pools []*blender.Pool }
 
 var _ scene.Kind = (*Kind)(nil)
 
-// New makes the kind with a pool of Blender processes in env.Dir: one per slot, since a process
-// serves one request (a pass, an assembly) at a time and the assembly loop's requests take
-// turns with the slots' passes.
+// New makes the kind with a pool of Blender processes in env.Dir for each build: one process
+// per slot, since a process serves one request (a pass, an assembly) at a time and the
+// assembly loop's requests take turns with the slots' passes.
 func New(o Options, env scene.Env) *Kind {
-	return &Kind{pool: blender.NewPool(blender.Options{Binary: o.Binary, HangTimeout: o.HangTimeout, Kernel: o.Kernel,
-		BuildCache: o.BuildCache, Dir: env.Dir, Size: env.Slots, Log: env.Log})}
+	binaries := o.Binaries
+	if len(binaries) == 0 {
+		binaries = []string{"blender"}
+	}
+	k := &Kind{}
+	for _, b := range binaries {
+		k.pools = append(k.pools, blender.NewPool(blender.Options{Binary: b, HangTimeout: o.HangTimeout, Kernel: o.Kernel,
+			BuildCache: o.BuildCache, Dir: env.Dir, Size: env.Slots, Log: env.Log}))
+	}
+	return k
 }
 
-// Build is the fingerprint of this machine's Blender (scene.Builder), starting a process of
-// the pool if none runs yet.
-func (k *Kind) Build(ctx context.Context) (string, error) { return k.pool.Build(ctx) }
+// Builds are the fingerprints of this machine's Blender builds (scene.Builder), asked of every
+// pool at once, starting a process of each that has not reported its build yet. A build that
+// cannot start is left out and named in the error; two paths to one build count once.
+func (k *Kind) Builds(ctx context.Context) ([]string, error) {
+	builds := k.builds(ctx)
+	var out []string
+	var errs []error
+	for i, b := range builds {
+		switch {
+		case b.err != nil:
+			errs = append(errs, fmt.Errorf("--blender %s: %w", k.pools[i].Binary(), b.err))
+		case !slices.Contains(out, b.build):
+			out = append(out, b.build)
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// poolBuild is what one pool answered: its build or why it has none.
+type poolBuild struct {
+	build string
+	err   error
+}
+
+// builds asks every pool for its build at once.
+func (k *Kind) builds(ctx context.Context) []poolBuild {
+	out := make([]poolBuild, len(k.pools))
+	var wg sync.WaitGroup
+	for i, p := range k.pools {
+		wg.Go(func() {
+			out[i].build, out[i].err = p.Build(ctx)
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// pool is the pool of build, or ErrBuildMismatch naming this machine's builds.
+func (k *Kind) pool(ctx context.Context, build string) (*blender.Pool, error) {
+	var have []string
+	for i, b := range k.builds(ctx) {
+		if b.err == nil && b.build == build {
+			return k.pools[i], nil
+		}
+		if b.err == nil {
+			have = append(have, b.build)
+		}
+	}
+	return nil, fmt.Errorf("%w: the job renders with %q, this worker runs %s (the farm routes a job only to workers of its build: is this worker misconfigured?)",
+		blender.ErrBuildMismatch, build, orNone(have))
+}
+
+// inspector is the pool that inspects a .blend saved by Blender line saved: of that line if
+// this machine has one, else of the nearest newer line, as the farm chooses the build that
+// renders it (blender.Description.FitBuilds). Pools that cannot start are skipped; with none
+// left the error says why.
+func (k *Kind) inspector(ctx context.Context, name string, saved blender.Version) (*blender.Pool, error) {
+	var best *blender.Pool
+	var bestLine blender.Version
+	var have []string
+	var errs []error
+	for i, b := range k.builds(ctx) {
+		if b.err != nil {
+			errs = append(errs, fmt.Errorf("--blender %s: %w", k.pools[i].Binary(), b.err))
+			continue
+		}
+		have = append(have, b.build)
+		line, ok := blender.BuildLine(b.build)
+		if ok && !line.Less(saved) && (best == nil || line.Less(bestLine)) {
+			best, bestLine = k.pools[i], line
+		}
+	}
+	switch {
+	case best != nil:
+		return best, nil
+	case len(have) == 0:
+		return nil, errors.Join(errs...)
+	}
+	return nil, failure.Terminalf("%s was saved by Blender %s, which none of this machine's builds can read (%s): point --blender at a Blender %s or newer (README, \"Blender lines\")",
+		name, saved, orNone(have), saved)
+}
+
+func orNone(builds []string) string {
+	if len(builds) == 0 {
+		return "none"
+	}
+	return strings.Join(builds, "; ")
+}
 
 // Close stops the kind's Blender processes.
-func (k *Kind) Close() error { return k.pool.Close() }
+func (k *Kind) Close() error {
+	var errs []error
+	for _, p := range k.pools {
+		errs = append(errs, p.Close())
+	}
+	return errors.Join(errs...)
+}
 
 // Name names the kind.
 func (k *Kind) Name() string { return "Blender scene" }
@@ -128,7 +229,15 @@ func (k *Kind) ClaimsDocument(doc []byte) bool { return blender.IsDescription(do
 // scene document with the .blend and every file it depends on, by their paths under a common
 // root.
 func (k *Kind) Read(ctx context.Context, p string) (*bundle.Bundle, error) {
-	in, err := blender.Inspect(ctx, k.pool, p)
+	saved, err := blender.FileVersion(p)
+	if err != nil {
+		return nil, failure.Terminal(err)
+	}
+	pool, err := k.inspector(ctx, filepath.Base(p), saved)
+	if err != nil {
+		return nil, err
+	}
+	in, err := blender.Inspect(ctx, pool, p)
 	if err != nil {
 		if errors.Is(err, blender.ErrScene) {
 			return nil, failure.Terminal(err)
@@ -186,8 +295,7 @@ func (k *Kind) Load(_ context.Context, b *bundle.Bundle, version, dir string) (s
 	if err != nil {
 		return nil, fmt.Errorf("scene %s: %w", version, err)
 	}
-	k.pool.Warm(context.Background())
-	return cycles{s: s, pool: k.pool}, nil
+	return cycles{s: s, kind: k}, nil
 }
 
 // TileSize is the default tile edge.
@@ -206,14 +314,21 @@ func (k *Kind) EncodeTilePreview(render.Rect, []float32, render.Settings) ([]byt
 	return nil, failure.Terminalf("a tile of a Blender scene has no PNG of its own: Blender's colour management encodes the frame's")
 }
 
-// cycles is a loaded Blender scene, rendered by Blender's Cycles on the kind's pool.
+// cycles is a loaded Blender scene, rendered by Blender's Cycles on the kind's pool of the
+// job's build (Settings.Build).
 type cycles struct {
 	s    *blender.Scene
-	pool *blender.Pool
+	kind *Kind
 }
 
 func (c cycles) NewTile(ctx context.Context, st render.Settings, frame int, r render.Rect) (scene.Tile, error) {
-	t, err := blender.NewTile(ctx, c.pool, c.s, st, frame, r)
+	pool, err := c.kind.pool(ctx, st.Build)
+	if err != nil {
+		return nil, classify("creating tile", err)
+	}
+	// Every slot will want a process of the job's build for the tiles that are coming.
+	pool.Warm(context.WithoutCancel(ctx))
+	t, err := blender.NewTile(ctx, pool, c.s, st, frame, r)
 	if err != nil {
 		return nil, classify("creating tile", err)
 	}
@@ -226,7 +341,11 @@ func (c cycles) Channels() []string { return c.s.Desc.Channels }
 // Encode has Blender write the assembled frame (blender.Assemble): the compositor run on it
 // and the file the .blend asks for, or the farm's formats of its Composite result.
 func (c cycles) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (scene.Output, error) {
-	a, err := blender.Assemble(ctx, c.pool, c.s, f, frame, st, format)
+	pool, err := c.kind.pool(ctx, st.Build)
+	if err != nil {
+		return scene.Output{}, classify("encoding "+format, err)
+	}
+	a, err := blender.Assemble(ctx, pool, c.s, f, frame, st, format)
 	if err != nil {
 		return scene.Output{}, classify("encoding "+format, err)
 	}

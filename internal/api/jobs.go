@@ -139,6 +139,9 @@ type Movie struct {
 type SubmitResult struct {
 	Status  Status `json:"status"`
 	Created bool   `json:"created"`
+	// Notes say how the farm renders the job where the artist would not expect it (a .blend
+	// rendering on a newer Blender line than the one that saved it), one line each.
+	Notes []string `json:"notes,omitempty"`
 }
 
 // PriorityRequest is the body of PUT /v1/jobs/{id}/priority.

@@ -87,6 +87,9 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 			return 0, err
 		}
 		st := res.Status
+		for _, n := range res.Notes {
+			fmt.Fprintf(stderr, "%s: %s\n", filepath.Base(pos[0]), n)
+		}
 		if local.Build != "" && st.Build != local.Build {
 			fmt.Fprintf(stderr, "%s: renders with the farm's %s (this machine runs %s)\n", filepath.Base(pos[0]), st.Build, local.Build)
 		}

@@ -114,10 +114,7 @@ func newFuzzAPIHarness(tb testing.TB) *fuzzAPIHarness {
 	}
 
 	// A dead letter (DLQ sequence 1): the first tile a worker of the shot's build fetches.
-	build, err := jsonscene.Kind{}.Build(h.ctx)
-	if err != nil {
-		tb.Fatal(err)
-	}
+	build := jsonscene.Build()
 	m, err := h.queue.Sources(queue.Capabilities{Builds: []string{build}}).FetchTile(h.ctx, 5*time.Second)
 	if err != nil || m == nil {
 		tb.Fatalf("fetching a tile to dead-letter: %v (message %v)", err, m)
@@ -175,7 +172,7 @@ func (h *fuzzAPIHarness) hugeSubmission(body []byte) bool {
 	if err := json.NewDecoder(bytes.NewReader(body)).Decode(&req); err != nil {
 		return false
 	}
-	j, tiles, err := h.c.planSubmission(h.ctx, req)
+	j, tiles, _, err := h.c.planSubmission(h.ctx, req)
 	return err == nil && (j.Frames() > fuzzMaxFrames || tiles*j.Frames() > fuzzMaxTiles)
 }
 

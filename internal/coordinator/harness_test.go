@@ -323,10 +323,7 @@ func (h *harness) outboxKinds(t *testing.T) map[coorddb.OutboxKind]int {
 // the harness's JSON jobs render.
 func (h *harness) workerSources(t *testing.T) *queue.Sources {
 	t.Helper()
-	build, err := jsonscene.Kind{}.Build(h.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	build := jsonscene.Build()
 	return h.queue.Sources(queue.Capabilities{Builds: []string{build}})
 }
 

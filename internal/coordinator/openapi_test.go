@@ -723,7 +723,7 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "submit again to a full queue", method: "POST", path: "/v1/jobs", body: marshal(t, req), ctype: "application/json", want: 200},
 		{name: "workers", method: "GET", path: "/v1/workers", want: 200,
 			setup: func(t *testing.T) func() {
-				own, _ := jsonscene.Kind{}.Build(h.ctx)
+				own := jsonscene.Build()
 				if err := h.queue.Workers.Beat(h.ctx, api.Worker{Name: "w1", Host: "h", Slots: 2, LastSeen: time.Now().UTC(), Builds: []string{own}, Tags: []string{"gpu"},
 					Tiles: []api.WorkerTile{{JobID: job, Frame: 2, TileKey: strings.Repeat("a", 64), SamplesDone: 1, SamplesTotal: 8}}, Blocklisted: []string{}}); err != nil {
 					t.Fatal(err)

@@ -3,6 +3,7 @@ package coordinator
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -31,13 +32,14 @@ func renderer(build string) string {
 // chooseBuild picks the build that renders a job, so one build renders all of its frames;
 // described is the build the job would have by itself (a .blend's: the Blender that inspected
 // it, its artist's; a JSON scene's: this coordinator's). Among the live workers carrying the
-// tags the job requires and running the scene's renderer: the build asked for (a part of its
-// fingerprint, e.g. "3.4.1" or "cycles-cpu/sse41"), else described if a worker runs it
-// (nothing changes then), else the build with the most slots.
+// tags the job requires and running the scene's renderer: the builds asked for (a part of
+// their fingerprint, e.g. "3.4.1" or "cycles-cpu/sse41"), narrowed by fit to those that can
+// render the scene (a .blend's line, scene.BuildFilter, which may note its choice); of those,
+// described if a worker runs it (nothing changes then), else the build with the most slots.
 // With no live worker at all (a farm starting), or none fitting while a worker with the tags
 // is still starting its renderers, the artist's build is kept and the job waits for its pool;
-// with live workers none of which fits, ErrNoWorker.
-func chooseBuild(described, asked string, requires []string, live []api.Worker) (string, error) {
+// with live workers none of which fits, ErrNoWorker, or bad input when fit refuses them all.
+func chooseBuild(described, asked string, requires []string, live []api.Worker, fit scene.BuildFilter) (build, note string, err error) {
 	slots := map[string]int{}
 	for _, w := range live {
 		if !(queue.Pool{Requires: requires}).Serves(capabilities(w)) {
@@ -55,47 +57,54 @@ func chooseBuild(described, asked string, requires []string, live []api.Worker) 
 	}
 	slices.SortFunc(builds, func(a, b string) int { return cmp.Or(slots[b]-slots[a], strings.Compare(a, b)) })
 	unknown := len(live) == 0 || len(builds) == 0 && starting(requires, live)
+	if fit != nil && !unknown && len(builds) > 0 {
+		if builds, note, err = fit.FitBuilds(builds); err != nil {
+			return "", "", badInput("%v", err)
+		}
+	}
 	switch {
 	case unknown && asked == "":
-		return described, nil
+		return described, "", nil
 	case unknown:
-		return "", badInput("no live worker runs a build matching %q yet: submit without --build, or once the farm's workers run", asked)
+		return "", "", badInput("no live worker runs a build matching %q yet: submit without --build, or once the farm's workers run", asked)
 	case slices.Contains(builds, described) && asked == "":
-		return described, nil
+		return described, note, nil
 	case asked != "" && len(builds) > 1:
-		return "", badInput("--build %q matches %d live builds: %s", asked, len(builds), strings.Join(builds, "; "))
+		return "", "", badInput("--build %q matches %d live builds: %s", asked, len(builds), strings.Join(builds, "; "))
 	case len(builds) == 0:
 		what := renderer(described)
 		if asked != "" {
 			what += " build matching " + fmt.Sprintf("%q", asked)
 		}
-		return "", noWorker(what, requires, live)
+		return "", "", noWorker(what, requires, live)
 	}
-	return builds[0], nil
+	return builds[0], note, nil
 }
 
-// renderBuild chooses the renderer build that renders a job of a scene of kind with settings
-// st (chooseBuild): for a renderer whose build is in the frames' identity (Settings.Build, a
-// Blender's), it replaces st.Build; for the built-in renderer it is the job's alone, starting
-// from this coordinator's own build. A kind that names no build renders anywhere ("").
-func (c *Coordinator) renderBuild(ctx context.Context, kind scene.Kind, st *render.Settings, asked string, requires []string, live []api.Worker) (string, error) {
+// renderBuild chooses the renderer build that renders a job of a scene of kind, described by
+// d, with settings st (chooseBuild): for a renderer whose build is in the frames' identity
+// (Settings.Build, a Blender's), it replaces st.Build; for the built-in renderer it is the
+// job's alone, starting from this coordinator's own build. A kind that names no build renders
+// anywhere (""). The note is for the artist (a .blend rendering on a newer line than its own).
+func (c *Coordinator) renderBuild(ctx context.Context, kind scene.Kind, d scene.Description, st *render.Settings, asked string, requires []string, live []api.Worker) (build, note string, err error) {
+	fit, _ := d.(scene.BuildFilter)
 	if st.Build != "" {
-		b, err := chooseBuild(st.Build, asked, requires, live)
+		b, note, err := chooseBuild(st.Build, asked, requires, live, fit)
 		st.Build = b
-		return b, err
+		return b, note, err
 	}
 	builder, ok := kind.(scene.Builder)
 	if !ok {
 		if asked != "" {
-			return "", badInput("build %q: a %s renders with any worker's renderer", asked, kind.Name())
+			return "", "", badInput("build %q: a %s renders with any worker's renderer", asked, kind.Name())
 		}
-		return "", nil
+		return "", "", nil
 	}
-	own, err := builder.Build(ctx)
-	if err != nil {
-		return "", fmt.Errorf("the coordinator's build of the %s renderer: %w", kind.Name(), err)
+	own, err := builder.Builds(ctx)
+	if err != nil || len(own) == 0 {
+		return "", "", fmt.Errorf("the coordinator's build of the %s renderer: %w", kind.Name(), cmp.Or(err, errors.New("none")))
 	}
-	return chooseBuild(own, asked, requires, live)
+	return chooseBuild(own[0], asked, requires, live, fit)
 }
 
 // checkPool refuses a job of pool p when workers are live and none of them is in p or may

@@ -76,6 +76,7 @@ type plan struct {
 	tiles    int // tiles of a frame
 	formats  []string
 	job      *coorddb.Job
+	notes    []string // for the artist: how the farm renders the job where it is not obvious
 }
 
 // frames is how many frames the plan's range and step make.
@@ -109,15 +110,15 @@ var submitSteps = []submitStep{
 }
 
 // planSubmission resolves a request into a job without touching any state: submitSteps in
-// order. It returns the job and the tiles of one of its frames.
-func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest) (*coorddb.Job, int, error) {
+// order. It returns the job, the tiles of one of its frames and the notes for the artist.
+func (c *Coordinator) planSubmission(ctx context.Context, req api.SubmitRequest) (*coorddb.Job, int, []string, error) {
 	pl := &plan{req: req}
 	for _, s := range submitSteps {
 		if err := s.run(c, ctx, pl); err != nil {
-			return nil, 0, err
+			return nil, 0, nil, err
 		}
 	}
-	return pl.job, pl.tiles, nil
+	return pl.job, pl.tiles, pl.notes, nil
 }
 
 // checkLimits bounds the request's idempotency key, project name and priority.
@@ -172,8 +173,11 @@ func checkSlots(_ *Coordinator, _ context.Context, pl *plan) error {
 // resolveBuild chooses the renderer build among the live workers (renderBuild).
 func resolveBuild(c *Coordinator, ctx context.Context, pl *plan) error {
 	pl.live = c.directory.list()
-	build, err := c.renderBuild(ctx, pl.sc.kind, &pl.st, pl.req.Build, pl.requires, pl.live)
+	build, note, err := c.renderBuild(ctx, pl.sc.kind, pl.sc.info, &pl.st, pl.req.Build, pl.requires, pl.live)
 	pl.build = build
+	if note != "" {
+		pl.notes = append(pl.notes, note)
+	}
 	return err
 }
 
@@ -306,7 +310,7 @@ func resolveAfter(_ *Coordinator, _ context.Context, pl *plan) error {
 // (completed by an earlier job, or in progress) are shared, not rendered again.
 func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res api.SubmitResult, err error) {
 	defer func() { c.countSubmission(res, err) }()
-	j, ntiles, err := c.planSubmission(ctx, req)
+	j, ntiles, notes, err := c.planSubmission(ctx, req)
 	if err != nil {
 		return api.SubmitResult{}, err
 	}
@@ -320,6 +324,7 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 	// A resubmission of a known job is answered even when the farm is busy: a cron job re-running
 	// submit must see its job's state, not "busy".
 	if res, ok, err := c.existing(ctx, j); ok || err != nil {
+		res.Notes = notes
 		return res, err
 	}
 	created := false
@@ -400,7 +405,7 @@ func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res ap
 		c.notify()
 		c.eta.observe(c.now(), &st)
 	}
-	return api.SubmitResult{Status: st, Created: created}, nil
+	return api.SubmitResult{Status: st, Created: created, Notes: notes}, nil
 }
 
 // countSubmission counts a submission's answer in tilefarm_submissions_total; a request

@@ -217,11 +217,22 @@ func (ks Kinds) Load(ctx context.Context, b *bundle.Bundle, version, dir string)
 	return r, k, err
 }
 
-// Builder is a kind whose tiles need an external renderer on the worker (Blender's): Build is
-// the fingerprint of this machine's, what a scene's render.Settings.Build names. Tiles of a
-// build reach only the workers that report it (docs/design.md, "Dispatch").
+// Builder is a kind whose tiles render on a build of its renderer that the worker must run
+// (Blender's, or the built-in path tracer's own): Builds are the fingerprints of this
+// machine's builds, what a scene's render.Settings.Build names, the ones that run even when
+// others fail (the error names those). Tiles of a build reach only the workers that report it
+// (docs/design.md, "Dispatch").
 type Builder interface {
-	Build(ctx context.Context) (string, error)
+	Builds(ctx context.Context) ([]string, error)
+}
+
+// BuildFilter is a description whose scene renders only on some of its renderer's builds (a
+// .blend on a build of the Blender line that saved it, or the nearest newer line): FitBuilds
+// returns those of builds (the live ones the job may use, in the farm's order) that render
+// it, and a note for the artist when the choice is not the scene's own; an error of the scene
+// when none can.
+type BuildFilter interface {
+	FitBuilds(builds []string) ([]string, string, error)
 }
 
 // Close stops the renderer processes of the kinds that run any.

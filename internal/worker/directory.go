@@ -227,8 +227,8 @@ func (w *Worker) capabilities(ctx context.Context, out chan<- queue.Capabilities
 	caps := w.cfg.Capabilities
 	caps.Builds = slices.Clone(caps.Builds)
 	type answer struct {
-		build string
-		err   error
+		builds []string
+		err    error
 	}
 	answers := make(chan answer)
 	asked := 0
@@ -236,24 +236,26 @@ func (w *Worker) capabilities(ctx context.Context, out chan<- queue.Capabilities
 		if b, ok := k.(scene.Builder); ok {
 			asked++
 			go func() {
-				build, err := b.Build(ctx)
+				builds, err := b.Builds(ctx)
 				if err != nil {
 					err = fmt.Errorf("%s: %w", k.Name(), err)
 				}
-				answers <- answer{build, err}
+				answers <- answer{builds, err}
 			}()
 		}
 	}
 	for range asked {
 		a := <-answers
-		if a.err != nil {
-			if ctx.Err() == nil {
-				w.log.Warn("renderer unavailable: this worker renders none of its scenes", "err", a.err)
-			}
+		if a.err != nil && ctx.Err() == nil {
+			w.log.Warn("renderer unavailable: this worker renders none of its scenes of that build", "err", a.err)
+		}
+		if len(a.builds) == 0 {
 			continue
 		}
-		w.log.Info("renderer available", "build", a.build)
-		caps.Builds = append(caps.Builds, a.build)
+		for _, b := range a.builds {
+			w.log.Info("renderer available", "build", b)
+		}
+		caps.Builds = append(caps.Builds, a.builds...)
 		slices.Sort(caps.Builds)
 		w.sources.SetCapabilities(caps)
 		out <- caps

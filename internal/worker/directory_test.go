@@ -19,12 +19,12 @@ type slowBuildKind struct {
 	release chan struct{}
 }
 
-func (k slowBuildKind) Build(ctx context.Context) (string, error) {
+func (k slowBuildKind) Builds(ctx context.Context) ([]string, error) {
 	select {
 	case <-k.release:
-		return "slow/1", nil
+		return []string{"slow/1"}, nil
 	case <-ctx.Done():
-		return "", ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -47,7 +47,7 @@ func TestWorkerIsListedWhileASlowRendererStarts(t *testing.T) {
 		}
 		return slices.ContainsFunc(ws, func(x api.Worker) bool { return x.Name == "w1" && want(x) })
 	}
-	builtin, _ := jsonscene.Kind{}.Build(h.ctx)
+	builtin := jsonscene.Build()
 	waitFor(t, "the worker listed with the built-in renderer's build while the slow one starts", func() bool {
 		return listed(func(x api.Worker) bool { return slices.Equal(x.Builds, []string{builtin}) && x.Starting })
 	})

@@ -93,12 +93,13 @@ func (Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.
 // TileSize is the default tile edge.
 func (Kind) TileSize() int { return TileSize }
 
-// Build is the path tracer's build (scene.Builder): this tilefarm binary's, as its manifests
+// Builds are the path tracer's one build (scene.Builder): this tilefarm binary's, as its manifests
 // record it (identity.BuildFingerprint), under the renderer name "tilefarm". A job's tiles
 // render on workers of one such build, so a frame never mixes two across a rolling upgrade.
-func (Kind) Build(context.Context) (string, error) {
-	return "tilefarm/" + identity.BuildFingerprint(), nil
-}
+func (Kind) Builds(context.Context) ([]string, error) { return []string{Build()}, nil }
+
+// Build is the path tracer's build fingerprint.
+func Build() string { return "tilefarm/" + identity.BuildFingerprint() }
 
 // Formats are PNG (the default), 16-bit PNG and OpenEXR.
 func (Kind) Formats() []string { return scene.RGBFormats }
