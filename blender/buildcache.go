@@ -35,18 +35,8 @@ func newBuildCache(o Options) buildCache {
 	if o.BuildCache == "" {
 		return buildCache{}
 	}
-	bin, err := exec.LookPath(o.Binary)
-	if err != nil {
-		return buildCache{}
-	}
-	if bin, err = filepath.Abs(bin); err != nil {
-		return buildCache{}
-	}
-	if bin, err = filepath.EvalSymlinks(bin); err != nil {
-		return buildCache{}
-	}
-	fi, err := os.Stat(bin)
-	if err != nil || fi.IsDir() {
+	parts, ok := binaryIdentity(o.Binary)
+	if !ok {
 		return buildCache{}
 	}
 	cpu := cpuIdentity()
@@ -65,12 +55,50 @@ func newBuildCache(o Options) buildCache {
 	}
 	slices.Sort(cycles)
 	h := sha256.New()
-	for _, part := range []string{bin, fmt.Sprint(fi.Size()), fmt.Sprint(fi.ModTime().UnixNano()), o.Kernel,
-		strings.Join(cycles, "\n"), DriverVersion, host, cpu} {
+	for _, part := range append(parts, o.Kernel, strings.Join(cycles, "\n"), DriverVersion, host, cpu) {
 		h.Write([]byte(part))
 		h.Write([]byte{0})
 	}
 	return buildCache{path: filepath.Join(o.BuildCache, hex.EncodeToString(h.Sum(nil)[:16])+".json")}
+}
+
+// binaryIdentity is what identifies the build binary runs: the executable's resolved path,
+// size and modification time; for a Python (IsPython), also the path it was named by (the
+// Pythons of several virtual environments are one executable) and the bpy module it imports
+// from its environment's site-packages. False where that cannot be known (a bpy installed
+// elsewhere): such a build is asked every time.
+func binaryIdentity(binary string) ([]string, bool) {
+	named, err := exec.LookPath(binary)
+	if err != nil {
+		return nil, false
+	}
+	if named, err = filepath.Abs(named); err != nil {
+		return nil, false
+	}
+	files := []string{named}
+	if IsPython(binary) {
+		mods, _ := filepath.Glob(filepath.Join(filepath.Dir(named), "..", "lib", "python3*", "site-packages", "bpy", "__init__*"))
+		if len(mods) != 1 {
+			return nil, false
+		}
+		files = append(files, mods[0])
+	}
+	var parts []string
+	if len(files) > 1 {
+		parts = append(parts, named)
+	}
+	for _, f := range files {
+		resolved, err := filepath.EvalSymlinks(f)
+		if err != nil {
+			return nil, false
+		}
+		fi, err := os.Stat(resolved)
+		if err != nil || fi.IsDir() {
+			return nil, false
+		}
+		parts = append(parts, resolved, fmt.Sprint(fi.Size()), fmt.Sprint(fi.ModTime().UnixNano()))
+	}
+	return parts, true
 }
 
 // cpuIdentity is this machine's CPU as Cycles sees it (model and feature flags, from

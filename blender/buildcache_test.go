@@ -64,12 +64,12 @@ func TestWrongRememberedBuildIsForgotten(t *testing.T) {
 	if err != nil || len(files) != 1 {
 		t.Fatalf("cache files: %v (%v), want one", files, err)
 	}
-	if err := os.WriteFile(files[0], []byte(`{"build":"blender/0.0 (none) cycles-cpu/none"}`), 0o644); err != nil {
+	if err := os.WriteFile(files[0], []byte(`{"build":"blender/99.0.0 (none) cycles-cpu/none"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	pool := blender.NewPool(blender.Options{Binary: bin, Dir: t.TempDir(), BuildCache: cache})
 	t.Cleanup(func() { pool.Close() })
-	if b, err := pool.Build(t.Context()); err != nil || !strings.HasPrefix(b, "blender/0.0") {
+	if b, err := pool.Build(t.Context()); err != nil || !strings.HasPrefix(b, "blender/99.0.0") {
 		t.Fatalf("build %q (%v), want the one remembered", b, err)
 	}
 	if _, err := blender.Inspect(t.Context(), pool, blendertest.Example(t)); !errors.Is(err, blender.ErrProcess) {
@@ -77,5 +77,21 @@ func TestWrongRememberedBuildIsForgotten(t *testing.T) {
 	}
 	if _, err := os.Stat(files[0]); !os.IsNotExist(err) {
 		t.Fatalf("the wrong build is still remembered (%v)", err)
+	}
+}
+
+// Property: the Pythons of two virtual environments, one executable under two names, each
+// with its own bpy, are two builds to the cache: each pool remembers its own line's.
+func TestBuildOfEachBpyEnvironmentIsItsOwn(t *testing.T) {
+	cache := t.TempDir()
+	for range 2 { // the second round answers from the cache
+		for _, line := range []blendertest.Line{blendertest.LineOf(t, "4.2"), blendertest.LineOf(t, "4.5")} {
+			p := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir(), BuildCache: cache})
+			b, err := p.Build(t.Context())
+			p.Close()
+			if err != nil || !strings.HasPrefix(b, "blender/"+line.Name+".") {
+				t.Fatalf("the build of %s: %q (%v), want Blender %s's", line.Binary, b, err, line.Name)
+			}
+		}
 	}
 }

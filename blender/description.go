@@ -61,6 +61,9 @@ type Description struct {
 	// Channels are every channel a tile renders, "Layer.Pass.Channel", as a render of the
 	// prepared scene writes them: every view layer, every pass.
 	Channels []string `json:"channels"`
+	// WholeChannels are the channels of a frame rendered whole with the scene's own settings,
+	// where they are not Channels: denoising adds its Noisy Image pass. Empty when they are.
+	WholeChannels []string `json:"whole_channels,omitempty"`
 	Build    string   `json:"build"` // the fingerprint of the Blender that inspected it
 	// FileVersion is the Blender line that saved the .blend, from its header (FileVersion):
 	// the line that renders it, or the nearest newer one (FitBuilds). "" in descriptions made
@@ -146,10 +149,27 @@ func (d *Description) validate() error {
 	case len(d.Channels) == 0:
 		return bad("no channels")
 	}
-	if _, err := planChannels(d); err != nil {
-		return bad("%v", err)
+	for _, whole := range []bool{false, true} {
+		if _, err := planChannels(d.mode(whole)); err != nil {
+			return bad("%v", err)
+		}
 	}
 	return nil
+}
+
+// TileChannels are the channels a tile renders: Channels, or WholeChannels for a frame that
+// renders whole where the scene has them.
+func (d *Description) TileChannels(whole bool) []string { return d.mode(whole).Channels }
+
+// mode is the description as a frame rendered whole (or not) sees it: its channels are the
+// tiles'.
+func (d *Description) mode(whole bool) *Description {
+	if !whole || len(d.WholeChannels) == 0 {
+		return d
+	}
+	c := *d
+	c.Channels, c.WholeChannels = d.WholeChannels, nil
+	return &c
 }
 
 // onePassWhy says why tiles of st render in one pass.
@@ -196,8 +216,8 @@ func (d *Description) Assets() []string { return d.Files }
 // it. Everything else the .blend decides is covered by the scene version.
 func (d *Description) Resolve(o render.Overrides) (render.Settings, error) {
 	st := render.Settings{Camera: d.Camera, Width: d.Width, Height: d.Height, SPP: d.SPP, Seed: d.Seed,
-		MaxDepth: d.MaxBounces, Passes: o.Passes, Build: d.Build, Channels: len(d.Channels),
-		Whole: len(d.Whole) > 0 && !o.Split}
+		MaxDepth: d.MaxBounces, Passes: o.Passes, Build: d.Build, Whole: len(d.Whole) > 0 && !o.Split}
+	st.Channels = len(d.TileChannels(st.Whole))
 	if o.Camera != "" {
 		if !slices.Contains(d.Cameras, o.Camera) {
 			return render.Settings{}, sceneErr("settings.camera: the scene has no camera %q (have %s)", o.Camera, strings.Join(d.Cameras, ", "))

@@ -466,6 +466,16 @@ def inspect(req):
     probe(sc, frame, req["probe"])
     info["channels"] = exr_channels(req["probe"])
     os.remove(req["probe"])
+    if info["whole"]:
+        # A frame rendered whole keeps the settings split ones switch off, and denoising adds
+        # its Noisy Image pass: its tiles' channels, if they are others.
+        for o, attr, _ in whole_only(sc):
+            put(o, attr, current["own"][attr])
+        probe(sc, frame, req["probe"])
+        whole = exr_channels(req["probe"])
+        os.remove(req["probe"])
+        if whole != info["channels"]:
+            info["whole_channels"] = whole
     return info
 
 
@@ -679,9 +689,9 @@ def assemble(req):
             s.exr_codec = codec
         name = "frame"
         r.use_file_extension = True
-    # The main file lands alone in main/ under the name Blender gives it (with its extension when
-    # the scene adds one), File Output nodes' files under files/ by their path.
-    r.filepath = os.path.join(outdir, "main", os.path.basename(name))
+    # The main file lands alone in main/ (its name there is not used: name is where it goes),
+    # File Output nodes' files under files/ by their path.
+    r.filepath = os.path.join(outdir, "main", "frame_")
     files = {}
     tree = compositor(sc)
     if own["compositing"] and tree is not None:
@@ -693,7 +703,10 @@ def assemble(req):
                 base = file_output_dir(n)
                 rel = base[2:] if base.startswith("//") else base.lstrip("/")
                 set_file_output_dir(n, os.path.join(outdir, "files", rel))
-    bpy.ops.render.render(write_still=True)
+    # An animation render of this one frame, as Blender's own -a and -f are: 5.0's File Output
+    # nodes number their files only in an animation render.
+    sc.frame_start = sc.frame_end = req["frame"]
+    bpy.ops.render.render(animation=True)
     written = os.listdir(os.path.join(outdir, "main")) if os.path.isdir(os.path.join(outdir, "main")) else []
     if len(written) != 1:
         raise RuntimeError("Blender wrote %d images for the frame, want 1: %s" % (len(written), written))

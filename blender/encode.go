@@ -53,9 +53,9 @@ func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame
 	if !slices.Contains(Formats, format) {
 		return nil, sceneErr("unknown output format %q (want %s)", format, strings.Join(Formats, ", "))
 	}
-	if !slices.Equal(f.Names, sc.Desc.Channels) || f.Width != st.Width || f.Height != st.Height {
+	if want := sc.Desc.TileChannels(st.Whole); !slices.Equal(f.Names, want) || f.Width != st.Width || f.Height != st.Height {
 		return nil, sceneErr("the assembled frame's %dx%d channels %q are not the scene's %dx%d %q",
-			f.Width, f.Height, f.Names, st.Width, st.Height, sc.Desc.Channels)
+			f.Width, f.Height, f.Names, st.Width, st.Height, want)
 	}
 	exr, err := raster.EncodeEXR(f, raster.EXRNone)
 	if err != nil {

@@ -29,7 +29,7 @@ func (t *Tile) RenderPass(ctx context.Context, a, b int) ([]float32, error) {
 func (s *Scene) Rules() map[string]string {
 	names := map[rule]string{ruleMean: "mean", ruleFirst: "first", ruleWeighted: "weighted", ruleCrypto: "crypto"}
 	out := map[string]string{}
-	for i, r := range s.plan.rules {
+	for i, r := range s.plan(false).rules {
 		c := s.Desc.Channels[i]
 		out[c] = names[r]
 		if layer, pass, ch, ok := splitChannel(c, s.Desc.Layers); ok {
@@ -42,7 +42,7 @@ func (s *Scene) Rules() map[string]string {
 // Combine combines passes (each the raw means of samples [ends[i-1], ends[i])) as a tile does,
 // with the channels of rule asMean combined as means instead, and returns the tile's values.
 func (s *Scene) Combine(passes [][]float32, ends []int, asMean string) []float32 {
-	p := *s.plan
+	p := *s.plan(false)
 	p.rules = slices.Clone(p.rules)
 	var crypto []cryptoGroup
 	rules := s.Rules()

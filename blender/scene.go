@@ -11,7 +11,16 @@ import (
 type Scene struct {
 	Desc *Description
 	Root string // the directory holding the bundle's files under their bundle names
-	plan *channelPlan
+	// plans are how the channels combine, of a frame split ([0]) and rendered whole ([1]).
+	plans [2]*channelPlan
+}
+
+// plan is how a tile's channels combine, in a frame rendered whole or not.
+func (s *Scene) plan(whole bool) *channelPlan {
+	if whole {
+		return s.plans[1]
+	}
+	return s.plans[0]
 }
 
 // Blend is the path of the scene's .blend file.
@@ -26,11 +35,14 @@ func Unpack(dir, version string, desc *Description, read func(name string) ([]by
 		return nil, fmt.Errorf("unpacking scene: %w", err)
 	}
 	root := filepath.Join(dir, version)
-	plan, err := planChannels(desc)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrScene, err)
+	sc := &Scene{Desc: desc, Root: root}
+	for i, whole := range []bool{false, true} {
+		plan, err := planChannels(desc.mode(whole))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrScene, err)
+		}
+		sc.plans[i] = plan
 	}
-	sc := &Scene{Desc: desc, Root: root, plan: plan}
 	if fi, err := os.Stat(root); err == nil && fi.IsDir() {
 		return sc, nil
 	}

@@ -60,8 +60,8 @@ func NewTile(ctx context.Context, pool *Pool, sc *Scene, st render.Settings, fra
 	if st.Build != build {
 		return nil, fmt.Errorf("%w: the tile was made for %q, this worker runs %q (the farm routes a tile only to workers of its build: is this worker misconfigured?)", ErrBuildMismatch, st.Build, build)
 	}
-	if st.Values() != len(sc.Desc.Channels) {
-		return nil, sceneErr("settings.channels %d: the scene's tiles have %d channels", st.Values(), len(sc.Desc.Channels))
+	if want := len(sc.Desc.TileChannels(st.Whole)); st.Values() != want {
+		return nil, sceneErr("settings.channels %d: the scene's tiles have %d channels", st.Values(), want)
 	}
 	return &Tile{pool: pool, scene: sc, st: st, frame: frame, rect: r, ends: st.PassEnds(0),
 		sum: make([]float64, st.Values()*r.Dx()*r.Dy())}, nil
@@ -86,7 +86,7 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 		if err != nil {
 			return err
 		}
-		t.scene.plan.add(t.sum, pix, t.next, end-t.next)
+		t.scene.plan(t.st.Whole).add(t.sum, pix, t.next, end-t.next)
 		t.next = end
 		t.stats.Passes++
 		t.stats.Blender += blenderTime
@@ -128,8 +128,8 @@ func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, er
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: reading the rendered pass: %v", ErrProcess, err)
 	}
-	if !slices.Equal(f.Names, t.scene.Desc.Channels) {
-		return nil, 0, fmt.Errorf("%w: Blender rendered the channels %q, the scene was inspected with %q", ErrBuildMismatch, f.Names, t.scene.Desc.Channels)
+	if want := t.scene.Desc.TileChannels(t.st.Whole); !slices.Equal(f.Names, want) {
+		return nil, 0, fmt.Errorf("%w: Blender rendered the channels %q, the scene was inspected with %q", ErrBuildMismatch, f.Names, want)
 	}
 	if f.Width != t.rect.Dx() || f.Height != t.rect.Dy() {
 		return nil, 0, fmt.Errorf("%w: Blender rendered %dx%d pixels for the %dx%d tile %v", ErrProcess, f.Width, f.Height, t.rect.Dx(), t.rect.Dy(), t.rect)
@@ -166,6 +166,6 @@ func (t *Tile) Pixels() []float32 {
 	if t.next == 0 {
 		return out
 	}
-	t.scene.plan.pixels(t.sum, t.next, out)
+	t.scene.plan(t.st.Whole).pixels(t.sum, t.next, out)
 	return out
 }

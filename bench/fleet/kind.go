@@ -239,7 +239,7 @@ func (rd *renderer) NewTile(ctx context.Context, st render.Settings, frame int, 
 }
 
 // Channels is nil: the fleet's frames are linear RGB.
-func (*renderer) Channels() []string { return nil }
+func (*renderer) Channels(render.Settings) []string { return nil }
 
 // Encode encodes as every RGB renderer does, at exposure 0.
 func (*renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, format string) (scene.Output, error) {

@@ -200,12 +200,23 @@ r.use_sequencer = False
 // and returns the file.
 func OwnRender(t testing.TB, blend string, st render.Settings, frame int, png bool) string {
 	t.Helper()
+	return ownRender(t, Binary(t), blend, st, frame, png)
+}
+
+// OwnRender is OwnRender on the line's build.
+func (l Line) OwnRender(t testing.TB, blend string, st render.Settings, frame int, png bool) string {
+	t.Helper()
+	return ownRender(t, l.Binary, blend, st, frame, png)
+}
+
+func ownRender(t testing.TB, binary, blend string, st render.Settings, frame int, png bool) string {
+	t.Helper()
 	dir := t.TempDir()
 	script := filepath.Join(dir, "settings.py")
 	if err := os.WriteFile(script, []byte(OwnRenderSettings(st, png)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	Run(t, blend, "--disable-autoexec", "-t", "1", "--python", script, "-o", filepath.Join(dir, "own_####"), "-f", strconv.Itoa(frame))
+	RunWith(t, binary, blend, "--disable-autoexec", "-t", "1", "--python", script, "-o", filepath.Join(dir, "own_####"), "-f", strconv.Itoa(frame))
 	ext := ".exr"
 	if png {
 		ext = ".png"

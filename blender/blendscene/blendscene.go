@@ -335,8 +335,9 @@ func (c cycles) NewTile(ctx context.Context, st render.Settings, frame int, r re
 	return cyclesTile{t}, nil
 }
 
-// Channels are the scene's every view layer and pass.
-func (c cycles) Channels() []string { return c.s.Desc.Channels }
+// Channels are the scene's every view layer and pass, as a tile of a frame rendered whole or
+// not renders them.
+func (c cycles) Channels(st render.Settings) []string { return c.s.Desc.TileChannels(st.Whole) }
 
 // Encode has Blender write the assembled frame (blender.Assemble): the compositor run on it
 // and the file the .blend asks for, or the farm's formats of its Composite result.

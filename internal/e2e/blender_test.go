@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/blender/blendertest"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -110,7 +111,7 @@ func blenderChildren(t *testing.T, pid int) []int {
 			if err != nil {
 				continue
 			}
-			if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", child)); err == nil && strings.Contains(filepath.Base(exe), "blender") {
+			if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", child)); err == nil && isBlender(exe) {
 				out = append(out, child)
 			}
 		}
@@ -217,4 +218,10 @@ func TestBlenderBadInputIsRefused(t *testing.T) {
 			t.Errorf("submit says compositing is off, but the compositor runs at assembly:\n%s", r.stderr)
 		}
 	}
+}
+
+// isBlender reports whether the executable exe runs a Blender build: Blender's own, or a
+// Python (with bpy, blender.IsPython).
+func isBlender(exe string) bool {
+	return strings.Contains(filepath.Base(exe), "blender") || blender.IsPython(exe)
 }

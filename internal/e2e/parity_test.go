@@ -21,19 +21,39 @@ import (
 // hold its output against Blender's own `blender -b FILE -a` of the same .blend, read by
 // OpenImageIO channel by channel.
 
-// ownRender copies blend into a fresh directory and renders it there as an artist would,
-// `blender -b FILE -t 1 -a` (with expr, a Python line run first, e.g. a sample count), and
-// returns the directory.
-func ownRender(t *testing.T, blend, expr string) string {
+// ownRender copies blend into a fresh directory and renders it there as an artist would on
+// line, `blender -b FILE -t 1 -a` (with expr, a Python line run first, e.g. a sample count),
+// and returns the directory.
+func ownRender(t *testing.T, line blendertest.Line, blend, expr string) string {
 	t.Helper()
 	dir := copyBlend(t, blend)
 	args := []string{filepath.Join(dir, filepath.Base(blend)), "--disable-autoexec", "-t", "1"}
 	if expr != "" {
 		args = append(args, "--python-expr", expr)
 	}
-	blendertest.Run(t, append(args, "-a")...)
+	blendertest.RunWith(t, line.Binary, append(args, "-a")...)
 	return dir
 }
+
+// eachLine runs test as a parallel subtest for every Blender line the farm supports, with the
+// .blend at blend as that line saves it (blendertest.Line.SavedWith, after expr of the line
+// if it gives one).
+func eachLine(t *testing.T, blend string, expr func(blendertest.Line) string, test func(t *testing.T, line blendertest.Line, blend string)) {
+	for _, line := range blendertest.Lines(t) {
+		t.Run(line.Name, func(t *testing.T) {
+			t.Parallel()
+			e := ""
+			if expr != nil {
+				e = expr(line)
+			}
+			test(t, line, line.SavedWith(t, blend, e))
+		})
+	}
+}
+
+// denoises says whether a line's build has a denoiser: Blender's own builds have
+// OpenImageDenoise, Debian's 3.4 none.
+func denoises(line blendertest.Line) bool { return line.Name != "3.4" }
 
 // copyBlend copies a .blend (with no dependencies) into a fresh directory.
 func copyBlend(t *testing.T, blend string) string {
@@ -115,79 +135,116 @@ func levelDiff(t *testing.T, a, b image.Image) int {
 // plate.blend -t 1 -a` writes, by the same names (the multilayer EXR at the .blend's output
 // path, the File Output node's PNGs beside it): every channel of Blender's EXR (two view layers,
 // their passes, Cryptomatte, denoising data, the composited result) within 1e-5 relative and the
-// Cryptomatte header equal, whether a frame is one tile or 37 px tiles.
+// Cryptomatte header equal, whether a frame is one tile or 37 px tiles, on every Blender line
+// (the plate as each line saves it, rendered on that line's build).
 func TestBlenderPlateIsBlendersOwnOutput(t *testing.T) {
 	t.Parallel()
-	own := ownRender(t, blendertest.Plate(t), "")
-	for _, tile := range []string{"", "37"} {
-		farm := copyBlend(t, blendertest.Plate(t))
-		args := []string{"render", filepath.Join(farm, "plate.blend"), "--data", filepath.Join(farm, "data"), "--workers", "2", "--json"}
-		if tile != "" {
-			args = append(args, "--tile", tile)
+	eachLine(t, blendertest.Plate(t), nil, func(t *testing.T, line blendertest.Line, plate string) {
+		own := ownRender(t, line, plate, "")
+		tiles := []string{"37"}
+		if line.Name == "3.4" {
+			tiles = append(tiles, "") // one tile a frame: the same path on every line
 		}
-		r := run(t, "coordinator", args...)
-		if r.code != 0 {
-			t.Fatalf("render with --tile %q: %s", tile, r)
+		for _, tile := range tiles {
+			farm := copyBlend(t, plate)
+			args := []string{"render", filepath.Join(farm, "plate.blend"), "--data", filepath.Join(farm, "data"), "--workers", "2", "--json",
+				"--blender", line.Binary}
+			if tile != "" {
+				args = append(args, "--tile", tile)
+			}
+			r := run(t, "coordinator", args...)
+			if r.code != 0 {
+				t.Fatalf("render with --tile %q: %s", tile, r)
+			}
+			t.Logf("Blender %s, tiles %q:", line.Name, tile)
+			sameOutputs(t, own, farm)
 		}
-		t.Logf("tiles %q:", tile)
-		sameOutputs(t, own, farm)
-	}
+	})
 }
 
-// Property: a scene that reads neighbouring pixels while rendering (adaptive sampling) renders
-// whole, with the setting on, and its compositor's grade runs on the assembled frame: the
-// farm's 16-bit RGBA PNG equals Blender's own within one 16-bit level. Split on request, the
-// setting is switched off and submit says so.
+// Property: a scene as Cycles leaves it for a final frame (adaptive sampling on, and denoising
+// where the build has a denoiser) reads neighbouring pixels while rendering, so it renders
+// whole, with those settings on, and its compositor's grade runs on the assembled frame: the
+// farm's 16-bit RGBA PNG equals Blender's own within one 16-bit level, on every line. Denoised
+// on the lines with OpenImageDenoise, it is Blender's own denoised file. Split on request, the
+// settings are switched off and submit says so.
 func TestBlenderWholeFrameKeepsAdaptiveSamplingAndGrade(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	blendertest.Run(t, "--python", filepath.Join(blendertest.Root(t), "blender", "testdata", "make_graded.py"), "--", blenderExample(t), dir)
-	graded := filepath.Join(dir, "graded.blend")
-	own := ownRender(t, graded, "")
-	if got := outputsUnder(t, own); !slices.Equal(got, []string{"render/graded_0001.png"}) {
-		t.Fatalf("Blender wrote %q", got)
+	// As each line's new files are: denoising on and, from 4.2, the automatic sampling pattern,
+	// where the build has a denoiser (Blender without one fails a render asking for it).
+	defaults := func(line blendertest.Line) string {
+		if !denoises(line) {
+			return ""
+		}
+		return "cy = bpy.context.scene.cycles; cy.use_denoising = True; cy.sampling_pattern = 'AUTOMATIC'"
 	}
-	farm := copyBlend(t, graded)
-	r := run(t, "coordinator", "render", filepath.Join(farm, "graded.blend"), "--data", filepath.Join(farm, "data"), "--workers", "2", "--json")
-	if r.code != 0 || !strings.Contains(r.stderr, "each frame renders whole") || !strings.Contains(r.stderr, "adaptive sampling") {
-		t.Fatalf("render: want it to say the frame renders whole for adaptive sampling, got %s", r)
-	}
-	a, b := decodePNG(t, filepath.Join(own, "render", "graded_0001.png")), decodePNG(t, filepath.Join(farm, "render", "graded_0001.png"))
-	if _, ok := b.(*image.NRGBA64); !ok {
-		t.Fatalf("the farm's PNG is a %T, want 16-bit RGBA as the .blend asks", b)
-	}
-	d := levelDiff(t, a, b)
-	if d > 1 {
-		t.Fatalf("the farm's PNG differs from Blender's own by %d 16-bit levels, want at most 1", d)
-	}
-	t.Logf("16-bit RGBA PNG within %d level of Blender's own", d)
+	eachLine(t, filepath.Join(dir, "graded.blend"), defaults, func(t *testing.T, line blendertest.Line, graded string) {
+		own := ownRender(t, line, graded, "")
+		if got := outputsUnder(t, own); !slices.Equal(got, []string{"render/graded_0001.png"}) {
+			t.Fatalf("Blender wrote %q", got)
+		}
+		farm := copyBlend(t, graded)
+		r := run(t, "coordinator", "render", filepath.Join(farm, "graded.blend"), "--data", filepath.Join(farm, "data"), "--workers", "2", "--json",
+			"--blender", line.Binary)
+		if r.code != 0 || !strings.Contains(r.stderr, "each frame renders whole") || !strings.Contains(r.stderr, "adaptive sampling") {
+			t.Fatalf("render: want it to say the frame renders whole for adaptive sampling, got %s", r)
+		}
+		denoised := denoises(line)
+		if said := strings.Contains(r.stderr, "denoising (OPENIMAGEDENOISE) needs the whole frame"); said != denoised {
+			t.Fatalf("render on %s: says it denoises the whole frame: %v, want %v: %s", line.Name, said, denoised, r)
+		}
+		a, b := decodePNG(t, filepath.Join(own, "render", "graded_0001.png")), decodePNG(t, filepath.Join(farm, "render", "graded_0001.png"))
+		if _, ok := b.(*image.NRGBA64); !ok {
+			t.Fatalf("the farm's PNG is a %T, want 16-bit RGBA as the .blend asks", b)
+		}
+		d := levelDiff(t, a, b)
+		if d > 1 {
+			t.Fatalf("the farm's PNG differs from Blender's own by %d 16-bit levels, want at most 1", d)
+		}
+		t.Logf("Blender %s (denoised: %v): 16-bit RGBA PNG within %d level of Blender's own", line.Name, denoised, d)
+		if line.Name != "3.4" {
+			return
+		}
 
-	// --split: today's trade, said at submit, one line per setting switched off; the picture
-	// is no longer Blender's.
-	split := copyBlend(t, graded)
-	r = run(t, "coordinator", "render", filepath.Join(split, "graded.blend"), "--data", filepath.Join(split, "data"), "--workers", "2", "--split", "--json")
-	if r.code != 0 || !strings.Contains(r.stderr, "adaptive sampling (noise threshold") || strings.Contains(r.stderr, "renders whole") {
-		t.Fatalf("render --split: want it to say adaptive sampling is off, got %s", r)
-	}
-	if d := levelDiff(t, a, decodePNG(t, filepath.Join(split, "render", "graded_0001.png"))); d <= 1 {
-		t.Fatalf("split with adaptive sampling off is within %d level of Blender's own: the test cannot tell the modes apart", d)
-	}
+		// --split: today's trade, said at submit, one line per setting switched off; the picture
+		// is no longer Blender's.
+		split := copyBlend(t, graded)
+		r = run(t, "coordinator", "render", filepath.Join(split, "graded.blend"), "--data", filepath.Join(split, "data"), "--workers", "2", "--split", "--json",
+			"--blender", line.Binary)
+		if r.code != 0 || !strings.Contains(r.stderr, "adaptive sampling (noise threshold") || strings.Contains(r.stderr, "renders whole") {
+			t.Fatalf("render --split: want it to say adaptive sampling is off, got %s", r)
+		}
+		if d := levelDiff(t, a, decodePNG(t, filepath.Join(split, "render", "graded_0001.png"))); d <= 1 {
+			t.Fatalf("split with adaptive sampling off is within %d level of Blender's own: the test cannot tell the modes apart", d)
+		}
+	})
 }
 
 // A tileworker killed with SIGKILL in the middle of a tile of the plate: its Blender process
 // dies with it, and another worker with an empty local directory resumes the tile from the
 // remote checkpoint, rendering only the missing passes of every layer and pass, into the file
-// Blender itself writes.
+// Blender itself writes; on every Blender line.
 func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 	t.Parallel()
+	eachLine(t, blendertest.Plate(t), nil, func(t *testing.T, line blendertest.Line, plate string) {
+		killMidTile(t, line, plate)
+	})
+}
+
+func killMidTile(t *testing.T, line blendertest.Line, plate string) {
 	f := startServe(t, t.TempDir(), "--ack-wait", "4s", "--lease-ttl", "4s")
 	// One tile per frame, 8 passes of 32 samples, each checkpointed remotely as it ends.
 	const spp, pass = 256, 32
-	settings := []string{"--tile", "96", "--spp", strconv.Itoa(spp), "--passes", strconv.Itoa(spp / pass)}
-	a := f.worker("victim", t.TempDir(), "--checkpoint-every", "0", "--remote-checkpoint-every", "0")
-	st, r := f.submit(append([]string{blendertest.Plate(t), "--frames", "2"}, settings...)...)
+	settings := []string{"--tile", "96", "--spp", strconv.Itoa(spp), "--passes", strconv.Itoa(spp / pass), "--blender", line.Binary}
+	a := f.worker("victim", t.TempDir(), "--checkpoint-every", "0", "--remote-checkpoint-every", "0", "--blender", line.Binary)
+	st, r := f.submit(append([]string{plate, "--frames", "2"}, settings...)...)
 	if r.code != 42 && r.code != 3 {
 		t.Fatalf("submit: %s", r)
+	}
+	if !strings.HasPrefix(st.Build, "blender/"+line.Name+".") {
+		t.Fatalf("the job renders with %q, want Blender %s", st.Build, line.Name)
 	}
 	ft, err := tiles.FrameTiles(st.Frames[0].FrameKey, 96, 72, 96)
 	if err != nil || len(ft) != 1 {
@@ -219,7 +276,7 @@ func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 		}
 	}
 
-	b := f.worker("successor", t.TempDir()) // an empty local directory: only the remote checkpoint
+	b := f.worker("successor", t.TempDir(), "--blender", line.Binary) // an empty local directory: only the remote checkpoint
 	done := f.waitDone(st.JobID, 4*time.Minute)
 	if done.State != "completed" {
 		t.Fatalf("job after the kill: %+v", done)
@@ -240,7 +297,7 @@ func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 	if r := f.cli("outputs", st.JobID, "--dir", farm); r.code != 0 {
 		t.Fatalf("outputs: %s", r)
 	}
-	own := ownRender(t, blendertest.Plate(t), fmt.Sprintf("import bpy; sc = bpy.context.scene; sc.cycles.samples = %d; sc.frame_start = sc.frame_end = 2", spp))
+	own := ownRender(t, line, plate, fmt.Sprintf("import bpy; sc = bpy.context.scene; sc.cycles.samples = %d; sc.frame_start = sc.frame_end = 2", spp))
 	sameOutputs(t, own, farm)
 	f.assertNoDeadLetters()
 }

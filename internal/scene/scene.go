@@ -73,9 +73,10 @@ type Description interface {
 type Renderer interface {
 	// NewTile prepares rendering rect r of frame with st.
 	NewTile(ctx context.Context, st render.Settings, frame int, r render.Rect) (Tile, error)
-	// Channels names the values of a pixel of the scene's tiles and frames when they are more
-	// than linear RGB (a Blender scene's every view layer and pass); nil is R, G, B.
-	Channels() []string
+	// Channels names the values of a pixel of the scene's tiles and frames rendered with st
+	// when they are more than linear RGB (a Blender scene's every view layer and pass, which a
+	// frame rendered whole may have more of); nil is R, G, B.
+	Channels(st render.Settings) []string
 	// Encode encodes an assembled frame of the given number in one output format.
 	Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (Output, error)
 }

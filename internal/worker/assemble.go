@@ -157,7 +157,7 @@ func (a *assembly) outputs(ctx context.Context, formats []string) ([][]finalize.
 	if err != nil {
 		return nil, err
 	}
-	frame := raster.NewFrameOf(st.Width, st.Height, sc.Channels())
+	frame := raster.NewFrameOf(st.Width, st.Height, sc.Channels(st))
 	frameTiles, err := tiles.FrameTiles(job.FrameKey, st.Width, st.Height, job.TileSize)
 	if err != nil {
 		return nil, failure.Terminalf("tiling frame: %w", err)

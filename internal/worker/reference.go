@@ -46,7 +46,7 @@ func (ref *Reference) RenderFrame(ctx context.Context, st render.Settings, frame
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrBadTiling, err)
 	}
-	img := raster.NewFrameOf(st.Width, st.Height, ref.sc.Channels())
+	img := raster.NewFrameOf(st.Width, st.Height, ref.sc.Channels(st))
 	next := make(chan render.Rect)
 	var (
 		mu    sync.Mutex

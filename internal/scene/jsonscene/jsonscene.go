@@ -125,7 +125,7 @@ func (p pathTracer) NewTile(_ context.Context, st render.Settings, frame int, r 
 }
 
 // Channels is nil: the path tracer's frames are linear RGB.
-func (pathTracer) Channels() []string { return nil }
+func (pathTracer) Channels(render.Settings) []string { return nil }
 
 // Encode tone-maps PNGs with tilefarm's own curve (the scene's exposure).
 func (pathTracer) Encode(_ context.Context, f *raster.Frame, _ int, st render.Settings, format string) (scene.Output, error) {

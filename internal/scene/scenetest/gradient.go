@@ -193,7 +193,7 @@ func (renderer) NewTile(_ context.Context, st render.Settings, frame int, r rend
 }
 
 // Channels is nil: the gradient is linear RGB.
-func (renderer) Channels() []string { return nil }
+func (renderer) Channels(render.Settings) []string { return nil }
 
 // Encode encodes as every RGB renderer does, at exposure 0.
 func (renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, format string) (scene.Output, error) {
