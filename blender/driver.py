@@ -5,7 +5,9 @@
 # Requests arrive one JSON object per line on REQUEST_FD; every request gets exactly one JSON
 # reply line on REPLY_FD ({"ok": true, ...} or {"ok": false, "error": ..., "scene_error": bool}), and
 # every second the driver writes {"alive": true}, so the worker can tell a long render from a
-# frozen process. stdout and stderr carry only Blender's own logs.
+# frozen process. stdout and stderr carry Blender's own logs, and one line of the driver's for
+# each pass it renders ("tilefarm: rendered samples A-B of tile X0,Y0-X1,Y1 of frame F"), which
+# every line prints alike (5.0 prints no progress of its own in the background).
 #
 # "scene_error": true marks an error of the scene or the request (no such camera, a missing file):
 # the same request can never succeed. Anything else is the process's trouble.
@@ -573,6 +575,7 @@ def render(req):
     seconds = time.perf_counter() - start
     if not os.path.isfile(out):
         raise RuntimeError("Blender wrote no image to %s" % out)
+    print("tilefarm: rendered samples %d-%d of tile %d,%d-%d,%d of frame %d" % (req["from"], req["to"], x0, y0, x1, y1, req["frame"]), flush=True)
     return {"render_seconds": seconds}
 
 

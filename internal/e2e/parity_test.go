@@ -284,11 +284,11 @@ func killMidTile(t *testing.T, line blendertest.Line, plate string) {
 	if done.SamplesRecovered < 2*pass || done.SamplesRecovered%pass != 0 || done.SamplesRecovered >= spp {
 		t.Fatalf("samples recovered %d: want whole passes, at least the %d checkpointed before the kill", done.SamplesRecovered, 2*pass)
 	}
-	// Blender prints "Sample 32/32" as each view layer of a 32-sample pass ends: the successor
-	// rendered only the passes the checkpoint lacked, for both layers.
-	passes := len(regexp.MustCompile(fmt.Sprintf(`Sample %d/%d\b`, pass, pass)).FindAllString(b.Log(), -1))
-	if want := 2 * (spp - done.SamplesRecovered) / pass; passes != want {
-		t.Fatalf("the successor rendered %d layer passes, want the %d missing ones", passes, want)
+	// The driver says each pass it renders: the successor rendered only the passes the
+	// checkpoint lacked, from the first it lacked.
+	passes := regexp.MustCompile(`tilefarm: rendered samples (\d+)-\d+ of tile`).FindAllStringSubmatch(b.Log(), -1)
+	if want := (spp - done.SamplesRecovered) / pass; len(passes) != want || passes[0][1] != strconv.Itoa(done.SamplesRecovered) {
+		t.Fatalf("the successor rendered passes from %q, want the %d missing ones from sample %d", passes, want, done.SamplesRecovered)
 	}
 	if !strings.Contains(b.Log(), "resuming from checkpoint") {
 		t.Fatal("the successor did not say it resumed from the checkpoint")
