@@ -91,6 +91,12 @@ func exampleCopy(t *testing.T) string {
 // anywhere fails the test: the add-on turns every failure into a report.
 func runAddon(t *testing.T, plan ...map[string]any) ([]addonStep, result) {
 	t.Helper()
+	return runAddonOn(t, blendertest.LineOf(t, "3.4"), plan...)
+}
+
+// runAddonOn is runAddon in the Blender of line (its bpy module for the lines from 4.2).
+func runAddonOn(t *testing.T, line blendertest.Line, plan ...map[string]any) ([]addonStep, result) {
+	t.Helper()
 	dir := t.TempDir()
 	zipPath := filepath.Join(dir, "tilefarm-addon.zip")
 	var zip bytes.Buffer
@@ -112,7 +118,10 @@ func runAddon(t *testing.T, plan ...map[string]any) ([]addonStep, result) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(blendertest.Binary(t), "-b", "--factory-startup", "--python-exit-code", "1", "--python", script, "--", planPath)
+	cmd, err := blendertest.Command(line.Binary, dir, "--python", script, "--", planPath)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cmd.Env = append(os.Environ(), "BLENDER_USER_SCRIPTS="+filepath.Join(dir, "scripts"), "BLENDER_USER_CONFIG="+filepath.Join(dir, "config"),
 		// Nothing of the test's own environment: the add-on takes the farm from its settings.
 		"TILEFARM_API_TOKEN=", "TILEFARM_SERVER=", "TILEFARM_COORDINATOR=")
@@ -323,5 +332,49 @@ func TestBlenderAddonReportsWhyItCannotSubmit(t *testing.T) {
 	}
 	if jobs := f.cli("jobs", "--json"); jobs.code != 0 || strings.Contains(jobs.stdout, "job-") {
 		t.Fatalf("a refused submission reached the farm: %s\n%s", jobs, r)
+	}
+}
+
+// Property: the add-on submits from the artist's Blender of every line, as that line saved the
+// file, inspected by that very Blender (its bpy module's Python for the lines from 4.2), and
+// says which build the farm chose: the one of the file's line.
+func TestBlenderAddonSubmitsOnEveryLine(t *testing.T) {
+	t.Parallel()
+	lines := blendertest.Lines(t)
+	args := []string{"--concurrency", "2", "--tags", "cpu"}
+	for _, l := range lines {
+		args = append(args, "--blender", l.Binary)
+	}
+	f := addonFarm(t)
+	f.worker("w", t.TempDir(), args...)
+	server := "http://" + f.HTTP
+	for _, line := range lines {
+		t.Run(line.Name, func(t *testing.T) {
+			t.Parallel()
+			blend := line.SavedWith(t, blenderExample(t), "bpy.ops.file.pack_all()")
+			steps, r := runAddonOn(t, line,
+				map[string]any{"prefs": map[string]any{"coordinator": bins.Path("coordinator"), "token": addonToken}},
+				map[string]any{"open": blend},
+				map[string]any{"set": map[string]any{"server": server, "use_scene_range": false, "frame_start": 1, "frame_end": 1, "requires": "cpu"}},
+				map[string]any{"save": true},
+				map[string]any{"open": blend},
+				map[string]any{"op": "submit"},
+				map[string]any{"follow": patience * 120},
+			)
+			submitted, followed := steps[5], steps[6]
+			job := submitted.prop("job_id")
+			if submitted.Error != "" || !slices.Contains(submitted.Result, "FINISHED") || !strings.HasPrefix(job, "job-") {
+				t.Fatalf("tilefarm.submit on %s: %+v\n%s", line.Name, submitted, r)
+			}
+			if want := "The farm renders it with Blender " + line.Name + "."; !strings.Contains(r.stdout, want) {
+				t.Fatalf("no report says %q:\n%s", want, r.stdout)
+			}
+			if followed.prop("job_state") != "completed" {
+				t.Fatalf("following the job on %s: %+v\n%s", line.Name, followed, r)
+			}
+			if st, sr := f.status(job); sr.code != 0 || !strings.HasPrefix(st.Build, "blender/"+line.Name+".") {
+				t.Fatalf("the add-on's job on %s: %s", line.Name, sr)
+			}
+		})
 	}
 }

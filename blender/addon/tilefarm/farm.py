@@ -123,6 +123,23 @@ class Submission:
         return env
 
 
+def unsaved_changes():
+    """Whether the open .blend has changes not saved. Blender as a Python module (bpy, no
+    executable) never clears is_dirty, not even by saving (4.2, 4.5 and 5.0 alike): there it
+    says nothing, and the file on disk is what the farm renders."""
+    import bpy
+    return bool(bpy.data.is_dirty and bpy.app.binary_path)
+
+
+def build_name(build):
+    """A renderer build as an artist reads it: "Blender 4.5.15" of "blender/4.5.15 (...) ...",
+    else the fingerprint itself."""
+    name, _, rest = build.partition("/")
+    if name == "blender" and rest:
+        return "Blender " + rest.split()[0]
+    return build
+
+
 class Submitted:
     """What submit answered: the job's status (submit --json) and the lines it said about the
     scene (how the farm renders it: whole frames, settings switched off, the farm's build)."""

@@ -4,6 +4,7 @@
 # becomes a Blender report with its reason, never a traceback.
 
 import os
+import sys
 import threading
 
 import bpy
@@ -20,7 +21,7 @@ def _refusal(context):
         return "Save the .blend first: the farm renders the saved file"
     if not os.path.isfile(bpy.data.filepath):
         return "%s is no longer on disk: save the .blend again" % bpy.data.filepath
-    if bpy.data.is_dirty:
+    if farm.unsaved_changes():
         return "The .blend has unsaved changes: save it first, since the farm renders the saved file"
     for image in bpy.data.images:
         if image.is_dirty:
@@ -41,10 +42,11 @@ def _submission(context):
     # The settings are checked where every submission's are: by coordinator submit.
     frames = None if tf.use_scene_range else (tf.frame_start, tf.frame_end)
     # The Blender that inspects the .blend: the preferences', else $TILEFARM_BLENDER (which the
-    # command line reads itself), else this very Blender.
+    # command line reads itself), else this very Blender: its executable, or the Python it runs
+    # in when it is the bpy module (a build too, README "Blender lines").
     blender = bpy.path.abspath(prefs.blender.strip()) if prefs and prefs.blender.strip() else ""
     if not blender and not os.environ.get(farm.ENV_BLENDER):
-        blender = bpy.app.binary_path or ""
+        blender = bpy.app.binary_path or sys.executable or ""
     sub = farm.Submission(
         blend=bpy.data.filepath, server=settings.server(tf, context), token=settings.token(context),
         frames=frames, priority=tf.priority, preview=tf.preview, tile=tf.tile_size,
@@ -150,6 +152,8 @@ class TILEFARM_OT_submit(bpy.types.Operator):
         settings.apply_status(tf, st, sub.server)
         for note in submitted.notes:
             self.report({'INFO'}, note)
+        if st.get("build"):
+            self.report({'INFO'}, "The farm renders it with %s" % farm.build_name(st["build"]))
         state = tf.job_state
         if state in ("failed", "cancelled"):
             # The same request returns the same job (docs/design.md, "Identities": job_id).

@@ -41,7 +41,7 @@ class TILEFARM_PT_farm(bpy.types.Panel):
                      icon='RENDER_ANIMATION')
         if not bpy.data.is_saved:
             layout.label(text="Save the .blend to submit it", icon='INFO')
-        elif bpy.data.is_dirty:
+        elif farm.unsaved_changes():
             layout.label(text="Unsaved changes: save to submit them", icon='INFO')
 
         if not tf.job_id:
