@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -64,7 +65,7 @@ func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
 	o := &Options{Binaries: filepath.SplitList(os.Getenv(EnvBinary)), HangTimeout: blender.DefaultHangTimeout}
 	o.BuildCache = DefaultBuildCache()
 	fs.StringVar(&o.BuildCache, "blender-build-cache", o.BuildCache, "directory remembering the build each Blender of this machine reported, so a start need not run Blender to know it (\"\": ask Blender every start)")
-	fs.StringArrayVar(&o.Binaries, "blender", o.Binaries, "a Blender build for .blend scenes: its executable, or a Python that imports bpy (Blender as a module); repeat it for several builds, each its own pool (env "+EnvBinary+", several separated by '"+string(filepath.ListSeparator)+"'; default blender). A .blend renders on a build of the line that saved it, else the nearest newer")
+	fs.Var(&binaries{list: &o.Binaries}, "blender", "a Blender build for .blend scenes: its executable, or a Python that imports bpy (Blender as a module); repeat it for several builds, each its own pool (env "+EnvBinary+", several separated by '"+string(filepath.ListSeparator)+"'; default blender). A .blend renders on a build of the line that saved it, else the nearest newer")
 	var names []string
 	for _, k := range blender.Kernels {
 		names = append(names, k.Name)
@@ -82,6 +83,28 @@ func AddFlags(fs *pflag.FlagSet, renders bool) *Options {
 		fs.DurationVar(&o.HangTimeout, "blender-hang-timeout", o.HangTimeout, "kill and restart a Blender process that shows no sign of life for this long")
 	}
 	return o
+}
+
+// binaries is --blender: each value a build that must exist (an executable, found on PATH if
+// it names no directory); the first replaces the default.
+type binaries struct {
+	list *[]string
+	set  bool
+}
+
+func (b *binaries) String() string { return strings.Join(*b.list, string(filepath.ListSeparator)) }
+
+func (b *binaries) Type() string { return "path" }
+
+func (b *binaries) Set(v string) error {
+	if _, err := exec.LookPath(v); err != nil {
+		return fmt.Errorf("%s is not an executable Blender or Python with bpy: %v (README, \"Blender lines\")", v, errors.Unwrap(err))
+	}
+	if !b.set {
+		*b.list, b.set = nil, true
+	}
+	*b.list = append(*b.list, v)
+	return nil
 }
 
 // Kind is the Blender .blend scene, with a pool of Blender processes for each build of this

@@ -140,3 +140,40 @@ func waitBuilds(t *testing.T, f *farmProc, name string, lines ...string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// Property: a Blender build that is not one is a clear error where it is given: a --blender
+// that does not exist at the command line (exit 2), a Python without bpy at submit (exit 1,
+// nothing sent) and at a worker's start (logged, and the worker offers only its good builds),
+// and a .blend newer than every build of the submitting machine at submit (exit 1).
+func TestBlenderBadBuildsAreClearErrors(t *testing.T) {
+	t.Parallel()
+	const noBpy = "/usr/bin/python3" // Debian's Python, without bpy
+	if r := run(t, "tileworker", "--blender", "/nonexistent/blender"); r.code != 2 || !strings.Contains(r.stderr, "/nonexistent/blender is not an executable Blender") {
+		t.Fatalf("tileworker --blender of no file: %s", r)
+	}
+	r := run(t, "coordinator", "submit", blenderExample(t), "--server", "127.0.0.1:1", "--blender", noBpy)
+	if r.code != 1 || !strings.Contains(r.stderr, noBpy+`" is not a Blender build`) || !strings.Contains(r.stderr, "cannot import bpy") {
+		t.Fatalf("submit with a Python without bpy: %s", r)
+	}
+	five := blendertest.LineOf(t, "5.0").Saved(t, blenderExample(t))
+	r = run(t, "coordinator", "submit", five, "--server", "127.0.0.1:1", "--blender", blendertest.LineOf(t, "3.4").Binary)
+	if r.code != 1 || !strings.Contains(r.stderr, "saved by Blender 5.0, which none of this machine's builds can read (blender/3.4.1") {
+		t.Fatalf("submit of a 5.0 file with only Blender 3.4: %s", r)
+	}
+
+	f := startServe(t, t.TempDir())
+	w := f.worker("mixed", t.TempDir(), "--blender", noBpy, "--blender", blendertest.LineOf(t, "3.4").Binary)
+	waitBuilds(t, f, "mixed", "3.4")
+	ws, err := f.api().Workers(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, x := range ws {
+		if n := len(slices.DeleteFunc(slices.Clone(x.Builds), func(b string) bool { return !strings.HasPrefix(b, "blender/") })); n != 1 {
+			t.Fatalf("the worker offers %q, want its one good Blender build", x.Builds)
+		}
+	}
+	if log := w.Log(); !strings.Contains(log, "renderer unavailable") || !strings.Contains(log, noBpy) || !strings.Contains(log, "cannot import bpy") {
+		t.Fatalf("the worker does not say its Python without bpy is no build:\n%s", log)
+	}
+}
