@@ -64,7 +64,7 @@ type Description struct {
 	// WholeChannels are the channels of a frame rendered whole with the scene's own settings,
 	// where they are not Channels: denoising adds its Noisy Image pass. Empty when they are.
 	WholeChannels []string `json:"whole_channels,omitempty"`
-	Build    string   `json:"build"` // the fingerprint of the Blender that inspected it
+	Build         string   `json:"build"` // the fingerprint of the Blender that inspected it
 	// FileVersion is the Blender line that saved the .blend, from its header (FileVersion):
 	// the line that renders it, or the nearest newer one (FitBuilds). "" in descriptions made
 	// before it was recorded, which render on any build.

@@ -3,6 +3,7 @@ package blender
 import (
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -61,15 +62,20 @@ func FileVersion(path string) (Version, error) {
 	}
 	defer f.Close()
 	head, err := readHeader(f)
-	if err != nil {
-		return Version{}, sceneErr("%s: %v", filepath.Base(path), err)
+	if err == nil {
+		var v Version
+		if v, err = parseHeader(head); err == nil {
+			return v, nil
+		}
 	}
-	v, err := parseHeader(head)
-	if err != nil {
-		return Version{}, sceneErr("%s: %v", filepath.Base(path), err)
+	if errors.Is(err, errNotBlend) {
+		return Version{}, sceneErr("%s is not a .blend file (no BLENDER header)", filepath.Base(path))
 	}
-	return v, nil
+	return Version{}, sceneErr("%s: %v", filepath.Base(path), err)
 }
+
+// errNotBlend is a header that is no .blend's.
+var errNotBlend = errors.New("not a .blend file")
 
 // readHeader returns the first headerBytes of the .blend r holds (fewer if it is shorter),
 // decompressed.
@@ -77,7 +83,7 @@ func readHeader(r io.Reader) ([]byte, error) {
 	var magic [4]byte
 	n, err := io.ReadFull(r, magic[:])
 	if err != nil && n == 0 {
-		return nil, fmt.Errorf("not a .blend file: %v", err)
+		return nil, errNotBlend
 	}
 	src := io.MultiReader(bytes.NewReader(magic[:n]), r)
 	switch {
@@ -108,7 +114,7 @@ func readHeader(r io.Reader) ([]byte, error) {
 func parseHeader(h []byte) (Version, error) {
 	s := string(h)
 	if !strings.HasPrefix(s, "BLENDER") {
-		return Version{}, fmt.Errorf("not a .blend file (no BLENDER header)")
+		return Version{}, errNotBlend
 	}
 	rest := s[len("BLENDER"):]
 	var digits string

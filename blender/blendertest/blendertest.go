@@ -229,16 +229,22 @@ func ownRender(t testing.TB, binary, blend string, st render.Settings, frame int
 // Blender's own single-layer EXR of the frame holds.
 func Combined(t testing.TB, f *raster.Frame) []float32 {
 	t.Helper()
+	return PassRGB(t, f, "Combined")
+}
+
+// PassRGB is Combined of another pass ("Noisy Image").
+func PassRGB(t testing.TB, f *raster.Frame, pass string) []float32 {
+	t.Helper()
 	at := [3]int{-1, -1, -1}
 	for i, n := range f.Names {
-		for c, suffix := range []string{".Combined.R", ".Combined.G", ".Combined.B"} {
+		for c, suffix := range []string{"." + pass + ".R", "." + pass + ".G", "." + pass + ".B"} {
 			if strings.HasSuffix(n, suffix) && at[c] < 0 {
 				at[c] = i
 			}
 		}
 	}
 	if at[0] < 0 || at[1] < 0 || at[2] < 0 {
-		t.Fatalf("the frame's channels %q have no Combined pass", f.Names)
+		t.Fatalf("the frame's channels %q have no %s pass", f.Names, pass)
 	}
 	k := len(f.Names)
 	out := make([]float32, 0, f.Width*f.Height*3)

@@ -109,7 +109,12 @@ func (b *binaries) Set(v string) error {
 
 // Kind is the Blender .blend scene, with a pool of Blender processes for each build of this
 // machine, which inspect and render it; none starts until one is needed.
-type Kind struct{ pools []*blender.Pool }
+type Kind struct {
+	pools []*blender.Pool
+
+	mu      sync.Mutex
+	byBuild map[string]*blender.Pool // the pools that reported their build, by it
+}
 
 var _ scene.Kind = (*Kind)(nil)
 
@@ -163,11 +168,29 @@ func (k *Kind) builds(ctx context.Context) []poolBuild {
 		})
 	}
 	wg.Wait()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.byBuild == nil {
+		k.byBuild = map[string]*blender.Pool{}
+	}
+	for i, b := range out {
+		if b.err == nil {
+			k.byBuild[b.build] = k.pools[i]
+		}
+	}
 	return out
 }
 
-// pool is the pool of build, or ErrBuildMismatch naming this machine's builds.
+// pool is the pool of build, or ErrBuildMismatch naming this machine's builds. A build
+// reported before is found without asking the pools again (a broken one would start a process
+// for every tile).
 func (k *Kind) pool(ctx context.Context, build string) (*blender.Pool, error) {
+	k.mu.Lock()
+	p := k.byBuild[build]
+	k.mu.Unlock()
+	if p != nil {
+		return p, nil
+	}
 	var have []string
 	for i, b := range k.builds(ctx) {
 		if b.err == nil && b.build == build {

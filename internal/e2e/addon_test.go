@@ -124,7 +124,9 @@ func runAddonOn(t *testing.T, line blendertest.Line, plan ...map[string]any) ([]
 	}
 	cmd.Env = append(os.Environ(), "BLENDER_USER_SCRIPTS="+filepath.Join(dir, "scripts"), "BLENDER_USER_CONFIG="+filepath.Join(dir, "config"),
 		// Nothing of the test's own environment: the add-on takes the farm from its settings.
-		"TILEFARM_API_TOKEN=", "TILEFARM_SERVER=", "TILEFARM_COORDINATOR=")
+		"TILEFARM_API_TOKEN=", "TILEFARM_SERVER=", "TILEFARM_COORDINATOR=",
+		// Nor its Blender: the add-on inspects with the very Blender it runs in.
+		"TILEFARM_BLENDER=")
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {
