@@ -184,3 +184,42 @@ func TestPassesAreInTheIdentity(t *testing.T) {
 		t.Fatalf("channels %d then %d: want Beauty.Mist.Z alone gone", len(channels[0]), len(channels[1]))
 	}
 }
+
+// Property: a pass of a tile is part of the whole render's samples on every line, or the tile
+// renders in one pass, said at submit: 4.2's Automatic sampling pattern depends on the sample
+// count and 4.2 has no sample subsets, so its tiles render in one pass; 4.5 renders passes as
+// subsets of the render's samples, whatever its pattern (docs/design.md, "Blender scenes").
+func TestCountDependentPatternRendersOnePassOn42(t *testing.T) {
+	for _, tc := range []struct {
+		line    string
+		onePass bool
+	}{{"4.2", true}, {"4.5", false}} {
+		line := blendertest.LineOf(t, tc.line)
+		blend := line.SavedWith(t, blendertest.Example(t), "bpy.ops.file.pack_all(); bpy.context.scene.cycles.sampling_pattern = 'AUTOMATIC'")
+		pool := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir()})
+		in, err := blender.Inspect(t.Context(), pool, blend)
+		pool.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := in.Desc
+		if got := len(d.OnePass) > 0; got != tc.onePass {
+			t.Fatalf("%s: one pass %q, want one pass: %v", tc.line, d.OnePass, tc.onePass)
+		}
+		st, err := d.Resolve(render.Overrides{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		notes := strings.Join(d.Notes(render.Overrides{}), "\n")
+		if tc.onePass {
+			if st.Passes != 1 || !strings.Contains(notes, "each tile renders in one pass") || !strings.Contains(notes, "Automatic sampling pattern depends on the sample count") {
+				t.Fatalf("%s: %d passes, notes %q: want one pass, said", tc.line, st.Passes, notes)
+			}
+			if _, err := d.Resolve(render.Overrides{Passes: 4}); !errors.Is(err, blender.ErrScene) {
+				t.Fatalf("%s: --passes 4 on a one-pass scene: %v, want refused", tc.line, err)
+			}
+		} else if st.Passes != blender.DefaultPasses {
+			t.Fatalf("%s: %d passes, want %d", tc.line, st.Passes, blender.DefaultPasses)
+		}
+	}
+}
