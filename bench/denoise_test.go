@@ -51,4 +51,3 @@ func BenchmarkTiledDenoise(b *testing.B) {
 		b.ReportMetric(10*math.Log10(peak*peak/(sq/n)), "psnr_dB")
 	}
 }
-

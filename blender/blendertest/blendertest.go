@@ -132,7 +132,7 @@ def render_frame(n):  # -f N: Blender renders an animation of that one frame
 			continue
 		}
 		if !strings.HasPrefix(a, "-") {
-			fmt.Fprintf(&b, "bpy.ops.wm.open_mainfile(filepath=%s, load_ui=False, use_scripts=False)\n", pyStr(a))
+			fmt.Fprintf(&b, "bpy.ops.wm.open_mainfile(filepath=%s, load_ui=False, use_scripts=False)\n", PyString(a))
 			continue
 		}
 		v, err := value()
@@ -141,15 +141,15 @@ def render_frame(n):  # -f N: Blender renders an animation of that one frame
 		}
 		switch a {
 		case "-t":
-			fmt.Fprintf(&b, "threads = int(%s)\n", pyStr(v))
+			fmt.Fprintf(&b, "threads = int(%s)\n", PyString(v))
 		case "--python":
-			fmt.Fprintf(&b, "exec(compile(open(%s).read(), %s, 'exec'), {'__name__': '__main__'})\n", pyStr(v), pyStr(v))
+			fmt.Fprintf(&b, "exec(compile(open(%s).read(), %s, 'exec'), {'__name__': '__main__'})\n", PyString(v), PyString(v))
 		case "--python-expr":
-			fmt.Fprintf(&b, "exec(%s, {'__name__': '__main__'})\n", pyStr(v))
+			fmt.Fprintf(&b, "exec(%s, {'__name__': '__main__'})\n", PyString(v))
 		case "-o":
-			fmt.Fprintf(&b, "bpy.context.scene.render.filepath = %s\n", pyStr(v))
+			fmt.Fprintf(&b, "bpy.context.scene.render.filepath = %s\n", PyString(v))
 		case "-f":
-			fmt.Fprintf(&b, "render_frame(int(%s))\n", pyStr(v))
+			fmt.Fprintf(&b, "render_frame(int(%s))\n", PyString(v))
 		default:
 			return nil, fmt.Errorf("blender argument %s: not known to blendertest.Command for a bpy build", a)
 		}
@@ -161,8 +161,8 @@ def render_frame(n):  # -f N: Blender renders an animation of that one frame
 	return exec.Command(binary, script), nil
 }
 
-// pyStr is s as a Python string literal (JSON's is one).
-func pyStr(s string) string {
+// PyString is s as a Python string literal (JSON's is one).
+func PyString(s string) string {
 	b, _ := json.Marshal(s)
 	return string(b)
 }

@@ -85,6 +85,6 @@ func (l Line) SavedWith(t testing.TB, blend, expr string) string {
 		expr += "; "
 	}
 	RunWith(t, l.Binary, blend, "--python-expr",
-		"import bpy; "+expr+"bpy.ops.wm.save_as_mainfile(filepath="+pyStr(out)+", copy=True, compress=True)")
+		"import bpy; "+expr+"bpy.ops.wm.save_as_mainfile(filepath="+PyString(out)+", copy=True, compress=True)")
 	return out
 }

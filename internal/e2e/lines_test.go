@@ -96,7 +96,7 @@ func withHeader(t *testing.T, line blendertest.Line, blend, head string) string 
 	t.Helper()
 	out := filepath.Join(t.TempDir(), "other.blend")
 	blendertest.RunWith(t, line.Binary, blend, "--python-expr",
-		"import bpy; bpy.ops.file.pack_all(); bpy.ops.wm.save_as_mainfile(filepath="+pyQuote(out)+", copy=True, compress=False)")
+		"import bpy; bpy.ops.file.pack_all(); bpy.ops.wm.save_as_mainfile(filepath="+blendertest.PyString(out)+", copy=True, compress=False)")
 	data, err := os.ReadFile(out)
 	if err != nil {
 		t.Fatal(err)
@@ -110,9 +110,6 @@ func withHeader(t *testing.T, line blendertest.Line, blend, head string) string 
 	}
 	return out
 }
-
-// pyQuote is s as a Python string literal.
-func pyQuote(s string) string { return "'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", `\'`) + "'" }
 
 // waitBuilds waits until the worker name is listed with builds of every one of lines.
 func waitBuilds(t *testing.T, f *farmProc, name string, lines ...string) {
