@@ -1,12 +1,13 @@
 # tilefarm's driver of one persistent Blender process (docs/design.md, "Blender scenes").
 #
-# Blender runs it as: blender -b --factory-startup --disable-autoexec -t 1 --python driver.py
-#                     -- REQUEST_FD REPLY_FD
+# Blender runs it as: blender -b --factory-startup --disable-autoexec -t N --python driver.py
+#                     -- REQUEST_FD REPLY_FD N  (a Python with bpy: python driver.py -- ...)
 # Requests arrive one JSON object per line on REQUEST_FD; every request gets exactly one JSON
 # reply line on REPLY_FD ({"ok": true, ...} or {"ok": false, "error": ..., "scene_error": bool}), and
 # every second the driver writes {"alive": true}, so the worker can tell a long render from a
 # frozen process. stdout and stderr carry Blender's own logs, and one line of the driver's for
-# each pass it renders ("tilefarm: rendered samples A-B of tile X0,Y0-X1,Y1 of frame F"), which
+# each pass it renders ("tilefarm: rendered samples A-B of tile X0,Y0-X1,Y1 of frame F with N
+# threads"), which
 # every line prints alike (5.0 prints no progress of its own in the background).
 #
 # "scene_error": true marks an error of the scene or the request (no such camera, a missing file):
@@ -20,7 +21,9 @@ import threading
 import time
 import warnings
 
-req_fd, rep_fd = (int(a) for a in sys.argv[sys.argv.index("--") + 1:][:2])
+ARGS = sys.argv[sys.argv.index("--") + 1:]
+req_fd, rep_fd = (int(a) for a in ARGS[:2])
+THREADS = int(ARGS[2]) if len(ARGS) > 2 else 1  # render threads of every render
 requests = os.fdopen(req_fd, "r", encoding="utf-8")
 replies = os.fdopen(rep_fd, "w", encoding="utf-8")
 
@@ -343,7 +346,7 @@ def caveats(sc):
     if r.use_sequencer and len(strips(sc)) > 0:
         out.append("the sequencer is off: tilefarm renders the 3D scene")
     if cy.device != "CPU":
-        out.append("the GPU device is not used: tiles render on CPU, one thread per process")
+        out.append("the GPU device is not used: tiles render on the CPU")
     return out
 
 
@@ -494,7 +497,7 @@ def edge(p, n):
 
 def prepare_tiles(sc):
     """Prepares the scene for tile renders: every view layer (unless the scene renders a single
-    one) and pass into one float multilayer EXR of the tile, on the CPU with one thread; the
+    one) and pass into one float multilayer EXR of the tile, on the CPU with THREADS threads; the
     compositor runs once on the assembled frame (assemble), the sequencer not at all. The
     settings a frame renders whole for (whole_only) are set per request (render); everything
     else is the scene's own."""
@@ -506,7 +509,7 @@ def prepare_tiles(sc):
     r.use_compositing = False
     r.use_sequencer = False
     r.threads_mode = "FIXED"
-    r.threads = 1
+    r.threads = THREADS
     # Keeps the synced scene and its BVH between the passes a process renders; a pass's bits
     # do not depend on what the process rendered before (tested). Not with several view
     # layers: Blender 3.4 then carries one layer's Cryptomatte into the next, and reorders the
@@ -575,7 +578,7 @@ def render(req):
     seconds = time.perf_counter() - start
     if not os.path.isfile(out):
         raise RuntimeError("Blender wrote no image to %s" % out)
-    print("tilefarm: rendered samples %d-%d of tile %d,%d-%d,%d of frame %d" % (req["from"], req["to"], x0, y0, x1, y1, req["frame"]), flush=True)
+    print("tilefarm: rendered samples %d-%d of tile %d,%d-%d,%d of frame %d with %d threads" % (req["from"], req["to"], x0, y0, x1, y1, req["frame"], r.threads), flush=True)
     return {"render_seconds": seconds}
 
 

@@ -27,9 +27,12 @@ const DefaultHangTimeout = 2 * time.Minute
 
 // Options configure a Pool.
 type Options struct {
-	Binary      string        // the Blender executable; "" means "blender" on PATH
-	Dir         string        // working directory for the driver and rendered passes (required)
-	Size        int           // processes at most, one per worker slot; < 1 means 1
+	Binary string // the Blender executable; "" means "blender" on PATH
+	Dir    string // working directory for the driver and rendered passes (required)
+	Size   int    // processes at most, one per worker slot; < 1 means 1
+	// Threads is how many threads each process renders with; < 1 means 1. A tile's bits do not
+	// depend on it (measured on the plate on every line, docs/design.md "Blender scenes").
+	Threads     int
 	HangTimeout time.Duration // 0 means DefaultHangTimeout
 	// Kernel caps the Cycles CPU kernel ("avx2", "avx", "sse41", "sse2"; "" is the best this
 	// CPU has), so machines of different CPUs can render with one build (Kernels).
@@ -93,6 +96,7 @@ func NewPool(o Options) *Pool {
 	if o.Size < 1 {
 		o.Size = 1
 	}
+	o.Threads = max(o.Threads, 1)
 	if o.HangTimeout <= 0 {
 		o.HangTimeout = DefaultHangTimeout
 	}

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -81,7 +82,7 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		reqW.Close()
 		return nil, fmt.Errorf("%w: %v", ErrProcess, err)
 	}
-	cmd := driverCommand(binary, script)
+	cmd := driverCommand(binary, script, max(o.Threads, 1))
 	cmd.Dir = dir
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
@@ -136,17 +137,18 @@ func IsPython(binary string) bool {
 	return strings.HasPrefix(strings.ToLower(filepath.Base(binary)), "python")
 }
 
-// driverCommand runs driver.py (at script) on a build: Blender's executable runs it as its
-// --python script in the background, with factory settings, auto-run scripts off and one
-// thread (-t 1: Blender 3.4 accumulates vertex normals with parallel atomic float adds, so only
-// one thread per process gives the same bits every time); a Python with bpy runs it as a
-// script, which then does what those flags do itself (driver.py, module_mode).
-func driverCommand(binary, script string) *exec.Cmd {
+// driverCommand runs driver.py (at script) on a build with threads render threads: Blender's
+// executable runs it as its --python script in the background, with factory settings, auto-run
+// scripts off and -t threads; a Python with bpy runs it as a script, which then does what those
+// flags do itself (driver.py, module_mode). The driver renders with threads too (its third
+// argument). Blender 3.4, 4.2, 4.5 and 5.0 wrote the same bits for the plate with 1, 2 and 8.
+func driverCommand(binary, script string, threads int) *exec.Cmd {
+	t := strconv.Itoa(threads)
 	if IsPython(binary) {
-		return exec.Command(binary, script, "--", "3", "4")
+		return exec.Command(binary, script, "--", "3", "4", t)
 	}
-	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", "1",
-		"--python-exit-code", "70", "--python", script, "--", "3", "4")
+	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", t,
+		"--python-exit-code", "70", "--python", script, "--", "3", "4", t)
 }
 
 // writeDriver puts driver.py into dir (once per content), where Blender reads it.

@@ -129,7 +129,7 @@ func New(o Options, env scene.Env) *Kind {
 	k := &Kind{}
 	for _, b := range binaries {
 		k.pools = append(k.pools, blender.NewPool(blender.Options{Binary: b, HangTimeout: o.HangTimeout, Kernel: o.Kernel,
-			BuildCache: o.BuildCache, Dir: env.Dir, Size: env.Slots, Log: env.Log}))
+			BuildCache: o.BuildCache, Dir: env.Dir, Size: env.Slots, Threads: env.Threads, Log: env.Log}))
 	}
 	return k
 }

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -321,4 +322,23 @@ func natsFlags(fs *pflag.FlagSet, def string) *node.NATSClient {
 	fs.StringVar(&c.Cert, "nats-cert", "", "certificate file for NATS TLS")
 	fs.StringVar(&c.Key, "nats-key", "", "key file of --nats-cert")
 	return c
+}
+
+// threadsFlag is --threads: the threads each renderer process of a slot renders with.
+type threadsFlag struct{ n *int }
+
+// addThreadsFlag adds --threads to fs; what is one slot is "tile slot" or "in-process worker".
+func addThreadsFlag(fs *pflag.FlagSet, slot string) threadsFlag {
+	return threadsFlag{fs.Int("threads", 0, "threads each "+slot+"'s renderer renders with (default: this machine's cores divided by the "+slot+"s, at least 1); never changes a pixel. One "+slot+" with every thread is the production setting for Blender nodes: one process holds one copy of the scene")}
+}
+
+// of is the threads for slots slots: the flag's, else the cores divided among them.
+func (f threadsFlag) of(slots int) (int, error) {
+	switch n := *f.n; {
+	case n < 0 || n > 1024:
+		return 0, usagef("--threads %d: want 1-1024", n)
+	case n > 0:
+		return n, nil
+	}
+	return max(1, runtime.NumCPU()/max(slots, 1)), nil
 }

@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/spf13/pflag"
 
 	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/internal/api"
@@ -265,5 +268,41 @@ func TestCountReuse(t *testing.T) {
 	countReuse(&st, 5) // should not happen, but must never go negative
 	if st.TilesRendered != 0 {
 		t.Errorf("rendered %d, want 0", st.TilesRendered)
+	}
+}
+
+// --threads: the threads of a slot's renderer, given, or the cores divided among the slots
+// (at least one); out of range is a usage error.
+func TestThreadsFlag(t *testing.T) {
+	cores := runtime.NumCPU()
+	for _, tc := range []struct {
+		args  []string
+		slots int
+		want  int
+	}{
+		{nil, 1, cores},
+		{nil, cores, 1},
+		{nil, cores * 4, 1},
+		{[]string{"--threads", "3"}, 8, 3},
+	} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		f := addThreadsFlag(fs, "tile slot")
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := f.of(tc.slots); err != nil || got != tc.want {
+			t.Errorf("%v with %d slots: %d, %v; want %d", tc.args, tc.slots, got, err, tc.want)
+		}
+	}
+	for _, bad := range []string{"-1", "1025"} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		f := addThreadsFlag(fs, "tile slot")
+		if err := fs.Parse([]string{"--threads", bad}); err != nil {
+			t.Fatal(err)
+		}
+		var ue *usageError
+		if _, err := f.of(1); !errors.As(err, &ue) {
+			t.Errorf("--threads %s: %v, want a usage error", bad, err)
+		}
 	}
 }

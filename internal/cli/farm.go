@@ -46,6 +46,7 @@ with its File Output nodes' files beside it.`)
 	rf := addRenderFlags(fs)
 	kf := kinds.AddFlags(fs, false)
 	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers (for Blender scenes, one Blender process each)")
+	threads := addThreadsFlag(fs, "in-process worker")
 	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
@@ -63,7 +64,11 @@ with its File Output nodes' files beside it.`)
 		if *format != "" {
 			asked = []string{*format}
 		}
-		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
+		nthreads, err := threads.of(*workers)
+		if err != nil {
+			return 0, err
+		}
+		ks := kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Threads: nthreads, Log: log})
 		defer ks.Close()
 		req, bundle, _, err := submitRequest(ctx, pos[0], *fr, rf, *out, asked, ks, stderr)
 		if err != nil {

@@ -39,6 +39,7 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (required)")
 	ckptDir := fs.String("checkpoints", ".tilefarm-worker", "directory for the local checkpoint database")
 	concurrency := fs.Int("concurrency", runtime.NumCPU(), "tiles rendered at once")
+	threads := addThreadsFlag(fs, "tile slot")
 	name := fs.String("name", "", "worker name in logs, leases and events (default: host-random)")
 	metricsListen := fs.String("metrics-listen", "", "serve /metrics on this address (e.g. 127.0.0.1:9101)")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address (off by default; beyond loopback they need the API token, TILEFARM_API_TOKEN)")
@@ -77,7 +78,11 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		if wc.Faults, err = ff.Plan(func(seam string) { killSelf(log, "tileworker", seam) }); err != nil {
 			return usagef("%v", err)
 		}
-		ks := kf.Open(scene.Env{Dir: *ckptDir, Slots: *concurrency, Log: log})
+		nthreads, err := threads.of(*concurrency)
+		if err != nil {
+			return err
+		}
+		ks := kf.Open(scene.Env{Dir: *ckptDir, Slots: *concurrency, Threads: nthreads, Log: log})
 		defer ks.Close()
 		return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
 			MetricsListen: *metricsListen, DebugListen: *debugListen, DebugToken: os.Getenv(client.EnvToken), Worker: wc, Kinds: ks, Log: log})

@@ -186,7 +186,8 @@ func TestBlenderWholeFrameKeepsAdaptiveSamplingAndGrade(t *testing.T) {
 			t.Fatalf("Blender wrote %q", got)
 		}
 		farm := copyBlend(t, graded)
-		r := run(t, "coordinator", "render", filepath.Join(farm, "graded.blend"), "--data", filepath.Join(farm, "data"), "--workers", "2", "--json",
+		// One process with every thread, the production setting of a Blender node.
+		r := run(t, "coordinator", "render", filepath.Join(farm, "graded.blend"), "--data", filepath.Join(farm, "data"), "--workers", "1", "--threads", "2", "--json",
 			"--blender", line.Binary)
 		if r.code != 0 || !strings.Contains(r.stderr, "each frame renders whole") || !strings.Contains(r.stderr, "adaptive sampling") {
 			t.Fatalf("render: want it to say the frame renders whole for adaptive sampling, got %s", r)
@@ -224,8 +225,8 @@ func TestBlenderWholeFrameKeepsAdaptiveSamplingAndGrade(t *testing.T) {
 
 // A tileworker killed with SIGKILL in the middle of a tile of the plate: its Blender process
 // dies with it, and another worker with an empty local directory resumes the tile from the
-// remote checkpoint, rendering only the missing passes of every layer and pass, into the file
-// Blender itself writes; on every Blender line.
+// remote checkpoint, rendering only the missing passes of every layer and pass (with two
+// threads where the victim had one), into the file Blender itself writes; on every Blender line.
 func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 	t.Parallel()
 	eachLine(t, blendertest.Plate(t), nil, func(t *testing.T, line blendertest.Line, plate string) {
@@ -238,7 +239,7 @@ func killMidTile(t *testing.T, line blendertest.Line, plate string) {
 	// One tile per frame, 8 passes of 32 samples, each checkpointed remotely as it ends.
 	const spp, pass = 256, 32
 	settings := []string{"--tile", "96", "--spp", strconv.Itoa(spp), "--passes", strconv.Itoa(spp / pass), "--blender", line.Binary}
-	a := f.worker("victim", t.TempDir(), "--checkpoint-every", "0", "--remote-checkpoint-every", "0", "--blender", line.Binary)
+	a := f.worker("victim", t.TempDir(), "--checkpoint-every", "0", "--remote-checkpoint-every", "0", "--blender", line.Binary, "--threads", "1")
 	st, r := f.submit(append([]string{plate, "--frames", "2"}, settings...)...)
 	if r.code != 42 && r.code != 3 {
 		t.Fatalf("submit: %s", r)
@@ -276,7 +277,9 @@ func killMidTile(t *testing.T, line blendertest.Line, plate string) {
 		}
 	}
 
-	b := f.worker("successor", t.TempDir(), "--blender", line.Binary) // an empty local directory: only the remote checkpoint
+	// An empty local directory: only the remote checkpoint. One slot with two threads, where the
+	// victim's passes had one (a thread count is in no tile's identity).
+	b := f.worker("successor", t.TempDir(), "--blender", line.Binary, "--concurrency", "1", "--threads", "2")
 	done := f.waitDone(st.JobID, 4*time.Minute)
 	if done.State != "completed" {
 		t.Fatalf("job after the kill: %+v", done)
@@ -286,9 +289,9 @@ func killMidTile(t *testing.T, line blendertest.Line, plate string) {
 	}
 	// The driver says each pass it renders: the successor rendered only the passes the
 	// checkpoint lacked, from the first it lacked.
-	passes := regexp.MustCompile(`tilefarm: rendered samples (\d+)-\d+ of tile`).FindAllStringSubmatch(b.Log(), -1)
-	if want := (spp - done.SamplesRecovered) / pass; len(passes) != want || passes[0][1] != strconv.Itoa(done.SamplesRecovered) {
-		t.Fatalf("the successor rendered passes from %q, want the %d missing ones from sample %d", passes, want, done.SamplesRecovered)
+	passes := regexp.MustCompile(`tilefarm: rendered samples (\d+)-\d+ of tile \S+ of frame \d+ with (\d+) threads`).FindAllStringSubmatch(b.Log(), -1)
+	if want := (spp - done.SamplesRecovered) / pass; len(passes) != want || passes[0][1] != strconv.Itoa(done.SamplesRecovered) || passes[0][2] != "2" {
+		t.Fatalf("the successor rendered passes from %q, want the %d missing ones from sample %d, with 2 threads", passes, want, done.SamplesRecovered)
 	}
 	if !strings.Contains(b.Log(), "resuming from checkpoint") {
 		t.Fatal("the successor did not say it resumed from the checkpoint")

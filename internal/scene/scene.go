@@ -125,6 +125,9 @@ func RendererOutput(err error) []string {
 type Env struct {
 	Dir   string // where renderer processes keep their working files
 	Slots int    // renderer processes at most of each kind: one per tile slot
+	// Threads is how many threads each renderer process renders with (0: one). Measured on
+	// every Blender line: the bits do not depend on it, so it is in no tile's identity.
+	Threads int
 	Log   *slog.Logger
 }
 
