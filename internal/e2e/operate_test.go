@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -186,13 +187,15 @@ func names(ws []api.Worker) string {
 	return strings.Join(out, ",")
 }
 
-// waitWorkers polls `workers` until the live names are want.
+// waitWorkers polls `workers` until the live names are want and none of them is still starting
+// its renderers (api.Worker.Starting): until then a worker's builds are not known, and a job
+// submitted keeps the artist's build.
 func waitWorkers(t *testing.T, f *farmProc, want string, d time.Duration) []api.Worker {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
 		ws := workersList(t, f)
-		if names(ws) == want {
+		if names(ws) == want && !slices.ContainsFunc(ws, func(w api.Worker) bool { return w.Starting }) {
 			return ws
 		}
 		if time.Now().After(deadline) {
