@@ -128,7 +128,7 @@ type Env struct {
 	// Threads is how many threads each renderer process renders with (0: one). Measured on
 	// every Blender line: the bits do not depend on it, so it is in no tile's identity.
 	Threads int
-	Log   *slog.Logger
+	Log     *slog.Logger
 }
 
 // Kinds are the kinds of scene a process renders, in the order they are asked: the first that
