@@ -149,6 +149,21 @@ func BuildLine(build string) (Version, bool) {
 	return v, err == nil
 }
 
+// RenderingLine is the line of builds (Blender fingerprints) that renders a file saved by line
+// file: file's own if a build runs it, else the nearest newer; false if every build is older.
+// Submit's inspection and the farm's choice both follow it.
+func RenderingLine(file Version, builds []string) (Version, bool) {
+	var best Version
+	found := false
+	for _, b := range builds {
+		v, ok := BuildLine(b)
+		if ok && !v.Less(file) && (!found || v.Less(best)) {
+			best, found = v, true
+		}
+	}
+	return best, found
+}
+
 // FitBuilds returns which of builds (the live Blender builds a job may use, in the order the
 // farm prefers them) render the scene: those of the line that saved the .blend, else those of
 // the nearest newer line, with a note saying so; Blender reads files of older lines, and a
@@ -166,14 +181,7 @@ func (d *Description) FitBuilds(builds []string) ([]string, string, error) {
 	if err != nil {
 		return nil, "", sceneErr("%v", err)
 	}
-	var best Version
-	found := false
-	for _, b := range builds {
-		v, ok := BuildLine(b)
-		if ok && !v.Less(file) && (!found || v.Less(best)) {
-			best, found = v, true
-		}
-	}
+	best, found := RenderingLine(file, builds)
 	if !found {
 		return nil, "", sceneErr("%s was saved by Blender %s, newer than every live build, which cannot read it: %s",
 			d.Blend, file, strings.Join(lineNames(builds), ", "))

@@ -209,26 +209,25 @@ func (k *Kind) pool(ctx context.Context, build string) (*blender.Pool, error) {
 // renders it (blender.Description.FitBuilds). Pools that cannot start are skipped; with none
 // left the error says why.
 func (k *Kind) inspector(ctx context.Context, name string, saved blender.Version) (*blender.Pool, error) {
-	var best *blender.Pool
-	var bestLine blender.Version
 	var have []string
 	var errs []error
-	for i, b := range k.builds(ctx) {
+	answers := k.builds(ctx)
+	for i, b := range answers {
 		if b.err != nil {
 			errs = append(errs, fmt.Errorf("--blender %s: %w", k.pools[i].Binary(), b.err))
 			continue
 		}
 		have = append(have, b.build)
-		line, ok := blender.BuildLine(b.build)
-		if ok && !line.Less(saved) && (best == nil || line.Less(bestLine)) {
-			best, bestLine = k.pools[i], line
-		}
 	}
-	switch {
-	case best != nil:
-		return best, nil
-	case len(have) == 0:
+	if len(have) == 0 {
 		return nil, errors.Join(errs...)
+	}
+	if line, ok := blender.RenderingLine(saved, have); ok {
+		for i, b := range answers {
+			if v, _ := blender.BuildLine(b.build); b.err == nil && v == line {
+				return k.pools[i], nil
+			}
+		}
 	}
 	return nil, failure.Terminalf("%s was saved by Blender %s, which none of this machine's builds can read (%s): point --blender at a Blender %s or newer (README, \"Blender lines\")",
 		name, saved, orNone(have), saved)
