@@ -224,8 +224,6 @@
 
   async function jobsView() {
     jobRows = new Map();
-    const list = await apiJSON('/v1/jobs');
-    for (const st of list) jobs.set(st.job_id, st);
     const table = el('table', { id: 'jobs' },
       el('caption', { class: 'muted' }, 'Every job, newest first'),
       el('thead', {}, el('tr', {},
@@ -234,14 +232,19 @@
         el('th', { scope: 'col' }, 'ETA'), el('th', { scope: 'col' }, 'Priority'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Age'),
         el('th', { scope: 'col' }, 'Actions'))),
       el('tbody', {}));
+    // The view is drawn before the list is asked for, as every view is: drawn after, it would
+    // replace a view routed to while the list loaded (the page's first view, say).
     view.replaceChildren(el('h2', {}, 'Jobs'), el('div', { class: 'scroll' }, table));
-    renderJobs();
     every(1000, () => {
       for (const [id, tr] of jobRows) {
         const st = jobs.get(id);
         if (st) $('[data-col=age]', tr).textContent = age(st.created);
       }
     });
+    renderJobs();
+    const list = await apiJSON('/v1/jobs');
+    for (const st of list) jobs.set(st.job_id, st);
+    renderJobs(); // a no-op once another view replaced this one
   }
 
   function renderJobs() {
