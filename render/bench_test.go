@@ -3,8 +3,10 @@ package render
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
 )
 
 // spheresScene is a fogleman/pt-style benchmark: a grid of spheres of mixed
@@ -88,4 +90,41 @@ func BenchmarkBuildWorldShot(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// BenchmarkShotThreads renders sample passes of the 64×64 centre tile of the shot on one
+// goroutine and on every core (Tile.SetThreads), alternating, and reports the speedup of the
+// second over the first as a ratio measured in the same run.
+func BenchmarkShotThreads(b *testing.B) {
+	s := loadExample(b, "shot")
+	st := s.Defaults()
+	st.Width, st.Height, st.SPP = 384, 216, MaxSPP
+	r := Rect{st.Width/2 - 32, st.Height/2 - 32, st.Width/2 + 32, st.Height/2 + 32}
+	n := runtime.NumCPU()
+	one, err := NewTile(s, st, 1, r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	all, err := NewTile(s, st, 1, r)
+	if err != nil {
+		b.Fatal(err)
+	}
+	all.SetThreads(n)
+	ctx := context.Background()
+	var tOne, tAll time.Duration
+	for b.Loop() {
+		for _, c := range []struct {
+			tl *Tile
+			d  *time.Duration
+		}{{one, &tOne}, {all, &tAll}} {
+			start := time.Now()
+			k := c.tl.Next()
+			if err := c.tl.Render(ctx, k, k+1); err != nil {
+				b.Fatal(err)
+			}
+			*c.d += time.Since(start)
+		}
+	}
+	b.ReportMetric(float64(n), "threads")
+	b.ReportMetric(tOne.Seconds()/tAll.Seconds(), "speedup")
 }

@@ -2,6 +2,7 @@ package render
 
 import (
 	"context"
+	"errors"
 	"math"
 	"runtime"
 	"sync"
@@ -220,5 +221,59 @@ func TestGolden(t *testing.T) {
 	}
 	if Version != "pt-2" {
 		t.Errorf("Version is %q: update the golden hashes together with it", Version)
+	}
+}
+
+// TestTileThreadsAreBitIdentical proves that the built-in renderer's bits do not depend on its
+// threads (Tile.SetThreads), which is why a tile's identity does not record them: the same tile
+// rendered on 1, 2, 3 and 8 goroutines has the same sums, and a render cancelled mid-pass on
+// several threads keeps the last complete pass and resumes to the same bits.
+func TestTileThreadsAreBitIdentical(t *testing.T) {
+	for _, name := range []string{"cornell", "shot"} {
+		s := loadExample(t, name)
+		st := small(s, 40, 30, 4)
+		r := Rect{3, 2, 37, 29}
+		var want State
+		for _, n := range []int{1, 2, 3, 8} {
+			tl, err := NewTile(s, st, 5, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tl.SetThreads(n)
+			if err := tl.Render(context.Background(), 0, st.SPP); err != nil {
+				t.Fatal(err)
+			}
+			got := tl.Export()
+			if n == 1 {
+				want = got
+				continue
+			}
+			for i := range want.Sum {
+				if math.Float64bits(got.Sum[i]) != math.Float64bits(want.Sum[i]) {
+					t.Fatalf("%s: %d threads: sum %d is %v, one thread's is %v", name, n, i, got.Sum[i], want.Sum[i])
+				}
+			}
+		}
+		tl, err := NewTile(s, st, 5, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl.SetThreads(3)
+		ctx := &countdownCtx{Context: context.Background()}
+		ctx.left.Store(int64(r.Dy() + 5)) // one full pass, then part of the second
+		if err := tl.Render(ctx, 0, st.SPP); !errors.Is(err, context.Canceled) {
+			t.Fatalf("%s: Render = %v, want context.Canceled", name, err)
+		}
+		if tl.Next() != 1 {
+			t.Fatalf("%s: Next = %d after a cancel in pass 1, want 1", name, tl.Next())
+		}
+		if err := tl.Render(context.Background(), 1, st.SPP); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range tl.Export().Sum {
+			if math.Float64bits(v) != math.Float64bits(want.Sum[i]) {
+				t.Fatalf("%s: resumed sum %d differs", name, i)
+			}
+		}
 	}
 }

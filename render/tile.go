@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 )
 
 // Rect is a half-open pixel rectangle [X0, X1) × [Y0, Y1); y=0 is the top row.
@@ -57,6 +58,8 @@ type Tile struct {
 	sum  []float64
 	pass []float64 // radiance of the pass in progress, committed to sum when complete
 	rays uint64    // rays cast, for benchmarks
+	// threads is how many goroutines render a sample index (SetThreads); 0 is one.
+	threads int
 
 	// legacy replaces the sampler's numbers when set (see sampler.legacy):
 	// only tests and benchmarks set it. Production tiles leave it nil.
@@ -97,6 +100,16 @@ func NewTile(s *Scene, st Settings, frame int, r Rect) (*Tile, error) {
 	}, nil
 }
 
+// SetThreads makes Render render each sample index on n goroutines (n < 1: one), rows
+// dealt round-robin. Every pixel's samples depend on the pixel and the sample index alone and
+// each pixel is summed by one goroutine, so the bits do not depend on n (TestTileThreadsAreBitIdentical).
+func (t *Tile) SetThreads(n int) {
+	if n < 1 {
+		n = 1
+	}
+	t.threads = n
+}
+
 // Render renders sample indices [from, to) of every pixel. from must equal
 // Next() and to must not exceed the settings' SPP. Samples are rendered one
 // index at a time over the whole tile and committed only when the index is
@@ -109,31 +122,65 @@ func (t *Tile) Render(ctx context.Context, from, to int) error {
 	if to < from || to > t.st.SPP {
 		return fmt.Errorf("render: sample range [%d,%d) is outside [%d,%d]", from, to, t.next, t.st.SPP)
 	}
-	fw, fh := float64(t.st.Width), float64(t.st.Height)
+	n := min(max(t.threads, 1), t.rect.Dy())
+	var errs []error
+	var rays []uint64
+	if n > 1 {
+		errs, rays = make([]error, n), make([]uint64, n)
+	}
 	for si := from; si < to; si++ {
-		i := 0
-		for y := t.rect.Y0; y < t.rect.Y1; y++ {
-			if err := ctx.Err(); err != nil {
+		if n == 1 {
+			if err := t.renderRows(ctx, si, 0, 1, &t.rays); err != nil {
 				return err
 			}
-			for x := t.rect.X0; x < t.rect.X1; x++ {
-				s := newSampler(t.fk, x, y, si)
-				s.legacy = t.legacy
-				jx, jy := s.pair(dimPixel)
-				l1, l2 := s.pair(dimLens)
-				r := t.cam.generate(float64(x)+jx, float64(y)+jy, fw, fh, l1, l2)
-				c := t.w.radiance(r, &s, t.st.MaxDepth, &t.rays)
-				if !c.Finite() {
-					c = Vec{} // a NaN/Inf sample is discarded, never poisons the pixel
-				}
-				t.pass[i], t.pass[i+1], t.pass[i+2] = c.X, c.Y, c.Z
-				i += 3
-			}
+		} else if err := t.renderParallel(ctx, si, errs, rays); err != nil {
+			return err
 		}
 		for k, v := range t.pass {
 			t.sum[k] += v
 		}
 		t.next = si + 1
+	}
+	return nil
+}
+
+// renderParallel renders sample index si on len(errs) goroutines, each its share of the rows.
+func (t *Tile) renderParallel(ctx context.Context, si int, errs []error, rays []uint64) error {
+	var wg sync.WaitGroup
+	for g := range errs {
+		rays[g] = 0
+		wg.Go(func() { errs[g] = t.renderRows(ctx, si, g, len(errs), &rays[g]) })
+	}
+	wg.Wait()
+	for _, r := range rays {
+		t.rays += r
+	}
+	return errors.Join(errs...)
+}
+
+// renderRows renders sample index si of every stride-th row of the tile from its first+first,
+// into t.pass. It returns ctx.Err() when cancelled between rows.
+func (t *Tile) renderRows(ctx context.Context, si, first, stride int, rays *uint64) error {
+	fw, fh := float64(t.st.Width), float64(t.st.Height)
+	w := t.rect.Dx()
+	for y := t.rect.Y0 + first; y < t.rect.Y1; y += stride {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		i := 3 * (y - t.rect.Y0) * w
+		for x := t.rect.X0; x < t.rect.X1; x++ {
+			s := newSampler(t.fk, x, y, si)
+			s.legacy = t.legacy
+			jx, jy := s.pair(dimPixel)
+			l1, l2 := s.pair(dimLens)
+			r := t.cam.generate(float64(x)+jx, float64(y)+jy, fw, fh, l1, l2)
+			c := t.w.radiance(r, &s, t.st.MaxDepth, rays)
+			if !c.Finite() {
+				c = Vec{} // a NaN/Inf sample is discarded, never poisons the pixel
+			}
+			t.pass[i], t.pass[i+1], t.pass[i+2] = c.X, c.Y, c.Z
+			i += 3
+		}
 	}
 	return nil
 }

@@ -151,6 +151,7 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
+	threads := addThreadsFlag(fs, "in-process worker")
 	kf := kinds.AddFlags(fs, true)
 	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default; beyond loopback they need the API token)")
@@ -195,6 +196,10 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 		if *retirePools < 0 {
 			return usagef("--retire-idle-pools-after %v: must be 0 or positive", *retirePools)
 		}
+		nthreads, err := threads.of(*workers)
+		if err != nil {
+			return err
+		}
 		ncfg, err := nfl.config()
 		if err != nil {
 			return err
@@ -212,7 +217,7 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 		opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
 			StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
 			Coordinator: ccfg, Workers: *workers, Worker: worker.Config{Faults: plan}, Log: log}
-		opts.Kinds = kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Log: log})
+		opts.Kinds = kf.Open(scene.Env{Dir: filepath.Join(*data, "worker"), Slots: *workers, Threads: nthreads, Log: log})
 		defer opts.Kinds.Close()
 		if embedded {
 			// The TLS flags are the embedded server's own certificate.

@@ -20,7 +20,7 @@ type Options struct {
 // Builtin is every kind of scene the farm renders, in the order a file or a bundle is asked:
 // a Blender .blend, else a tilefarm JSON scene. Close it to stop the renderer processes.
 func Builtin(o Options, env scene.Env) scene.Kinds {
-	return scene.Kinds{blendscene.New(o.Blender, env), jsonscene.Kind{}}
+	return scene.Kinds{blendscene.New(o.Blender, env), jsonscene.Kind{Threads: env.Threads}}
 }
 
 // Flags are the kinds' options as the flags of a command, read when the command runs.

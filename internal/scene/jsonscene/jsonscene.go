@@ -23,7 +23,11 @@ const TileSize = 64
 // Kind is the tilefarm JSON scene. It claims every file and document: registered last, it is
 // what a file no other kind claims is read as, so a file that is no scene at all is refused in
 // the JSON parser's words.
-type Kind struct{}
+type Kind struct {
+	// Threads is how many goroutines render each tile (scene.Env.Threads; 0: one). The bits
+	// do not depend on it (render.Tile.SetThreads).
+	Threads int
+}
 
 var _ scene.Kind = Kind{}
 
@@ -82,12 +86,12 @@ func (description) FrameStep() int { return 1 }
 func (Kind) Validate(b *bundle.Bundle) error { return render.ValidateScene(b.Scene, b.Asset) }
 
 // Load parses the scene and its meshes; the BVH is built on the first tile.
-func (Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.Renderer, error) {
+func (k Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.Renderer, error) {
 	s, err := render.ParseScene(b.Scene, b.Asset)
 	if err != nil {
 		return nil, failure.Terminalf("parsing scene %s: %w", version, err)
 	}
-	return pathTracer{s}, nil
+	return pathTracer{s, k.Threads}, nil
 }
 
 // TileSize is the default tile edge.
@@ -113,14 +117,18 @@ func (Kind) EncodeTilePreview(r render.Rect, pix []float32, st render.Settings) 
 	return raster.EncodePNG8(&raster.Frame{Width: r.Dx(), Height: r.Dy(), Pix: pix}, st.Exposure)
 }
 
-// pathTracer is a loaded JSON scene.
-type pathTracer struct{ s *render.Scene }
+// pathTracer is a loaded JSON scene, rendering each tile on threads goroutines.
+type pathTracer struct {
+	s       *render.Scene
+	threads int
+}
 
 func (p pathTracer) NewTile(_ context.Context, st render.Settings, frame int, r render.Rect) (scene.Tile, error) {
 	t, err := render.NewTile(p.s, st, frame, r)
 	if err != nil {
 		return nil, failure.Terminalf("creating tile: %w", err)
 	}
+	t.SetThreads(p.threads)
 	return t, nil
 }
 
