@@ -64,7 +64,11 @@ type Description struct {
 	// WholeChannels are the channels of a frame rendered whole with the scene's own settings,
 	// where they are not Channels: denoising adds its Noisy Image pass. Empty when they are.
 	WholeChannels []string `json:"whole_channels,omitempty"`
-	Build         string   `json:"build"` // the fingerprint of the Blender that inspected it
+	// Drop are channels of Channels (and WholeChannels) the tiles render only so that a light
+	// pass combines across sample ranges, weighted by its colour pass the .blend does not ask
+	// for: the assembled frame leaves them out, so the file written is the .blend's own.
+	Drop  []string `json:"drop,omitempty"`
+	Build string   `json:"build"` // the fingerprint of the Blender that inspected it
 	// FileVersion is the Blender line that saved the .blend, from its header (FileVersion):
 	// the line that renders it, or the nearest newer one (FitBuilds). "" in descriptions made
 	// before it was recorded, which render on any build.
@@ -148,6 +152,11 @@ func (d *Description) validate() error {
 		return bad("file version %q: want major.minor", d.FileVersion)
 	case len(d.Channels) == 0:
 		return bad("no channels")
+	}
+	for _, c := range d.Drop {
+		if !slices.Contains(d.Channels, c) {
+			return bad("channel %q to drop is not a channel of the tiles", c)
+		}
 	}
 	for _, whole := range []bool{false, true} {
 		if _, err := planChannels(d.mode(whole)); err != nil {

@@ -307,6 +307,7 @@ def whole_only(sc):
 
 def keep_own(sc):
     current["own"] = {a: getattr(o, a) for o, a, _ in whole_only(sc)}
+    current["own"]["use_stamp"] = sc.render.use_stamp
 
 
 def has_denoiser():
@@ -388,6 +389,18 @@ def output_info(sc):
     if s.file_format in ("AVI_JPEG", "AVI_RAW", "FFMPEG"):
         raise SceneError("the scene renders to a movie (%s); tilefarm renders frames: choose an image format "
                          "(Output Properties > Output) and encode the movie from them" % s.file_format)
+    refused = []
+    if r.use_multiview:
+        refused.append("stereoscopy or multi-view (Output Properties > Stereoscopy), whose views the farm does not "
+                       "render: turn it off, or render each view's camera as its own job")
+    if r.use_border:
+        refused.append("a render region (Output Properties > Format > Render Region%s), which the farm does not "
+                       "render: clear it (Ctrl+Alt+B in the camera view) to render the whole frame" % (", cropped" if r.use_crop_to_border else ""))
+    if s.file_format in ("OPEN_EXR", "OPEN_EXR_MULTILAYER") and getattr(s, "use_preview", False):
+        refused.append("the JPEG preview of the EXR (Output Properties > Output > Preview), a second file the farm "
+                       "does not write: turn Preview off")
+    if refused:
+        raise SceneError("the scene asks for " + "; and ".join(refused))
     return {"file_format": s.file_format, "color_mode": s.color_mode, "color_depth": s.color_depth,
             "exr_codec": s.exr_codec, "extension": r.file_extension, "use_extension": r.use_file_extension,
             "path": r.filepath, "compositing": bool(r.use_compositing and tree is not None),
@@ -464,13 +477,25 @@ def inspect(req):
             "volumes": has_volumes(sc)}
     # The channels every tile carries: a one-pixel render of the scene prepared as a tile is.
     keep_own(sc)
+    helpers = helper_passes(sc)
     prepare_tiles(sc)
     for o, attr, split in whole_only(sc):
         put(o, attr, split)
     r.resolution_x, r.resolution_y = info["width"], info["height"]
+    if helpers:
+        # The channels of the colour passes only the tiles render: the ones a probe without
+        # them lacks.
+        for vl, attr in helpers:
+            setattr(vl, attr, False)
+        probe(sc, frame, req["probe"])
+        own = set(exr_channels(req["probe"]))
+        for vl, attr in helpers:
+            setattr(vl, attr, True)
     probe(sc, frame, req["probe"])
     info["channels"] = exr_channels(req["probe"])
     os.remove(req["probe"])
+    if helpers:
+        info["drop"] = [c for c in info["channels"] if c not in own]
     if info["whole"]:
         # A frame rendered whole keeps the settings split ones switch off, and denoising adds
         # its Noisy Image pass: its tiles' channels, if they are others.
@@ -508,6 +533,7 @@ def prepare_tiles(sc):
         current["own"]["use_denoising"] = False
     r.use_compositing = False
     r.use_sequencer = False
+    r.use_stamp = False  # the stamp is burnt once, into the assembled frame (assemble)
     r.threads_mode = "FIXED"
     r.threads = THREADS
     # Keeps the synced scene and its BVH between the passes a process renders; a pass's bits
@@ -515,6 +541,8 @@ def prepare_tiles(sc):
     # layers: Blender 3.4 then carries one layer's Cryptomatte into the next, and reorders the
     # Cryptomatte manifests.
     r.use_persistent_data = sum(1 for vl in sc.view_layers if vl.use) == 1 or r.use_single_layer
+    for vl, attr in helper_passes(sc):
+        setattr(vl, attr, True)
     r.use_border, r.use_crop_to_border = True, True
     r.resolution_percentage = 100
     r.use_file_extension = False
@@ -522,6 +550,26 @@ def prepare_tiles(sc):
     set_file_format(s, "OPEN_EXR_MULTILAYER")
     s.color_depth = "32"
     s.exr_codec = "NONE"
+
+
+# The colour pass Cycles divides each light pass by, by their view layer settings.
+LIGHT_COLOUR = {"use_pass_diffuse_direct": "use_pass_diffuse_color", "use_pass_diffuse_indirect": "use_pass_diffuse_color",
+                "use_pass_glossy_direct": "use_pass_glossy_color", "use_pass_glossy_indirect": "use_pass_glossy_color",
+                "use_pass_transmission_direct": "use_pass_transmission_color",
+                "use_pass_transmission_indirect": "use_pass_transmission_color"}
+
+
+def helper_passes(sc):
+    """The colour passes a tile renders beyond the scene's own, as (view layer, setting): a light
+    pass combines across sample ranges only weighted by its colour pass, so a layer with a light
+    pass but not its colour renders the colour too, and the assembled frame leaves it out
+    (inspect's "drop")."""
+    out = []
+    for vl in sc.view_layers:
+        for light, colour in LIGHT_COLOUR.items():
+            if getattr(vl, light) and not getattr(vl, colour) and (vl, colour) not in out:
+                out.append((vl, colour))
+    return out
 
 
 def heartbeat():
@@ -632,7 +680,21 @@ def layer_passes(channels, layers):
             passes[-1][1].append(chan)
         else:
             passes.append((pass_, [chan]))
-    return {l: [(p, len(cs), "".join(cs), PASS_TYPES.get(len(cs), "COLOR")) for p, cs in ps] for l, ps in out.items()}
+    return {l: [(p, len(cs), chan_id(cs), PASS_TYPES.get(len(cs), "COLOR")) for p, cs in ps] for l, ps in out.items()}
+
+
+# The channel orders Cycles gives its passes ("chan_id"); an EXR lists channels sorted by name.
+CHAN_IDS = ("RGBA", "RGB", "XYZW", "XYZ", "UVA", "UV", "XY")
+
+
+def chan_id(chans):
+    """The pass's channels in Cycles' order ("B", "G", "R" from the EXR: "RGB"). Blender writes a
+    pass as half in a half-float EXR only if it is a colour ("RGB", "RGBA"), and the compositor
+    reads a pass's values in this order."""
+    for cid in CHAN_IDS:
+        if sorted(cid) == sorted(chans):
+            return cid
+    return "".join(chans)
 
 
 # Output formats the farm offers besides the scene's own ("blend"): the Composite result.
@@ -670,6 +732,7 @@ def assemble(req):
     assembling.update(passes=layer_passes(req["channels"], layers), stamp=stamp, file=req["in"])
     r.engine = Assembler.bl_idname
     r.use_border = False
+    r.use_stamp = current["own"]["use_stamp"]  # burnt once, here, where the tiles had none
     # What would make two assemblies of the same tiles differ in their bytes (the promotion of a
     # frame is idempotent only for identical bytes) stays out of the file's metadata.
     for attr in ("use_stamp_date", "use_stamp_render_time", "use_stamp_memory", "use_stamp_hostname", "use_stamp_filename"):
@@ -710,8 +773,11 @@ def assemble(req):
                 rel = base[2:] if base.startswith("//") else base.lstrip("/")
                 set_file_output_dir(n, os.path.join(outdir, "files", rel))
     # An animation render of this one frame, as Blender's own -a and -f are: 5.0's File Output
-    # nodes number their files only in an animation render.
-    sc.frame_start = sc.frame_end = req["frame"]
+    # nodes number their files only in an animation render. The frame end stays the scene's
+    # (a step past it renders the one frame): the stamp pads the frame number to its digits.
+    end = max(sc.frame_end, req["frame"])
+    sc.frame_start, sc.frame_end = req["frame"], end
+    sc.frame_step = end - req["frame"] + 1
     bpy.ops.render.render(animation=True)
     written = os.listdir(os.path.join(outdir, "main")) if os.path.isdir(os.path.join(outdir, "main")) else []
     if len(written) != 1:

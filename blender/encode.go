@@ -57,6 +57,7 @@ func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame
 		return nil, sceneErr("the assembled frame's %dx%d channels %q are not the scene's %dx%d %q",
 			f.Width, f.Height, f.Names, st.Width, st.Height, want)
 	}
+	f = f.Without(sc.Desc.Drop) // the colour passes only the tiles needed (Description.Drop)
 	exr, err := raster.EncodeEXR(f, raster.EXRNone)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // maxFramePixels bounds a frame so that a bad header or setting cannot make
@@ -56,6 +57,32 @@ func NewFrameOf(w, h int, names []string) *Frame {
 	f := &Frame{Width: w, Height: h, Names: names}
 	f.Pix = make([]float32, w*h*f.Chans())
 	return f
+}
+
+// Without returns a copy of f without the channels named in drop (f itself if it has none of
+// them): the channels a renderer needs only while it renders, left out of the written frame.
+func (f *Frame) Without(drop []string) *Frame {
+	names := f.ChannelNames()
+	var keep []int
+	for i, n := range names {
+		if !slices.Contains(drop, n) {
+			keep = append(keep, i)
+		}
+	}
+	if len(keep) == len(names) {
+		return f
+	}
+	out := &Frame{Width: f.Width, Height: f.Height, Names: make([]string, len(keep)), Pix: make([]float32, 0, f.Width*f.Height*len(keep))}
+	for j, i := range keep {
+		out.Names[j] = names[i]
+	}
+	c := len(names)
+	for px := 0; px+c <= len(f.Pix); px += c {
+		for _, i := range keep {
+			out.Pix = append(out.Pix, f.Pix[px+i])
+		}
+	}
+	return out
 }
 
 // ValidateSize checks that w x h is a frame size the package can hold.

@@ -104,3 +104,20 @@ func TestTileRoundTrip(t *testing.T) {
 		t.Error("DecodeTile accepted a truncated buffer")
 	}
 }
+
+// TestWithoutDropsChannels: Without keeps the other channels' values in their order, pixel by
+// pixel, and returns the frame itself when it has none of the channels.
+func TestWithoutDropsChannels(t *testing.T) {
+	f := NewFrameOf(2, 1, []string{"L.Combined.R", "L.GlossCol.R", "L.GlossDir.R"})
+	copy(f.Pix, []float32{1, 2, 3, 4, 5, 6})
+	g := f.Without([]string{"L.GlossCol.R"})
+	if !slices.Equal(g.Names, []string{"L.Combined.R", "L.GlossDir.R"}) || !slices.Equal(g.Pix, []float32{1, 3, 4, 6}) {
+		t.Fatalf("Without: %q %v", g.Names, g.Pix)
+	}
+	if f.Without([]string{"L.Other.R"}) != f || f.Without(nil) != f {
+		t.Fatal("Without of no channel of the frame made a copy")
+	}
+	if len(f.Names) != 3 || f.Pix[1] != 2 {
+		t.Fatal("Without changed the frame")
+	}
+}

@@ -105,12 +105,14 @@ def render(**kw):
     if threads:
         r.threads_mode, r.threads = "FIXED", threads
     bpy.ops.render.render(**kw)
-def render_frame(n):  # -f N: Blender renders an animation of that one frame
+def render_frame(n):  # -f N: Blender renders an animation of that one frame, the scene's end kept
     sc = bpy.context.scene
-    first, last = sc.frame_start, sc.frame_end
-    sc.frame_start = sc.frame_end = n
+    first, last, step = sc.frame_start, sc.frame_end, sc.frame_step
+    end = max(last, n)
+    sc.frame_start, sc.frame_end = n, end
+    sc.frame_step = end - n + 1
     render(animation=True)
-    sc.frame_start, sc.frame_end = first, last
+    sc.frame_start, sc.frame_end, sc.frame_step = first, last, step
 `)
 	for i := 0; i < len(args); i++ {
 		a := args[i]

@@ -36,12 +36,17 @@ def load(path):
     crypto = {a.name: str(a.value) for a in spec.extra_attribs if a.name.startswith("cryptomatte/")}
     return spec, np.asarray(px, dtype=np.float64).reshape(spec.height, spec.width, spec.nchannels), crypto
 
+def fmts(spec):
+    # Each channel's pixel type, by name: a half-float EXR keeps its data passes float.
+    per = spec.channelformats or [spec.format] * spec.nchannels
+    return ", ".join("%s %s" % (n, f) for n, f in sorted(zip(spec.channelnames, map(str, per))))
+
 want, a, ca = load(sys.argv[1])
 got, b, cb = load(sys.argv[2])
 wn, gn = list(want.channelnames), list(got.channelnames)
 out = {"channels": len(wn), "missing": [n for n in wn if n not in gn], "extra": [n for n in gn if n not in wn],
        "size": [want.width, want.height, got.width, got.height], "worst": {}, "crypto_equal": ca == cb,
-       "crypto_fields": len(ca), "format": [str(want.format), str(got.format)],
+       "crypto_fields": len(ca), "format": [fmts(want), fmts(got)],
        "compression": [want.getattribute("compression"), got.getattribute("compression")]}
 if out["size"][:2] == out["size"][2:]:
     for i, n in enumerate(wn):
@@ -60,7 +65,7 @@ type EXRComparison struct {
 	Worst        map[string]float64 `json:"worst"` // per channel: max |a-b| / max(|a|, 1)
 	CryptoEqual  bool               `json:"crypto_equal"`
 	CryptoFields int                `json:"crypto_fields"`
-	Format       []string           `json:"format"`
+	Format       []string           `json:"format"` // each channel's pixel type, of either image
 	Compression  []string           `json:"compression"`
 }
 
@@ -80,15 +85,21 @@ func CompareImages(t testing.TB, want, got string) EXRComparison {
 	return c
 }
 
-// Within fails the test unless every channel of want is in got, equal within rel relative
-// (|a-b| <= rel * max(|a|, 1)), with the same size and Cryptomatte header.
+// Within fails the test unless got has exactly the channels of want, equal within rel relative
+// (|a-b| <= rel * max(|a|, 1)), with the same size, pixel format and Cryptomatte header.
 func (c EXRComparison) Within(t testing.TB, rel float64) {
 	t.Helper()
 	if len(c.Missing) > 0 {
 		t.Fatalf("channels of Blender's file missing in the farm's: %q", c.Missing)
 	}
+	if len(c.Extra) > 0 {
+		t.Fatalf("channels in the farm's file that Blender's lacks: %q", c.Extra)
+	}
 	if c.Size[0] != c.Size[2] || c.Size[1] != c.Size[3] {
 		t.Fatalf("sizes differ: %v", c.Size)
+	}
+	if c.Format[0] != c.Format[1] {
+		t.Fatalf("pixel formats differ: Blender's %s, the farm's %s", c.Format[0], c.Format[1])
 	}
 	var bad []string
 	for n, w := range c.Worst {

@@ -234,6 +234,23 @@ func TestBlenderPlateWorkerKilledMidTileResumesElsewhere(t *testing.T) {
 	})
 }
 
+// Property: a light pass combines across sample ranges weighted by its colour pass, so a plate
+// whose layers have the glossy and transmission light passes without their colour passes
+// renders those colour passes in its tiles too (Description.Drop): its tiles still split into
+// passes, a worker killed mid-tile is resumed from the checkpoint, and the file written is
+// Blender's own, without the colour passes. On 3.4 and on 5.0, which names passes otherwise.
+func TestBlenderLightPassWithoutItsColourStillResumes(t *testing.T) {
+	t.Parallel()
+	noColour := "[setattr(vl, a, False) for vl in bpy.context.scene.view_layers for a in ('use_pass_glossy_color', 'use_pass_transmission_color')]"
+	for _, name := range []string{"3.4", "5.0"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			line := blendertest.LineOf(t, name)
+			killMidTile(t, line, line.SavedWith(t, blendertest.Plate(t), noColour))
+		})
+	}
+}
+
 func killMidTile(t *testing.T, line blendertest.Line, plate string) {
 	f := startServe(t, t.TempDir(), "--ack-wait", "4s", "--lease-ttl", "4s")
 	// One tile per frame, 8 passes of 32 samples, each checkpointed remotely as it ends.
