@@ -183,6 +183,7 @@ func (f *Queue) EnsurePool(ctx context.Context, p Pool) error {
 		}
 	}
 	f.pools.Store(id, p)
+	f.poolsMade.Add(1)
 	return nil
 }
 
@@ -277,6 +278,7 @@ type Sources struct {
 
 	mu        sync.Mutex
 	refreshed time.Time
+	made      uint64                         // Queue.poolsMade at the last listing
 	tiles     [NumBands][]jetstream.Consumer // the default pool's first
 	asm       []jetstream.Consumer           // the default assemblers first
 	known     map[string]poolSource          // by consumer name
@@ -292,7 +294,8 @@ type Sources struct {
 }
 
 // sourcesRefresh is how often a worker looks for new pools: a job of a new pool waits at most
-// this long for its first tile to be taken.
+// this long for its first tile to be taken (no wait for a worker sharing the coordinator's
+// Queue: Queue.poolsMade).
 const sourcesRefresh = 2 * time.Second
 
 // SetCapabilities changes what the worker serves (once it knows its renderer builds); the
@@ -321,10 +324,11 @@ func (f *Queue) Sources(caps Capabilities) *Sources {
 func (s *Sources) refresh(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if time.Since(s.refreshed) < sourcesRefresh {
+	made := s.q.poolsMade.Load()
+	if time.Since(s.refreshed) < sourcesRefresh && made == s.made {
 		return
 	}
-	s.refreshed = time.Now()
+	s.refreshed, s.made = time.Now(), made
 	var tiles [NumBands][]jetstream.Consumer
 	var asm []jetstream.Consumer
 	pools := []string{Pool{}.String()}

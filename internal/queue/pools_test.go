@@ -258,3 +258,33 @@ func TestPoolWithAHeldTileIsNotRetired(t *testing.T) {
 		t.Fatalf("RetirePool once the tile was acked: %v", err)
 	}
 }
+
+// Property: a worker sharing the coordinator's Queue (an in-process worker) pulls the first tile
+// of a pool made after it last listed the pools at once, not a listing period later.
+func TestPoolMadeOnTheSameQueueIsServedAtOnce(t *testing.T) {
+	t.Parallel()
+	tf := startFarm(t, fastConfig())
+	ctx := testCtx(t)
+	src := tf.f.Sources(Capabilities{Builds: []string{"blender/x"}})
+	if m, err := src.FetchTile(ctx, 100*time.Millisecond); m != nil || err != nil {
+		t.Fatalf("an empty farm delivered %v (%v)", m, err)
+	}
+	p := Pool{Build: "blender/x"}
+	if err := tf.f.EnsurePool(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tf.f.Publish(ctx, p.Subject(BandNormal), "b-1", []byte("b-1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	// Well within sourcesRefresh of the first listing: only the count of pools made lists again.
+	m, err := src.FetchTile(ctx, 200*time.Millisecond)
+	if err != nil || m == nil {
+		t.Fatalf("the new pool's tile was not delivered on the next pull (%v)", err)
+	}
+	if string(m.Data()) != "b-1" {
+		t.Fatalf("fetched %q, want b-1", m.Data())
+	}
+	if err := m.Ack(); err != nil {
+		t.Fatal(err)
+	}
+}

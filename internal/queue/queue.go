@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -76,6 +77,10 @@ type Queue struct {
 	Log *slog.Logger
 
 	pools sync.Map // pools whose consumers this Queue ensured, by id (EnsurePool)
+	// poolsMade counts the pools EnsurePool made: the Sources of workers sharing this Queue
+	// (in-process workers, as coordinator render's) list the pools again at once when it moves,
+	// instead of within sourcesRefresh.
+	poolsMade atomic.Uint64
 }
 
 // Setup creates or updates, idempotently, the TILES work queue, EVENTS and DLQ streams, the shared durable
