@@ -252,6 +252,12 @@ func (k *Kind) Close() error {
 // Name names the kind.
 func (k *Kind) Name() string { return "Blender scene" }
 
+// SlotsPerMachine is 1: one Blender process with every thread of the machine holds one copy
+// of the scene in memory and renders a frame that renders whole (adaptive sampling, a
+// denoiser) on every core, where a process per core holds as many copies and renders such a
+// frame on one (docs/operations.md, "Threads and memory").
+func (k *Kind) SlotsPerMachine(cores int) int { return 1 }
+
 // ClaimsFile claims a .blend by its extension or by its first bytes.
 func (k *Kind) ClaimsFile(p string) bool {
 	if strings.EqualFold(filepath.Ext(p), ".blend") {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
+	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 )
@@ -304,5 +306,24 @@ func TestThreadsFlag(t *testing.T) {
 		if _, err := f.of(1); !errors.As(err, &ue) {
 			t.Errorf("--threads %s: %v, want a usage error", bad, err)
 		}
+	}
+}
+
+// render's default --workers: one Blender process with every thread for a .blend (one copy of
+// the scene, a whole frame on every core), one worker per core for other scenes.
+func TestRenderDefaultWorkers(t *testing.T) {
+	kf := kinds.AddFlags(pflag.NewFlagSet("t", pflag.ContinueOnError), false)
+	dir := t.TempDir()
+	blend, json := filepath.Join(dir, "shot.blend"), filepath.Join(dir, "scene.json")
+	for _, p := range []string{blend, json} {
+		if err := os.WriteFile(p, []byte("{}"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := machineSlots(kf, blend); got != 1 {
+		t.Errorf("a .blend: %d workers, want 1", got)
+	}
+	if got, want := machineSlots(kf, json), runtime.NumCPU(); got != want {
+		t.Errorf("a JSON scene: %d workers, want %d", got, want)
 	}
 }

@@ -45,11 +45,14 @@ with its File Output nodes' files beside it.`)
 	format := fs.String("format", "", "output format: png, png16, exr, or blend (a .blend's own output; the default for a .blend, else from --out's extension)")
 	rf := addRenderFlags(fs)
 	kf := kinds.AddFlags(fs, false)
-	workers := fs.Int("workers", runtime.NumCPU(), "in-process workers (for Blender scenes, one Blender process each)")
+	workers := fs.Int("workers", 0, "in-process workers, for Blender scenes one Blender process each (default: one with every thread for a .blend, one per core for other scenes)")
 	threads := addThreadsFlag(fs, "in-process worker")
 	data := fs.String("data", ".tilefarm", "directory for state, checkpoints and the store")
 	logLevel := fs.String("log-level", "warn", "log level: debug, info, warn, error")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
+		if !fs.Changed("workers") {
+			*workers = machineSlots(kf, pos[0])
+		}
 		if *workers < 1 || *workers > 1024 {
 			return 0, usagef("--workers %d: want 1-1024", *workers)
 		}
@@ -116,6 +119,23 @@ with its File Output nodes' files beside it.`)
 		return st.State.ExitCode(), nil
 	})
 	return c
+}
+
+// slotsAdvisor is a scene kind that knows how many renderer processes a machine should run
+// for it (blendscene.Kind.SlotsPerMachine); other kinds get one per core.
+type slotsAdvisor interface{ SlotsPerMachine(cores int) int }
+
+// machineSlots is render's default --workers for the scene at path: its kind's advice, else
+// one worker per core.
+func machineSlots(kf *kinds.Flags, path string) int {
+	ks := kf.Open(scene.Env{})
+	defer ks.Close()
+	if k, err := ks.ForFile(path); err == nil {
+		if a, ok := k.(slotsAdvisor); ok {
+			return a.SlotsPerMachine(runtime.NumCPU())
+		}
+	}
+	return runtime.NumCPU()
 }
 
 func (p *program) serveCommand() *cobra.Command {
