@@ -125,6 +125,24 @@ func TestBenchSmoke(t *testing.T) {
 		checkBlenderRun(t, r, err)
 	})
 
+	t.Run("BlenderStill", func(t *testing.T) {
+		bins, err := coordinatorBinary()
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := map[string]stillRun{}
+		for name, c := range stillCases(makeStills(t, stillSize{width: 96, height: 54, spp: 8, plateSPP: 4})) {
+			r, err := measureStill(ctx, t.TempDir(), bins, blendertest.Binary(t), c, 1)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			total[name] = r
+		}
+		m := metricSet{}
+		reportStill(m, total)
+		checkMetrics(t, m, "1frame-farm/blender", "4frames-farm/blender", "plate-2x1-speedup", "default-2x1-speedup")
+	})
+
 	t.Run("BlenderPass", func(t *testing.T) {
 		pool, sc, st := passSetup(t, ctx, 2)
 		s, err := passStats(ctx, pool, sc, st, render.Rect{X0: 48, Y0: 28, X1: 64, Y1: 44}, 2)
