@@ -221,6 +221,10 @@ func (c *Coordinator) applyEvent(p *projection, ev wire.Event) error {
 			u.Change, u.Order, u.Attempt, u.SamplesRecovered = coorddb.TileStarted, coorddb.StartedOrder(ev.Seq, ev.Delivery), ev.Attempt, ev.SamplesRecovered
 		case wire.EventTileCompleted:
 			u.Change, u.SamplesRendered, u.Object, u.RenderMillis = coorddb.TileDone, ev.SamplesRendered, ev.Object, ev.RenderMillis
+			// The completion repeats what its attempt resumed: its start may reach the
+			// projection after it, or a minute late (a pull answered on a connection that
+			// moved to another NATS node is redelivered only after AckWait).
+			u.Attempt, u.SamplesRecovered = ev.Attempt, ev.SamplesRecovered
 		case wire.EventTileFailed:
 			u.Change, u.Order = coorddb.TileFailed, coorddb.FailedOrder(ev.Seq, ev.Delivery)
 			if ev.Terminal {

@@ -223,8 +223,8 @@ type tileUpdate struct {
 	Change           coorddb.TileChange
 	Order            coorddb.Order
 	Failure          *coorddb.Failure // failed and dead-letter changes: what went wrong
-	Attempt          string           // started: the attempt, whose recovered samples count once
-	SamplesRecovered int              // started: samples resumed from a checkpoint
+	Attempt          string           // started, done: the attempt, whose recovered samples count once
+	SamplesRecovered int              // started, done: samples the attempt resumed from a checkpoint
 	SamplesRendered  int              // done: samples rendered by the attempt that promoted it
 	Object           *wire.TileObject // done: the object promoted, as its worker reported it
 	RenderMillis     int64            // done: how long that attempt rendered it; 0 unknown
@@ -310,13 +310,14 @@ func (p *projection) tile(fk string, u tileUpdate) (bool, error) {
 	return true, nil
 }
 
-// recovered counts the samples a start reports resumed from a checkpoint, once per attempt
-// (coorddb.Tx.AddResume), whether or not the start still changes the tile: a start that
-// arrives after the tile's completion, or after a later attempt's start, resumed its samples
-// all the same. A start of no attempt id, or naming more samples than its frame's tiles
-// take, counts nothing.
+// recovered counts the samples a start or a completion reports resumed from a checkpoint,
+// once per attempt (coorddb.Tx.AddResume), whether or not the update still changes the tile:
+// a start that arrives after the tile's completion, or after a later attempt's start,
+// resumed its samples all the same, and a completion counts them even before its start
+// arrives. An update of no attempt id, or naming more samples than its frame's tiles take,
+// counts nothing.
 func (p *projection) recovered(e *frameEdit, u tileUpdate) error {
-	if u.Change != coorddb.TileStarted || u.SamplesRecovered <= 0 || u.SamplesRecovered > e.f.Settings.SPP ||
+	if u.Change != coorddb.TileStarted && u.Change != coorddb.TileDone || u.SamplesRecovered <= 0 || u.SamplesRecovered > e.f.Settings.SPP ||
 		u.Attempt == "" || len(u.Attempt) > coorddb.MaxAttemptID {
 		return nil
 	}

@@ -349,7 +349,9 @@ func TestLaggingEventNeverUndoesADeadLetter(t *testing.T) {
 // whatever order a tile's starts, failures and completion arrive in, in whatever batches, and
 // however often each is applied: a start that arrives after the tile completed, after a later
 // attempt's start, or with the delivery count of another attempt (a replicated consumer's
-// leader change repeats one) still resumed its samples.
+// leader change repeats one) still resumed its samples, and a completion counts its attempt's
+// resumed samples even when that attempt's start never arrives (lost in flight with a pull
+// when the coordinator moved to another NATS node, and redelivered a minute later).
 func TestRecoveredSamplesCountOnceInAnyOrder(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 11))
 	for round := range 40 {
@@ -367,10 +369,14 @@ func TestRecoveredSamplesCountOnceInAnyOrder(t *testing.T) {
 		failed := tileEvent(t, f, 0, wire.EventTileFailed, 10, 2)
 		failed.Code, failed.Error = failure.CodePanic, "boom"
 		done := tileEvent(t, f, 0, wire.EventTileCompleted, 10, 4)
+		done.Attempt, done.SamplesRecovered = "last", 7
 		evs := []wire.Event{
 			start(1, "first", 0), start(2, "second", 5), failed,
 			start(3, "third", 6), start(3, "third-again", 2), // two attempts, one delivery count
-			start(4, "last", 7), done,
+			done,
+		}
+		if round%2 == 0 { // else the completing attempt's start never arrives
+			evs = append(evs, start(4, "last", 7))
 		}
 		want := 5 + 6 + 2 + 7
 		for i := range len(evs) { // some events twice
