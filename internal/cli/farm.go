@@ -82,10 +82,12 @@ with its File Output nodes' files beside it.`)
 		if *out == "" && fmtName != formatBlend {
 			return 0, usagef("--out is required, e.g. --out 'out/shot_####.png'")
 		}
-		// Short pulls: a pull cancelled at exit waits out its expiry (see queue.fetchOne), and a
-		// finished local render should not linger seconds for it.
+		// Short pulls: a pull cancelled at exit waits out its expiry (see queue.fetchOne), and an
+		// idle pull on the default pool ends before the worker sees the pool the job made
+		// (queue.Sources.refresh). Both are a one-frame render's fixed cost, and 50 ms pulls on an
+		// embedded server cost nothing measurable (docs/benchmarks.md, "Blender stills and threads").
 		n, err := node.StartCoordinator(ctx, node.CoordinatorOptions{DataDir: *data, Queue: queue.DefaultConfig(), Workers: *workers,
-			Worker: worker.Config{FetchWait: 250 * time.Millisecond}, Kinds: ks, Log: log})
+			Worker: worker.Config{FetchWait: 50 * time.Millisecond}, Kinds: ks, Log: log})
 		if err != nil {
 			return 0, err
 		}
