@@ -19,6 +19,7 @@ import (
 	"github.com/tilefarm/tilefarm/blender/blendscene"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -55,7 +56,7 @@ func unpack(b *bundle.Bundle, dir string) (*blender.Scene, error) {
 	if err != nil {
 		return nil, err
 	}
-	return blender.Unpack(dir, b.Version(), d, b.Asset)
+	return blender.Unpack(context.Background(), dir, b.Version(), d, b)
 }
 
 func (w blenderWorkload) settings(b *bundle.Bundle) (render.Settings, error) {
@@ -111,7 +112,7 @@ func measureBlenderFarm(ctx context.Context, base string, bundle *bundle.Bundle,
 		return blenderRun{}, err
 	}
 	defer n.Close()
-	if err := n.Coord.PutScene(ctx, bundle.Version(), bundle.Encode()); err != nil {
+	if _, err := client.UploadScene(ctx, n.Coord, bundle, 0, nil); err != nil {
 		return blenderRun{}, err
 	}
 	submit := func(first, last int) (string, time.Duration, error) {
@@ -359,7 +360,7 @@ func measurePlate(ctx context.Context, base, binary, plate string, workers int) 
 		return blenderRun{}, err
 	}
 	defer n.Close()
-	if err := n.Coord.PutScene(ctx, b.Version(), b.Encode()); err != nil {
+	if _, err := client.UploadScene(ctx, n.Coord, b, 0, nil); err != nil {
 		return blenderRun{}, err
 	}
 	submit := func(first, last, spp int) (string, time.Duration, error) {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/node"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -58,7 +59,7 @@ type run struct {
 // timed too: every farm worker parses it as well.
 func renderLocal(ctx context.Context, bundle *bundle.Bundle, w workload) (run, error) {
 	start := time.Now()
-	scene, err := render.ParseScene(bundle.Scene, bundle.Asset)
+	scene, err := render.ParseScene(bundle.Scene, bundle.Assets(ctx, 0))
 	if err != nil {
 		return run{}, fmt.Errorf("parsing scene: %w", err)
 	}
@@ -114,7 +115,7 @@ func renderFarm(ctx context.Context, dir string, bundle *bundle.Bundle, w worklo
 	r := farmRun{startup: time.Since(start)}
 
 	start = time.Now()
-	if err := n.Coord.PutScene(ctx, bundle.Version(), bundle.Encode()); err != nil {
+	if _, err := client.UploadScene(ctx, n.Coord, bundle, 0, nil); err != nil {
 		return farmRun{}, fmt.Errorf("uploading benchmark scene: %w", err)
 	}
 	res, err := n.Coord.Submit(ctx, api.SubmitRequest{

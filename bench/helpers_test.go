@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"image"
@@ -29,7 +30,7 @@ func examplePath(name string) string {
 // loadBundle reads an example's scene bundle once, outside any timed region.
 func loadBundle(tb testing.TB, name string) *bundle.Bundle {
 	tb.Helper()
-	b, err := jsonscene.ReadFile(examplePath(name))
+	b, err := jsonscene.ReadFile(context.Background(), examplePath(name))
 	if err != nil {
 		tb.Fatalf("loading example %q: %v", name, err)
 	}

@@ -58,7 +58,7 @@ func (w resumeWorkload) tileJob(bundle *bundle.Bundle, scene *render.Scene) (wir
 // resumed tile must equal the fresh one bit for bit. Finally it times codecReps encodes and
 // decodes of the full tile state.
 func measureResume(ctx context.Context, bundle *bundle.Bundle, w resumeWorkload) (resumeResult, error) {
-	scene, err := render.ParseScene(bundle.Scene, bundle.Asset)
+	scene, err := render.ParseScene(bundle.Scene, bundle.Assets(ctx, 0))
 	if err != nil {
 		return resumeResult{}, fmt.Errorf("parsing scene: %w", err)
 	}

@@ -30,7 +30,7 @@ func gridBundle(n int) *bundle.Bundle {
 	scene := `{"cameras": [{"name": "cam", "position": [0.5, 0.5, 2], "look_at": [0.5, 0.5, 0]}],
   "materials": [{"name": "m", "type": "diffuse"}],
   "objects": [{"type": "mesh", "file": "grid.obj", "material": "m"}]}`
-	return &bundle.Bundle{Name: "grid.json", Scene: []byte(scene), Assets: map[string][]byte{"grid.obj": obj.Bytes()}}
+	return bundle.FromMemory("grid.json", []byte(scene), map[string][]byte{"grid.obj": obj.Bytes()})
 }
 
 // uploadCost is what uploading one scene bundle cost the coordinator.
@@ -49,15 +49,15 @@ func measureUpload(ctx context.Context, dir string, b *bundle.Bundle) (uploadCos
 		return res, err
 	}
 	defer srv.Close()
-	raw := b.Encode()
-	res.bundleBytes = len(raw)
+	total, _ := b.Bytes()
+	res.bundleBytes = int(total) + len(b.Scene)
 	before, err := farmbench.PeakRSS(srv.Coord.Pid())
 	if err != nil {
 		return res, err
 	}
 	start := time.Now()
-	if err := client.New(srv.HTTP, "").PutScene(ctx, b.Version(), b); err != nil {
-		return res, fmt.Errorf("uploading a %d-byte bundle: %w", len(raw), err)
+	if _, err := client.UploadScene(ctx, client.New(srv.HTTP, ""), b, 0, nil); err != nil {
+		return res, fmt.Errorf("uploading a %d-byte scene: %w", res.bundleBytes, err)
 	}
 	res.elapsed = time.Since(start)
 	after, err := farmbench.PeakRSS(srv.Coord.Pid())

@@ -2,11 +2,11 @@ package blender_test
 
 import (
 	"context"
-	"os"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/blender"
 	"github.com/tilefarm/tilefarm/blender/blendertest"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -22,7 +22,11 @@ func load(t *testing.T, pool *blender.Pool, path string) *blender.Scene {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc, err := blender.Unpack(t.TempDir(), "v", in.Desc, func(name string) ([]byte, error) { return os.ReadFile(in.Paths[name]) })
+	b, err := bundle.FromFiles(t.Context(), "scene.blend", in.Desc.Encode(), in.Desc.Files, func(name string) string { return in.Paths[name] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc, err := blender.Unpack(t.Context(), t.TempDir(), "v", in.Desc, b)
 	if err != nil {
 		t.Fatal(err)
 	}

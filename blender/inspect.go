@@ -125,6 +125,9 @@ func checkMagic(path string) error {
 }
 
 // IsBlend reports whether data starts like a .blend file: uncompressed, gzip or zstd.
+// BlendHeaderSize is how many first bytes of a file IsBlend needs.
+const BlendHeaderSize = 8
+
 func IsBlend(data []byte) bool {
 	return strings.HasPrefix(string(data), "BLENDER") || strings.HasPrefix(string(data), "\x1f\x8b") ||
 		strings.HasPrefix(string(data), "\x28\xb5\x2f\xfd")

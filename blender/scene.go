@@ -1,10 +1,14 @@
 package blender
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/tilefarm/tilefarm/internal/bundle"
 )
 
 // Scene is a Blender scene bundle unpacked on disk, ready for a Pool to render.
@@ -29,7 +33,7 @@ func (s *Scene) Blend() string { return filepath.Join(s.Root, filepath.FromSlash
 // Unpack writes the bundle's files under dir/version, or reuses them if an earlier Unpack
 // finished there. The files are written into a temporary directory renamed into place, so a
 // directory under its version is always complete. read returns a bundle file's content.
-func Unpack(dir, version string, desc *Description, read func(name string) ([]byte, error)) (*Scene, error) {
+func Unpack(ctx context.Context, dir, version string, desc *Description, b *bundle.Bundle) (*Scene, error) {
 	dir, err := filepath.Abs(dir) // Blender runs in its own working directory
 	if err != nil {
 		return nil, fmt.Errorf("unpacking scene: %w", err)
@@ -55,15 +59,11 @@ func Unpack(dir, version string, desc *Description, read func(name string) ([]by
 	}
 	defer os.RemoveAll(tmp) // left behind only if the rename below did not happen
 	for _, name := range desc.Files {
-		data, err := read(name)
-		if err != nil {
-			return nil, fmt.Errorf("unpacking scene: %w", err)
-		}
 		p := filepath.Join(tmp, filepath.FromSlash(name))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return nil, fmt.Errorf("unpacking scene: %w", err)
 		}
-		if err := os.WriteFile(p, data, 0o644); err != nil {
+		if err := place(ctx, b, name, p); err != nil {
 			return nil, fmt.Errorf("unpacking scene: %w", err)
 		}
 	}
@@ -74,6 +74,40 @@ func Unpack(dir, version string, desc *Description, read func(name string) ([]by
 		return nil, fmt.Errorf("unpacking scene: %w", err)
 	}
 	return sc, nil
+}
+
+// place puts the scene's file name at p: a hard link to the verified copy when the bundle's
+// source has the file on this disk (a worker's cache: no byte copied, and the cache may evict
+// its copy without touching this one), else a copy streamed from the source.
+func place(ctx context.Context, b *bundle.Bundle, name, p string) error {
+	f, ok := b.Files[name]
+	if !ok {
+		return fmt.Errorf("the scene needs %q, which its manifest does not name", name)
+	}
+	if pr, ok := b.Source().(bundle.Pather); ok {
+		src, err := pr.Path(ctx, name, f)
+		if err != nil {
+			return err
+		}
+		if err := os.Link(src, p); err == nil {
+			return nil
+		}
+	}
+	r, err := b.Open(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	// A plain write: the whole unpack directory is renamed into place once complete.
+	w, err := os.Create(p)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(w, r); err != nil {
+		w.Close()
+		return fmt.Errorf("copying %q: %w", name, err)
+	}
+	return w.Close()
 }
 
 // Remove deletes the unpacked files.

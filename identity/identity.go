@@ -18,7 +18,7 @@ import (
 // hashed as a frame key and as a tile key never give the same value. Bumping a
 // tag's version deliberately changes every identity of that kind.
 const (
-	tagSceneVersion   = "tilefarm/scene_version/v1"
+	tagSceneVersion   = "tilefarm/scene_version/v2"
 	tagSettingsHash   = "tilefarm/settings_hash/v1"
 	tagSettingsRaw    = "tilefarm/settings_hash_unmarshalable/v1"
 	tagFrameKey       = "tilefarm/frame_key/v1"
@@ -73,15 +73,23 @@ func (f *fieldHasher) rect(r render.Rect) {
 // hex returns the lowercase hex of the full sha256.
 func (f *fieldHasher) hex() string { return hex.EncodeToString(f.h.Sum(nil)) }
 
-// SceneVersion hashes the scene file and every asset it references, by
-// content and by the relative name the scene uses for it, never by path or
-// modification time: the same scene bundle on two machines gets the same
-// version, and changing one byte of one asset gets a new one. Map iteration
-// order does not matter; names are hashed exactly as given (callers pass the
-// slash-separated relative names the scene refers to).
-func SceneVersion(scene []byte, assets map[string][]byte) string {
-	names := make([]string, 0, len(assets))
-	for name := range assets {
+// SceneFile is one file of a scene as its manifest names it: by content (size and SHA-256),
+// and where it travels from when that is the studio's shared storage.
+type SceneFile struct {
+	Size   int64
+	SHA256 string
+	Shared string
+}
+
+// SceneVersion hashes a scene's manifest: the scene file, and every file it references by the
+// relative name the scene uses for it, its size and its SHA-256, never by local path or
+// modification time: the same scene on two machines gets the same version, and changing one
+// byte of one file gets a new one, since its hash changes. Map iteration order does not
+// matter; names are hashed exactly as given (callers pass the slash-separated relative names
+// the scene refers to).
+func SceneVersion(scene []byte, files map[string]SceneFile) string {
+	names := make([]string, 0, len(files))
+	for name := range files {
 		names = append(names, name)
 	}
 	sort.Strings(names)
@@ -90,8 +98,11 @@ func SceneVersion(scene []byte, assets map[string][]byte) string {
 	f.bytes(scene)
 	f.int(len(names))
 	for _, name := range names {
+		sf := files[name]
 		f.str(name)
-		f.bytes(assets[name])
+		f.int(int(sf.Size))
+		f.str(sf.SHA256)
+		f.str(sf.Shared)
 	}
 	return f.hex()
 }

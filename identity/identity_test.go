@@ -283,7 +283,18 @@ func TestPayloadHash(t *testing.T) {
 	}
 }
 
+// byContent names each file of m by its content, as a scene's manifest does.
+func byContent(m map[string][]byte) map[string]SceneFile {
+	out := map[string]SceneFile{}
+	for n, data := range m {
+		sum := sha256.Sum256(data)
+		out[n] = SceneFile{Size: int64(len(data)), SHA256: hex.EncodeToString(sum[:])}
+	}
+	return out
+}
+
 func TestSceneVersion(t *testing.T) {
+	sv := func(scene []byte, m map[string][]byte) string { return SceneVersion(scene, byContent(m)) }
 	scene := []byte(`{"objects":[]}`)
 	// Build the same asset map in two insertion orders.
 	m1 := map[string][]byte{}
@@ -293,12 +304,12 @@ func TestSceneVersion(t *testing.T) {
 		m1[n] = []byte("content of " + n)
 		m2[names[len(names)-1-i]] = []byte("content of " + names[len(names)-1-i])
 	}
-	base := SceneVersion(scene, m1)
+	base := sv(scene, m1)
 	if !hex64.MatchString(base) {
 		t.Fatalf("SceneVersion %q is not 64 lowercase hex", base)
 	}
 	for i := 0; i < 20; i++ { // map iteration order is randomized on each range
-		if got := SceneVersion(scene, m2); got != base {
+		if got := sv(scene, m2); got != base {
 			t.Fatalf("SceneVersion depends on map order: %s vs %s", got, base)
 		}
 	}
@@ -320,22 +331,32 @@ func TestSceneVersion(t *testing.T) {
 	}
 	changed := clone()
 	changed["tex/a.png"][0] ^= 1
-	add("one asset byte flipped", SceneVersion(scene, changed))
+	add("one asset byte flipped", sv(scene, changed))
 	renamed := clone()
 	renamed["tex/z.png"] = renamed["tex/a.png"]
 	delete(renamed, "tex/a.png")
-	add("asset renamed", SceneVersion(scene, renamed))
+	add("asset renamed", sv(scene, renamed))
 	removed := clone()
 	delete(removed, "d")
-	add("asset removed", SceneVersion(scene, removed))
-	add("scene changed", SceneVersion([]byte(`{"objects":[1]}`), m1))
-	add("no assets", SceneVersion(scene, nil))
+	add("asset removed", sv(scene, removed))
+	add("scene changed", sv([]byte(`{"objects":[1]}`), m1))
+	add("no assets", sv(scene, nil))
+	shared := byContent(m1)
+	f := shared["tex/a.png"]
+	f.Shared = "proj/tex/a.png"
+	shared["tex/a.png"] = f
+	add("one file on the share", SceneVersion(scene, shared))
+	resized := byContent(m1)
+	f = resized["d"]
+	f.Size++
+	resized["d"] = f
+	add("one size changed", SceneVersion(scene, resized))
 	// Name/content and scene/asset boundaries must not be ambiguous.
-	add("boundary a", SceneVersion([]byte("s"), map[string][]byte{"ab": []byte("c")}))
-	add("boundary b", SceneVersion([]byte("s"), map[string][]byte{"a": []byte("bc")}))
-	add("boundary c", SceneVersion([]byte("sa"), map[string][]byte{"b": []byte("c")}))
-	add("empty asset", SceneVersion(scene, map[string][]byte{"": nil}))
-	if SceneVersion(scene, nil) != SceneVersion(scene, map[string][]byte{}) {
+	add("boundary a", sv([]byte("s"), map[string][]byte{"ab": []byte("c")}))
+	add("boundary b", sv([]byte("s"), map[string][]byte{"a": []byte("bc")}))
+	add("boundary c", sv([]byte("sa"), map[string][]byte{"b": []byte("c")}))
+	add("empty asset", sv(scene, map[string][]byte{"": nil}))
+	if SceneVersion(scene, nil) != SceneVersion(scene, map[string]SceneFile{}) {
 		t.Error("nil and empty asset maps differ")
 	}
 }

@@ -2,11 +2,13 @@ package objstore
 
 import (
 	"context"
+	"io"
 	"sync"
 )
 
 // Request is one request a Counting store passed on: its kind (the Store method: "Put",
-// "PutIfAbsent", "Get", "Stat", "List", "Delete") and its key (a List's prefix).
+// "PutIfAbsent", "Get", "Stat", "List", "Delete", "PutStream", "Open") and its key (a List's
+// prefix).
 type Request struct{ Kind, Key string }
 
 // Counting is a Store that records every request made through it, for the tests and
@@ -70,4 +72,17 @@ func (c *Counting) List(ctx context.Context, prefix string) ([]ObjectInfo, error
 func (c *Counting) Delete(ctx context.Context, key string) error {
 	c.record("Delete", key)
 	return c.Store.Delete(ctx, key)
+}
+
+// PutStream records and passes on the request: one request, however many parts an S3 store
+// sends it in.
+func (c *Counting) PutStream(ctx context.Context, key string, r io.Reader, size int64) error {
+	c.record("PutStream", key)
+	return c.Store.PutStream(ctx, key, r, size)
+}
+
+// Open records and passes on the request.
+func (c *Counting) Open(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
+	c.record("Open", key)
+	return c.Store.Open(ctx, key)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -43,8 +44,34 @@ func (s *FSStore) path(key string) string {
 	return filepath.Join(s.root, filepath.FromSlash(key))
 }
 
+// copyBufSize is the buffer PutStream copies through: a few syscalls per MiB, and the only
+// memory an upload of any size holds.
+const copyBufSize = 1 << 20
+
 // Put writes data to a temporary file, syncs it and renames it over key.
 func (s *FSStore) Put(ctx context.Context, key string, data []byte) error {
+	return s.replace(ctx, key, writeBytes(data))
+}
+
+// PutStream copies r to a temporary file through a buffer of copyBufSize, checking ctx and
+// the byte count as it goes (sizedReader), then syncs it and renames it over key as Put does:
+// a failed, short, long or cancelled stream removes the temporary file and leaves key as it was.
+func (s *FSStore) PutStream(ctx context.Context, key string, r io.Reader, size int64) error {
+	if size < 0 {
+		return fmt.Errorf("putting %q: negative size %d", key, size)
+	}
+	return s.replace(ctx, key, func(w io.Writer) error {
+		// The file's ReadFrom is hidden so that io.CopyBuffer copies through this buffer and
+		// not one of ReadFrom's own.
+		buf := make([]byte, copyBufSize)
+		_, err := io.CopyBuffer(struct{ io.Writer }{w}, newSizedReader(ctx, r, size), buf)
+		return err
+	})
+}
+
+// replace is Put and PutStream: write fills a synced temporary file beside key's, which is
+// then renamed over it, so the object changes whole or not at all.
+func (s *FSStore) replace(ctx context.Context, key string, write func(io.Writer) error) error {
 	if err := ValidateKey(key); err != nil {
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
@@ -52,7 +79,7 @@ func (s *FSStore) Put(ctx context.Context, key string, data []byte) error {
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
 	final := s.path(key)
-	tmp, err := s.writeTemp(final, data)
+	tmp, err := s.writeTemp(final, write)
 	if err != nil {
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
@@ -76,7 +103,7 @@ func (s *FSStore) PutIfAbsent(ctx context.Context, key string, data []byte) erro
 		return fmt.Errorf("creating %q: %w", key, err)
 	}
 	final := s.path(key)
-	tmp, err := s.writeTemp(final, data)
+	tmp, err := s.writeTemp(final, writeBytes(data))
 	if err != nil {
 		return fmt.Errorf("creating %q: %w", key, err)
 	}
@@ -94,10 +121,18 @@ func (s *FSStore) PutIfAbsent(ctx context.Context, key string, data []byte) erro
 	return nil
 }
 
-// writeTemp writes data to a synced temporary file beside final and returns
-// its path. It retries when a concurrent Delete pruned the parent directory
-// between creating it and creating the file.
-func (s *FSStore) writeTemp(final string, data []byte) (string, error) {
+// writeBytes is the write of writeTemp that writes data.
+func writeBytes(data []byte) func(io.Writer) error {
+	return func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}
+}
+
+// writeTemp creates a temporary file beside final, has write fill it, syncs it and returns
+// its path; if write fails, the file is removed. It retries when a concurrent Delete pruned
+// the parent directory between creating it and creating the file.
+func (s *FSStore) writeTemp(final string, write func(io.Writer) error) (string, error) {
 	dir := filepath.Dir(final)
 	var f *os.File
 	var err error
@@ -114,7 +149,7 @@ func (s *FSStore) writeTemp(final string, data []byte) (string, error) {
 		return "", err
 	}
 	name := f.Name()
-	if _, err := f.Write(data); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
 		os.Remove(name)
 		return "", err
@@ -164,6 +199,36 @@ func (s *FSStore) Get(ctx context.Context, key string) ([]byte, error) {
 		return nil, fmt.Errorf("getting %q: %w", key, err)
 	}
 	return data, nil
+}
+
+// Open opens the file of key. Reads fail once ctx is done, and see the object as it was when
+// opened: a Put or PutStream renames a new file over the key and leaves this one whole.
+func (s *FSStore) Open(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, err)
+	}
+	f, err := os.Open(s.path(key))
+	if err != nil {
+		if isMissing(err) {
+			return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, ErrNotFound)
+		}
+		return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, err)
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = errIsDir
+	}
+	if err != nil {
+		f.Close()
+		if isMissing(err) {
+			return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, ErrNotFound)
+		}
+		return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, err)
+	}
+	return &ctxReader{ctx: ctx, ReadCloser: f}, ObjectInfo{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}, nil
 }
 
 // isMissing reports whether a filesystem error means "no such object":

@@ -88,16 +88,23 @@ func (s *S3Store) ensureBucket(ctx context.Context) error {
 // Bucket returns the bucket name.
 func (s *S3Store) Bucket() string { return s.bucket }
 
+// put uploads data under key in one request.
 func (s *S3Store) put(ctx context.Context, key string, data []byte, opts minio.PutObjectOptions) error {
-	opts.ContentType = "application/octet-stream"
 	// One request per object: the conditional header applies to a single PUT,
 	// and farm objects (tiles, frames, checkpoints) fit far below its limit.
 	opts.DisableMultipart = true
+	return s.upload(ctx, key, bytes.NewReader(data), int64(len(data)), opts)
+}
+
+// upload is put and PutStream: it sends size bytes of r under key, each request's body
+// checked by the server against its MD5, and maps a body damaged on the way to ErrVerify.
+func (s *S3Store) upload(ctx context.Context, key string, r io.Reader, size int64, opts minio.PutObjectOptions) error {
+	opts.ContentType = "application/octet-stream"
 	// The server checks the body against its MD5 and refuses one damaged on the way
 	// (BadDigest): what it stores is what was sent, so nobody reads an upload back. The
 	// signature then leaves the body out (a SHA-256 of it costs more CPU than its MD5).
 	opts.SendContentMd5, opts.DisableContentSha256 = true, true
-	_, err := s.client.PutObject(ctx, s.bucket, key, bytes.NewReader(data), int64(len(data)), opts)
+	_, err := s.client.PutObject(ctx, s.bucket, key, r, size, opts)
 	var resp minio.ErrorResponse
 	if errors.As(err, &resp) && (resp.Code == "BadDigest" || resp.Code == "XAmzContentSHA256Mismatch") {
 		return fmt.Errorf("%w: the server received other bytes than were sent: %w", ErrVerify, err)
@@ -111,6 +118,53 @@ func (s *S3Store) Put(ctx context.Context, key string, data []byte) error {
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
 	if err := s.put(ctx, key, data, minio.PutObjectOptions{}); err != nil {
+		return fmt.Errorf("putting %q: %w", key, err)
+	}
+	return nil
+}
+
+// The parts of a streamed upload. minio-go reads each part whole into one buffer before
+// sending it (it needs the part's MD5 first), and an object of at most one part goes as a
+// single PUT read whole the same way, so a PutStream holds one part: 16 MiB up to
+// s3PartSize*s3MaxParts (156 GiB), past that size/s3MaxParts rounded up to a MiB (S3 allows
+// no more parts). One upload thread (s3Threads) keeps it to one part at a time.
+const (
+	s3PartSize = 16 << 20
+	s3MaxParts = 10000 // S3's limit on the parts of one upload
+	s3Threads  = 1
+)
+
+// s3PartSizeFor is the part size of a streamed upload of size bytes: s3PartSize, or as
+// little more as keeps it within s3MaxParts.
+func s3PartSizeFor(size int64) uint64 {
+	if size <= s3PartSize*s3MaxParts {
+		return s3PartSize
+	}
+	const mib = 1 << 20
+	return uint64((size/s3MaxParts + mib) / mib * mib)
+}
+
+// PutStream uploads size bytes of r under key: one PUT up to s3PartSize, a multipart upload
+// past it, holding one part in memory either way (s3PartSize). Every read goes through a
+// sizedReader, so a reader that fails, ends early, runs long or is cancelled fails the upload
+// before it completes: a single PUT is then never sent, and minio-go aborts a multipart upload
+// (deleting its parts), leaving any object already under key as it was.
+func (s *S3Store) PutStream(ctx context.Context, key string, r io.Reader, size int64) error {
+	if err := ValidateKey(key); err != nil {
+		return fmt.Errorf("putting %q: %w", key, err)
+	}
+	if size < 0 {
+		return fmt.Errorf("putting %q: negative size %d", key, size)
+	}
+	sr := newSizedReader(ctx, r, size)
+	if size == 0 {
+		// minio-go never reads an empty body: check here that r is empty and does not fail.
+		if _, err := sr.Read(nil); err != io.EOF {
+			return fmt.Errorf("putting %q: %w", key, err)
+		}
+	}
+	opts := minio.PutObjectOptions{PartSize: s3PartSizeFor(size), NumThreads: s3Threads}
+	if err := s.upload(ctx, key, sr, size, opts); err != nil {
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
 	return nil
@@ -163,21 +217,42 @@ func (s *S3Store) Get(ctx context.Context, key string) ([]byte, error) {
 	}
 	obj, err := s.client.GetObject(ctx, s.bucket, key, minio.GetObjectOptions{})
 	if err != nil {
-		return nil, s.getErr(key, err)
+		return nil, readErr("getting", key, err)
 	}
 	defer obj.Close()
 	data, err := io.ReadAll(obj)
 	if err != nil {
-		return nil, s.getErr(key, err)
+		return nil, readErr("getting", key, err)
 	}
 	return data, nil
 }
 
-func (s *S3Store) getErr(key string, err error) error {
-	if isNoSuchKey(err) {
-		return fmt.Errorf("getting %q: %w", key, ErrNotFound)
+// Open starts the download of key. minio-go sends the GET on the object's first use, so Open
+// asks for its Stat, which sends it: a missing key fails here, not at the first Read, and the
+// body then streams as it is read.
+func (s *S3Store) Open(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error) {
+	if err := ValidateKey(key); err != nil {
+		return nil, ObjectInfo{}, fmt.Errorf("opening %q: %w", key, err)
 	}
-	return fmt.Errorf("getting %q: %w", key, err)
+	obj, err := s.client.GetObject(ctx, s.bucket, key, minio.GetObjectOptions{})
+	if err != nil {
+		return nil, ObjectInfo{}, readErr("opening", key, err)
+	}
+	info, err := obj.Stat()
+	if err != nil {
+		obj.Close()
+		return nil, ObjectInfo{}, readErr("opening", key, err)
+	}
+	return obj, ObjectInfo{Key: key, Size: info.Size, ModTime: info.LastModified}, nil
+}
+
+// readErr is the error of a read (verb "getting" or "opening") of key: ErrNotFound for a
+// missing key.
+func readErr(verb, key string, err error) error {
+	if isNoSuchKey(err) {
+		return fmt.Errorf("%s %q: %w", verb, key, ErrNotFound)
+	}
+	return fmt.Errorf("%s %q: %w", verb, key, err)
 }
 
 // Stat returns key's size and last-modified time.

@@ -3,6 +3,7 @@ package objstore
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"path"
@@ -36,6 +37,14 @@ type Store interface {
 	List(ctx context.Context, prefix string) ([]ObjectInfo, error)
 	// Delete removes key; a missing key is not an error.
 	Delete(ctx context.Context, key string) error
+	// PutStream writes size bytes read from r under key, replacing any existing object, without
+	// holding them in memory. If r returns an error (or fewer or more than size bytes), nothing is
+	// stored under key and the error is returned wrapped: a reader that verifies a hash at EOF can
+	// refuse the upload by failing its last Read.
+	PutStream(ctx context.Context, key string, r io.Reader, size int64) error
+	// Open returns a reader of the object's content and its metadata, or an error wrapping
+	// ErrNotFound. The caller closes it.
+	Open(ctx context.Context, key string) (io.ReadCloser, ObjectInfo, error)
 }
 
 // Environment variables OpenStore reads S3 credentials from.

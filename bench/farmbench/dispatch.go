@@ -65,7 +65,7 @@ func MeasureShotDispatch(ctx context.Context, bins farmtest.Binaries, dir string
 		return res, err
 	}
 	c := client.New(srv.HTTP, "")
-	if err := c.PutScene(ctx, bundle.Version(), bundle); err != nil {
+	if _, err := client.UploadScene(ctx, c, bundle, 0, nil); err != nil {
 		return res, fmt.Errorf("uploading scene: %w", err)
 	}
 	// One-frame submissions are a couple of milliseconds, so take the median of a few.

@@ -201,7 +201,7 @@ func (f *Farm) Metric(ctx context.Context, w *farmtest.Worker, name string) (flo
 
 // Upload puts a scene bundle on the farm.
 func (f *Farm) Upload(ctx context.Context, b *bundle.Bundle) error {
-	if err := f.API.PutScene(ctx, b.Version(), b); err != nil {
+	if _, err := client.UploadScene(ctx, f.API, b, 0, nil); err != nil {
 		return fmt.Errorf("uploading scene: %w", err)
 	}
 	return nil

@@ -87,7 +87,7 @@ func MeasureMonitor(ctx context.Context, bins farmtest.Binaries, dir string, b *
 	}
 	defer srv.Close()
 	c := client.New(srv.HTTP, "")
-	if err := c.PutScene(ctx, b.Version(), b); err != nil {
+	if _, err := client.UploadScene(ctx, c, b, 0, nil); err != nil {
 		return res, fmt.Errorf("uploading scene: %w", err)
 	}
 	// Each job its own frames, so the shot holds Jobs x Frames frames.

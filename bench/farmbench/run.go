@@ -200,7 +200,7 @@ func Run(ctx context.Context, c Config) (Result, error) {
 		}
 	}
 	scene := filepath.Join(root, "examples", "shot", "scene.json")
-	b, err := jsonscene.ReadFile(scene)
+	b, err := jsonscene.ReadFile(ctx, scene)
 	if err != nil {
 		return res, fmt.Errorf("reading the shot: %w", err)
 	}

@@ -71,7 +71,10 @@ func RunHost(ctx context.Context, c HostConfig) error {
 	defer ckpts.Close()
 	reg := metrics.NewRegistry()
 	m := metrics.NewWorker(reg)
-	scenes := worker.NewScenes(objects, "", scene.Kinds{Kind{}}, log)
+	scenes, err := worker.NewScenes(objects, "", scene.Kinds{Kind{}}, log)
+	if err != nil {
+		return err
+	}
 	rec := &Recorder{}
 
 	ln, err := net.Listen("tcp", c.Listen)

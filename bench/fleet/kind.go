@@ -66,7 +66,7 @@ func (d Document) Encode() []byte {
 
 // Bundle is the document as the scene bundle a client uploads.
 func (d Document) Bundle() *bundle.Bundle {
-	return &bundle.Bundle{Name: "fleet" + Ext, Scene: d.Encode()}
+	return bundle.FromMemory("fleet"+Ext, d.Encode(), nil)
 }
 
 // TilesPerFrame is how many tiles a frame of the document splits into at its tile size.
@@ -106,14 +106,14 @@ func (Kind) Read(_ context.Context, path string) (*bundle.Bundle, error) {
 	if _, err := parse(doc); err != nil {
 		return nil, failure.Terminal(err)
 	}
-	return &bundle.Bundle{Name: filepath.Base(path), Scene: doc}, nil
+	return bundle.FromMemory(filepath.Base(path), doc, nil), nil
 }
 
 // Describe parses the document.
 func (Kind) Describe(doc []byte) (scene.Description, error) { return parse(doc) }
 
 // Validate parses the document; a fleet scene has no assets.
-func (Kind) Validate(b *bundle.Bundle) error {
+func (Kind) Validate(_ context.Context, b *bundle.Bundle) error {
 	_, err := parse(b.Scene)
 	return err
 }

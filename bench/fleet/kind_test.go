@@ -18,7 +18,7 @@ func TestTilePixelsAreDeterministic(t *testing.T) {
 	doc := Document{Width: 24, Height: 16, TileSize: 8, TileSeconds: 0.02, SPP: 4, First: 1, Last: 3}
 	b := doc.Bundle()
 	kinds := scene.Kinds{Kind{}}
-	k, d, err := kinds.Check(b)
+	k, d, err := kinds.Check(ctx, b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -263,7 +263,7 @@ func Measure(ctx context.Context, s Spec) (Row, error) {
 	want := s.Workers * int(math.Ceil(s.WorkSeconds/s.TileSeconds))
 	frames := (want + perFrame - 1) / perFrame
 	b := doc.Bundle()
-	if err := f.api.PutScene(ctx, b.Version(), b); err != nil {
+	if _, err := client.UploadScene(ctx, f.api, b, 0, nil); err != nil {
 		return row, fmt.Errorf("uploading the fleet scene: %w", err)
 	}
 	logf("submitting %d frames of %d tiles", frames, perFrame)

@@ -295,7 +295,7 @@ func (k *Kind) Read(ctx context.Context, p string) (*bundle.Bundle, error) {
 		}
 		return nil, err
 	}
-	b, err := bundle.FromFiles(path.Base(in.Desc.Blend), in.Desc.Encode(), in.Desc.Files, func(name string) string { return in.Paths[name] })
+	b, err := bundle.FromFiles(ctx, path.Base(in.Desc.Blend), in.Desc.Encode(), in.Desc.Files, func(name string) string { return in.Paths[name] })
 	if err != nil {
 		return nil, failure.Terminalf("scene %s: %w", path.Base(in.Desc.Blend), err)
 	}
@@ -313,17 +313,24 @@ func (k *Kind) Describe(doc []byte) (scene.Description, error) {
 
 // Validate checks that every file the description names is in the bundle and that the .blend
 // looks like one; only Blender itself can check more, which Read did where the bundle was made.
-func (k *Kind) Validate(b *bundle.Bundle) error {
+func (k *Kind) Validate(ctx context.Context, b *bundle.Bundle) error {
 	d, err := blender.ParseDescription(b.Scene)
 	if err != nil {
 		return err
 	}
 	for _, name := range d.Files {
-		if _, err := b.Asset(name); err != nil {
-			return err
+		if _, ok := b.Files[name]; !ok {
+			return fmt.Errorf("the scene needs %q, which its manifest does not name: %w", name, os.ErrNotExist)
 		}
 	}
-	if !blender.IsBlend(b.Assets[d.Blend]) {
+	if b.Files[d.Blend].Shared != "" {
+		return nil // on the studio's share, which only workers read: each checks its hash there
+	}
+	head, err := b.Head(ctx, d.Blend, blender.BlendHeaderSize)
+	if err != nil {
+		return err
+	}
+	if !blender.IsBlend(head) {
 		return fmt.Errorf("%s is not a .blend file", d.Blend)
 	}
 	return nil
@@ -331,18 +338,18 @@ func (k *Kind) Validate(b *bundle.Bundle) error {
 
 // Load unpacks the scene's files under dir/blender/<version> for Blender to open, once, and
 // starts the pool's processes: every slot will want one for the tiles that are coming.
-func (k *Kind) Load(_ context.Context, b *bundle.Bundle, version, dir string) (scene.Renderer, error) {
+func (k *Kind) Load(ctx context.Context, b *bundle.Bundle, version, dir string) (scene.Renderer, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("scene %s is a Blender scene and this worker has no directory to unpack it in", version)
 	}
-	if err := k.Validate(b); err != nil {
+	if err := k.Validate(ctx, b); err != nil {
 		return nil, failure.Terminalf("scene %s: %w", version, err)
 	}
 	d, err := blender.ParseDescription(b.Scene)
 	if err != nil {
 		return nil, failure.Terminalf("scene %s: %w", version, err)
 	}
-	s, err := blender.Unpack(filepath.Join(dir, "blender"), version, d, b.Asset)
+	s, err := blender.Unpack(ctx, filepath.Join(dir, "blender"), version, d, b)
 	if err != nil {
 		return nil, fmt.Errorf("scene %s: %w", version, err)
 	}

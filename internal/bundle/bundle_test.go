@@ -2,74 +2,151 @@ package bundle_test
 
 import (
 	"bytes"
-	"encoding/binary"
+	"context"
 	"errors"
+	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 )
 
-// A varint padded with a zero byte (0x80 0x00 for 0, 0x81 0x00 for 1) is the same number as
-// its minimal encoding: Decode refuses it wherever it appears, naming where, so two different
-// byte strings never decode to the same bundle.
-func TestDecodeRefusesNonMinimalVarints(t *testing.T) {
-	uv := func(v uint64) []byte { return binary.AppendUvarint(nil, v) }
-	// pad re-encodes v one byte longer than it needs, with the same value.
-	pad := func(v uint64) []byte {
-		b := uv(v)
-		b[len(b)-1] |= 0x80
-		return append(b, 0)
-	}
-	// bundle is a bundle named "s" with scene "{}" and asset "a" of content "x"; each of its
-	// five varints is padded when its index is in padded.
-	encode := func(padded int) []byte {
-		v := func(i int, n uint64) []byte {
-			if i == padded {
-				return pad(n)
-			}
-			return uv(n)
+// A manifest names each file by content: one byte of one file changed gives a new version,
+// the same files read from disk and from memory give the same one, and the encoding round
+// trips byte for byte.
+func TestManifestByContent(t *testing.T) {
+	dir := t.TempDir()
+	files := map[string][]byte{"tex/wood.png": []byte("wood"), "meshes/a.obj": []byte("v 0 0 0\n"), "b": nil}
+	var names []string
+	for n, data := range files {
+		p := filepath.Join(dir, filepath.FromSlash(n))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
 		}
-		return bytes.Join([][]byte{[]byte(bundle.Magic), {bundle.FormatV1},
-			v(0, 1), []byte("s"), v(1, 2), v(2, 1), v(3, 1), []byte("a"), v(4, 1), []byte("{}x")}, nil)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		names = append(names, n)
 	}
-	minimal := encode(-1)
-	b, err := bundle.Decode(minimal)
+	path := func(n string) string { return filepath.Join(dir, filepath.FromSlash(n)) }
+	disk, err := bundle.FromFiles(t.Context(), "s.json", []byte("{}"), names, path)
 	if err != nil {
-		t.Fatalf("Decode of the minimal encoding: %v", err)
+		t.Fatal(err)
 	}
-	if b.Name != "s" || string(b.Scene) != "{}" || len(b.Assets) != 1 || string(b.Assets["a"]) != "x" {
-		t.Fatalf("decoded %+v, want the bundle encoded", b)
+	mem := bundle.FromMemory("s.json", []byte("{}"), files)
+	if disk.Version() != mem.Version() || !bytes.Equal(disk.Encode(), mem.Encode()) {
+		t.Fatalf("the same files from disk and from memory: %s and %s", disk.Encode(), mem.Encode())
 	}
-	if !bytes.Equal(b.Encode(), minimal) {
-		t.Fatalf("Encode = %q, want the bytes decoded %q", b.Encode(), minimal)
+	back, err := bundle.Decode(disk.Encode(), bundle.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for i, what := range []string{"scene name", "scene", "asset count", "asset name", "asset a"} {
-		data := encode(i)
-		b, err := bundle.Decode(data)
-		if err == nil {
-			t.Errorf("Decode(%q) with %s padded = %+v, want an error", data, what, b)
+	if back.Version() != disk.Version() {
+		t.Fatal("the decoded manifest has another version")
+	}
+	if _, err := back.Open(t.Context(), "b"); !errors.Is(err, bundle.ErrMissing) {
+		t.Fatalf("a decoded manifest has no content: %v, want ErrMissing", err)
+	}
+	r, err := disk.Open(t.Context(), "tex/wood.png")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(r)
+	r.Close()
+	if string(got) != "wood" {
+		t.Fatalf("read %q back from disk", got)
+	}
+	if err := os.WriteFile(path("tex/wood.png"), []byte("Wood"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	changed, err := bundle.FromFiles(t.Context(), "s.json", []byte("{}"), names, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if changed.Version() == disk.Version() {
+		t.Fatal("one byte of one file changed and the version did not")
+	}
+	if _, err := bundle.FromFiles(t.Context(), "s.json", []byte("{}"), []string{"nope"}, path); err == nil || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("a missing file: %v, want an error naming it", err)
+	}
+}
+
+// Share marks the files under the share's root as travelling by it, by their path under it,
+// which changes the version (a worker reads them elsewhere); the rest stay uploaded.
+func TestShare(t *testing.T) {
+	root, other := t.TempDir(), t.TempDir()
+	onShare := filepath.Join(root, "proj", "tex.png")
+	if err := os.MkdirAll(filepath.Dir(onShare), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{onShare, filepath.Join(other, "local.png")} {
+		if err := os.WriteFile(p, []byte(p), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	paths := map[string]string{"tex.png": onShare, "local.png": filepath.Join(other, "local.png")}
+	b, err := bundle.FromFiles(context.Background(), "s", nil, []string{"tex.png", "local.png"}, func(n string) string { return paths[n] })
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := b.Version()
+	n, err := b.Share(root)
+	if err != nil || n != 1 {
+		t.Fatalf("Share: %d files, %v; want 1", n, err)
+	}
+	if got := b.Files["tex.png"].Shared; got != "proj/tex.png" {
+		t.Fatalf("the shared file's path under the root: %q", got)
+	}
+	if b.Files["local.png"].Shared != "" {
+		t.Fatal("a file off the share was marked shared")
+	}
+	if b.Version() == before {
+		t.Fatal("marking a file shared kept the version")
+	}
+	if _, total := b.Bytes(); total != int64(len(onShare)) {
+		t.Fatalf("shared bytes %d", total)
+	}
+	if _, err := bundle.FromMemory("s", nil, nil).Share(root); err == nil {
+		t.Fatal("a bundle from memory named files on a share")
+	}
+	if _, err := b.Share(filepath.Join(root, "nope")); err == nil {
+		t.Fatal("a share root that is no directory was accepted")
+	}
+}
+
+// Decode refuses what a manifest must never be, each with a clear error.
+func TestDecodeRefuses(t *testing.T) {
+	h := strings.Repeat("a", 64)
+	ok := bundle.FromMemory("s", []byte("{}"), map[string][]byte{"a": {1}}).Encode()
+	for name, c := range map[string]struct {
+		data   string
+		limits bundle.Limits
+		want   string
+	}{
+		"not json":       {"garbage", bundle.DefaultLimits, "bad scene manifest"},
+		"old format":     {`{"format":"tilefarm-scene/1","name":"","scene":null,"files":{}}`, bundle.DefaultLimits, "format"},
+		"unclean name":   {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"../a":{"size":1,"sha256":"` + h + `"}}}`, bundle.DefaultLimits, "clean relative path"},
+		"bad hash":       {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":1,"sha256":"xyz"}}}`, bundle.DefaultLimits, "64 lowercase hex"},
+		"negative size":  {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":-1,"sha256":"` + h + `"}}}`, bundle.DefaultLimits, "size -1"},
+		"too many files": {string(ok), bundle.Limits{Files: 0}, "--max-scene-files"},
+		"too many bytes": {string(ok), bundle.Limits{Files: 10, Bytes: 0}, ""},
+		"not canonical":  {strings.Replace(string(ok), `"format"`, ` "format"`, 1), bundle.DefaultLimits, "canonical"},
+	} {
+		_, err := bundle.Decode([]byte(c.data), c.limits)
+		if c.want == "" {
+			if err != nil {
+				t.Errorf("%s: %v", name, err)
+			}
 			continue
 		}
-		if !errors.Is(err, bundle.ErrInvalid) {
-			t.Errorf("padded %s: error %v does not wrap ErrInvalid", what, err)
-		}
-		if want := "non-minimal varint at " + what; !strings.Contains(err.Error(), want) {
-			t.Errorf("padded %s: error %q, want one saying %q", what, err, want)
+		if err == nil || !errors.Is(err, bundle.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want ErrInvalid saying %q", name, err, c.want)
 		}
 	}
-
-	// Padding beyond one byte, and the longest padding binary.Uvarint reads (ten bytes).
-	for _, size := range [][]byte{{0x80, 0x80, 0x00}, {0x82, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00}} {
-		data := bytes.Join([][]byte{[]byte(bundle.Magic), {bundle.FormatV1}, uv(0), size, uv(0), []byte("{}")}, nil)
-		if _, err := bundle.Decode(data); err == nil || !strings.Contains(err.Error(), "non-minimal varint at scene") {
-			t.Errorf("Decode(%q) = %v, want a non-minimal varint at the scene size", data, err)
-		}
-	}
-	// A multi-byte varint that is minimal still decodes: 200 bytes of scene.
-	scene := bytes.Repeat([]byte(" "), 200)
-	data := bytes.Join([][]byte{[]byte(bundle.Magic), {bundle.FormatV1}, uv(0), uv(200), uv(0), scene}, nil)
-	if b, err := bundle.Decode(data); err != nil || !bytes.Equal(b.Scene, scene) {
-		t.Errorf("Decode of a 200-byte scene: %v", err)
+	big := bundle.FromMemory("s", nil, map[string][]byte{"a": make([]byte, 10)}).Encode()
+	if _, err := bundle.Decode(big, bundle.Limits{Files: 10, Bytes: 5}); err == nil || !strings.Contains(err.Error(), "--max-scene-bytes") {
+		t.Errorf("over the byte limit: %v", err)
 	}
 }

@@ -125,7 +125,7 @@ func newFarm(ctx context.Context, cfg config, bins farmtest.Binaries, name strin
 		return nil, err
 	}
 	f.scene = filepath.Join(root, "examples", "shot", "scene.json")
-	if f.bundle, err = jsonscene.ReadFile(f.scene); err != nil {
+	if f.bundle, err = jsonscene.ReadFile(ctx, f.scene); err != nil {
 		f.close()
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/faults"
@@ -92,7 +93,7 @@ with its File Output nodes' files beside it.`)
 			return 0, err
 		}
 		defer n.Close()
-		if err := n.Coord.PutScene(ctx, req.SceneVersion, bundle.Encode()); err != nil {
+		if _, err := uploadScene(ctx, n.Coord, bundle, io.Discard, true); err != nil {
 			return 0, err
 		}
 		res, err := n.Coord.Submit(ctx, req)
@@ -175,6 +176,8 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
 	threads := addThreadsFlag(fs, "in-process worker")
 	kf := kinds.AddFlags(fs, true)
+	maxFiles := fs.Int("max-scene-files", bundle.DefaultLimits.Files, "refuse scenes naming more files than this (HTTP 400, exit 1)")
+	maxBytes := fs.String("max-scene-bytes", "0", "refuse scenes whose files total more than this, e.g. 500G (0 = no limit)")
 	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default; beyond loopback they need the API token)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
@@ -226,7 +229,17 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 		if err != nil {
 			return err
 		}
-		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile, RetirePoolsAfter: *retirePools, Notify: ncfg}
+		if *maxFiles < 1 {
+			return usagef("--max-scene-files %d: want 1 or more", *maxFiles)
+		}
+		var sceneBytes int64
+		if *maxBytes != "0" {
+			if sceneBytes, err = parseBytes(*maxBytes); err != nil {
+				return usagef("--max-scene-bytes %q: %v", *maxBytes, err)
+			}
+		}
+		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile, RetirePoolsAfter: *retirePools, Notify: ncfg,
+			SceneLimits: bundle.Limits{Files: *maxFiles, Bytes: sceneBytes}}
 		if *retirePools == 0 {
 			ccfg.RetirePoolsAfter = -1
 		}

@@ -220,3 +220,18 @@ func TestWriteOutputsChecksEveryPathBeforeWriting(t *testing.T) {
 		}
 	}
 }
+
+// parseBytes reads the sizes operators give --cache-size and --max-scene-bytes, and refuses
+// what is not one.
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"512": 512, "1K": 1 << 10, "512M": 512 << 20, "100G": 100 << 30, "2T": 2 << 40, "2TiB": 2 << 40, "3gb": 3 << 30} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-1G", "G", "1X", "1.5G", "99999999999T"} {
+		if _, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) accepted", in)
+		}
+	}
+}

@@ -55,6 +55,7 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 	after := fs.StringSlice("after", nil, "start the job only once these jobs completed (job ids, comma-separated)")
 	afterFrames := fs.String("after-frames", "", "start each frame N of the job once frame N of this job completed")
 	noMovie := fs.Bool("no-movie", false, "make no preview movie of the job once it completes")
+	shared := fs.String("shared", "", "the studio's shared storage as this machine mounts it (`ROOT`): the scene's files under it are not uploaded; workers read them from their own mount (tileworker --shared ROOT=PATH) and check each against the hash taken here")
 	p.run(c, exactArgs(1, "one SCENE"), func(ctx context.Context, pos []string, stdout, stderr io.Writer) (int, error) {
 		if *maxSlots < 0 {
 			return 0, usagef("--max-slots %d: want 0 (no limit) or more", *maxSlots)
@@ -81,8 +82,18 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 		req.Requires, req.Build, req.MaxSlots, req.NoMovie = *requires, *build, *maxSlots, *noMovie
 		req.Notify, req.NotifyFrames = *notifyTo, *notifyFrames
 		req.After, req.AfterFrames = *after, *afterFrames
+		if *shared != "" {
+			if _, err := bundle.Share(*shared); err != nil {
+				return 0, usagef("--shared: %v", err)
+			}
+			req.SceneVersion = bundle.Version()
+		}
 		api := p.client()
-		res, err := api.Submit(ctx, bundle, req)
+		// The upload's progress goes to stderr even with --json: the add-on shows its lines.
+		if _, err := uploadScene(ctx, api, bundle, stderr, false); err != nil {
+			return 0, err
+		}
+		res, err := api.SubmitUploaded(ctx, req)
 		if err != nil {
 			return 0, err
 		}

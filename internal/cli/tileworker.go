@@ -4,13 +4,17 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/client"
+	"github.com/tilefarm/tilefarm/internal/content"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/kinds"
 	"github.com/tilefarm/tilefarm/internal/node"
@@ -52,6 +56,8 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 	ffmpeg := fs.String("ffmpeg", "", "the ffmpeg that encodes preview movies (default: $"+worker.EnvFFmpeg+", else ffmpeg on the PATH)")
 	handOn := fs.Duration("hand-on-after", worker.DefaultHandOnAfter, "how long a tile waits in place for an unreachable object store or NATS before this worker hands it on to one that may reach them (tests run on a fast clock with less)")
 	passes := fs.Int("passes", worker.DefaultPasses, "passes a JSON scene's tile samples are split into (checkpoint granularity: a kill loses at most one); Blender scenes fix theirs at submit")
+	cacheSize := fs.String("cache-size", "100G", "scene files kept on this node by content (shared by every job and slot; least recently used evicted beyond it), e.g. 500G, 2T")
+	shared := fs.StringArray("shared", nil, "a studio share as submitters name it and this node's mount of it, `ROOT=PATH` (e.g. /mnt/proj=/net/proj or 'S:\\proj=/mnt/proj'; repeatable): files submitted with --shared ROOT are read from PATH, verified against their hash")
 	kf := kinds.AddFlags(fs, true)
 	ff := faults.AddFlags(fs, faults.WorkerSeams)
 	logLevel := fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -64,6 +70,18 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		}
 		if *concurrency < 1 || *concurrency > 1024 {
 			return usagef("--concurrency %d: want 1-1024", *concurrency)
+		}
+		limit, err := parseBytes(*cacheSize)
+		if err != nil {
+			return usagef("--cache-size %q: %v", *cacheSize, err)
+		}
+		var roots []content.SharedRoot
+		for _, sh := range *shared {
+			r, err := content.ParseSharedRoot(sh)
+			if err != nil {
+				return usagef("--shared: %v", err)
+			}
+			roots = append(roots, r)
 		}
 		workerTags, err := api.Tags(*tags)
 		if err != nil {
@@ -85,10 +103,27 @@ AWS_SECRET_ACCESS_KEY. Also: 'tileworker render' renders a frame locally (see 't
 		ks := kf.Open(scene.Env{Dir: *ckptDir, Slots: *concurrency, Threads: nthreads, Log: log})
 		defer ks.Close()
 		return node.RunWorker(ctx, node.WorkerOptions{NATS: *nf, StoreURL: *storeURL, CheckpointDir: *ckptDir,
-			MetricsListen: *metricsListen, DebugListen: *debugListen, DebugToken: os.Getenv(client.EnvToken), Worker: wc, Kinds: ks, Log: log})
+			MetricsListen: *metricsListen, DebugListen: *debugListen, DebugToken: os.Getenv(client.EnvToken), Worker: wc, Kinds: ks, Log: log,
+			Scenes: worker.ScenesOptions{CacheLimit: limit, Shared: roots}})
 	})
 	c.AddCommand(p.localRenderCommand())
 	return c
+}
+
+// parseBytes reads a size such as 512M, 100G or 2T (powers of 1024; a plain number is bytes).
+func parseBytes(s string) (int64, error) {
+	units := map[string]int64{"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+	num := strings.TrimRight(strings.ToUpper(strings.TrimSpace(s)), "IB")
+	unit := ""
+	if n := len(num); n > 0 && (num[n-1] < '0' || num[n-1] > '9') {
+		num, unit = num[:n-1], num[n-1:]
+	}
+	mult, ok := units[unit]
+	v, err := strconv.ParseInt(num, 10, 64)
+	if !ok || err != nil || v <= 0 || v > math.MaxInt64/mult {
+		return 0, fmt.Errorf("want a positive size such as 512M, 100G or 2T")
+	}
+	return v * mult, nil
 }
 
 // checkpointInterval is the value of --checkpoint-every and --remote-checkpoint-every: "auto"

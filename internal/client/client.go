@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 )
 
 // retryAfter reads a Retry-After header in seconds; anything else is a minute.
@@ -58,38 +59,32 @@ func New(base, token string, opts ...Option) *Client {
 	return c
 }
 
-// Scene is a scene bundle as the client uploads it: its scene version and its encoding.
-type Scene interface {
-	Version() string
-	Encode() []byte
+// Submit submits a job for scene b, uploading first what the farm lacks of it (UploadScene):
+// a cron job re-running submit sends a big scene once, and a resubmit after one texture
+// changed sends that texture and the manifest.
+func (c *Client) Submit(ctx context.Context, b *bundle.Bundle, req api.SubmitRequest) (api.SubmitResult, error) {
+	req.SceneVersion = b.Version()
+	if _, err := UploadScene(ctx, c, b, 0, nil); err != nil {
+		return api.SubmitResult{}, err
+	}
+	return c.SubmitUploaded(ctx, req)
 }
 
-// Submit submits a job for scene. The scene is uploaded only when the coordinator does not
-// have its scene version yet, so a cron job re-running submit sends a big scene once.
-func (c *Client) Submit(ctx context.Context, scene Scene, req api.SubmitRequest) (api.SubmitResult, error) {
+// SubmitUploaded submits a job for a scene already uploaded (UploadScene) under
+// req.SceneVersion.
+func (c *Client) SubmitUploaded(ctx context.Context, req api.SubmitRequest) (api.SubmitResult, error) {
 	var res api.SubmitResult
-	req.SceneVersion = scene.Version()
-	if err := c.PutScene(ctx, req.SceneVersion, scene); err != nil {
-		return res, err
-	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return res, err
-	}
-	err = c.do(ctx, http.MethodPost, "/v1/jobs", body, &res)
+	err := c.postJSON(ctx, "/v1/jobs", req, &res)
 	return res, err
 }
 
-// PutScene uploads a scene bundle unless the coordinator has it already.
-func (c *Client) PutScene(ctx context.Context, version string, scene Scene) error {
+// HasScene reports whether the coordinator has the scene of version.
+func (c *Client) HasScene(ctx context.Context, version string) (bool, error) {
 	err := c.do(ctx, http.MethodHead, "/v1/scenes/"+version, nil, nil)
-	if err == nil {
-		return nil
+	if errors.Is(err, api.ErrNotFound) {
+		return false, nil
 	}
-	if !errors.Is(err, api.ErrNotFound) {
-		return err
-	}
-	return c.doRaw(ctx, http.MethodPut, "/v1/scenes/"+version, "application/vnd.tilefarm.bundle", scene.Encode(), nil)
+	return err == nil, err
 }
 
 // Status returns a job's status.
@@ -176,11 +171,34 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 
 // doRaw performs a request with a body of the given content type.
 func (c *Client) doRaw(ctx context.Context, method, path, contentType string, body []byte, out any) error {
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if body == nil {
+		return c.doStream(ctx, method, path, "", nil, 0, out)
+	}
+	return c.doStream(ctx, method, path, contentType, bytes.NewReader(body), int64(len(body)), out)
+}
+
+// postJSON posts v as JSON and decodes the answer into out.
+func (c *Client) postJSON(ctx context.Context, path string, v, out any) error {
+	body, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return c.do(ctx, http.MethodPost, path, body, out)
+}
+
+// doStream performs a request whose body of size bytes streams from body (nil: none), so an
+// upload of a studio file holds none of it in memory.
+func (c *Client) doStream(ctx context.Context, method, path, contentType string, body io.Reader, size int64, out any) error {
+	var rb io.Reader = http.NoBody
+	if body != nil {
+		rb = io.NopCloser(body) // not a *bytes.Reader to net/http: ContentLength is set below
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rb)
 	if err != nil {
 		return err
 	}
 	if body != nil {
+		req.ContentLength = size
 		req.Header.Set("Content-Type", contentType)
 	}
 	if c.token != "" {

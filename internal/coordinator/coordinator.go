@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/faults"
 	"github.com/tilefarm/tilefarm/internal/flight"
@@ -39,8 +40,12 @@ type Config struct {
 	// within it finds the workers already pulling; default DefaultRetirePoolsAfter; negative
 	// retires a pool at the first look that finds it idle.
 	RetirePoolsAfter time.Duration
-	// MaxUploads bounds scene uploads handled at once, each holding its bundle in memory; default 2.
+	// MaxUploads bounds the scene files uploaded at once, each streamed to the store through a
+	// buffer of at most one multipart part (objstore.Store.PutStream); default 4.
 	MaxUploads int
+	// SceneLimits bound what one scene's manifest may name (files, bytes of content); the
+	// zero value is bundle.DefaultLimits.
+	SceneLimits bundle.Limits
 	// Faults is what the coordinator breaks for fault tests (faults.Plan: a crash at one of
 	// faults.CoordinatorSeams); zero breaks nothing.
 	Faults faults.Plan
@@ -58,7 +63,10 @@ func (c *Config) normalize() {
 		c.StaleAssembly = 10 * time.Minute
 	}
 	if c.MaxUploads <= 0 {
-		c.MaxUploads = 2
+		c.MaxUploads = 4
+	}
+	if c.SceneLimits.Files <= 0 {
+		c.SceneLimits.Files = bundle.DefaultLimits.Files
 	}
 	if c.RetirePoolsAfter == 0 {
 		c.RetirePoolsAfter = DefaultRetirePoolsAfter
@@ -88,7 +96,8 @@ type Coordinator struct {
 	log     *slog.Logger
 	now     func() time.Time
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
-	uploads chan struct{}             // one token per scene upload in progress
+	uploads chan struct{}             // one token per scene file upload in progress
+	limits  bundle.Limits             // of a scene's manifest (Config.SceneLimits)
 
 	faults    *faults.Injector // nil unless a fault test asked for a crash
 	progress  *progressTracker // tiles in progress, in memory only (progress.go)
@@ -135,6 +144,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		faults:    faults.New(cfg.Faults, log),
 		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),
+		limits:    cfg.SceneLimits,
 		relayKick: make(chan struct{}, 1),
 		poolsKick: make(chan struct{}, 1),
 		poolIdle:  map[string]time.Time{},

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"mime"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,11 +20,13 @@ import (
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/internal/wire"
+	"github.com/tilefarm/tilefarm/objstore"
 	"github.com/tilefarm/tilefarm/raster"
 )
 
@@ -37,14 +41,20 @@ const fuzzMaxTiles = 4096
 // fuzzAPIHarness is the coordinator FuzzAPI sends every request to, holding something for each
 // route to find: a finished job whose frame has an output with named files and tiles with PNGs,
 // a job still queued, a job to cancel, a dead letter, a live worker, a small scene uploaded
-// besides the shot and one not uploaded yet, to upload. Every name in it is derived from fixed
-// inputs, so the checked-in corpus finds the same jobs, scenes and dead letter in every run.
+// besides the shot and one not uploaded yet, to upload (its file is stored), a file not
+// uploaded yet and a scene naming it. Every name in it is derived from fixed inputs, so the
+// checked-in corpus finds the same jobs, scenes, files and dead letter in every run.
 type fuzzAPIHarness struct {
 	*harness
 	done, queued, cancel string // job ids
-	small                []byte // an encoded scene bundle, not uploaded
+	small                []byte // a scene's encoded manifest, not uploaded (its file is)
 	smallVersion         string
-	uploaded             string // the version of a small scene bundle, uploaded
+	uploaded             string         // the version of a small scene, uploaded
+	tri                  api.ContentRef // the small scenes' file, uploaded
+	content              []byte         // a file's content, not uploaded
+	contentRef           api.ContentRef
+	lacking              []byte // the manifest of a scene naming content, not uploaded
+	lackingVersion       string
 }
 
 // The idempotency keys of the harness's jobs: identity.JobID derives their ids.
@@ -127,17 +137,25 @@ func newFuzzAPIHarness(tb testing.TB) *fuzzAPIHarness {
 		tb.Fatal(err)
 	}
 
-	small := &bundle.Bundle{Name: "scene.json", Scene: []byte(`{"settings": {"camera": "c", "width": 8, "height": 6},` +
+	smallScene := []byte(`{"settings": {"camera": "c", "width": 8, "height": 6},` +
 		` "cameras": [{"name": "c", "position": [0,0,3], "look_at": [0,0,0]}], "materials": [{"name": "m", "type": "diffuse"}],` +
-		` "objects": [{"type": "mesh", "file": "tri.obj", "material": "m"}]}`),
-		Assets: map[string][]byte{"tri.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")}}
+		` "objects": [{"type": "mesh", "file": "tri.obj", "material": "m"}]}`)
+	small := bundle.FromMemory("scene.json", smallScene, map[string][]byte{"tri.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")})
 	h.small, h.smallVersion = small.Encode(), small.Version()
-	// The same scene in a bundle of another version is uploaded: submissions may name it.
-	uploaded := &bundle.Bundle{Name: "other.json", Scene: bytes.Replace(small.Scene, []byte(`"width": 8`), []byte(`"width": 4`), 1), Assets: small.Assets}
+	h.tri = api.ContentRef{SHA256: small.Files["tri.obj"].SHA256, Size: small.Files["tri.obj"].Size}
+	// The same scene under another version is uploaded, with its file: submissions may name it.
+	uploaded := bundle.FromMemory("other.json", bytes.Replace(smallScene, []byte(`"width": 8`), []byte(`"width": 4`), 1),
+		map[string][]byte{"tri.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")})
 	h.uploaded = uploaded.Version()
-	if err := h.c.PutScene(h.ctx, h.uploaded, uploaded.Encode()); err != nil {
-		tb.Fatalf("PutScene: %v", err)
+	if _, err := client.UploadScene(h.ctx, h.c, uploaded, 0, nil); err != nil {
+		tb.Fatalf("UploadScene: %v", err)
 	}
+	// A file not uploaded, and the small scene with it as its mesh: its manifest is refused
+	// until the file is uploaded.
+	h.content = []byte("v 0 0 0\nv 2 0 0\nv 0 2 0\nf 1 2 3\n")
+	lacking := bundle.FromMemory("lacking.json", smallScene, map[string][]byte{"tri.obj": h.content})
+	h.contentRef = api.ContentRef{SHA256: lacking.Files["tri.obj"].SHA256, Size: lacking.Files["tri.obj"].Size}
+	h.lacking, h.lackingVersion = lacking.Encode(), lacking.Version()
 
 	// GET /v1/events streams until the server stops its streams: stopped from the start, a
 	// stream sends every job once and ends.
@@ -231,8 +249,9 @@ type fuzzAPISeed struct {
 }
 
 const (
-	fuzzJSONHeader   = "Content-Type: application/json\r\n"
-	fuzzBundleHeader = "Content-Type: application/vnd.tilefarm.bundle\r\n"
+	fuzzJSONHeader     = "Content-Type: application/json\r\n"
+	fuzzManifestHeader = "Content-Type: " + api.ManifestType + "\r\n"
+	fuzzContentHeader  = "Content-Type: " + api.ContentDataType + "\r\n"
 )
 
 // fuzzAPISeeds are, for every route of the API, a valid request and broken ones, plus requests
@@ -256,23 +275,64 @@ func (h *fuzzAPIHarness) fuzzAPISeeds() []fuzzAPISeed {
 	get("/v1/openapi.json")
 	add("HEAD", "/v1/openapi.json", "", nil)
 
-	// Scenes: stored, not stored, not a version; uploads valid, under another version, of
-	// garbage, truncated, without a length, too large, with a non-minimal varint.
+	// Scenes: stored, not stored, not a version; manifests valid, under another version, of
+	// garbage, truncated, without a length, too large, not canonical, naming a file not
+	// uploaded, over a limit.
 	shot, small := "/v1/scenes/"+h.version, "/v1/scenes/"+h.smallVersion
+	var indented bytes.Buffer
+	_ = json.Indent(&indented, h.small, "", "  ")
 	add("HEAD", shot, "", nil)
 	add("HEAD", small, "", nil)
 	add("HEAD", "/v1/scenes/nothex", "", nil)
 	add("HEAD", "/v1/scenes/"+strings.ToUpper(h.version), "", nil)
-	add("PUT", small, fuzzBundleHeader, h.small)
-	add("PUT", shot, fuzzBundleHeader, h.small)
-	add("PUT", small, fuzzBundleHeader, s("garbage"))
-	add("PUT", small, fuzzBundleHeader, h.small[:len(h.small)-1])
-	add("PUT", small, fuzzBundleHeader+"Content-Length: "+strconv.Itoa(len(h.small)+10)+"\r\n", h.small)
-	add("PUT", small, fuzzBundleHeader+"Transfer-Encoding: chunked\r\n", fmt.Appendf(nil, "%x\r\n%s\r\n0\r\n\r\n", len(h.small), h.small))
-	add("PUT", small, fuzzBundleHeader+"Content-Length: 600000000\r\n", nil)
-	add("PUT", "/v1/scenes/"+strings.Repeat("0", 64), fuzzBundleHeader, s("TFBUNDLE\x01\x80\x00\x02\x00{}"))
-	add("PUT", "/v1/scenes/..%2F..%2Fetc", fuzzBundleHeader, h.small)
-	add("POST", small, fuzzBundleHeader, h.small)
+	add("PUT", small, fuzzManifestHeader, h.small)
+	add("PUT", shot, fuzzManifestHeader, h.small)
+	add("PUT", small, fuzzManifestHeader, s("garbage"))
+	add("PUT", small, fuzzManifestHeader, h.small[:len(h.small)-1])
+	add("PUT", small, fuzzManifestHeader+"Content-Length: "+strconv.Itoa(len(h.small)+10)+"\r\n", h.small)
+	add("PUT", small, fuzzManifestHeader+"Transfer-Encoding: chunked\r\n", fmt.Appendf(nil, "%x\r\n%s\r\n0\r\n\r\n", len(h.small), h.small))
+	add("PUT", small, fuzzManifestHeader+"Content-Length: 6000000000\r\n", nil)
+	add("PUT", small, fuzzManifestHeader, indented.Bytes())
+	add("PUT", small, fuzzManifestHeader, bytes.Replace(h.small, []byte(bundle.Format), []byte("tilefarm-scene/1"), 1))
+	add("PUT", small, fuzzManifestHeader, bytes.Replace(h.small, []byte(`"tri.obj"`), []byte(`"../tri.obj"`), 1))
+	add("PUT", small, fuzzManifestHeader, bytes.Replace(h.small, []byte(`"size":`), []byte(`"size":-`), 1))
+	add("PUT", "/v1/scenes/"+h.lackingVersion, fuzzManifestHeader, h.lacking)
+	add("PUT", "/v1/scenes/"+strings.Repeat("0", 64), fuzzManifestHeader, s(`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{}}`))
+	add("PUT", "/v1/scenes/..%2F..%2Fetc", fuzzManifestHeader, h.small)
+	add("POST", small, fuzzManifestHeader, h.small)
+
+	// A scene's files: which the farm lacks (valid, bad hashes, negative sizes, not JSON,
+	// unknown fields, two values); uploads of one valid, again, of wrong bytes, of another
+	// length, truncated, without a length, under a hash not hex, of an unclean path.
+	missing := func(refs ...api.ContentRef) []byte {
+		b, _ := json.Marshal(api.MissingContentRequest{Files: refs})
+		return b
+	}
+	add("POST", "/v1/content/missing", fuzzJSONHeader, missing(h.tri, h.contentRef))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, missing(api.ContentRef{SHA256: h.tri.SHA256, Size: h.tri.Size + 1}))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, s(`{"files": []}`))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, s(`{"files": null}`))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, missing(api.ContentRef{SHA256: strings.ToUpper(h.tri.SHA256), Size: 1}))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, missing(api.ContentRef{SHA256: h.tri.SHA256, Size: -1}))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, s(`{"files": [{"sha256": "`+h.tri.SHA256+`", "size": 1e400}]}`))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, s(`{"files": [`))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, s(`{"hashes": []}`))
+	add("POST", "/v1/content/missing", fuzzJSONHeader, s(`{"files": []} {}`))
+	add("POST", "/v1/content/missing", fuzzJSONHeader+"Transfer-Encoding: chunked\r\n", s("5\r\n{\"fil\r\n0\r\n\r\n"))
+	add("GET", "/v1/content/missing", "", nil)
+	file := "/v1/content/" + h.contentRef.SHA256
+	add("PUT", file, fuzzContentHeader, h.content)
+	add("PUT", file, fuzzContentHeader, h.content)
+	add("PUT", "/v1/content/"+h.tri.SHA256, fuzzContentHeader, h.content[:h.tri.Size])
+	add("PUT", file, fuzzContentHeader, append(slices.Clone(h.content), '\n'))
+	add("PUT", file, fuzzContentHeader, h.content[:len(h.content)-1])
+	add("PUT", file, fuzzContentHeader+"Content-Length: "+strconv.Itoa(len(h.content)+10)+"\r\n", h.content)
+	add("PUT", file, fuzzContentHeader+"Transfer-Encoding: chunked\r\n", fmt.Appendf(nil, "%x\r\n%s\r\n0\r\n\r\n", len(h.content), h.content))
+	add("PUT", "/v1/content/"+strings.ToUpper(h.contentRef.SHA256), fuzzContentHeader, h.content)
+	add("PUT", "/v1/content/missing", fuzzContentHeader, h.content)
+	add("PUT", "/v1/content/..%2F..%2Fetc", fuzzContentHeader, h.content)
+	add("PUT", "/v1/content/"+contentRef(nil).SHA256, "", nil)
+	add("POST", file, fuzzContentHeader, h.content)
 
 	// Submissions: new, again, a conflicting payload under the same key, broken ones.
 	req := h.request(5, 6, 32, 18, 16)
@@ -399,7 +459,8 @@ func (h *fuzzAPIHarness) fuzzAPISeeds() []fuzzAPISeed {
 // and never answers a 5xx; every error a route's handler answers is JSON in the API's error
 // shape (exactly a message and a kind of the catalogue), so a client can always tell the
 // artist what was wrong; and every JSON answer is valid JSON. Only net/http's own answers (no
-// route: 404, wrong method: 405, redirects to the clean path) are not JSON.
+// route: 404, wrong method: 405, redirects to the clean path) are not JSON. Whatever a content
+// upload sends, what is stored under a hash hashes to it, and an upload answered 200 is stored.
 //
 // Every input goes to one coordinator, so inputs build on each other: uploads, submissions,
 // cancellations, priority changes and requeues change what later requests find. Requests the
@@ -441,6 +502,9 @@ func FuzzAPI(f *testing.F) {
 		if code >= 500 {
 			t.Fatalf("%s = %d %s", what, code, raw)
 		}
+		if pattern == "PUT /v1/content/{sha256}" {
+			h.checkContent(t, what, code, strings.TrimPrefix(req.URL.Path, "/v1/content/"))
+		}
 		ctype, _, _ := mime.ParseMediaType(rec.Header().Get("Content-Type"))
 		if ctype == "application/json" && !json.Valid(raw) {
 			t.Fatalf("%s = %d with a body that is not JSON: %q", what, code, raw)
@@ -461,4 +525,24 @@ func FuzzAPI(f *testing.F) {
 			t.Fatalf("%s = %d with %s, want an error body of a message and a known kind (%v)", what, code, raw, err)
 		}
 	})
+}
+
+// checkContent asserts what is stored under the hash sha after an upload answered code: nothing,
+// or bytes that hash to sha; and something, if the upload was answered 200.
+func (h *fuzzAPIHarness) checkContent(t *testing.T, what string, code int, sha string) {
+	t.Helper()
+	if !validHash(sha) {
+		return
+	}
+	data, err := h.objects.Get(h.ctx, layout.ContentKey(sha))
+	switch {
+	case errors.Is(err, objstore.ErrNotFound):
+		if code == http.StatusOK {
+			t.Fatalf("%s = 200, but nothing is stored under %s", what, sha)
+		}
+	case err != nil:
+		t.Fatalf("reading content %s after %s: %v", sha, what, err)
+	case contentRef(data).SHA256 != sha:
+		t.Fatalf("after %s = %d, content %s holds %d bytes that hash to %s", what, code, sha, len(data), contentRef(data).SHA256)
+	}
 }

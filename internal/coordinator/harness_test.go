@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
@@ -93,12 +94,12 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 	m := metrics.NewCoordinator(metrics.NewRegistry())
 	h := &harness{c: New(cfg, Deps{DB: st, Queue: f, Kinds: scene.Kinds{jsonscene.Kind{}}, NATS: nc, Objects: objects, Metrics: m, Log: log}),
 		st: st, objects: objects, queue: f, js: js, m: m, ctx: ctx}
-	b, err := jsonscene.ReadFile(shotScene)
+	b, err := jsonscene.ReadFile(ctx, shotScene)
 	if err != nil {
 		tb.Fatalf("ReadFile: %v", err)
 	}
 	h.version = b.Version()
-	if err := h.c.PutScene(ctx, h.version, b.Encode()); err != nil {
+	if _, err := client.UploadScene(ctx, h.c, b, 0, nil); err != nil {
 		tb.Fatalf("PutScene: %v", err)
 	}
 	return h
@@ -107,7 +108,7 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 // shotBundle reads the example scene with its mesh.
 func shotBundle(t *testing.T) *bundle.Bundle {
 	t.Helper()
-	b, err := jsonscene.ReadFile(shotScene)
+	b, err := jsonscene.ReadFile(t.Context(), shotScene)
 	if err != nil {
 		t.Fatalf("ReadFile: %v", err)
 	}
@@ -117,7 +118,7 @@ func shotBundle(t *testing.T) *bundle.Bundle {
 func (h *harness) putScene(t *testing.T, b *bundle.Bundle) string {
 	t.Helper()
 	v := b.Version()
-	if err := h.c.PutScene(h.ctx, v, b.Encode()); err != nil {
+	if _, err := client.UploadScene(h.ctx, h.c, b, 0, nil); err != nil {
 		t.Fatalf("PutScene: %v", err)
 	}
 	return v

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/queue"
@@ -50,6 +49,8 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/openapi.json", http.HandlerFunc(handleOpenAPI)},
 		{http.MethodHead, "/v1/scenes/{version}", http.HandlerFunc(c.handleHasScene)},
 		{http.MethodPut, "/v1/scenes/{version}", http.HandlerFunc(c.handlePutScene)},
+		{http.MethodPost, "/v1/content/missing", http.HandlerFunc(c.handleMissingContent)},
+		{http.MethodPut, "/v1/content/{sha256}", http.HandlerFunc(c.handlePutContent)},
 		{http.MethodPost, "/v1/jobs", http.HandlerFunc(c.handleSubmit)},
 		{http.MethodGet, "/v1/jobs", http.HandlerFunc(c.handleJobs)},
 		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
@@ -410,32 +411,38 @@ func RequireToken(token string, h http.Handler) http.Handler {
 	})
 }
 
-// maxRequestBytes bounds a JSON request body; scene bundles have their own limit.
+// maxRequestBytes bounds a JSON request body; scene manifests and files have their own limits.
 const maxRequestBytes = 4 << 20
 
-// handlePutScene stores an uploaded scene bundle. The body is read once into a buffer of its
-// declared length and parsed in place, and only MaxUploads uploads are handled at once, so
-// uploads cost at most a bounded number of bundles of memory.
+// handlePutScene stores a scene's manifest, once its files are uploaded (handlePutContent).
+// A manifest is small beside its files (about 200 bytes a file); its size is bounded by the
+// scene limits (Config.SceneLimits).
 func (c *Coordinator) handlePutScene(w http.ResponseWriter, r *http.Request) {
-	if r.ContentLength < 0 {
-		writeJSON(w, http.StatusLengthRequired, api.ErrorBody{Error: "a scene upload needs a Content-Length", Kind: api.ErrBadInput.Kind})
-		return
-	}
-	if r.ContentLength > bundle.MaxBytes+64<<10 {
+	max := c.limits.MaxEncoded()
+	tooBig := func(n int64) {
 		writeJSON(w, http.StatusRequestEntityTooLarge, api.ErrorBody{
-			Error: fmt.Sprintf("scene bundle of %d bytes exceeds the %d MiB limit", r.ContentLength, bundle.MaxBytes>>20), Kind: api.ErrBadInput.Kind})
+			Error: fmt.Sprintf("a scene manifest of %d bytes or more exceeds the %d this farm takes (coordinator serve --max-scene-files)", n, max), Kind: api.ErrBadInput.Kind})
+	}
+	if r.ContentLength > max {
+		tooBig(r.ContentLength)
 		return
 	}
+	// A manifest is read whole: it shares the uploads' tokens, so they bound its memory too.
 	select {
 	case c.uploads <- struct{}{}:
 		defer func() { <-c.uploads }()
 	default:
-		writeError(w, fmt.Errorf("%w: %d scene uploads in progress", api.ErrBusy, cap(c.uploads)))
+		writeError(w, &api.BusyError{Message: fmt.Sprintf("%d scene uploads in progress; retry in a second", cap(c.uploads)), RetryAfter: time.Second})
 		return
 	}
-	buf := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(http.MaxBytesReader(w, r.Body, r.ContentLength), buf); err != nil {
-		writeError(w, badInput("reading scene bundle: %v", err))
+	buf, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+	var over *http.MaxBytesError
+	if errors.As(err, &over) {
+		tooBig(over.Limit + 1)
+		return
+	}
+	if err != nil {
+		writeError(w, badInput("reading the scene manifest: %v", err))
 		return
 	}
 	if err := c.PutScene(r.Context(), r.PathValue("version"), buf); err != nil {
@@ -443,6 +450,49 @@ func (c *Coordinator) handlePutScene(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"scene_version": r.PathValue("version")})
+}
+
+// handleMissingContent answers which of the files asked about the farm lacks.
+func (c *Coordinator) handleMissingContent(w http.ResponseWriter, r *http.Request) {
+	var req api.MissingContentRequest
+	if err := decodeBody(w, r, &req); err != nil {
+		writeError(w, err)
+		return
+	}
+	missing, err := c.MissingContent(r.Context(), req.Files)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, api.MissingContentResult{Missing: append([]api.ContentRef{}, missing...)})
+}
+
+// handlePutContent stores one file of a scene under its hash, streamed from the request body
+// to the store (Coordinator.PutContent), which must declare its length. At most MaxUploads are
+// handled at once; more are told to come back (429 with Retry-After, which the client waits
+// out), so uploads cost a bounded amount of memory however many artists submit.
+func (c *Coordinator) handlePutContent(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength < 0 {
+		writeJSON(w, http.StatusLengthRequired, api.ErrorBody{Error: "a content upload needs a Content-Length", Kind: api.ErrBadInput.Kind})
+		return
+	}
+	select {
+	case c.uploads <- struct{}{}:
+		defer func() { <-c.uploads }()
+	default:
+		writeError(w, &api.BusyError{Message: fmt.Sprintf("%d scene file uploads in progress; retry in a second", cap(c.uploads)), RetryAfter: time.Second})
+		return
+	}
+	ref := api.ContentRef{SHA256: r.PathValue("sha256"), Size: r.ContentLength}
+	body := &bodyReader{r: http.MaxBytesReader(w, r.Body, r.ContentLength)}
+	if err := c.PutContent(r.Context(), ref, body); err != nil {
+		if body.err != nil && api.Classify(err) == nil {
+			err = badInput("reading the upload of %s: %v", ref.SHA256, body.err) // the client's, not the store's
+		}
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, ref)
 }
 
 // writeError answers err with its catalogue entry's status and kind (api.Classify), after
@@ -500,4 +550,19 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// bodyReader records the error reading a request's body gave (a body that ends before its
+// Content-Length, a client gone): the client's failure, not the store's.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF {
+		b.err = err
+	}
+	return n, err
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/wire"
 )
 
@@ -79,6 +78,14 @@ func TestHTTPSubmitAndErrors(t *testing.T) {
 	}
 	expectError(t, srv, "PUT", "/v1/scenes/"+strings.Repeat("0", 64), other.Encode(), http.StatusBadRequest, "bad_input")
 	expectError(t, srv, "PUT", "/v1/scenes/"+v, []byte("garbage"), http.StatusBadRequest, "bad_input")
+	lacking := memBundle(t, other, map[string][]byte{"torus.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")})
+	if e := expectError(t, srv, "PUT", "/v1/scenes/"+lacking.Version(), lacking.Encode(), http.StatusBadRequest, "bad_input"); !strings.Contains(e.Error, "torus.obj") {
+		t.Errorf("a manifest naming a file not uploaded: %q does not name it", e.Error)
+	}
+	expectError(t, srv, "POST", "/v1/content/missing", []byte(`{"files": [{"sha256": "nothex", "size": 1}]}`), http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "POST", "/v1/content/missing", []byte(`{"files": `), http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "PUT", "/v1/content/nothex", []byte("x"), http.StatusBadRequest, "bad_input")
+	expectError(t, srv, "PUT", "/v1/content/"+strings.Repeat("0", 64), []byte("x"), http.StatusBadRequest, "bad_input")
 	if code, _, _ := call(t, srv, "HEAD", "/v1/scenes/nothex", nil, nil); code != http.StatusBadRequest {
 		t.Fatalf("HEAD of a malformed version = %d, want 400", code)
 	}
@@ -122,17 +129,23 @@ func TestHTTPSubmitAndErrors(t *testing.T) {
 	expectError(t, srv, "POST", "/v1/dlq/seven/requeue", nil, http.StatusBadRequest, "bad_input")
 }
 
-// A scene upload needs its length up front, within the limit; too many at once are refused
-// with 429 and Retry-After, and nothing is stored from a refused upload.
+// A file's upload needs its length up front, a manifest's must be within the limit; too many
+// file uploads at once are refused with 429 and Retry-After, and nothing is stored from a
+// refused upload. Once the other uploads are done, the same upload is stored.
 func TestHTTPSceneUploadLimits(t *testing.T) {
 	h := newHarness(t, Config{MaxUploads: 1})
 	srv := httptest.NewServer(h.c.Handler())
 	t.Cleanup(srv.Close)
-	b := shotBundle(t)
-	b.Scene = append(b.Scene, ' ')
-	v := b.Version()
+	mesh := []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")
+	ref := contentRef(mesh)
+	notStored := func(what string) {
+		t.Helper()
+		if missing, err := h.c.MissingContent(h.ctx, []api.ContentRef{ref}); err != nil || len(missing) != 1 {
+			t.Fatalf("%s was stored: MissingContent = %v, %v", what, missing, err)
+		}
+	}
 
-	req, _ := http.NewRequest("PUT", srv.URL+"/v1/scenes/"+v, io.NopCloser(bytes.NewReader(b.Encode())))
+	req, _ := http.NewRequest("PUT", srv.URL+"/v1/content/"+ref.SHA256, io.NopCloser(bytes.NewReader(mesh)))
 	req.ContentLength = -1 // chunked: no length
 	resp, err := srv.Client().Do(req)
 	if err != nil {
@@ -140,28 +153,37 @@ func TestHTTPSceneUploadLimits(t *testing.T) {
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusLengthRequired {
-		t.Fatalf("upload without a length = %d, want 411", resp.StatusCode)
+		t.Fatalf("content upload without a length = %d, want 411", resp.StatusCode)
 	}
+	notStored("an upload without a length")
 
-	req, _ = http.NewRequest("PUT", srv.URL+"/v1/scenes/"+v, strings.NewReader(""))
-	req.ContentLength = bundle.MaxBytes + 1<<20
-	req.Body = io.NopCloser(strings.NewReader(""))
-	resp, err = srv.Client().Do(req)
-	if err == nil {
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusRequestEntityTooLarge {
-			t.Fatalf("oversized upload = %d, want 413", resp.StatusCode)
-		}
+	b := shotBundle(t)
+	b.Scene = append(b.Scene, ' ')
+	v := b.Version()
+	req, _ = http.NewRequest("PUT", srv.URL+"/v1/scenes/"+v, nil)
+	resp, err = sendDeclared(srv, req, h.c.limits.MaxEncoded()+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("oversized manifest = %d, want 413", resp.StatusCode)
+	}
+	if ok, _ := h.c.HasScene(h.ctx, v); ok {
+		t.Fatal("an oversized manifest was stored")
 	}
 
 	h.c.uploads <- struct{}{} // another upload in progress
-	code, raw, hdr := call(t, srv, "PUT", "/v1/scenes/"+v, b.Encode(), nil)
+	code, raw, hdr := call(t, srv, "PUT", "/v1/content/"+ref.SHA256, mesh, nil)
 	<-h.c.uploads
 	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") == "" {
 		t.Fatalf("upload while the upload limit is reached = %d %s (Retry-After %q), want 429 with Retry-After", code, raw, hdr.Get("Retry-After"))
 	}
-	if ok, _ := h.c.HasScene(h.ctx, v); ok {
-		t.Fatal("a refused upload was stored")
+	notStored("a refused upload")
+	if code, raw, _ := call(t, srv, "PUT", "/v1/content/"+ref.SHA256, mesh, nil); code != http.StatusOK {
+		t.Fatalf("upload once the others are done = %d %s, want 200", code, raw)
+	}
+	if missing, err := h.c.MissingContent(h.ctx, []api.ContentRef{ref}); err != nil || len(missing) != 0 {
+		t.Fatalf("MissingContent after the upload = %v, %v; want nothing missing", missing, err)
 	}
 }
 

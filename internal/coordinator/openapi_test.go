@@ -29,7 +29,6 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/metrics"
 	"github.com/tilefarm/tilefarm/internal/notify"
@@ -132,8 +131,8 @@ type apiCase struct {
 }
 
 // faultyStore breaks an object store in the ways only a failing or tampered store answers:
-// fail gives the error for a Get or Stat of a key (nil serves it), and reads of keys starting
-// with corrupt come back with a byte appended.
+// fail gives the error for a Get, Stat or PutStream of a key (nil serves it), and reads of keys
+// starting with corrupt come back with a byte appended.
 type faultyStore struct {
 	objstore.Store
 	fail    func(key string) error
@@ -162,6 +161,15 @@ func (s faultyStore) Stat(ctx context.Context, key string) (objstore.ObjectInfo,
 	return s.Store.Stat(ctx, key)
 }
 
+func (s faultyStore) PutStream(ctx context.Context, key string, r io.Reader, size int64) error {
+	if s.fail != nil {
+		if err := s.fail(key); err != nil {
+			return err
+		}
+	}
+	return s.Store.PutStream(ctx, key, r, size)
+}
+
 // withObjects makes the coordinator use s for one case.
 func withObjects(h *harness, s objstore.Store) func(t *testing.T) func() {
 	return func(t *testing.T) func() {
@@ -185,9 +193,8 @@ func newValidator(t *testing.T) *validator {
 	if err != nil {
 		t.Fatalf("routing openapi.json: %v", err)
 	}
-	// The client sends scene bundles under their own type; the document describes them as
-	// binary, which is how the library reads octet streams.
-	openapi3filter.RegisterBodyDecoder("application/vnd.tilefarm.bundle", openapi3filter.FileBodyDecoder)
+	// A scene's manifest (api.ManifestType) is "+json": the library reads it as JSON, and a
+	// file's content (api.ContentDataType) as the octet stream it is.
 	openapi3filter.RegisterBodyDecoder("image/png", openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("video/webm", openapi3filter.FileBodyDecoder)
 	openapi3filter.RegisterBodyDecoder("text/event-stream", openapi3filter.PlainBodyDecoder)
@@ -364,7 +371,50 @@ func TestOpenAPIResponses(t *testing.T) {
 	other.Scene = bytes.Replace(other.Scene, []byte(`"spp"`), []byte(` "spp"`), 1) // same scene, other version
 	ov := other.Version()
 	encoded := other.Encode()
-	const bundleType = "application/vnd.tilefarm.bundle"
+	const manifestType, dataType = api.ManifestType, api.ContentDataType
+	maxManifest := h.c.limits.MaxEncoded()
+	// The harness uploaded the shot's mesh; a scene of another mesh names a file the farm lacks
+	// until it is uploaded.
+	stored := api.ContentRef{SHA256: other.Files["torus.obj"].SHA256, Size: other.Files["torus.obj"].Size}
+	mesh := append(readFile(t, other, "torus.obj"), "# another mesh\n"...)
+	meshRef := contentRef(mesh)
+	lacking := memBundle(t, other, map[string][]byte{"torus.obj": mesh})
+	lv := lacking.Version()
+	resized := api.ContentRef{SHA256: stored.SHA256, Size: stored.Size + 1} // stored, but of another size
+	// Content uploaded under a hash its bytes do not have: never stored.
+	never := bytes.Repeat([]byte("y"), 64)
+	neverRef := contentRef(never)
+	wrong := bytes.Repeat([]byte("x"), 64)
+	askMissing := func(refs ...api.ContentRef) []byte { return marshal(t, api.MissingContentRequest{Files: refs}) }
+	expectMissing := func(want ...api.ContentRef) func(t *testing.T, body []byte) {
+		return func(t *testing.T, body []byte) {
+			t.Helper()
+			var res api.MissingContentResult
+			if err := json.Unmarshal(body, &res); err != nil || res.Missing == nil || !slices.Equal(res.Missing, want) {
+				t.Errorf("missing content = %s, want %v", body, want)
+			}
+		}
+	}
+	// nothingStored asserts a refused upload stored nothing under ref's hash, and left what
+	// was stored there before (keep) as it was.
+	nothingStored := func(ref api.ContentRef, keep []byte) func(t *testing.T, body []byte) {
+		return func(t *testing.T, body []byte) {
+			t.Helper()
+			expectKind(api.ErrBadInput.Kind)(t, body)
+			if keep == nil {
+				if missing, err := h.c.MissingContent(h.ctx, []api.ContentRef{ref}); err != nil || len(missing) != 1 {
+					t.Errorf("MissingContent after a refused upload = %v, %v; want it missing", missing, err)
+				}
+				if _, err := h.objects.Stat(h.ctx, layout.ContentKey(ref.SHA256)); !errors.Is(err, objstore.ErrNotFound) {
+					t.Errorf("Stat of %s after a refused upload = %v, want not found", ref.SHA256, err)
+				}
+				return
+			}
+			if got, err := h.objects.Get(h.ctx, layout.ContentKey(ref.SHA256)); err != nil || !bytes.Equal(got, keep) {
+				t.Errorf("content %s after a refused upload over it = %q, %v; want what was stored", ref.SHA256, got, err)
+			}
+		}
+	}
 
 	req := h.request(1, 2, 64, 64, 32)
 	req.IdempotencyKey = "openapi-job"
@@ -404,14 +454,90 @@ func TestOpenAPIResponses(t *testing.T) {
 		{name: "scene version not hex", method: "HEAD", path: "/v1/scenes/nothex", want: 400},
 		{name: "scene check with the store down", method: "HEAD", path: "/v1/scenes/" + ov, want: 500,
 			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }})},
-		{name: "upload", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 200},
-		{name: "upload again", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 200},
+		// Which files the farm lacks: by hash and size.
+		{name: "missing content", method: "POST", path: "/v1/content/missing", body: askMissing(stored, meshRef, resized),
+			ctype: "application/json", want: 200, check: expectMissing(meshRef, resized)},
+		{name: "missing content of nothing", method: "POST", path: "/v1/content/missing", body: []byte(`{"files": []}`),
+			ctype: "application/json", want: 200, check: expectMissing()},
+		{name: "missing content, a hash not hex", method: "POST", path: "/v1/content/missing", ctype: "application/json", want: 400,
+			body: askMissing(api.ContentRef{SHA256: strings.ToUpper(stored.SHA256), Size: stored.Size}), check: expectKind("bad_input")},
+		{name: "missing content, a negative size", method: "POST", path: "/v1/content/missing", ctype: "application/json", want: 400,
+			body: askMissing(api.ContentRef{SHA256: stored.SHA256, Size: -1}), check: expectKind("bad_input")},
+		{name: "missing content, too many asked", method: "POST", path: "/v1/content/missing", ctype: "application/json", want: 400,
+			body: askMissing(slices.Repeat([]api.ContentRef{stored}, api.MaxContentAsked+1)...), check: expectKind("bad_input")},
+		{name: "missing content, not JSON", method: "POST", path: "/v1/content/missing", body: []byte(`{"files": [`),
+			ctype: "application/json", want: 400, check: expectKind("bad_input")},
+		{name: "missing content, an unknown field", method: "POST", path: "/v1/content/missing", body: []byte(`{"hashes": []}`),
+			ctype: "application/json", want: 400, check: expectKind("bad_input")},
+		{name: "missing content with the store down", method: "POST", path: "/v1/content/missing", body: askMissing(meshRef),
+			ctype: "application/json", want: 500, check: expectKind("internal"),
+			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }})},
+
+		// A scene's manifest: stored once, under its version, once its files are.
+		{name: "upload", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: manifestType, want: 200},
+		{name: "upload again", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: manifestType, want: 200},
 		{name: "scene stored", method: "HEAD", path: "/v1/scenes/" + ov, want: 200},
-		{name: "upload under another version", method: "PUT", path: "/v1/scenes/" + strings.Repeat("0", 64), body: encoded, ctype: bundleType, want: 400, check: expectKind("bad_input")},
-		{name: "upload of garbage", method: "PUT", path: "/v1/scenes/" + ov, body: []byte("garbage"), ctype: bundleType, want: 400},
-		{name: "upload without a length", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, length: -1, want: 411},
-		{name: "upload too large", method: "PUT", path: "/v1/scenes/" + ov, ctype: bundleType, length: bundle.MaxBytes + 1<<20, want: 413},
-		{name: "upload while others are in progress", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 429,
+		{name: "upload under another version", method: "PUT", path: "/v1/scenes/" + strings.Repeat("0", 64), body: encoded, ctype: manifestType, want: 400, check: expectKind("bad_input")},
+		{name: "upload of garbage", method: "PUT", path: "/v1/scenes/" + ov, body: []byte("garbage"), ctype: manifestType, want: 400, check: expectKind("bad_input")},
+		{name: "upload too large", method: "PUT", path: "/v1/scenes/" + ov, ctype: manifestType, length: maxManifest + 1, want: 413, check: expectKind("bad_input")},
+		{name: "upload naming content not uploaded", method: "PUT", path: "/v1/scenes/" + lv, body: lacking.Encode(), ctype: manifestType, want: 400,
+			check: func(t *testing.T, body []byte) {
+				expectKind("bad_input")(t, body)
+				if !bytes.Contains(body, []byte("torus.obj")) {
+					t.Errorf("refused manifest = %s, want the file it lacks named", body)
+				}
+				if ok, err := h.c.HasScene(h.ctx, lv); ok || err != nil {
+					t.Errorf("HasScene of a refused manifest = %v, %v; want it not stored", ok, err)
+				}
+			}},
+		{name: "upload with the store down", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: manifestType, want: 500,
+			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }}), check: expectKind("internal")},
+
+		// A file's content, by its hash.
+		{name: "content upload", method: "PUT", path: "/v1/content/" + meshRef.SHA256, body: mesh, ctype: dataType, want: 200,
+			check: func(t *testing.T, body []byte) {
+				var ref api.ContentRef
+				if err := json.Unmarshal(body, &ref); err != nil || ref != meshRef {
+					t.Errorf("content upload = %s, want %+v", body, meshRef)
+				}
+				if got, err := h.objects.Get(h.ctx, layout.ContentKey(meshRef.SHA256)); err != nil || !bytes.Equal(got, mesh) {
+					t.Errorf("stored content = %d bytes, %v; want the upload", len(got), err)
+				}
+			}},
+		{name: "content upload again", method: "PUT", path: "/v1/content/" + meshRef.SHA256, body: mesh, ctype: dataType, want: 200},
+		{name: "missing content once uploaded", method: "POST", path: "/v1/content/missing", body: askMissing(stored, meshRef),
+			ctype: "application/json", want: 200, check: expectMissing()},
+		{name: "upload once its content is, without a length", method: "PUT", path: "/v1/scenes/" + lv, body: lacking.Encode(), ctype: manifestType,
+			length: -1, want: 200},
+		{name: "content upload of wrong bytes", method: "PUT", path: "/v1/content/" + neverRef.SHA256, body: wrong, ctype: dataType, want: 400,
+			check: nothingStored(neverRef, nil)},
+		{name: "content upload of one byte more", method: "PUT", path: "/v1/content/" + neverRef.SHA256, body: append(slices.Clone(never), 'y'),
+			ctype: dataType, want: 400, check: nothingStored(neverRef, nil)},
+		{name: "content upload of one byte less", method: "PUT", path: "/v1/content/" + neverRef.SHA256, body: never[1:],
+			ctype: dataType, want: 400, check: nothingStored(neverRef, nil)},
+		{name: "content upload of wrong bytes over stored content", method: "PUT", path: "/v1/content/" + meshRef.SHA256,
+			body: bytes.Repeat([]byte("#"), len(mesh)), ctype: dataType, want: 400, check: nothingStored(meshRef, mesh)},
+		{name: "content upload under a hash not hex", method: "PUT", path: "/v1/content/" + strings.ToUpper(neverRef.SHA256), body: never,
+			ctype: dataType, want: 400, check: expectKind("bad_input")},
+		{name: "content upload without a length", method: "PUT", path: "/v1/content/" + neverRef.SHA256, body: never, ctype: dataType,
+			length: -1, want: 411, check: nothingStored(neverRef, nil)},
+		{name: "content upload while others are in progress", method: "PUT", path: "/v1/content/" + neverRef.SHA256, body: never, ctype: dataType, want: 429,
+			setup: func(t *testing.T) func() {
+				for range cap(h.c.uploads) {
+					h.c.uploads <- struct{}{}
+				}
+				return func() {
+					for range cap(h.c.uploads) {
+						<-h.c.uploads
+					}
+				}
+			}, check: func(t *testing.T, body []byte) {
+				expectKind("busy")(t, body)
+				if _, err := h.objects.Stat(h.ctx, layout.ContentKey(neverRef.SHA256)); !errors.Is(err, objstore.ErrNotFound) {
+					t.Errorf("Stat after a refused upload = %v, want not found", err)
+				}
+			}},
+		{name: "manifest upload while others are in progress", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: manifestType, want: 429,
 			setup: func(t *testing.T) func() {
 				for range cap(h.c.uploads) {
 					h.c.uploads <- struct{}{}
@@ -422,7 +548,7 @@ func TestOpenAPIResponses(t *testing.T) {
 					}
 				}
 			}, check: expectKind("busy")},
-		{name: "upload with the store down", method: "PUT", path: "/v1/scenes/" + ov, body: encoded, ctype: bundleType, want: 500,
+		{name: "content upload with the store down", method: "PUT", path: "/v1/content/" + neverRef.SHA256, body: never, ctype: dataType, want: 500,
 			setup: withObjects(h, faultyStore{Store: h.objects, fail: func(string) error { return storeDown }}), check: expectKind("internal")},
 
 		{name: "no job yet", method: "GET", path: "/v1/jobs", want: 200,
@@ -781,7 +907,7 @@ func TestOpenAPIResponses(t *testing.T) {
 	// Every route but the public ones refuses a request without the token.
 	ops := operations(v.doc)
 	for _, rt := range h.c.routes() {
-		path := strings.NewReplacer("{version}", h.version, "{id}", job, "{frame}", "1", "{format}", "png", "{seq}", "1", "{index}", "0").Replace(rt.pattern)
+		path := strings.NewReplacer("{version}", h.version, "{sha256}", stored.SHA256, "{id}", job, "{frame}", "1", "{format}", "png", "{seq}", "1", "{index}", "0").Replace(rt.pattern)
 		want := http.StatusUnauthorized
 		if op := ops[rt.method+" "+rt.pattern]; op != nil && op.Security != nil && len(*op.Security) == 0 {
 			want = http.StatusOK

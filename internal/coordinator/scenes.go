@@ -4,7 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"slices"
 	"strings"
+	"sync"
+
+	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/content"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
@@ -23,7 +29,7 @@ type sceneInfo struct {
 	info scene.Description
 }
 
-// HasScene reports whether a scene bundle is stored under version.
+// HasScene reports whether a scene's manifest is stored under version.
 func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error) {
 	if !validHash(version) {
 		return false, badInput("scene version %q is not a sha256 hex digest", version)
@@ -38,35 +44,147 @@ func (c *Coordinator) HasScene(ctx context.Context, version string) (bool, error
 	return true, nil
 }
 
-// PutScene validates an encoded scene bundle and stores it, once, under its scene version.
-// raw is kept by the store call and parsed in place, so an upload holds its bundle in memory
-// once. A bundle whose content does not hash to version, of no kind this coordinator knows,
-// that carries assets its scene does not reference, or whose scene does not parse is bad
+// maxMissingAsked bounds the hashes one MissingContent call asks about; a client asks in
+// batches (api.MaxContentAsked).
+const maxMissingAsked = api.MaxContentAsked
+
+// storeParallel is how many store requests a scene's check makes at once.
+const storeParallel = 16
+
+// MissingContent returns which of refs the store lacks (by hash, with that size): what a
+// submission must upload before its manifest. Each file is stored once under its hash, so a
+// file any earlier job sent is never sent again.
+func (c *Coordinator) MissingContent(ctx context.Context, refs []api.ContentRef) ([]api.ContentRef, error) {
+	if len(refs) > maxMissingAsked {
+		return nil, badInput("%d hashes in one request; ask about at most %d at a time", len(refs), maxMissingAsked)
+	}
+	for _, r := range refs {
+		if !validHash(r.SHA256) || r.Size < 0 {
+			return nil, badInput("content %q of size %d: want a sha256 hex digest and a size >= 0", r.SHA256, r.Size)
+		}
+	}
+	have := make([]bool, len(refs))
+	err := parallel(ctx, len(refs), storeParallel, func(ctx context.Context, i int) error {
+		ok, err := c.hasContent(ctx, refs[i].SHA256, refs[i].Size)
+		have[i] = ok
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	var missing []api.ContentRef
+	for i, r := range refs {
+		if !have[i] {
+			missing = append(missing, r)
+		}
+	}
+	return missing, nil
+}
+
+// hasContent reports whether the file of hash sha is stored, with size bytes.
+func (c *Coordinator) hasContent(ctx context.Context, sha string, size int64) (bool, error) {
+	info, err := c.objects.Stat(ctx, layout.ContentKey(sha))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("checking stored content %s: %w", sha, err)
+	}
+	return info.Size == size, nil
+}
+
+// PutContent stores one file of a scene under its hash, streaming it from r to the store as it
+// arrives: nothing of it is held in memory, and it is stored only if its bytes hash to ref
+// (content.VerifyingReader fails the upload's last read otherwise), so no object under a hash
+// ever holds other bytes. Storing content the store has already is harmless: the same bytes.
+func (c *Coordinator) PutContent(ctx context.Context, ref api.ContentRef, r io.Reader) error {
+	if !validHash(ref.SHA256) || ref.Size < 0 {
+		return badInput("content %q of size %d: want a sha256 hex digest and a size >= 0", ref.SHA256, ref.Size)
+	}
+	if c.limits.Bytes > 0 && ref.Size > c.limits.Bytes {
+		return badInput("a file of %d bytes exceeds this farm's limit of %d (coordinator serve --max-scene-bytes)", ref.Size, c.limits.Bytes)
+	}
+	err := c.objects.PutStream(ctx, layout.ContentKey(ref.SHA256), content.VerifyingReader(r, content.Ref{SHA256: ref.SHA256, Size: ref.Size}), ref.Size)
+	if errors.Is(err, content.ErrMismatch) {
+		return badInput("the upload of %s: %v", ref.SHA256, err)
+	}
+	if err != nil {
+		return fmt.Errorf("storing content %s: %w", ref.SHA256, err)
+	}
+	return nil
+}
+
+// PutScene validates a scene's encoded manifest and stores it, once, under its scene version.
+// A manifest that does not hash to version, names a file the store lacks (uploaded with
+// PutContent first; a file on the studio's share is not uploaded), of no kind this coordinator
+// knows, naming files its scene does not reference, or whose scene does not parse, is bad
 // input (scene.Kinds.Check); nothing is stored then.
 func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) error {
 	if !validHash(version) {
 		return badInput("scene version %q is not a sha256 hex digest", version)
 	}
-	b, err := bundle.Decode(raw)
+	b, err := bundle.Decode(raw, c.limits)
 	if err != nil {
 		return badInput("%v", err)
 	}
 	if got := b.Version(); got != version {
-		return badInput("scene bundle hashes to %s, not %s", got, version)
+		return badInput("scene manifest hashes to %s, not %s", got, version)
 	}
-	kind, info, err := c.kinds.Check(b)
+	if ok, err := c.HasScene(ctx, version); err != nil {
+		return err
+	} else if ok {
+		if _, err := c.scene(ctx, version); err != nil {
+			return err
+		}
+		return nil
+	}
+	names := b.Names()
+	var missing []string
+	var mu sync.Mutex
+	err = parallel(ctx, len(names), storeParallel, func(ctx context.Context, i int) error {
+		f := b.Files[names[i]]
+		if f.Shared != "" {
+			return nil
+		}
+		ok, err := c.hasContent(ctx, f.SHA256, f.Size)
+		if err == nil && !ok {
+			mu.Lock()
+			missing = append(missing, names[i])
+			mu.Unlock()
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		slices.Sort(missing)
+		return badInput("the scene names %d files the farm does not have (upload them first, PUT /v1/content/{sha256}): %s", len(missing), strings.Join(missing[:min(len(missing), 5)], ", "))
+	}
+	kind, info, err := c.kinds.Check(ctx, b.WithSource(storeSource{c.objects}))
 	if err != nil {
 		return badInput("%v", err)
-	}
-	if ok, err := c.HasScene(ctx, version); err != nil || ok {
-		c.scenes.Put(version, &sceneInfo{name: b.Name, kind: kind, info: info})
-		return err
 	}
 	if err := c.objects.Put(ctx, layout.SceneKey(version), raw); err != nil {
 		return fmt.Errorf("storing scene %s: %w", version, err)
 	}
 	c.scenes.Put(version, &sceneInfo{name: b.Name, kind: kind, info: info})
 	return nil
+}
+
+// storeSource is a Source of a scene's files in the object store. A file on the studio's share
+// is not there: the coordinator does not read it (a kind's check of it says so).
+type storeSource struct{ objects objstore.Store }
+
+func (s storeSource) Open(ctx context.Context, name string, f bundle.File) (io.ReadCloser, error) {
+	if f.Shared != "" {
+		return nil, fmt.Errorf("%q is on the studio's share, which the coordinator does not read: %w", name, bundle.ErrMissing)
+	}
+	r, _, err := s.objects.Open(ctx, layout.ContentKey(f.SHA256))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return nil, fmt.Errorf("%q (%s): %w", name, f.SHA256, bundle.ErrMissing)
+	}
+	return r, err
 }
 
 // scene returns what a submission needs of a stored scene.
@@ -82,7 +200,7 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		if err != nil {
 			return nil, fmt.Errorf("reading stored scene %s: %w", version, err)
 		}
-		b, err := bundle.Decode(raw)
+		b, err := bundle.Decode(raw, c.limits)
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}
@@ -96,6 +214,34 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		}
 		return &sceneInfo{name: b.Name, kind: kind, info: info}, nil
 	})
+}
+
+// parallel runs fn for 0..n-1 with at most width at once; the first error cancels the rest.
+func parallel(ctx context.Context, n, width int, fn func(ctx context.Context, i int) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	sem := make(chan struct{}, width)
+	var wg sync.WaitGroup
+	for i := range n {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := fn(ctx, i); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		return err
+	}
+	return ctx.Err()
 }
 
 // validJobID reports whether v is a job id as identity.JobID makes them: "job-" and 24

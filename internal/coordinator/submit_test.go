@@ -1,7 +1,13 @@
 package coordinator
 
 import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
+	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -11,6 +17,7 @@ import (
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/wire"
@@ -197,36 +204,116 @@ func TestSubmitBadInputWritesNothing(t *testing.T) {
 	}
 }
 
-// A scene bundle is validated before anything is stored: its content must hash to the version
-// it is uploaded under, parse, and carry nothing its scene does not reference.
+// A scene's manifest is validated before anything is stored: it must hash to the version it is
+// uploaded under, decode (canonical, within the farm's limits), name only files the farm has
+// (uploaded first), parse with its files as read from the store, and name nothing its scene
+// does not reference.
 func TestPutSceneRejectsBadBundles(t *testing.T) {
 	h := newHarness(t, Config{})
 	good := shotBundle(t)
-	extra := shotBundle(t)
-	extra.Assets["secrets.txt"] = []byte("not referenced")
-	broken := &bundle.Bundle{Name: "x.json", Scene: []byte(`{"cameras": [`), Assets: map[string][]byte{}}
+	// Every file uploaded, as the files of a bundle's content: only the manifest is wrong.
+	extra := memBundle(t, good, map[string][]byte{"secrets.txt": []byte("not referenced")})
+	putContent(t, h, []byte("not referenced"))
+	broken := bundle.FromMemory("x.json", []byte(`{"cameras": [`), nil)
+	// The shot with a mesh whose content was never uploaded.
+	lacking := memBundle(t, good, map[string][]byte{"torus.obj": []byte("v 0 0 0\nv 1 0 0\nv 0 1 0\nf 1 2 3\n")})
+	// The shot with a mesh that does not parse, uploaded: the kind's check reads it from the store.
+	badMesh := memBundle(t, good, map[string][]byte{"torus.obj": []byte("v 0 0 0\nf 1 2 9\n")})
+	putContent(t, h, []byte("v 0 0 0\nf 1 2 9\n"))
+	// A mesh of the right hash under another size: the farm does not have that file.
+	resized := memBundle(t, good, nil)
+	torus := resized.Files["torus.obj"]
+	torus.Size++
+	resized.Files["torus.obj"] = torus
+	var indented bytes.Buffer
+	if err := json.Indent(&indented, good.Encode(), "", " "); err != nil {
+		t.Fatal(err)
+	}
+	tooMany := memBundle(t, good, map[string][]byte{"a.obj": nil, "b.obj": nil})
+	strict := newHarness(t, Config{SceneLimits: bundle.Limits{Files: 2}})
 	for name, c := range map[string]struct {
+		h       *harness
 		version string
 		raw     []byte
 		want    string
 	}{
-		"wrong version":  {strings.Repeat("0", 64), good.Encode(), "hashes to"},
-		"not a bundle":   {good.Version(), []byte("PK\x03\x04 zip file"), "not a tilefarm scene bundle"},
-		"truncated":      {good.Version(), good.Encode()[:100], "bundle"},
-		"unreferenced":   {extra.Version(), extra.Encode(), "not referenced"},
-		"broken scene":   {broken.Version(), broken.Encode(), "scene"},
-		"version syntax": {"ABC", good.Encode(), "sha256"},
+		"wrong version":  {h, strings.Repeat("0", 64), good.Encode(), "hashes to"},
+		"not a manifest": {h, good.Version(), []byte("PK\x03\x04 zip file"), "bad scene manifest"},
+		"truncated":      {h, good.Version(), good.Encode()[:100], "bad scene manifest"},
+		"not canonical":  {h, good.Version(), indented.Bytes(), "canonical"},
+		"other format":   {h, good.Version(), bytes.Replace(good.Encode(), []byte(bundle.Format), []byte("tilefarm-scene/1"), 1), "format"},
+		"too many files": {strict, tooMany.Version(), tooMany.Encode(), "files exceed"},
+		"not uploaded":   {h, lacking.Version(), lacking.Encode(), "does not have"},
+		"another size":   {h, resized.Version(), resized.Encode(), "does not have"},
+		"unreferenced":   {h, extra.Version(), extra.Encode(), "not referenced"},
+		"broken scene":   {h, broken.Version(), broken.Encode(), "scene"},
+		"broken mesh":    {h, badMesh.Version(), badMesh.Encode(), "torus.obj"},
+		"version syntax": {h, "ABC", good.Encode(), "sha256"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := h.c.PutScene(h.ctx, c.version, c.raw)
+			err := c.h.c.PutScene(c.h.ctx, c.version, c.raw)
 			if !errors.Is(err, api.ErrBadInput) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("PutScene = %v, want bad input mentioning %q", err, c.want)
 			}
-			if ok, _ := h.c.HasScene(h.ctx, extra.Version()); ok {
-				t.Fatal("a rejected bundle was stored")
+			for _, v := range []string{c.version, extra.Version(), lacking.Version(), badMesh.Version(), resized.Version(), tooMany.Version()} {
+				if v == good.Version() {
+					continue // the harness's scene, stored
+				}
+				if ok, _ := c.h.c.HasScene(c.h.ctx, v); ok {
+					t.Fatalf("a rejected manifest was stored (%s)", v)
+				}
 			}
 		})
 	}
+	// Its files uploaded, the manifest that lacked them is stored.
+	if _, err := client.UploadScene(h.ctx, h.c, lacking, 0, nil); err != nil {
+		t.Fatalf("uploading the scene with its mesh: %v", err)
+	}
+	if ok, err := h.c.HasScene(h.ctx, lacking.Version()); !ok || err != nil {
+		t.Fatalf("HasScene after the upload = %v, %v", ok, err)
+	}
+}
+
+// memBundle is b with its files read into memory, and files added or replaced by with.
+func memBundle(t *testing.T, b *bundle.Bundle, with map[string][]byte) *bundle.Bundle {
+	t.Helper()
+	files := map[string][]byte{}
+	for _, name := range b.Names() {
+		files[name] = readFile(t, b, name)
+	}
+	maps.Copy(files, with)
+	return bundle.FromMemory(b.Name, b.Scene, files)
+}
+
+// readFile reads the content of b's file name.
+func readFile(t *testing.T, b *bundle.Bundle, name string) []byte {
+	t.Helper()
+	r, err := b.Open(t.Context(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	data, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// putContent stores data as a scene's file, as an upload does, and returns what it is stored as.
+func putContent(t *testing.T, h *harness, data []byte) api.ContentRef {
+	t.Helper()
+	ref := contentRef(data)
+	if err := h.c.PutContent(h.ctx, ref, bytes.NewReader(data)); err != nil {
+		t.Fatalf("PutContent: %v", err)
+	}
+	return ref
+}
+
+// contentRef is what data is uploaded as.
+func contentRef(data []byte) api.ContentRef {
+	sum := sha256.Sum256(data)
+	return api.ContentRef{SHA256: hex.EncodeToString(sum[:]), Size: int64(len(data))}
 }
 
 // The pending-tiles limit refuses new work with when to retry, never a resubmission of a known

@@ -217,6 +217,11 @@ func TestBlenderAddonSubmitsAndFollowsTheJob(t *testing.T) {
 	if !strings.Contains(r.stdout, "Submitted job "+job) {
 		t.Errorf("no report says the job was submitted:\n%s", r.stdout)
 	}
+	// The upload is reported as submit says it (the scene and its texture, both new to the
+	// farm); its progress lines are shown while it runs, never kept as notes.
+	if !strings.Contains(r.stdout, "scene.blend: sent 2 of 2 files") || strings.Contains(r.stdout, "uploading ") {
+		t.Errorf("the reports do not say what the upload sent, or keep its progress lines:\n%s", r.stdout)
+	}
 	// Followed as the user interface's timer does, then asked once more with tilefarm.refresh.
 	if followed.Error != "" || !slices.Contains(followed.Result, "FINISHED") || followed.prop("job_state") != "completed" ||
 		followed.prop("progress") != "100" || !strings.Contains(followed.prop("job_detail"), "frames 2/2") {

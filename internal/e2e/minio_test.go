@@ -89,15 +89,14 @@ func TestMinIOFarmEqualsReference(t *testing.T) {
 			t.Fatalf("a tile was delivered again in a clean run:\n%s", w.Log())
 		}
 	}
-	// Workers keep the scene in a local cache keyed by scene_version.
+	// Workers keep the scene's files in their content cache, by hash.
 	cached := 0
 	for _, d := range []string{dirA, dirB} {
-		if _, err := os.Stat(filepath.Join(d, "scenes", done.SceneVersion+".tfb")); err == nil {
-			cached++
-		}
+		entries, _ := filepath.Glob(filepath.Join(d, "scenes", "content", "*", "*"))
+		cached += len(entries)
 	}
 	if cached == 0 {
-		t.Fatalf("no worker cached scene %s", done.SceneVersion)
+		t.Fatalf("no worker cached a file of scene %s", done.SceneVersion)
 	}
 
 	dir := t.TempDir()

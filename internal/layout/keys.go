@@ -9,8 +9,15 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 )
 
-// SceneKey is where a scene bundle is stored, content-addressed by its scene version.
-func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".tfb" }
+// SceneKey is where a scene's manifest (internal/bundle) is stored, content-addressed by its
+// scene version.
+func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".json" }
+
+// ContentPrefix is where the files of every scene are stored, each once, by content.
+const ContentPrefix = "content/"
+
+// ContentKey is where the file of SHA-256 sha256hex is stored, whatever scene and job it came with.
+func ContentKey(sha256hex string) string { return ContentPrefix + sha256hex }
 
 // TileManifestKey is the logical key of a tile's manifest. A frame's tile manifests share the
 // prefix TileManifestPrefix(frameKey), so the reconciler lists them in one call.

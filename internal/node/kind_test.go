@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/queue"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
@@ -43,13 +44,13 @@ func TestARegisteredKindRendersThroughTheFarm(t *testing.T) {
 
 	// A farm that does not know the kind refuses the bundle as bad input.
 	plain := startNode(t, ctx, scene.Kinds{jsonscene.Kind{}})
-	if err := plain.Coord.PutScene(ctx, b.Version(), b.Encode()); !errors.Is(err, api.ErrBadInput) {
+	if _, err := client.UploadScene(ctx, plain.Coord, b, 0, nil); !errors.Is(err, api.ErrBadInput) {
 		t.Fatalf("a farm without the kind stored its bundle: %v", err)
 	}
 	plain.Close()
 
 	n := startNode(t, ctx, kinds)
-	if err := n.Coord.PutScene(ctx, b.Version(), b.Encode()); err != nil {
+	if _, err := client.UploadScene(ctx, n.Coord, b, 0, nil); err != nil {
 		t.Fatal(err)
 	}
 	res, err := n.Coord.Submit(ctx, api.SubmitRequest{SceneVersion: b.Version(), SceneFrames: true, Formats: []string{"exr"}})

@@ -137,8 +137,12 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		wc := o.Worker
 		wc.Name = hostname() + "-local"
 		wc.Concurrency = o.Workers
+		scenes, err := worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Kinds, log)
+		if err != nil {
+			return nil, err
+		}
 		w, err := worker.New(wc, worker.Deps{Queue: f, Objects: objects, Checkpoints: ckpts,
-			Scenes: worker.NewScenes(objects, filepath.Join(o.DataDir, "worker", "scenes"), o.Kinds, log), Metrics: metrics.NewWorker(reg), Log: log})
+			Scenes: scenes, Metrics: metrics.NewWorker(reg), Log: log})
 		if err != nil {
 			return nil, err
 		}
@@ -375,7 +379,8 @@ type WorkerOptions struct {
 	DebugListen   string // Go profiles (/debug/pprof/); empty means none
 	DebugToken    string // the bearer token profiles need (required beyond loopback)
 	Worker        worker.Config
-	Kinds         scene.Kinds // the kinds of scene the worker renders; the caller closes them
+	Scenes        worker.ScenesOptions // the node's content cache limit and shares
+	Kinds         scene.Kinds          // the kinds of scene the worker renders; the caller closes them
 	Log           *slog.Logger
 }
 
@@ -440,8 +445,12 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
 	}
+	scenes, err := worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), o.Kinds, log, o.Scenes)
+	if err != nil {
+		return err
+	}
 	w, err := worker.New(o.Worker, worker.Deps{Queue: f, Objects: objects, Checkpoints: ckpts,
-		Scenes: worker.NewScenes(objects, filepath.Join(o.CheckpointDir, "scenes"), o.Kinds, log), Metrics: m, Log: log})
+		Scenes: scenes, Metrics: m, Log: log})
 	if err != nil {
 		return err
 	}

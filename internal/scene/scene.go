@@ -36,8 +36,9 @@ type Kind interface {
 	// Describe reads what a submission needs from a scene document alone, assets unread.
 	Describe(doc []byte) (Description, error)
 	// Validate checks a bundle's scene and every file it names, rendering nothing: how a
-	// bundle is checked where it is not rendered.
-	Validate(b *bundle.Bundle) error
+	// bundle is checked where it is not rendered. It reads content through the bundle's
+	// Source, and only what it must (a .blend's header, not the .blend).
+	Validate(ctx context.Context, b *bundle.Bundle) error
 	// Load makes a bundle renderable on this machine; dir is where the kind may keep files of
 	// the scene (a worker's scene cache, "" for none).
 	Load(ctx context.Context, b *bundle.Bundle, version, dir string) (Renderer, error)
@@ -181,7 +182,7 @@ func (ks Kinds) Read(ctx context.Context, path string) (*bundle.Bundle, Kind, er
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := k.Validate(b); err != nil {
+	if err := k.Validate(ctx, b); err != nil {
 		return nil, nil, failure.Terminal(err)
 	}
 	return b, k, nil
@@ -190,7 +191,7 @@ func (ks Kinds) Read(ctx context.Context, path string) (*bundle.Bundle, Kind, er
 // Check is how a bundle that is stored, not rendered, is checked: of a known kind, carrying
 // exactly the files its scene references (nothing an attacker or a stray directory could add),
 // valid, and describing itself. Every error is the bundle's fault.
-func (ks Kinds) Check(b *bundle.Bundle) (Kind, Description, error) {
+func (ks Kinds) Check(ctx context.Context, b *bundle.Bundle) (Kind, Description, error) {
 	k, err := ks.ForDocument(b.Scene)
 	if err != nil {
 		return nil, nil, err
@@ -200,12 +201,12 @@ func (ks Kinds) Check(b *bundle.Bundle) (Kind, Description, error) {
 		return nil, nil, fmt.Errorf("%w: %v", bundle.ErrInvalid, err)
 	}
 	refs := d.Assets()
-	for name := range b.Assets {
+	for name := range b.Files {
 		if !slices.Contains(refs, name) {
 			return nil, nil, fmt.Errorf("%w: asset %q is not referenced by the scene", bundle.ErrInvalid, name)
 		}
 	}
-	if err := k.Validate(b); err != nil {
+	if err := k.Validate(ctx, b); err != nil {
 		return nil, nil, err
 	}
 	return k, d, nil

@@ -130,7 +130,7 @@ func (h *runHarness) workerWith(t *testing.T, cfg Config, kinds scene.Kinds) (*W
 	m := metrics.NewWorker(metrics.NewRegistry())
 	cfg.Name = "w1"
 	w, err := New(cfg, Deps{Queue: h.queue, Objects: h.objects, Checkpoints: h.ckpts, Metrics: m,
-		Scenes: NewScenes(h.objects, "", kinds, slog.New(slog.DiscardHandler)),
+		Scenes: newScenes(t, h.objects, "", kinds),
 		Log:    slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

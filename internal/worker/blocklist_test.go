@@ -21,7 +21,7 @@ func (h *runHarness) named(t *testing.T, name string, cfg Config) *Worker {
 	t.Helper()
 	cfg.Name = name
 	w, err := New(cfg, Deps{Queue: h.queue, Objects: h.objects, Checkpoints: h.ckpts, Metrics: metrics.NewWorker(metrics.NewRegistry()),
-		Scenes: NewScenes(h.objects, "", scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler)),
+		Scenes: newScenes(t, h.objects, "", scene.Kinds{jsonscene.Kind{}}),
 		Log:    slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

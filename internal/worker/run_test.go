@@ -72,14 +72,12 @@ func newRunHarnessWith(t *testing.T, cfg queue.Config) *runHarness {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = ckpts.Close() })
-	b, err := jsonscene.ReadFile("../../examples/cornell/scene.json")
+	b, err := jsonscene.ReadFile(ctx, "../../examples/cornell/scene.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := objects.Put(ctx, layout.SceneKey(b.Version()), b.Encode()); err != nil {
-		t.Fatal(err)
-	}
-	scene, err := render.ParseScene(b.Scene, b.Asset)
+	storeScene(t, objects, b)
+	scene, err := render.ParseScene(b.Scene, b.Assets(t.Context(), 0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +108,7 @@ func (h *runHarness) workerOn(t *testing.T, cfg Config, objects objstore.Store) 
 	m := metrics.NewWorker(metrics.NewRegistry())
 	cfg.Name = "w1"
 	w, err := New(cfg, Deps{Queue: h.queue, Objects: objects, Checkpoints: h.ckpts, Metrics: m,
-		Scenes: NewScenes(objects, "", scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler)),
+		Scenes: newScenes(t, objects, "", scene.Kinds{jsonscene.Kind{}}),
 		Log:    slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)

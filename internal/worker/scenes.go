@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
+	"syscall"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/content"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/layout"
@@ -20,23 +24,58 @@ import (
 const maxCachedScenes = 4
 
 // Scenes is a process's cache of loaded scenes by scene version: every slot and every worker
-// of the process shares one, and a scene is downloaded and loaded by its kind (parsed, or
-// unpacked for Blender) once, however many slots ask for it at the same moment. Bundles are
-// also kept on disk (when dir is set), so a restarted worker does not download them again.
+// of the process shares one, and a scene is loaded by its kind (parsed, or unpacked for
+// Blender) once, however many slots ask for it at the same moment. A scene's files come by
+// content through the node's content cache (internal/content: each file fetched once by its
+// hash, shared by jobs and slots, verified, evicted least recently used), or from the studio's
+// shared storage as this node mounts it (ScenesOptions.Shared), verified against the hash the
+// submitter recorded.
 type Scenes struct {
 	objects objstore.Store
 	dir     string
 	kinds   scene.Kinds
 	log     *slog.Logger
+	cache   *content.Cache       // nil: files are read from the store as they are needed
+	shared  []content.SharedRoot // the node's mounts of studio shares
 	// parsed keeps the newest loaded scenes: a long-lived worker sees many shots.
 	parsed *flight.Cache[scene.Renderer]
 }
 
-// NewScenes makes a scene cache reading bundles from objects, cached on disk under dir (""
-// keeps them in memory only, and leaves kinds that unpack their files, such as Blender's,
-// nowhere to do it), loading them with their kind among kinds.
-func NewScenes(objects objstore.Store, dir string, kinds scene.Kinds, log *slog.Logger) *Scenes {
-	return &Scenes{objects: objects, dir: dir, kinds: kinds, log: log, parsed: flight.New[scene.Renderer](maxCachedScenes)}
+// ScenesOptions are a scene cache's content cache and shares.
+type ScenesOptions struct {
+	// Cache keeps scene files by content; nil with a dir opens one under dir/content with
+	// CacheLimit.
+	Cache      *content.Cache
+	CacheLimit int64 // bytes; 0 is DefaultCacheLimit
+	Shared     []content.SharedRoot
+}
+
+// DefaultCacheLimit is the content cache's size limit when an operator sets none.
+const DefaultCacheLimit = 100 << 30
+
+// NewScenes makes a scene cache reading manifests and files from objects, with its content
+// cache under dir (""  reads files from the store as they are needed, and leaves kinds that
+// unpack their files, such as Blender's, nowhere to do it), loading them with their kind among
+// kinds.
+func NewScenes(objects objstore.Store, dir string, kinds scene.Kinds, log *slog.Logger, opts ...ScenesOptions) (*Scenes, error) {
+	s := &Scenes{objects: objects, dir: dir, kinds: kinds, log: log, parsed: flight.New[scene.Renderer](maxCachedScenes)}
+	var o ScenesOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	s.cache, s.shared = o.Cache, o.Shared
+	if s.cache == nil && dir != "" {
+		limit := o.CacheLimit
+		if limit == 0 {
+			limit = DefaultCacheLimit
+		}
+		c, err := content.OpenCache(filepath.Join(dir, "content"), limit, log)
+		if err != nil {
+			return nil, fmt.Errorf("opening the scene file cache: %w", err)
+		}
+		s.cache = c
+	}
+	return s, nil
 }
 
 // Get returns the loaded scene of version. Concurrent callers asking for the same version
@@ -45,52 +84,116 @@ func (s *Scenes) Get(ctx context.Context, version string) (scene.Renderer, error
 	return s.parsed.Get(ctx, version, func(ctx context.Context) (scene.Renderer, error) { return s.load(ctx, version) })
 }
 
-// load reads the bundle from the disk cache, else from the object store, and loads it.
+// load reads the scene's manifest and loads it, its files read through the content cache.
 func (s *Scenes) load(ctx context.Context, version string) (scene.Renderer, error) {
-	b, err := s.cached(version)
+	data, err := s.objects.Get(ctx, layout.SceneKey(version))
 	if err != nil {
-		data, gerr := s.objects.Get(ctx, layout.SceneKey(version))
-		if gerr != nil {
-			if errors.Is(gerr, objstore.ErrNotFound) {
-				return nil, failure.Terminalf("scene %s is not in the object store: %w", version, gerr)
-			}
-			return nil, fmt.Errorf("fetching scene %s: %w", version, gerr)
+		if errors.Is(err, objstore.ErrNotFound) {
+			return nil, failure.Terminalf("scene %s is not in the object store: %w", version, err)
 		}
-		if b, err = bundle.Decode(data); err != nil {
-			return nil, failure.Terminal(err)
-		}
-		if got := b.Version(); got != version {
-			return nil, fmt.Errorf("scene bundle %s has version %s: corrupt download", version, got)
-		}
-		if s.dir != "" {
-			err := os.MkdirAll(s.dir, 0o755)
-			if err == nil {
-				err = objstore.WriteFileAtomic(s.path(version), data)
-			}
-			if err != nil {
-				s.log.Warn("caching scene", "scene_version", version, "err", err)
-			}
-		}
+		return nil, fmt.Errorf("fetching scene %s: %w", version, err)
 	}
-	r, _, err := s.kinds.Load(ctx, b, version, s.dir)
+	// A manifest the coordinator stored is within its limits; the worker knows none of them.
+	b, err := bundle.Decode(data, bundle.Limits{Files: math.MaxInt32})
+	if err != nil {
+		return nil, failure.Terminal(err)
+	}
+	if got := b.Version(); got != version {
+		return nil, fmt.Errorf("scene manifest %s has version %s: corrupt download", version, got)
+	}
+	if s.cache != nil {
+		refs := make([]content.Ref, 0, len(b.Files))
+		for _, f := range b.Files {
+			refs = append(refs, content.Ref{SHA256: f.SHA256, Size: f.Size})
+		}
+		defer s.cache.Pin(refs...)() // none evicted while the scene is unpacked or parsed
+	}
+	r, _, err := s.kinds.Load(ctx, b.WithSource(nodeSource{s}), version, s.dir)
 	return r, err
 }
 
-func (s *Scenes) path(version string) string { return filepath.Join(s.dir, version+".tfb") }
+// nodeSource is a worker's Source of a scene's files: the studio's share where the manifest
+// says a file is on it, else the content cache filled from the object store.
+type nodeSource struct{ s *Scenes }
 
-// cached reads a bundle from the disk cache; one that does not hash to its name is ignored.
-func (s *Scenes) cached(version string) (*bundle.Bundle, error) {
-	if s.dir == "" {
-		return nil, os.ErrNotExist
+// Path is a local, verified copy of the file: on the share, or in the content cache.
+func (n nodeSource) Path(ctx context.Context, name string, f bundle.File) (string, error) {
+	ref := content.Ref{SHA256: f.SHA256, Size: f.Size}
+	if f.Shared != "" {
+		return n.sharedPath(ctx, name, f, ref)
 	}
-	data, err := os.ReadFile(s.path(version))
+	if n.s.cache == nil {
+		return "", fmt.Errorf("%q: this worker keeps no scene files on disk", name)
+	}
+	p, err := n.s.cache.Path(ctx, ref, func(ctx context.Context, ref content.Ref, w io.Writer) error {
+		r, _, err := n.s.objects.Open(ctx, layout.ContentKey(ref.SHA256))
+		if errors.Is(err, objstore.ErrNotFound) {
+			return failure.Terminalf("the scene's file %q (%s) is not in the object store: %w", name, ref.SHA256, err)
+		}
+		if err != nil {
+			return fmt.Errorf("fetching the scene's file %q: %w", name, err)
+		}
+		defer r.Close()
+		_, err = io.Copy(w, r)
+		return err
+	})
+	if errors.Is(err, content.ErrMismatch) {
+		return "", fmt.Errorf("the scene's file %q: %w", name, err) // a damaged download: retried
+	}
+	return p, err
+}
+
+// sharedPath resolves a file on the studio's share under this node's mount of it and checks
+// it is what the submitter hashed: a file changed since submit fails the tile, naming it.
+func (n nodeSource) sharedPath(ctx context.Context, name string, f bundle.File, ref content.Ref) (string, error) {
+	for _, root := range n.s.shared {
+		p, err := root.Resolve(f.Shared)
+		if err != nil {
+			return "", failure.Terminalf("the scene's file %q on the share: %w", name, err)
+		}
+		if _, err := os.Stat(p); err != nil {
+			continue // on another of the node's shares, perhaps
+		}
+		if err := content.VerifyShared(ctx, p, ref); err != nil {
+			if errors.Is(err, content.ErrSharedChanged) {
+				return "", failure.Terminalf("the scene's file %q: %w", name, err)
+			}
+			return "", err
+		}
+		return p, nil
+	}
+	if len(n.s.shared) == 0 {
+		return "", failure.Terminalf("the scene's file %q is on the studio's share (%s), and this worker mounts no share (tileworker --shared ROOT=PATH)", name, f.Shared)
+	}
+	return "", failure.Terminalf("the scene's file %q is on the studio's share (%s), which is under none of this worker's --shared mounts", name, f.Shared)
+}
+
+// Open streams the file: from its local copy where there is one, else from the store. A node
+// whose cache disk is full still reads the file, from the store, verified as it streams: a
+// scene parsed into memory needs no copy on disk (a Blender scene does, and fails to unpack).
+func (n nodeSource) Open(ctx context.Context, name string, f bundle.File) (io.ReadCloser, error) {
+	if f.Shared != "" || n.s.cache != nil {
+		p, err := n.Path(ctx, name, f)
+		if err == nil {
+			return os.Open(p)
+		}
+		if f.Shared != "" || !errors.Is(err, syscall.ENOSPC) {
+			return nil, err
+		}
+		n.s.log.Warn("caching a scene file; reading it from the store", "file", name, "err", err)
+	}
+	r, _, err := n.s.objects.Open(ctx, layout.ContentKey(f.SHA256))
+	if errors.Is(err, objstore.ErrNotFound) {
+		return nil, failure.Terminalf("the scene's file %q (%s) is not in the object store: %w", name, f.SHA256, err)
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("fetching the scene's file %q: %w", name, err)
 	}
-	b, err := bundle.Decode(data)
-	if err != nil || b.Version() != version {
-		s.log.Warn("ignoring corrupt cached scene", "scene_version", version)
-		return nil, errors.New("corrupt cached scene")
-	}
-	return b, nil
+	return verified{content.VerifyingReader(r, content.Ref{SHA256: f.SHA256, Size: f.Size}), r}, nil
+}
+
+// verified reads through a verifying reader and closes what it reads from.
+type verified struct {
+	io.Reader
+	io.Closer
 }

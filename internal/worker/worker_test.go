@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/tilefarm/tilefarm/checkpoint"
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/scene"
@@ -53,24 +55,71 @@ func TestCheckIdentityRejectsForeignJobs(t *testing.T) {
 	}
 }
 
-// countingGets counts Get calls on a store.
+// countingGets counts Get and Open calls on a store, by key.
 type countingGets struct {
 	objstore.Store
 	mu   sync.Mutex
 	gets map[string]int
 }
 
-func (c *countingGets) Get(ctx context.Context, key string) ([]byte, error) {
+func (c *countingGets) count(key string) {
 	c.mu.Lock()
 	c.gets[key]++
 	c.mu.Unlock()
 	time.Sleep(20 * time.Millisecond) // a download takes a while: concurrent callers overlap
+}
+
+func (c *countingGets) Get(ctx context.Context, key string) ([]byte, error) {
+	c.count(key)
 	return c.Store.Get(ctx, key)
 }
 
-// The process's parsed-scene cache is bounded in memory, backed by a disk cache keyed by
-// scene_version, loads a scene once however many slots ask at once, and never trusts a
-// corrupt cached file.
+func (c *countingGets) Open(ctx context.Context, key string) (io.ReadCloser, objstore.ObjectInfo, error) {
+	c.count(key)
+	return c.Store.Open(ctx, key)
+}
+
+func (c *countingGets) n(key string) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gets[key]
+}
+
+// storeScene puts scene b in objects as a coordinator leaves it: each file under its hash,
+// then the manifest.
+func storeScene(tb testing.TB, objects objstore.Store, b *bundle.Bundle) {
+	tb.Helper()
+	ctx := context.Background()
+	for _, name := range b.Names() {
+		f := b.Files[name]
+		r, err := b.Open(ctx, name)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		err = objects.PutStream(ctx, layout.ContentKey(f.SHA256), r, f.Size)
+		r.Close()
+		if err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := objects.Put(ctx, layout.SceneKey(b.Version()), b.Encode()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// newScenes is NewScenes that must succeed.
+func newScenes(tb testing.TB, objects objstore.Store, dir string, kinds scene.Kinds) *Scenes {
+	tb.Helper()
+	s, err := NewScenes(objects, dir, kinds, slog.New(slog.DiscardHandler))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
+// The process's parsed-scene cache is bounded in memory, loads a scene once however many slots
+// ask at once, and its files come by content through the node's cache: fetched once, kept on
+// disk by hash, and never trusted once damaged there (docs/design.md, "Scenes by content").
 func TestScenes(t *testing.T) {
 	ctx := context.Background()
 	fs, err := objstore.NewFSStore(t.TempDir())
@@ -78,7 +127,7 @@ func TestScenes(t *testing.T) {
 		t.Fatal(err)
 	}
 	objects := &countingGets{Store: fs, gets: map[string]int{}}
-	base, err := jsonscene.ReadFile("../../examples/cornell/scene.json")
+	base, err := jsonscene.ReadFile(ctx, "../../examples/shot/scene.json")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,57 +135,64 @@ func TestScenes(t *testing.T) {
 	for i := range maxCachedScenes + 2 {
 		b := *base
 		b.Scene = append([]byte(strings.Repeat(" ", i)), base.Scene...) // same scene, another version
-		if err := objects.Put(ctx, layout.SceneKey(b.Version()), b.Encode()); err != nil {
-			t.Fatal(err)
-		}
+		storeScene(t, objects, &b)
 		versions = append(versions, b.Version())
 	}
+	names := base.Names()
+	if len(names) == 0 {
+		t.Fatal("the example scene names no files")
+	}
+	mesh := base.Files[names[0]]
 	cache := t.TempDir()
-	scenes := NewScenes(objects, cache, scene.Kinds{jsonscene.Kind{}}, slog.New(slog.DiscardHandler))
+	scenes := newScenes(t, objects, cache, scene.Kinds{jsonscene.Kind{}})
 	var wg sync.WaitGroup
 	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if _, err := scenes.Get(ctx, versions[0]); err != nil {
 				t.Error(err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	if n := objects.gets[layout.SceneKey(versions[0])]; n != 1 {
-		t.Fatalf("8 slots asking at once downloaded the scene %d times, want once", n)
+	if n := objects.n(layout.SceneKey(versions[0])); n != 1 {
+		t.Fatalf("8 slots asking at once downloaded the scene's manifest %d times, want once", n)
 	}
 	for _, v := range versions {
 		if _, err := scenes.Get(ctx, v); err != nil {
 			t.Fatalf("scene %s: %v", v, err)
 		}
 	}
+	if n := objects.n(layout.ContentKey(mesh.SHA256)); n != 1 {
+		t.Fatalf("%d scenes sharing one mesh downloaded it %d times, want once", len(versions), n)
+	}
 	if scenes.parsed.Len() != maxCachedScenes {
 		t.Fatalf("%d scenes in memory, want at most %d", scenes.parsed.Len(), maxCachedScenes)
 	}
-	for _, v := range versions {
-		if _, err := os.Stat(filepath.Join(cache, v+".tfb")); err != nil {
-			t.Fatalf("scene %s not cached on disk: %v", v, err)
-		}
+	cached := filepath.Join(cache, "content", mesh.SHA256[:2], mesh.SHA256)
+	if _, err := os.Stat(cached); err != nil {
+		t.Fatalf("the mesh is not kept on disk by its hash: %v", err)
 	}
-	// The evicted first scene comes back from disk even with the store gone.
-	if err := objects.Delete(ctx, layout.SceneKey(versions[0])); err != nil {
+	// The evicted first scene loads again from the node's copy with the store's gone.
+	if err := objects.Delete(ctx, layout.ContentKey(mesh.SHA256)); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := scenes.Get(ctx, versions[0]); err != nil {
-		t.Fatalf("scene from the disk cache: %v", err)
+		t.Fatalf("scene from the content cache: %v", err)
 	}
-	// A corrupt cached copy is never trusted.
-	if err := os.WriteFile(filepath.Join(cache, versions[1]+".tfb"), []byte("TFBUNDLE\x01garbage"), 0o644); err != nil {
+	// A damaged copy is never trusted: a new process (a restarted worker) hashes it before its
+	// first use, and with no copy in the store the scene's file is a terminal not-found.
+	if err := os.WriteFile(cached, []byte(strings.Repeat("x", int(mesh.Size))), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	scenes.parsed.Forget(versions[1])
-	if err := objects.Delete(ctx, layout.SceneKey(versions[1])); err != nil {
+	again := newScenes(t, objects, cache, scene.Kinds{jsonscene.Kind{}})
+	if _, err := again.Get(ctx, versions[1]); !errors.Is(err, objstore.ErrNotFound) || !failure.IsTerminal(err) {
+		t.Fatalf("a damaged cached file and none in the store: %v, want a terminal not-found", err)
+	}
+	if err := objects.Delete(ctx, layout.SceneKey(versions[2])); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := scenes.Get(ctx, versions[1]); !errors.Is(err, objstore.ErrNotFound) || !failure.IsTerminal(err) {
-		t.Fatalf("corrupt cache and no stored scene: %v, want a terminal not-found", err)
+	if _, err := again.Get(ctx, versions[2]); !errors.Is(err, objstore.ErrNotFound) || !failure.IsTerminal(err) {
+		t.Fatalf("no stored manifest: %v, want a terminal not-found", err)
 	}
 }
 

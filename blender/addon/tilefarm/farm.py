@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import sys
 import urllib.error
 import urllib.parse
@@ -150,23 +151,49 @@ class Submitted:
         self.code = code
 
 
-def submit(sub, coordinator, timeout):
+# The upload's progress lines of submit (cli.uploadLine): "uploading 1.2 MiB of 2.0 GiB, 3/50 files".
+PROGRESS_PREFIX = "uploading "
+
+
+def submit(sub, coordinator, timeout, on_progress=None):
     """Runs `coordinator submit` for sub and returns Submitted, or raises FarmError saying why
-    the job was not accepted."""
+    the job was not accepted. While the scene's files upload, on_progress (if given) is called
+    from the reading thread with each progress line submit prints."""
     kw = {}
     if sys.platform == "win32":
         kw["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
     try:
-        p = subprocess.run(sub.args(coordinator), env=sub.env(), stdin=subprocess.DEVNULL,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
-                           encoding="utf-8", errors="replace", **kw)
+        p = subprocess.Popen(sub.args(coordinator), env=sub.env(), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             encoding="utf-8", errors="replace", **kw)
+    except OSError as e:
+        raise FarmError("Could not run %s: %s" % (coordinator, e.strerror or e)) from None
+    lines = []
+
+    def read_stderr():
+        for line in p.stderr:
+            if line.startswith(PROGRESS_PREFIX):
+                if on_progress is not None:
+                    on_progress(line.strip())
+                continue
+            lines.append(line)
+
+    out = []
+    readers = [threading.Thread(target=read_stderr, name="tilefarm submit stderr", daemon=True),
+               threading.Thread(target=lambda: out.append(p.stdout.read()), name="tilefarm submit stdout", daemon=True)]
+    for r in readers:
+        r.start()
+    try:
+        p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
         raise FarmError("The submission took longer than %d s and was stopped; the farm may have "
                         "accepted the job all the same: Submit again returns the same job"
                         % timeout) from None
-    except OSError as e:
-        raise FarmError("Could not run %s: %s" % (coordinator, e.strerror or e)) from None
-    return interpret(p.returncode, p.stdout, p.stderr, sub.server, sub.token or os.environ.get(ENV_TOKEN, ""))
+    for r in readers:
+        r.join()
+    return interpret(p.returncode, "".join(out), "".join(lines), sub.server, sub.token or os.environ.get(ENV_TOKEN, ""))
 
 
 def token_refused(server, token):

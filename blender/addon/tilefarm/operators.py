@@ -57,9 +57,12 @@ def _submission(context):
 
 
 def _submit_into(outcome, sub, coordinator, timeout):
-    """Submits, in a thread of its own, and leaves the answer in outcome["answer"]."""
+    """Submits, in a thread of its own, and leaves the answer in outcome["answer"] and the
+    upload's latest progress line in outcome["progress"]."""
+    def progress(line):
+        outcome["progress"] = line
     try:
-        outcome["answer"] = (farm.submit(sub, coordinator, timeout), None)
+        outcome["answer"] = (farm.submit(sub, coordinator, timeout, progress), None)
     except Exception as e:
         outcome["answer"] = (None, e)
 
@@ -121,8 +124,15 @@ class TILEFARM_OT_submit(bpy.types.Operator):
         return {'RUNNING_MODAL'}
 
     def modal(self, context, event):
-        if event.type != 'TIMER' or self._thread.is_alive():
+        if event.type != 'TIMER':
             return {'PASS_THROUGH'}
+        if self._thread.is_alive():
+            line = self._outcome.get("progress")
+            if line and context.workspace is not None:
+                context.workspace.status_text_set("tilefarm: " + line)
+            return {'PASS_THROUGH'}
+        if context.workspace is not None:
+            context.workspace.status_text_set(None)
         context.window_manager.event_timer_remove(self._timer)
         _submitting.discard(self._scene)
         submitted, err = self._outcome.get("answer") or (

@@ -41,11 +41,16 @@ func (Kind) ClaimsFile(string) bool { return true }
 func (Kind) ClaimsDocument([]byte) bool { return true }
 
 // Read reads the scene file and the meshes it names from the file's directory (ReadFile).
-func (Kind) Read(_ context.Context, path string) (*bundle.Bundle, error) { return ReadFile(path) }
+func (Kind) Read(ctx context.Context, path string) (*bundle.Bundle, error) {
+	return ReadFile(ctx, path)
+}
+
+// maxAsset bounds a mesh or texture of a JSON scene: the path tracer holds them in memory.
+const maxAsset = 1 << 30
 
 // ReadFile reads a JSON scene file and the meshes it names, from the file's directory, into a
 // bundle. Its errors are the scene's: terminal.
-func ReadFile(path string) (*bundle.Bundle, error) {
+func ReadFile(ctx context.Context, path string) (*bundle.Bundle, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, failure.Terminalf("reading scene %q: %w", path, err)
@@ -55,7 +60,7 @@ func ReadFile(path string) (*bundle.Bundle, error) {
 		return nil, failure.Terminalf("scene %q: %w", path, err)
 	}
 	dir := filepath.Dir(path)
-	b, err := bundle.FromFiles(filepath.Base(path), data, paths, func(rel string) string {
+	b, err := bundle.FromFiles(ctx, filepath.Base(path), data, paths, func(rel string) string {
 		return filepath.Join(dir, filepath.FromSlash(rel))
 	})
 	if err != nil {
@@ -83,11 +88,13 @@ func (description) Notes(render.Overrides) []string { return nil }
 func (description) FrameStep() int { return 1 }
 
 // Validate checks the scene and every mesh with the errors parsing gives, building nothing.
-func (Kind) Validate(b *bundle.Bundle) error { return render.ValidateScene(b.Scene, b.Asset) }
+func (Kind) Validate(ctx context.Context, b *bundle.Bundle) error {
+	return render.ValidateScene(b.Scene, b.Assets(ctx, maxAsset))
+}
 
 // Load parses the scene and its meshes; the BVH is built on the first tile.
-func (k Kind) Load(_ context.Context, b *bundle.Bundle, version, _ string) (scene.Renderer, error) {
-	s, err := render.ParseScene(b.Scene, b.Asset)
+func (k Kind) Load(ctx context.Context, b *bundle.Bundle, version, _ string) (scene.Renderer, error) {
+	s, err := render.ParseScene(b.Scene, b.Assets(ctx, maxAsset))
 	if err != nil {
 		return nil, failure.Terminalf("parsing scene %s: %w", version, err)
 	}

@@ -72,14 +72,14 @@ func (g Gradient) Read(_ context.Context, path string) (*bundle.Bundle, error) {
 	if _, err := parse(doc); err != nil {
 		return nil, failure.Terminal(err)
 	}
-	return &bundle.Bundle{Name: filepath.Base(path), Scene: doc}, nil
+	return bundle.FromMemory(filepath.Base(path), doc, nil), nil
 }
 
 // Describe parses the document.
 func (Gradient) Describe(doc []byte) (scene.Description, error) { return parse(doc) }
 
 // Validate parses the document; a gradient has no assets.
-func (Gradient) Validate(b *bundle.Bundle) error {
+func (Gradient) Validate(_ context.Context, b *bundle.Bundle) error {
 	_, err := parse(b.Scene)
 	return err
 }
