@@ -143,6 +143,26 @@ func TestBenchSmoke(t *testing.T) {
 		checkMetrics(t, m, "1frame-farm/blender", "4frames-farm/blender", "plate-2x1-speedup", "default-2x1-speedup")
 	})
 
+	t.Run("StudioScene", func(t *testing.T) {
+		bins, err := farmBinaries()
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := studioProject{files: 16, size: 2048} // tex/t_0007.png, which the resubmit changes, among them
+		project := makeStudioProject(t, t.TempDir(), p)
+		run, err := measureStudio(t, ctx, bins, t.TempDir(), project, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := measureSmall(ctx, bins, t.TempDir(), project, p, true)
+		if err != nil || s.code != 42 && s.code != 3 {
+			t.Fatalf("a small submit: exit %d, %v", s.code, err)
+		}
+		m := metricSet{}
+		reportStudio(m, run, map[string]smallRun{"16x2KiB": s})
+		checkMetrics(t, m, "first-files-sent", "second-files-sent", "submit-peak-rss-MB", "16x2KiB-files/s")
+	})
+
 	t.Run("BlenderPass", func(t *testing.T) {
 		pool, sc, st := passSetup(t, ctx, 2)
 		s, err := passStats(ctx, pool, sc, st, render.Rect{X0: 48, Y0: 28, X1: 64, Y1: 44}, 2)
