@@ -86,8 +86,9 @@ type SceneFile struct {
 // modification time: the same scene on two machines gets the same version, and changing one
 // byte of one file gets a new one, since its hash changes. Map iteration order does not
 // matter; names are hashed exactly as given (callers pass the slash-separated relative names
-// the scene refers to).
-func SceneVersion(scene []byte, files map[string]SceneFile) string {
+// the scene refers to). sharedRoot is the studio share its shared files lie under, as the
+// submitter named it ("" for none).
+func SceneVersion(scene []byte, sharedRoot string, files map[string]SceneFile) string {
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
@@ -96,6 +97,7 @@ func SceneVersion(scene []byte, files map[string]SceneFile) string {
 
 	f := newFieldHasher(tagSceneVersion)
 	f.bytes(scene)
+	f.str(sharedRoot)
 	f.int(len(names))
 	for _, name := range names {
 		sf := files[name]

@@ -278,7 +278,7 @@ func TestPayloadHash(t *testing.T) {
 	}
 	// Domain separation: the same bytes as a payload and as an idempotency
 	// key or scene give different values.
-	if PayloadHash([]byte("x")) == SceneVersion([]byte("x"), nil) {
+	if PayloadHash([]byte("x")) == SceneVersion([]byte("x"), "", nil) {
 		t.Error("PayloadHash and SceneVersion share a domain")
 	}
 }
@@ -294,7 +294,7 @@ func byContent(m map[string][]byte) map[string]SceneFile {
 }
 
 func TestSceneVersion(t *testing.T) {
-	sv := func(scene []byte, m map[string][]byte) string { return SceneVersion(scene, byContent(m)) }
+	sv := func(scene []byte, m map[string][]byte) string { return SceneVersion(scene, "", byContent(m)) }
 	scene := []byte(`{"objects":[]}`)
 	// Build the same asset map in two insertion orders.
 	m1 := map[string][]byte{}
@@ -345,18 +345,19 @@ func TestSceneVersion(t *testing.T) {
 	f := shared["tex/a.png"]
 	f.Shared = "proj/tex/a.png"
 	shared["tex/a.png"] = f
-	add("one file on the share", SceneVersion(scene, shared))
+	add("one file on the share", SceneVersion(scene, "/mnt/proj", shared))
+	add("another share", SceneVersion(scene, "/mnt/other", shared))
 	resized := byContent(m1)
 	f = resized["d"]
 	f.Size++
 	resized["d"] = f
-	add("one size changed", SceneVersion(scene, resized))
+	add("one size changed", SceneVersion(scene, "", resized))
 	// Name/content and scene/asset boundaries must not be ambiguous.
 	add("boundary a", sv([]byte("s"), map[string][]byte{"ab": []byte("c")}))
 	add("boundary b", sv([]byte("s"), map[string][]byte{"a": []byte("bc")}))
 	add("boundary c", sv([]byte("sa"), map[string][]byte{"b": []byte("c")}))
 	add("empty asset", sv(scene, map[string][]byte{"": nil}))
-	if SceneVersion(scene, nil) != SceneVersion(scene, map[string]SceneFile{}) {
+	if SceneVersion(scene, "", nil) != SceneVersion(scene, "", map[string]SceneFile{}) {
 		t.Error("nil and empty asset maps differ")
 	}
 }

@@ -77,7 +77,10 @@ type Bundle struct {
 	Name  string          // base name of the scene file, for display only
 	Scene []byte          // the scene document (a tilefarm JSON scene, a Blender scene description, ...)
 	Files map[string]File // by the relative, slash-separated name the scene uses
-	src   Source
+	// SharedRoot is the studio's share as the submitter named it (submit --shared), where the
+	// files whose File.Shared is set lie; a worker reads them under its mount of that root.
+	SharedRoot string
+	src        Source
 }
 
 // WithSource returns b reading its files' content from src.
@@ -96,7 +99,7 @@ func (b *Bundle) Version() string {
 	for n, f := range b.Files {
 		files[n] = identity.SceneFile{Size: f.Size, SHA256: f.SHA256, Shared: f.Shared}
 	}
-	return identity.SceneVersion(b.Scene, files)
+	return identity.SceneVersion(b.Scene, b.SharedRoot, files)
 }
 
 // Names returns the files' names, sorted.
@@ -189,10 +192,11 @@ func (m memory) Open(_ context.Context, name string, _ File) (io.ReadCloser, err
 
 // manifest is the encoding of a Bundle.
 type manifest struct {
-	Format string          `json:"format"`
-	Name   string          `json:"name"`
-	Scene  []byte          `json:"scene"`
-	Files  map[string]File `json:"files"`
+	Format     string          `json:"format"`
+	Name       string          `json:"name"`
+	Scene      []byte          `json:"scene"`
+	Files      map[string]File `json:"files"`
+	SharedRoot string          `json:"shared_root,omitempty"`
 }
 
 // Format names the manifest encoding.
@@ -205,7 +209,7 @@ func (b *Bundle) Encode() []byte {
 	if files == nil {
 		files = map[string]File{}
 	}
-	data, err := json.Marshal(manifest{Format: Format, Name: b.Name, Scene: b.Scene, Files: files})
+	data, err := json.Marshal(manifest{Format: Format, Name: b.Name, Scene: b.Scene, Files: files, SharedRoot: b.SharedRoot})
 	if err != nil { // only for values json cannot encode, which a Bundle has none of
 		panic(fmt.Sprintf("bundle: encoding a manifest: %v", err))
 	}
@@ -247,8 +251,13 @@ func Decode(data []byte, limits Limits) (*Bundle, error) {
 	if len(m.Files) > limits.Files {
 		return nil, fmt.Errorf("%w: %d files exceed this farm's limit of %d (coordinator serve --max-scene-files)", ErrInvalid, len(m.Files), limits.Files)
 	}
+	if len(m.SharedRoot) > maxPath || strings.ContainsRune(m.SharedRoot, 0) {
+		return nil, fmt.Errorf("%w: a shared root of %d bytes", ErrInvalid, len(m.SharedRoot))
+	}
 	var total int64
+	shared := false
 	for n, f := range m.Files {
+		shared = shared || f.Shared != ""
 		if err := checkAssetName(n); err != nil {
 			return nil, err
 		}
@@ -257,10 +266,13 @@ func Decode(data []byte, limits Limits) (*Bundle, error) {
 		}
 		total += f.Size
 	}
+	if shared != (m.SharedRoot != "") {
+		return nil, fmt.Errorf("%w: files on a share need the share's root, and a root needs files on it", ErrInvalid)
+	}
 	if limits.Bytes > 0 && total > limits.Bytes {
 		return nil, fmt.Errorf("%w: %d bytes of files exceed this farm's limit of %d (coordinator serve --max-scene-bytes)", ErrInvalid, total, limits.Bytes)
 	}
-	b := &Bundle{Name: m.Name, Scene: m.Scene, Files: m.Files}
+	b := &Bundle{Name: m.Name, Scene: m.Scene, Files: m.Files, SharedRoot: m.SharedRoot}
 	if b.Files == nil {
 		b.Files = map[string]File{}
 	}
@@ -376,6 +388,9 @@ func (b *Bundle) Share(root string) (int, error) {
 		f.Shared = filepath.ToSlash(rel)
 		b.Files[name] = f
 		n++
+	}
+	if n > 0 {
+		b.SharedRoot = root
 	}
 	return n, nil
 }

@@ -96,6 +96,12 @@ func TestShare(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("Share: %d files, %v; want 1", n, err)
 	}
+	if b.SharedRoot != root {
+		t.Fatalf("the manifest's share root %q, want %q", b.SharedRoot, root)
+	}
+	if back, err := bundle.Decode(b.Encode(), bundle.DefaultLimits); err != nil || back.Version() != b.Version() {
+		t.Fatalf("a manifest with a share does not round trip: %v", err)
+	}
 	if got := b.Files["tex.png"].Shared; got != "proj/tex.png" {
 		t.Fatalf("the shared file's path under the root: %q", got)
 	}
@@ -125,14 +131,16 @@ func TestDecodeRefuses(t *testing.T) {
 		limits bundle.Limits
 		want   string
 	}{
-		"not json":       {"garbage", bundle.DefaultLimits, "bad scene manifest"},
-		"old format":     {`{"format":"tilefarm-scene/1","name":"","scene":null,"files":{}}`, bundle.DefaultLimits, "format"},
-		"unclean name":   {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"../a":{"size":1,"sha256":"` + h + `"}}}`, bundle.DefaultLimits, "clean relative path"},
-		"bad hash":       {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":1,"sha256":"xyz"}}}`, bundle.DefaultLimits, "64 lowercase hex"},
-		"negative size":  {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":-1,"sha256":"` + h + `"}}}`, bundle.DefaultLimits, "size -1"},
-		"too many files": {string(ok), bundle.Limits{Files: 0}, "--max-scene-files"},
-		"too many bytes": {string(ok), bundle.Limits{Files: 10, Bytes: 0}, ""},
-		"not canonical":  {strings.Replace(string(ok), `"format"`, ` "format"`, 1), bundle.DefaultLimits, "canonical"},
+		"not json":        {"garbage", bundle.DefaultLimits, "bad scene manifest"},
+		"old format":      {`{"format":"tilefarm-scene/1","name":"","scene":null,"files":{}}`, bundle.DefaultLimits, "format"},
+		"unclean name":    {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"../a":{"size":1,"sha256":"` + h + `"}}}`, bundle.DefaultLimits, "clean relative path"},
+		"bad hash":        {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":1,"sha256":"xyz"}}}`, bundle.DefaultLimits, "64 lowercase hex"},
+		"negative size":   {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":-1,"sha256":"` + h + `"}}}`, bundle.DefaultLimits, "size -1"},
+		"too many files":  {string(ok), bundle.Limits{Files: 0}, "--max-scene-files"},
+		"too many bytes":  {string(ok), bundle.Limits{Files: 10, Bytes: 0}, ""},
+		"not canonical":   {strings.Replace(string(ok), `"format"`, ` "format"`, 1), bundle.DefaultLimits, "canonical"},
+		"shared, no root": {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{"a":{"size":1,"sha256":"` + h + `","shared":"a"}}}`, bundle.DefaultLimits, "the share's root"},
+		"root, no shared": {`{"format":"tilefarm-scene/2","name":"","scene":null,"files":{},"shared_root":"/mnt"}`, bundle.DefaultLimits, "the share's root"},
 	} {
 		_, err := bundle.Decode([]byte(c.data), c.limits)
 		if c.want == "" {

@@ -35,6 +35,18 @@ func ParseSharedRoot(s string) (SharedRoot, error) {
 	return SharedRoot{Root: root, Local: local}, nil
 }
 
+// Mounts reports whether this mount is of the share a submitter named root: the same path,
+// with Windows' separators and letter case taken as Windows takes them for a drive or UNC root.
+func (s SharedRoot) Mounts(root string) bool {
+	norm := func(p string) string {
+		if len(p) >= 2 && (p[1] == ':' || strings.HasPrefix(p, `\`)) { // S:\proj, \srv\share
+			return strings.ToLower(strings.TrimRight(strings.ReplaceAll(p, `/`, `\`), `\`))
+		}
+		return path.Clean(filepath.ToSlash(p))
+	}
+	return norm(s.Root) == norm(root)
+}
+
 // Resolve returns the local path of rel under Local. rel comes from a job, so it must stay
 // inside the share: slash-separated, relative to Root, with no "..", "." or empty element, no
 // backslash and nothing this system reads as absolute or a device; anything else is an error.

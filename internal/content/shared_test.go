@@ -151,3 +151,25 @@ func TestVerifyShared(t *testing.T) {
 		}
 	})
 }
+
+// A mount serves the share a submitter named by the same root, Windows' roots compared as
+// Windows compares them.
+func TestSharedRootMounts(t *testing.T) {
+	for _, c := range []struct {
+		root, named string
+		want        bool
+	}{
+		{"/mnt/proj", "/mnt/proj", true},
+		{"/mnt/proj/", "/mnt/proj", true},
+		{"/mnt/proj", "/mnt/project", false},
+		{"/mnt/proj", "/MNT/proj", false},
+		{`S:\proj`, `s:\Proj\`, true},
+		{`S:\proj`, `S:/proj`, true},
+		{`S:\proj`, `T:\proj`, false},
+		{`\\srv\share`, `\\SRV\share`, true},
+	} {
+		if got := (SharedRoot{Root: c.root, Local: "/x"}).Mounts(c.named); got != c.want {
+			t.Errorf("root %q mounts %q = %v, want %v", c.root, c.named, got, c.want)
+		}
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
@@ -108,13 +109,17 @@ func (s *Scenes) load(ctx context.Context, version string) (scene.Renderer, erro
 		}
 		defer s.cache.Pin(refs...)() // none evicted while the scene is unpacked or parsed
 	}
-	r, _, err := s.kinds.Load(ctx, b.WithSource(nodeSource{s}), version, s.dir)
+	r, _, err := s.kinds.Load(ctx, b.WithSource(nodeSource{s, b.SharedRoot}), version, s.dir)
 	return r, err
 }
 
 // nodeSource is a worker's Source of a scene's files: the studio's share where the manifest
-// says a file is on it, else the content cache filled from the object store.
-type nodeSource struct{ s *Scenes }
+// says a file is on it (root: the share as the submitter named it), else the content cache
+// filled from the object store.
+type nodeSource struct {
+	s    *Scenes
+	root string
+}
 
 // Path is a local, verified copy of the file: on the share, or in the content cache.
 func (n nodeSource) Path(ctx context.Context, name string, f bundle.File) (string, error) {
@@ -143,29 +148,25 @@ func (n nodeSource) Path(ctx context.Context, name string, f bundle.File) (strin
 	return p, err
 }
 
-// sharedPath resolves a file on the studio's share under this node's mount of it and checks
-// it is what the submitter hashed: a file changed since submit fails the tile, naming it.
+// sharedPath resolves a file on the studio's share under this node's mount of the share the
+// submitter named, and checks it is what the submitter hashed: a file changed since submit
+// fails the tile, naming it.
 func (n nodeSource) sharedPath(ctx context.Context, name string, f bundle.File, ref content.Ref) (string, error) {
-	for _, root := range n.s.shared {
-		p, err := root.Resolve(f.Shared)
-		if err != nil {
-			return "", failure.Terminalf("the scene's file %q on the share: %w", name, err)
-		}
-		if _, err := os.Stat(p); err != nil {
-			continue // on another of the node's shares, perhaps
-		}
-		if err := content.VerifyShared(ctx, p, ref); err != nil {
-			if errors.Is(err, content.ErrSharedChanged) {
-				return "", failure.Terminalf("the scene's file %q: %w", name, err)
-			}
-			return "", err
-		}
-		return p, nil
+	i := slices.IndexFunc(n.s.shared, func(r content.SharedRoot) bool { return r.Mounts(n.root) })
+	if i < 0 {
+		return "", failure.Terminalf("the scene's file %q is on the studio's share %s, which this worker does not mount (tileworker --shared %s=PATH)", name, n.root, n.root)
 	}
-	if len(n.s.shared) == 0 {
-		return "", failure.Terminalf("the scene's file %q is on the studio's share (%s), and this worker mounts no share (tileworker --shared ROOT=PATH)", name, f.Shared)
+	p, err := n.s.shared[i].Resolve(f.Shared)
+	if err != nil {
+		return "", failure.Terminalf("the scene's file %q on the share: %w", name, err)
 	}
-	return "", failure.Terminalf("the scene's file %q is on the studio's share (%s), which is under none of this worker's --shared mounts", name, f.Shared)
+	if err := content.VerifyShared(ctx, p, ref); err != nil {
+		if errors.Is(err, content.ErrSharedChanged) || errors.Is(err, os.ErrNotExist) {
+			return "", failure.Terminalf("the scene's file %q: %w", name, err)
+		}
+		return "", err
+	}
+	return p, nil
 }
 
 // Open streams the file: from its local copy where there is one, else from the store. A node
