@@ -272,6 +272,39 @@ def expand(path, datablock):
     return [path]
 
 
+def disk_caches():
+    """The directories of the caches Blender keeps on disk for the scene's simulations, which
+    blend_paths does not list: point caches (particles, cloth, soft bodies, dynamic paint, rigid
+    bodies) under //blendcache_<name of the .blend>/ or their own directory, and fluid caches;
+    as (what uses it, the path as stored, its absolute path). A cache not on disk is Blender's
+    to simulate, as it would."""
+    base = os.path.splitext(os.path.basename(bpy.data.filepath))[0]
+    out = []
+
+    def point(label, pc):
+        if pc is None or not (pc.use_disk_cache or pc.use_external):
+            return
+        raw = pc.filepath if pc.use_external else "//blendcache_" + base
+        out.append((label, raw, os.path.normpath(bpy.path.abspath(raw))))
+
+    for o in bpy.data.objects:
+        if o.library is not None:
+            continue
+        for ps in getattr(o, "particle_systems", []):
+            point("the particle system %r of %r" % (ps.name, o.name), ps.point_cache)
+        for m in o.modifiers:
+            point("the %s %r of %r" % (m.type.lower().replace("_", " "), m.name, o.name), getattr(m, "point_cache", None))
+            fluid = getattr(m, "domain_settings", None)
+            if fluid is not None and fluid.cache_directory:
+                raw = fluid.cache_directory
+                out.append(("the fluid domain %r of %r" % (m.name, o.name), raw, os.path.normpath(bpy.path.abspath(raw))))
+    for sc in bpy.data.scenes:
+        world = getattr(sc, "rigidbody_world", None)
+        if world is not None:
+            point("the rigid body world of %r" % sc.name, world.point_cache)
+    return out
+
+
 def owners():
     """Maps absolute paths to the datablock that names them, for clear errors."""
     out = {}
@@ -457,6 +490,13 @@ def inspect(req):
             missing.append("%s needs %s, which is missing" % (label, raw))
             continue
         deps += files
+    for label, raw, full in disk_caches():
+        if not os.path.isdir(full):
+            continue  # nothing baked: Blender simulates, on the farm as here
+        if not raw.startswith("//"):
+            abs_refs.append("%s uses the absolute path %s" % (label, raw))
+            continue
+        deps += expand(full, None)
     if abs_refs:
         raise SceneError("; ".join(abs_refs) + ": make paths relative (File > External Data > Make Paths Relative) so the farm can find them")
     if missing:

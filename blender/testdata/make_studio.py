@@ -3,7 +3,7 @@ scenes sent by content: OUT/shot.blend renders the example with a cube linked fr
 OUT/lib/props.blend (whose material reads the library's own texture, //tex/props.png relative
 to the library), and names FILES more files of BYTES bytes each that Blender keeps as images
 (fake users, not rendered): half an image sequence OUT/seq/f_0001.png..., half single textures
-OUT/tex/t_0001.png... . Their bytes are a seeded PRNG's, so two runs make the same project.
+OUT/tex/t_0001.png..., and a particle system baked to a disk cache, OUT/blendcache_shot/. Their bytes are a seeded PRNG's, so two runs make the same project.
 
 Run: blender -b --factory-startup --python make_studio.py -- EXAMPLE.blend OUT FILES BYTES
 """
@@ -36,7 +36,9 @@ mat.node_tree.links.new(tex.outputs["Color"], mat.node_tree.nodes["Principled BS
 cube.data.materials.append(mat)
 bpy.ops.wm.save_as_mainfile(filepath=os.path.join(out, "lib", "props.blend"), relative_remap=True)
 
-# The shot: the example scene, the linked cube, and the many files.
+# The shot: the example scene, the linked cube, and the many files. Saved twice (before and
+# after the bake), without Blender's .blend1 backup beside it.
+bpy.context.preferences.filepaths.save_version = 0
 bpy.ops.wm.open_mainfile(filepath=example, load_ui=False)
 # Saved where the project is first, its own relative paths kept ("//textures/..." is copied
 # beside it), so the paths below are relative to the shot.
@@ -63,4 +65,19 @@ for i in range(files - seq):
     img.source = "FILE"
     img.filepath = "//tex/t_%04d.png" % (i + 1)
     img.use_fake_user = True
+# A point cache: particles baked to //blendcache_shot/ for the first frames, out of the
+# camera's view (the frame is the example's), which Blender reads back when it renders them.
+bpy.ops.mesh.primitive_plane_add(size=0.2, location=(0, 0, -50))
+emitter = bpy.context.object
+emitter.name = "Emitter"
+emitter.modifiers.new("Particles", "PARTICLE_SYSTEM")
+ps = emitter.particle_systems[0]
+ps.settings.count = 20
+ps.settings.frame_start, ps.settings.frame_end = 1, 2
+pc = ps.point_cache
+pc.use_disk_cache = True
+pc.frame_start, pc.frame_end = 1, 3
+bpy.ops.wm.save_as_mainfile(filepath=shot, relative_remap=False)
+with bpy.context.temp_override(point_cache=pc):
+    bpy.ops.ptcache.bake(bake=True)
 bpy.ops.wm.save_as_mainfile(filepath=shot, relative_remap=False)

@@ -24,6 +24,21 @@ func makeStudio(t *testing.T, files, size int) string {
 	return dir
 }
 
+// countFiles counts the regular files under dir: a project's files, each one the scene uses.
+func countFiles(t *testing.T, dir string) int {
+	t.Helper()
+	n := 0
+	if err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n++
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
 // sentRe reads submit's line about its upload (cli.uploadSummary).
 var sentRe = regexp.MustCompile(`sent (\d+) of (\d+) files \(([^)]*)\) and the manifest`)
 
@@ -73,10 +88,11 @@ func TestSceneFilesTravelByContent(t *testing.T) {
 		t.Fatalf("first submit: %s", r)
 	}
 	n, of := sent(t, r)
-	// 60 files, the shot, the library, its texture and the example's: the library's texture is
-	// a copy of the example's, the same content, sent once.
-	if of != 64 || n != 63 {
-		t.Fatalf("the first submit sent %d of %d files, want 63 of 64 (one content twice)", n, of)
+	// 60 files, the shot, the library, its texture, the example's and the baked point cache:
+	// the library's texture is a copy of the example's, the same content, sent once.
+	total := countFiles(t, project)
+	if of != total || n != total-1 {
+		t.Fatalf("the first submit sent %d of %d files, want %d of %d (one content twice)", n, of, total-1, total)
 	}
 	done := f.waitDone(first.JobID, 2*time.Minute)
 	assertExact(t, done)
@@ -95,7 +111,7 @@ func TestSceneFilesTravelByContent(t *testing.T) {
 	if r.code != 42 && r.code != 3 && r.code != 0 {
 		t.Fatalf("second submit: %s", r)
 	}
-	if n, of := sent(t, r); n != 1 || of != 64 {
+	if n, of := sent(t, r); n != 1 || of != total {
 		t.Fatalf("after one texture changed the submit sent %d of %d files, want 1: %s", n, of, r.stderr)
 	}
 	if second.SceneVersion == first.SceneVersion {
@@ -108,7 +124,8 @@ func TestSceneFilesTravelByContent(t *testing.T) {
 	}
 
 	frameIsBlendersOwn(t, f, second.JobID, blend)
-	// The node keeps each content once: 63 files and the changed texture.
+	// The node keeps each content once: the first job's and the changed texture; the point
+	// cache was unpacked beside the .blend, where Blender reads it.
 	cached := 0
 	if err := filepath.WalkDir(filepath.Join(node, "scenes", "content"), func(p string, d os.DirEntry, err error) error {
 		if err == nil && !d.IsDir() && len(d.Name()) == 64 {
@@ -118,10 +135,14 @@ func TestSceneFilesTravelByContent(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if cached != 64 {
-		t.Fatalf("the node's cache holds %d files, want 64 (63 contents of the first job, one changed texture)", cached)
+	if cached != total {
+		t.Fatalf("the node's cache holds %d files, want %d (%d contents of the first job, one changed texture)", cached, total, total-1)
 	}
-	t.Logf("figures: first submit sent 63 of 64 files, the second 1 of 64 and the manifest; cache %d files", cached)
+	caches, _ := filepath.Glob(filepath.Join(node, "scenes", "blender", second.SceneVersion, "blendcache_shot", "*.bphys"))
+	if baked, _ := filepath.Glob(filepath.Join(project, "blendcache_shot", "*.bphys")); len(baked) == 0 || len(caches) != len(baked) {
+		t.Fatalf("the worker unpacked %d of the %d baked point cache files", len(caches), len(baked))
+	}
+	t.Logf("figures: first submit sent %d of %d files, the second 1 and the manifest; cache %d files", total-1, total, cached)
 }
 
 // Property: a scene on the studio's shared storage sends nothing but its manifest; a worker
@@ -143,7 +164,8 @@ func TestSharedStorageSendsOnlyTheManifest(t *testing.T) {
 	if r.code != 42 && r.code != 3 {
 		t.Fatalf("submit: %s", r)
 	}
-	if n, of := sent(t, r); n != 0 || of != 10 || !strings.Contains(r.stderr, "10 on the share") {
+	total := countFiles(t, share)
+	if n, of := sent(t, r); n != 0 || of != total || !strings.Contains(r.stderr, strconv.Itoa(total)+" on the share") {
 		t.Fatalf("a scene on the share sent %d of %d files: %s", n, of, r.stderr)
 	}
 	if objs, _ := os.ReadDir(filepath.Join(f.Data, "store", "content")); len(objs) != 0 {
