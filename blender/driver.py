@@ -251,7 +251,7 @@ SEQ_DIGITS = re.compile(r"^(.*?)(\d+)(\.[^.]*)$")
 
 
 def expand(path, datablock):
-    """Every file behind one dependency: a directory's files, UDIM tiles, image sequences."""
+    """Every file behind one dependency: a directory's files, UDIM tiles, image and volume sequences."""
     if os.path.isdir(path):
         out = []
         for root, _, files in os.walk(path):
@@ -262,7 +262,9 @@ def expand(path, datablock):
         pat = re.compile("^" + re.escape(base).replace(re.escape("<UDIM>"), r"\d{4}").replace(re.escape("<UVTILE>"), r"u\d+_v\d+") + "$")
         names = sorted(os.listdir(d)) if os.path.isdir(d) else []
         return [os.path.join(d, f) for f in names if pat.match(f)]
-    if datablock is not None and getattr(datablock, "source", "") == "SEQUENCE":
+    # An image sequence, or a volume's OpenVDB sequence: every frame's file is sent (the job's
+    # frames are not known here).
+    if datablock is not None and (getattr(datablock, "source", "") == "SEQUENCE" or getattr(datablock, "is_sequence", False)):
         d, base = os.path.split(path)
         m = SEQ_DIGITS.match(base)
         if m and os.path.isdir(d):

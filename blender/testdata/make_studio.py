@@ -3,7 +3,7 @@ scenes sent by content: OUT/shot.blend renders the example with a cube linked fr
 OUT/lib/props.blend (whose material reads the library's own texture, //tex/props.png relative
 to the library), and names FILES more files of BYTES bytes each that Blender keeps as images
 (fake users, not rendered): half an image sequence OUT/seq/f_0001.png..., half single textures
-OUT/tex/t_0001.png..., and a particle system baked to a disk cache, OUT/blendcache_shot/. Their bytes are a seeded PRNG's, so two runs make the same project.
+OUT/tex/t_0001.png..., an OpenVDB sequence OUT/vdb/smoke_0001.vdb... of a volume, and a particle system baked to a disk cache, OUT/blendcache_shot/. Their bytes are a seeded PRNG's, so two runs make the same project.
 
 Run: blender -b --factory-startup --python make_studio.py -- EXAMPLE.blend OUT FILES BYTES
 """
@@ -65,6 +65,15 @@ for i in range(files - seq):
     img.source = "FILE"
     img.filepath = "//tex/t_%04d.png" % (i + 1)
     img.use_fake_user = True
+# An OpenVDB sequence a volume names (a fake user: not rendered), three frames.
+os.makedirs(os.path.join(out, "vdb"), exist_ok=True)
+for i in range(3):
+    with open(os.path.join(out, "vdb", "smoke_%04d.vdb" % (i + 1)), "wb") as f:
+        f.write(rng.randbytes(64))
+vol = bpy.data.volumes.new("Smoke")
+vol.filepath = "//vdb/smoke_0001.vdb"
+vol.is_sequence = True
+vol.use_fake_user = True
 # A point cache: particles baked to //blendcache_shot/ for the first frames, out of the
 # camera's view (the frame is the example's), which Blender reads back when it renders them.
 bpy.ops.mesh.primitive_plane_add(size=0.2, location=(0, 0, -50))
