@@ -103,21 +103,7 @@ func TestCacheConcurrentCallersShareOneFetch(t *testing.T) {
 	for i := range callers {
 		wg.Go(func() { paths[i], errs[i] = c.Path(context.Background(), ref, fetch) })
 	}
-	// Let the fetch go once every caller waits for it.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c.mu.Lock()
-		f := c.flights[ref.SHA256]
-		waiting := f != nil && f.waiters == callers
-		c.mu.Unlock()
-		if waiting {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the callers never all waited on one flight")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	waitWaiters(t, c, ref, callers) // the fetch goes once every caller waits for it
 	close(gate)
 	wg.Wait()
 	for i := range callers {
