@@ -50,7 +50,7 @@ func outboxMessages(n int) ([]outboxMessage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("splitting benchmark frame: %w", err)
 	}
-	sv := identity.SceneVersion([]byte("dispatch benchmark scene"), nil)
+	sv := identity.SceneVersion([]byte("dispatch benchmark scene"), "", nil)
 	sh := identity.SettingsHash(st)
 	out := make([]outboxMessage, 0, n)
 	for frame := 1; len(out) < n; frame++ {
