@@ -178,6 +178,7 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 	kf := kinds.AddFlags(fs, true)
 	maxFiles := fs.Int("max-scene-files", bundle.DefaultLimits.Files, "refuse scenes naming more files than this (HTTP 400, exit 1)")
 	maxBytes := fs.String("max-scene-bytes", "0", "refuse scenes whose files total more than this, e.g. 500G (0 = no limit)")
+	sceneGrace := fs.Duration("scene-grace", coordinator.DefaultSceneGrace, "delete a scene no job names once it is this old (uploaded for a submission that never came; its files go with the next 'coordinator gc'); 0 keeps every scene")
 	maxPending := fs.Int("max-pending-tiles", 0, "refuse submissions that would leave more tiles than this waiting to render (HTTP 429 with Retry-After, exit 75); 0 = no limit")
 	debugListen := fs.String("debug-listen", "", "serve Go profiles (/debug/pprof/) on this address, e.g. 127.0.0.1:6060 (off by default; beyond loopback they need the API token)")
 	reconcile := fs.Duration("reconcile-every", 30*time.Second, "how often unfinished frames are compared with their manifests in the store")
@@ -239,7 +240,12 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 			}
 		}
 		ccfg := coordinator.Config{MaxPendingTiles: *maxPending, ReconcileEvery: *reconcile, RetirePoolsAfter: *retirePools, Notify: ncfg,
-			SceneLimits: bundle.Limits{Files: *maxFiles, Bytes: sceneBytes}}
+			SceneLimits: bundle.Limits{Files: *maxFiles, Bytes: sceneBytes}, SceneGrace: *sceneGrace}
+		if *sceneGrace == 0 {
+			ccfg.SceneGrace = -1
+		} else if *sceneGrace < time.Hour {
+			return usagef("--scene-grace %v: want 1h or more (a submission uploads its scene before it names it), or 0", *sceneGrace)
+		}
 		if *retirePools == 0 {
 			ccfg.RetirePoolsAfter = -1
 		}

@@ -83,7 +83,7 @@ Run it from cron on the coordinator host.`)
 // candidates first), so a scene stored while gc runs keeps its files; one whose manifest cannot
 // be read stops the collection before anything is deleted.
 func sceneFiles(ctx context.Context, objects objstore.Store) (func(key string) bool, error) {
-	scenes, err := objects.List(ctx, layout.SceneKey("")[:len("scenes/")])
+	scenes, err := objects.List(ctx, layout.ScenePrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing scenes: %w", err)
 	}

@@ -23,6 +23,9 @@ import (
 // The coordinator's client commands for jobs: submit, status, watch, jobs, outputs, cancel and
 // reprioritize.
 
+// submitResult names api.SubmitResult where a client variable called api hides the package.
+type submitResult = api.SubmitResult
+
 func (p *program) submitCommand() *cobra.Command {
 	c := newCommand("submit SCENE --frames A-B", "submit a job to a running coordinator", `
 Submit SCENE to a running coordinator. Safe to re-run from cron: the same request (or the same
@@ -89,11 +92,17 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 			req.SceneVersion = bundle.Version()
 		}
 		api := p.client()
-		// The upload's progress goes to stderr even with --json: the add-on shows its lines.
-		if _, err := uploadScene(ctx, api, bundle, stderr, false); err != nil {
-			return 0, err
+		var res submitResult
+		for try := 0; ; try++ {
+			// The upload's progress goes to stderr even with --json: the add-on shows its lines.
+			if _, err := uploadScene(ctx, api, bundle, stderr, false); err != nil {
+				return 0, err
+			}
+			if res, err = api.SubmitUploaded(ctx, req); try == 0 && client.IsSceneMissing(err) {
+				continue // the farm's scene gc took the scene between the upload and the job
+			}
+			break
 		}
-		res, err := api.SubmitUploaded(ctx, req)
 		if err != nil {
 			return 0, err
 		}

@@ -64,10 +64,23 @@ func New(base, token string, opts ...Option) *Client {
 // changed sends that texture and the manifest.
 func (c *Client) Submit(ctx context.Context, b *bundle.Bundle, req api.SubmitRequest) (api.SubmitResult, error) {
 	req.SceneVersion = b.Version()
-	if _, err := UploadScene(ctx, c, b, 0, nil); err != nil {
-		return api.SubmitResult{}, err
+	for try := 0; ; try++ {
+		if _, err := UploadScene(ctx, c, b, 0, nil); err != nil {
+			return api.SubmitResult{}, err
+		}
+		res, err := c.SubmitUploaded(ctx, req)
+		if try == 0 && IsSceneMissing(err) {
+			continue
+		}
+		return res, err
 	}
-	return c.SubmitUploaded(ctx, req)
+}
+
+// IsSceneMissing reports whether a submission was refused because the farm does not have its
+// scene: its scene gc deleted the manifest of a scene no job named between the upload (which
+// found it) and the job. Uploading again stores it again.
+func IsSceneMissing(err error) bool {
+	return errors.Is(err, api.ErrBadInput) && strings.Contains(err.Error(), "scene not uploaded")
 }
 
 // SubmitUploaded submits a job for a scene already uploaded (UploadScene) under

@@ -46,6 +46,10 @@ type Config struct {
 	// SceneLimits bound what one scene's manifest may name (files, bytes of content); the
 	// zero value is bundle.DefaultLimits.
 	SceneLimits bundle.Limits
+	// SceneGrace is how long a scene's manifest that no job names is kept (uploaded for a
+	// submission still to come); scene gc looks every hour. Default DefaultSceneGrace;
+	// negative keeps every scene.
+	SceneGrace time.Duration
 	// Faults is what the coordinator breaks for fault tests (faults.Plan: a crash at one of
 	// faults.CoordinatorSeams); zero breaks nothing.
 	Faults faults.Plan
@@ -64,6 +68,9 @@ func (c *Config) normalize() {
 	}
 	if c.MaxUploads <= 0 {
 		c.MaxUploads = 4
+	}
+	if c.SceneGrace == 0 {
+		c.SceneGrace = DefaultSceneGrace
 	}
 	if c.SceneLimits.Files <= 0 {
 		c.SceneLimits.Files = bundle.DefaultLimits.Files
@@ -97,6 +104,7 @@ type Coordinator struct {
 	now     func() time.Time
 	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
 	uploads chan struct{}             // one token per scene file upload in progress
+	sceneGC sync.RWMutex              // held for writing while scene gc deletes manifests (CollectScenes)
 	limits  bundle.Limits             // of a scene's manifest (Config.SceneLimits)
 
 	faults    *faults.Injector // nil unless a fault test asked for a crash
@@ -183,6 +191,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"worker directory":  c.watchWorkers,
 		"worker heartbeats": func(ctx context.Context) error { return c.queue.Workers.Follow(ctx, c.fleet.beat) },
 		"notifier":          c.notifier.Run,
+		"scene gc":          c.sceneGCLoop,
 	}
 	for name, loop := range loops {
 		wg.Add(1)

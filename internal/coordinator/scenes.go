@@ -8,9 +8,11 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/content"
+	"github.com/tilefarm/tilefarm/internal/coorddb"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
@@ -214,6 +216,72 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		}
 		return &sceneInfo{name: b.Name, kind: kind, info: info}, nil
 	})
+}
+
+// DefaultSceneGrace is how long a scene no job names is kept by default.
+const DefaultSceneGrace = 24 * time.Hour
+
+// sceneGCEvery is how often scene gc looks.
+const sceneGCEvery = time.Hour
+
+// sceneGCLoop runs CollectScenes every sceneGCEvery.
+func (c *Coordinator) sceneGCLoop(ctx context.Context) error {
+	if c.cfg.SceneGrace < 0 {
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(sceneGCEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if deleted, err := c.CollectScenes(ctx, c.cfg.SceneGrace); err != nil && ctx.Err() == nil {
+			c.log.Warn("collecting scenes no job names", "err", err)
+		} else if len(deleted) > 0 {
+			c.log.Info("deleted the manifests of scenes no job names", "scenes", len(deleted), "grace", c.cfg.SceneGrace)
+		}
+	}
+}
+
+// CollectScenes deletes the manifests of scenes no job names that are older than grace (a
+// scene uploaded for a submission that never came): their files are then named by no scene,
+// and `coordinator gc` deletes them after its own grace. It holds submissions off while it
+// runs (sceneGC), so a job is never made for a scene whose manifest it deletes: a submission
+// after it finds the scene missing and is told to upload it again, which the client does.
+func (c *Coordinator) CollectScenes(ctx context.Context, grace time.Duration) ([]string, error) {
+	c.sceneGC.Lock()
+	defer c.sceneGC.Unlock()
+	named := map[string]bool{}
+	if err := c.db.View(ctx, func(tx *coorddb.Tx) error {
+		jobs, err := tx.Jobs()
+		for _, j := range jobs {
+			named[j.SceneVersion] = true
+		}
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	stored, err := c.objects.List(ctx, layout.ScenePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing scenes: %w", err)
+	}
+	cutoff := c.now().Add(-grace)
+	var deleted []string
+	for _, o := range stored {
+		version, ok := layout.SceneOfKey(o.Key)
+		if !ok || named[version] || !o.ModTime.Before(cutoff) {
+			continue
+		}
+		if err := c.objects.Delete(ctx, o.Key); err != nil {
+			return deleted, fmt.Errorf("deleting scene %s: %w", version, err)
+		}
+		c.scenes.Forget(version)
+		deleted = append(deleted, version)
+	}
+	return deleted, nil
 }
 
 // parallel runs fn for 0..n-1 with at most width at once; the first error cancels the rest.

@@ -310,6 +310,10 @@ func resolveAfter(_ *Coordinator, _ context.Context, pl *plan) error {
 // (completed by an earlier job, or in progress) are shared, not rendered again.
 func (c *Coordinator) Submit(ctx context.Context, req api.SubmitRequest) (res api.SubmitResult, err error) {
 	defer func() { c.countSubmission(res, err) }()
+	// The scene's manifest stays while the job is made: scene gc (CollectScenes) deletes only
+	// manifests of scenes no job names, between submissions.
+	c.sceneGC.RLock()
+	defer c.sceneGC.RUnlock()
 	j, ntiles, notes, err := c.planSubmission(ctx, req)
 	if err != nil {
 		return api.SubmitResult{}, err

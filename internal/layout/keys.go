@@ -9,9 +9,22 @@ import (
 	"github.com/tilefarm/tilefarm/finalize"
 )
 
+// ScenePrefix is where scene manifests are stored.
+const ScenePrefix = "scenes/"
+
 // SceneKey is where a scene's manifest (internal/bundle) is stored, content-addressed by its
 // scene version.
-func SceneKey(sceneVersion string) string { return "scenes/" + sceneVersion + ".json" }
+func SceneKey(sceneVersion string) string { return ScenePrefix + sceneVersion + ".json" }
+
+// SceneOfKey returns the scene version of a manifest's key (SceneKey).
+func SceneOfKey(key string) (string, bool) {
+	v, ok := strings.CutPrefix(key, ScenePrefix)
+	if !ok {
+		return "", false
+	}
+	v, ok = strings.CutSuffix(v, ".json")
+	return v, ok && v != "" && !strings.Contains(v, "/")
+}
 
 // ContentPrefix is where the files of every scene are stored, each once, by content.
 const ContentPrefix = "content/"
