@@ -49,15 +49,29 @@ type studioProject struct {
 	files, size int
 }
 
-// sceneFiles is how many files the scene names: the extra files and the four of the shot.
-func (p studioProject) sceneFiles() int { return p.files + 4 }
+// studioFixed is how many files make_studio.py adds to the extra ones: the shot, its library,
+// their two textures, three OpenVDB frames and 24 frames of a baked point cache.
+const studioFixed = 4 + 3 + 24
 
-// makeStudioProject builds p under dir and returns its directory.
+// sceneFiles is how many files the scene names: the extra files and the fixed ones.
+func (p studioProject) sceneFiles() int { return p.files + studioFixed }
+
+// makeStudioProject builds p under dir and returns its directory, checking it holds the files
+// sceneFiles counts.
 func makeStudioProject(tb testing.TB, dir string, p studioProject) string {
 	tb.Helper()
 	out := filepath.Join(dir, fmt.Sprintf("studio-%d-%d", p.files, p.size))
 	blendertest.Run(tb, "--python", filepath.Join(blendertest.Root(tb), "blender", "testdata", "make_studio.py"), "--",
 		blendertest.Example(tb), out, strconv.Itoa(p.files), strconv.Itoa(p.size))
+	n := 0
+	if err := filepath.WalkDir(out, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			n++
+		}
+		return err
+	}); err != nil || n != p.sceneFiles() {
+		tb.Fatalf("the project holds %d files (%v), want %d", n, err, p.sceneFiles())
+	}
 	return out
 }
 
