@@ -1,3 +1,5 @@
+//go:build unix
+
 // Command chaos runs a real farm as separate processes (NATS single or a 3-node cluster, MinIO
 // single or a 4-node cluster, a coordinator, several tileworkers) and injects faults while
 // jobs render: kills of workers at every seam of the Render and Finalize flows, a worker frozen

@@ -17,6 +17,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/objstore"
 )
 
@@ -211,7 +212,7 @@ func TestCoordinatorUsage(t *testing.T) {
 		}
 	}
 	code, stdout, _ = run(t, "--version")
-	if code != api.ExitOK || !strings.HasPrefix(stdout, "coordinator ") || !strings.Contains(stdout, "go1.") {
+	if code != api.ExitOK || !strings.HasPrefix(stdout, "coordinator ") || !strings.Contains(stdout, jsonscene.Build()) {
 		t.Errorf("--version: exit %d, %q", code, stdout)
 	}
 	code, stdout, _ = run(t, "completion", "bash")

@@ -13,7 +13,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -25,6 +24,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/node"
+	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/render"
 )
 
@@ -35,8 +35,13 @@ const (
 	envLogFormat = "TILEFARM_LOG_FORMAT"
 )
 
-// Version is what --version prints: the build, and the Go release it was built with.
-func Version() string { return buildinfo.Version() + " (" + buildinfo.GoVersion() + ")" }
+// Version is what --version prints: the build, and the built-in renderer's build fingerprint
+// as pools name it (tilefarm/<Go release> <GOARCH level> render/<version>: a job of the
+// built-in renderer renders only on workers reporting the same), which is also what the
+// release archives are named by.
+func Version() string {
+	return buildinfo.Version() + " (" + jsonscene.Build() + ", " + runtime.GOOS + ")"
+}
 
 // usageError is a command-line mistake (exit 2).
 type usageError struct{ msg string }
@@ -244,7 +249,9 @@ func isNotFound(err error) bool { return errors.Is(err, api.ErrNotFound) }
 // the test sees exactly what a real crash there leaves behind.
 func killSelf(log *slog.Logger, process, seam string) {
 	log.Warn("fault injection: killing "+process, "seam", seam)
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	if self, err := os.FindProcess(os.Getpid()); err == nil {
+		_ = self.Kill() // SIGKILL; TerminateProcess on Windows
+	}
 	time.Sleep(time.Hour)
 }
 

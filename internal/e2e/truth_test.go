@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 // Manifests are the truth (docs/design.md): the recovery paths that could strand a job or

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package nettest runs each process of a test as its own "host" in its own
 // Linux network namespace, all joined by one bridge, so that tests can cut
 // and heal links between hosts for real (nftables drop rules) and observe

@@ -83,7 +83,7 @@ func (p *Proc) Signal(s syscall.Signal) {
 // Kill thaws the process (a test may have stopped it with SIGSTOP), kills it with SIGKILL and
 // waits until it is reaped, so its log is complete and its ports are free when Kill returns.
 func (p *Proc) Kill() {
-	p.Signal(syscall.SIGCONT)
+	p.thaw()
 	p.Signal(syscall.SIGKILL)
 	<-p.done
 }

@@ -13,7 +13,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"golang.org/x/sys/unix"
+
+	"github.com/tilefarm/tilefarm/internal/platform"
 )
 
 // readyTimeout bounds how long StartEmbedded waits for the server when ctx has no earlier deadline.
@@ -226,11 +227,11 @@ const restartRoom = 16 << 20
 // clears the streams' write errors. It fails while the store's disk has less than restartRoom
 // free, or JetStream does not start.
 func (e *Embedded) RestartJetStream() error {
-	var st unix.Statfs_t
-	if err := unix.Statfs(e.dir, &st); err != nil {
+	free, err := platform.FreeBytes(e.dir)
+	if err != nil {
 		return fmt.Errorf("restarting embedded JetStream: %w", err)
 	}
-	if free := uint64(st.Bavail) * uint64(st.Bsize); free < restartRoom {
+	if free < restartRoom {
 		return fmt.Errorf("restarting embedded JetStream: %d bytes free on the disk of %s, want %d", free, e.dir, restartRoom)
 	}
 	if e.srv.JetStreamEnabled() {
