@@ -134,6 +134,29 @@ if [ -z "${TILEFARM_FFMPEG:-}" ] || ! command -v ffprobe >/dev/null; then
 fi
 export TILEFARM_FFMPEG
 
+# Wine runs the Windows builds of coordinator and tileworker against a Linux farm (the Windows
+# tests in internal/e2e). Debian's Wine 8 lacks bcryptprimitives.dll, whose ProcessPrng Go's
+# Windows runtime needs at start: a prefix made once gets a DLL forwarding it to advapi32's
+# SystemFunction036 (RtlGenRandom), linked with MinGW's binutils from a one-line .def.
+if [ -z "${TILEFARM_WINE:-}" ]; then
+  if [ ! -x /usr/lib/wine/wine64 ] || ! command -v x86_64-w64-mingw32-ld >/dev/null; then
+    apt_install "the Windows tests (about 15 s)" "Wine and MinGW's binutils are needed by the Windows tests (or set TILEFARM_WINE and TILEFARM_WINEPREFIX)" wine64 binutils-mingw-w64-x86-64
+  fi
+  TILEFARM_WINE=/usr/lib/wine/wine64
+fi
+WINE_DIR="$CACHE/wine-$(dpkg-query -W -f '${Version}' wine64 2>/dev/null || echo local)"
+if [ -z "${TILEFARM_WINEPREFIX:-}" ]; then
+  TILEFARM_WINEPREFIX="$WINE_DIR/prefix"
+  if [ ! -f "$TILEFARM_WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll" ]; then
+    echo "preparing a Wine prefix in $TILEFARM_WINEPREFIX (first run only)..."
+    mkdir -p "$WINE_DIR"
+    WINEPREFIX="$TILEFARM_WINEPREFIX" WINEDEBUG=-all "$TILEFARM_WINE" wineboot --init >/dev/null 2>&1 || true
+    printf 'LIBRARY bcryptprimitives.dll\nEXPORTS\nProcessPrng = advapi32.SystemFunction036\n' >"$WINE_DIR/prng.def"
+    x86_64-w64-mingw32-ld --dll --entry 0 -o "$TILEFARM_WINEPREFIX/drive_c/windows/system32/bcryptprimitives.dll" "$WINE_DIR/prng.def"
+  fi
+fi
+export TILEFARM_WINE TILEFARM_WINEPREFIX
+
 fuzz=false
 if [ $# -eq 0 ]; then
   # Every package, the longest first (go test starts them in this order, -p at a time), so

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+
+	"github.com/tilefarm/tilefarm/internal/platform"
 )
 
 // WriteFileAtomic writes data to path through a temporary file in the same
@@ -48,7 +50,7 @@ func WriteFileMode(path string, data []byte, perm os.FileMode) error {
 		os.Remove(tmp)
 		return fmt.Errorf("writing %q: %w", path, err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := platform.SyncDir(dir); err != nil {
 		return fmt.Errorf("writing %q: %w", path, err)
 	}
 	return nil

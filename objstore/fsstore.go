@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/tilefarm/tilefarm/internal/platform"
 )
 
 // FSStore is a Store on a local directory: the single-machine default. Objects
@@ -87,7 +89,7 @@ func (s *FSStore) replace(ctx context.Context, key string, write func(io.Writer)
 		os.Remove(tmp)
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := platform.SyncDir(filepath.Dir(final)); err != nil {
 		return fmt.Errorf("putting %q: %w", key, err)
 	}
 	return nil
@@ -115,7 +117,7 @@ func (s *FSStore) PutIfAbsent(ctx context.Context, key string, data []byte) erro
 		}
 		return fmt.Errorf("creating %q: %w", key, linkErr)
 	}
-	if err := syncDir(filepath.Dir(final)); err != nil {
+	if err := platform.SyncDir(filepath.Dir(final)); err != nil {
 		return fmt.Errorf("creating %q: %w", key, err)
 	}
 	return nil
@@ -168,19 +170,6 @@ func (s *FSStore) writeTemp(final string, write func(io.Writer) error) (string, 
 		return "", err
 	}
 	return name, nil
-}
-
-// syncDir makes a rename or link in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) {
-		return err
-	}
-	return nil
 }
 
 // Get reads the object stored under key.

@@ -18,6 +18,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tilefarm/tilefarm/internal/platform"
 )
 
 // tmpPrefix starts the name of a file being fetched, in the cache's top directory: OpenCache
@@ -429,7 +431,7 @@ func (c *Cache) fetch(ctx context.Context, ref Ref, p string, fetch Fetcher) err
 		return fmt.Errorf("rename into place: %w", err)
 	}
 	renamed = true
-	syncDir(filepath.Dir(p))
+	_ = platform.SyncDir(filepath.Dir(p)) // best effort: the rename is atomic already
 	fi, err := os.Stat(p)
 	if err != nil {
 		return unpath(err)
@@ -450,15 +452,6 @@ func (c *Cache) fetch(ctx context.Context, ref Ref, p string, fetch Fetcher) err
 	}
 	c.evictLocked()
 	return nil
-}
-
-// syncDir makes a rename in dir durable, where the system can (best effort: Windows cannot
-// sync a directory, and the rename is already atomic).
-func syncDir(dir string) {
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
 }
 
 // hashingWriter writes to w and hashes what it wrote; a write that would take the content past
