@@ -9,9 +9,19 @@ import (
 	"sync"
 )
 
-// Version is the build's version: a module version such as v1.2.0, or "devel+REVISION" (with
-// "-dirty" when built from uncommitted changes), or "devel" when neither is recorded.
-func Version() string { return info().version }
+// Version is the build's version: the release's (stamped, below), a module version such as
+// v1.2.0, or "devel+REVISION" (with "-dirty" when built from uncommitted changes), or "devel"
+// when none is recorded.
+func Version() string {
+	if stamped != "" {
+		return stamped
+	}
+	return info().version
+}
+
+// stamped is the version release.sh gives a release build (-ldflags -X), so its binaries say
+// the version their archives are named by whatever the build's VCS stamping.
+var stamped string
 
 // GoVersion is the Go release the binary was built with.
 func GoVersion() string { return runtime.Version() }
