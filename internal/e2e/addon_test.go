@@ -301,6 +301,17 @@ func TestBlenderAddonReportsWhyItCannotSubmit(t *testing.T) {
 	step(map[string]any{"set": map[string]any{"server": server, "use_scene_range": false, "frame_start": 1, "frame_end": 1}})
 	step(map[string]any{"prefs": map[string]any{"coordinator": filepath.Join(t.TempDir(), "coordinator")}})
 	refused("submit", "a missing coordinator command", "The coordinator command", "does not exist", "preferences")
+	// Another program of the name, here a shell script in a directory with a space and a
+	// non-ASCII letter in its name, is not taken for tilefarm's coordinator.
+	impostor := filepath.Join(t.TempDir(), "my tools é", "coordinator")
+	if err := os.MkdirAll(filepath.Dir(impostor), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(impostor, []byte("#!/bin/sh\necho 'coordinator of trains 1.0'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	step(map[string]any{"prefs": map[string]any{"coordinator": impostor}})
+	refused("submit", "another program called coordinator", "is not tilefarm's coordinator", "coordinator of trains 1.0")
 	step(map[string]any{"prefs": map[string]any{"coordinator": coordinator}})
 	step(map[string]any{"set": map[string]any{"frame_start": 2, "frame_end": 1}})
 	refused("submit", "a reversed frame range", "The farm refused the job", "frame range 2-1 is reversed")

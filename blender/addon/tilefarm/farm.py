@@ -53,9 +53,19 @@ def monitor_url(server, job_id):
     return "%s/#/jobs/%s" % (normalize_server(server), urllib.parse.quote(job_id, safe=""))
 
 
+# The coordinator command's file name on this system.
+COORDINATOR = "coordinator.exe" if sys.platform == "win32" else "coordinator"
+
+# Commands found to be tilefarm's coordinator, by path: asked once per Blender session.
+_checked = {}
+
+
 def find_coordinator(configured):
     """The coordinator command: the one the preferences name, else $TILEFARM_COORDINATOR, else
-    `coordinator` on PATH. One named but missing is an error, never silently another one."""
+    one next to the add-on (a release's zip unpacked beside it), else `coordinator` on PATH
+    (coordinator.exe on Windows). One named but missing is an error, never silently another
+    one; one that is not tilefarm's coordinator (another program of that name, a build for
+    another system) is an error saying so."""
     for candidate, where in ((configured, "the add-on's preferences"),
                              (os.environ.get(ENV_COORDINATOR, ""), ENV_COORDINATOR)):
         candidate = candidate.strip()
@@ -63,18 +73,42 @@ def find_coordinator(configured):
             continue
         path = os.path.expanduser(candidate)
         if os.path.isfile(path) and os.access(path, os.X_OK):
-            return path
-        if os.sep not in path:
+            return checked(path, where)
+        if os.sep not in path and "/" not in path:
             found = shutil.which(path)
             if found:
-                return found
+                return checked(found, where)
         raise FarmError("The coordinator command %r set in %s does not exist or cannot run: "
                         "set the path of tilefarm's coordinator there" % (candidate, where))
+    beside = os.path.join(os.path.dirname(os.path.abspath(__file__)), COORDINATOR)
+    if os.path.isfile(beside) and os.access(beside, os.X_OK):
+        return checked(beside, "the add-on's directory")
     found = shutil.which("coordinator")
     if found:
-        return found
+        return checked(found, "PATH")
     raise FarmError("tilefarm's coordinator command was not found: set its path in %s (or %s), "
                     "or put it on PATH" % (PREFERENCES, ENV_COORDINATOR))
+
+
+def checked(path, where):
+    """path, once `path --version` said it is tilefarm's coordinator."""
+    if _checked.get(path):
+        return path
+    kw = {}
+    if sys.platform == "win32":
+        kw["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
+    try:
+        p = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=30, encoding="utf-8", errors="replace", **kw)
+        answer = p.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        answer = str(e)
+    # tilefarm's answer: "coordinator VERSION (tilefarm/BUILD, SYSTEM)" (cli.Version).
+    if not answer.startswith("coordinator ") or "(tilefarm/" not in answer:
+        raise FarmError("%s (from %s) is not tilefarm's coordinator, or not a build for this system: "
+                        "asked for its version it answered %r" % (path, where, answer[:200]))
+    _checked[path] = True
+    return path
 
 
 class Submission:
