@@ -308,7 +308,9 @@ def disk_caches():
 
 
 def owners():
-    """Maps absolute paths to the datablock that names them, for clear errors."""
+    """Maps absolute paths, and paths as stored with Windows' separators made "/" (how
+    blend_paths reports a drive letter's or a share's), to the datablock that names them, for
+    clear errors."""
     out = {}
     for kind, coll in (("image", bpy.data.images), ("linked library", bpy.data.libraries),
                        ("sound", bpy.data.sounds), ("font", bpy.data.fonts), ("movie clip", bpy.data.movieclips),
@@ -320,6 +322,7 @@ def owners():
             lib = getattr(db, "library", None)
             full = bpy.path.abspath(fp, library=lib) if lib is not None else bpy.path.abspath(fp)
             out[os.path.normpath(full)] = (kind, db)
+            out.setdefault(fp.replace("\\", "/"), (kind, db))
     return out
 
 
@@ -482,7 +485,7 @@ def inspect(req):
         if raw.startswith("<") or raw == "":
             continue  # <builtin> fonts and the like live in Blender itself
         full = os.path.normpath(full)
-        kind, db = who.get(full, ("file", None))
+        kind, db = who.get(full) or who.get(raw.replace("\\", "/"), ("file", None))
         label = "%s %r" % (kind, db.name) if db is not None else kind
         if not raw.startswith("//"):
             abs_refs.append("%s uses the absolute path %s" % (label, raw))

@@ -227,3 +227,37 @@ func TestBlenderBadInputIsRefused(t *testing.T) {
 func isBlender(exe string) bool {
 	return strings.Contains(filepath.Base(exe), "blender") || blender.IsPython(exe)
 }
+
+// Property: a .blend made on Windows, its files named "//textures\checker.png", renders on the
+// farm's Linux workers as Blender on Linux renders it (which reads the backslashes as Windows
+// separators), its texture found: equal to Blender's own render of the same file and of the
+// example it was made from. A drive letter or a UNC path cannot travel: refused, named.
+func TestBlenderWindowsPathsRenderAsBlendersOwn(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	if err := os.CopyFS(filepath.Join(dir, "textures"), os.DirFS(filepath.Join(filepath.Dir(blenderExample(t)), "textures"))); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(blendertest.Root(t), "blender", "testdata", "make_winpaths.py")
+	win := filepath.Join(dir, "windows.blend")
+	blendertest.Run(t, blenderExample(t), "--python", script, "--", win)
+	out := filepath.Join(dir, "w_####.exr")
+	if r := run(t, "coordinator", "render", win, "--frames", "1", "--out", out, "--format", "exr", "--data", filepath.Join(dir, "data")); r.code != 0 {
+		t.Fatalf("render of the Windows .blend: %s", r)
+	}
+	got := blendertest.ReadEXR(t, frameFile(out, 1))
+	for what, blend := range map[string]string{"the Windows .blend": win, "the example": blenderExample(t)} {
+		own := blendertest.ReadEXR(t, blendertest.OwnRender(t, blend, exampleSettings, 1, false))
+		if d := blendertest.MaxRelDiff(got.Pix, own.Pix); d > 1e-5 {
+			t.Fatalf("the farm's frame of the Windows .blend differs from Blender's own render of %s by %g relative", what, d)
+		}
+	}
+	abs := filepath.Join(dir, "absolute.blend")
+	blendertest.Run(t, blenderExample(t), "--python", script, "--", abs, "absolute")
+	r := run(t, "coordinator", "render", abs, "--frames", "1", "--out", out, "--format", "exr", "--data", filepath.Join(dir, "data2"))
+	// Blender names them with its own separators.
+	if r.code != 1 || !strings.Contains(r.stderr, `image 'Drive' uses the absolute path C:/textures/wood.png`) ||
+		!strings.Contains(r.stderr, `image 'Share' uses the absolute path \\server/share/wood.png`) || !strings.Contains(r.stderr, "make paths relative") {
+		t.Fatalf("a .blend naming a drive letter and a UNC path: %s", r.String())
+	}
+}
