@@ -106,6 +106,9 @@ type Coordinator struct {
 	uploads chan struct{}             // one token per scene file upload in progress
 	sceneGC sync.RWMutex              // held for writing while scene gc deletes manifests (CollectScenes)
 	limits  bundle.Limits             // of a scene's manifest (Config.SceneLimits)
+	// uploaded are the files PutContent stored lately, which a manifest's check need not ask
+	// the store about (stored).
+	uploaded *flight.Cache[uploadedContent]
 
 	faults    *faults.Injector // nil unless a fault test asked for a crash
 	progress  *progressTracker // tiles in progress, in memory only (progress.go)
@@ -153,6 +156,7 @@ func New(cfg Config, d Deps) *Coordinator {
 		scenes:    flight.New[*sceneInfo](8),
 		uploads:   make(chan struct{}, cfg.MaxUploads),
 		limits:    cfg.SceneLimits,
+		uploaded:  flight.New[uploadedContent](maxFreshUploads),
 		relayKick: make(chan struct{}, 1),
 		poolsKick: make(chan struct{}, 1),
 		poolIdle:  map[string]time.Time{},

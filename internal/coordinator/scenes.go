@@ -113,7 +113,31 @@ func (c *Coordinator) PutContent(ctx context.Context, ref api.ContentRef, r io.R
 	if err != nil {
 		return fmt.Errorf("storing content %s: %w", ref.SHA256, err)
 	}
+	c.uploaded.Put(ref.SHA256, uploadedContent{size: ref.Size, at: c.now()})
 	return nil
+}
+
+// uploadedContent is a file PutContent stored, and when.
+type uploadedContent struct {
+	size int64
+	at   time.Time
+}
+
+// freshUpload is how long a file PutContent stored is taken as present without asking the
+// store: far within the hour `coordinator gc` leaves any object alone (its minimum grace), so
+// the manifest that names it next is checked with one store request less per new file.
+const freshUpload = 10 * time.Minute
+
+// maxFreshUploads bounds the uploads remembered (a few hundred bytes each).
+const maxFreshUploads = 100_000
+
+// stored reports whether the file of hash sha is stored with size bytes: uploaded here moments
+// ago, or as the store says.
+func (c *Coordinator) stored(ctx context.Context, sha string, size int64) (bool, error) {
+	if u, ok := c.uploaded.Peek(sha); ok && u.size == size && c.now().Sub(u.at) < freshUpload {
+		return true, nil
+	}
+	return c.hasContent(ctx, sha, size)
 }
 
 // PutScene validates a scene's encoded manifest and stores it, once, under its scene version.
@@ -148,7 +172,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 		if f.Shared != "" {
 			return nil
 		}
-		ok, err := c.hasContent(ctx, f.SHA256, f.Size)
+		ok, err := c.stored(ctx, f.SHA256, f.Size)
 		if err == nil && !ok {
 			mu.Lock()
 			missing = append(missing, names[i])

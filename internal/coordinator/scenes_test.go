@@ -3,11 +3,14 @@ package coordinator
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/client"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -51,5 +54,59 @@ func TestCollectScenesKeepsWhatJobsName(t *testing.T) {
 	}
 	if _, err := h.c.Submit(h.ctx, req); err != nil {
 		t.Fatalf("a submission once the scene is back: %v", err)
+	}
+}
+
+// Property: a scene's new files cost the store one request each to find them missing and one to
+// store them, not one more when the manifest naming them is checked: the coordinator remembers
+// what it stored moments ago (stored, freshUpload). A file it did not store is asked about.
+func TestManifestCheckTrustsFreshUploads(t *testing.T) {
+	h := newHarness(t, Config{})
+	files := map[string][]byte{}
+	for i := range 20 {
+		files[fmt.Sprintf("meshes/m%02d.obj", i)] = []byte(fmt.Sprintf("v 0 0 %d\nv 1 0 0\nv 0 1 0\nf 1 2 3\n", i))
+	}
+	scene := []byte(`{"settings": {"camera": "c", "width": 8, "height": 6}, "cameras": [{"name": "c", "position": [0,0,3], "look_at": [0,0,0]}],` +
+		` "materials": [{"name": "m", "type": "diffuse"}], "objects": [`)
+	first := true
+	for name := range files {
+		if !first {
+			scene = append(scene, ',')
+		}
+		first = false
+		scene = append(scene, []byte(`{"type": "mesh", "file": "`+name+`", "material": "m"}`)...)
+	}
+	scene = append(scene, "]}"...)
+	b := bundle.FromMemory("many.json", scene, files)
+	counting := objstore.NewCounting(h.objects)
+	h.c.objects = counting
+	if _, err := client.UploadScene(h.ctx, h.c, b, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	stats := 0
+	for _, r := range counting.Requests() {
+		if r.Kind == "Stat" && strings.HasPrefix(r.Key, layout.ContentPrefix) {
+			stats++
+		}
+	}
+	if stats != len(files) {
+		t.Fatalf("%d stats of content for %d new files, want %d (one each, to find it missing)", stats, len(files), len(files))
+	}
+	// Past the freshness, the manifest's check asks the store again.
+	h.c.now = func() time.Time { return time.Now().UTC().Add(2 * freshUpload) }
+	again := bundle.FromMemory("again.json", scene, files)
+	again.Scene = append([]byte(" "), again.Scene...)
+	before := len(counting.Requests())
+	if err := h.c.PutScene(h.ctx, again.Version(), again.Encode()); err != nil {
+		t.Fatal(err)
+	}
+	stats = 0
+	for _, r := range counting.Requests()[before:] {
+		if r.Kind == "Stat" && strings.HasPrefix(r.Key, layout.ContentPrefix) {
+			stats++
+		}
+	}
+	if stats != len(files) {
+		t.Fatalf("a manifest checked after the uploads went stale asked about %d files, want %d", stats, len(files))
 	}
 }

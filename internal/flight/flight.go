@@ -65,6 +65,14 @@ func (c *Cache[V]) Get(ctx context.Context, key string, fn func(context.Context)
 	}
 }
 
+// Peek returns the cached value of key without loading it.
+func (c *Cache[V]) Peek(key string) (V, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	v, ok := c.values[key]
+	return v, ok
+}
+
 // Put stores a value under key.
 func (c *Cache[V]) Put(key string, v V) {
 	c.mu.Lock()
