@@ -78,13 +78,15 @@ func Unpack(ctx context.Context, dir, version string, desc *Description, b *bund
 
 // place puts the scene's file name at p: a hard link to the verified copy when the bundle's
 // source has the file on this disk (a worker's cache: no byte copied, and the cache may evict
-// its copy without touching this one), else a copy streamed from the source.
+// its copy without touching this one), else a copy streamed from the source. A file on the
+// studio's share is always copied, verified as it is read: a link would be the studio's own
+// file, which may change after it was checked.
 func place(ctx context.Context, b *bundle.Bundle, name, p string) error {
 	f, ok := b.Files[name]
 	if !ok {
 		return fmt.Errorf("the scene needs %q, which its manifest does not name", name)
 	}
-	if pr, ok := b.Source().(bundle.Pather); ok {
+	if pr, ok := b.Source().(bundle.Pather); ok && f.Shared == "" {
 		src, err := pr.Path(ctx, name, f)
 		if err != nil {
 			return err

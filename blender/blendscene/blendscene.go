@@ -316,11 +316,11 @@ func (k *Kind) Describe(doc []byte) (scene.Description, error) {
 func (k *Kind) Validate(ctx context.Context, b *bundle.Bundle) error {
 	d, err := blender.ParseDescription(b.Scene)
 	if err != nil {
-		return err
+		return failure.Terminal(err)
 	}
 	for _, name := range d.Files {
 		if _, ok := b.Files[name]; !ok {
-			return fmt.Errorf("the scene needs %q, which its manifest does not name: %w", name, os.ErrNotExist)
+			return failure.Terminalf("the scene needs %q, which its manifest does not name: %w", name, os.ErrNotExist)
 		}
 	}
 	if b.Files[d.Blend].Shared != "" {
@@ -328,10 +328,10 @@ func (k *Kind) Validate(ctx context.Context, b *bundle.Bundle) error {
 	}
 	head, err := b.Head(ctx, d.Blend, blender.BlendHeaderSize)
 	if err != nil {
-		return err
+		return err // the source's: a store or a network failing is retried, a file missing is not
 	}
 	if !blender.IsBlend(head) {
-		return fmt.Errorf("%s is not a .blend file", d.Blend)
+		return failure.Terminalf("%s is not a .blend file", d.Blend)
 	}
 	return nil
 }
@@ -343,7 +343,7 @@ func (k *Kind) Load(ctx context.Context, b *bundle.Bundle, version, dir string) 
 		return nil, fmt.Errorf("scene %s is a Blender scene and this worker has no directory to unpack it in", version)
 	}
 	if err := k.Validate(ctx, b); err != nil {
-		return nil, failure.Terminalf("scene %s: %w", version, err)
+		return nil, fmt.Errorf("scene %s: %w", version, err) // terminal where the scene's fault
 	}
 	d, err := blender.ParseDescription(b.Scene)
 	if err != nil {

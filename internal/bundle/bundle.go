@@ -35,7 +35,7 @@ const (
 	maxPath     = 1024
 	maxScene    = 64 << 20 // the scene document itself (a tilefarm JSON scene, a .blend's description)
 	maxFileSize = 1 << 50  // one file: a size no disk holds is a bad manifest
-	maxManifest = 512 << 20
+	maxManifest = 128 << 20 // read whole, decoded and re-encoded once: a few times this in memory
 )
 
 // ErrInvalid is wrapped by every error about a manifest's content or encoding.
@@ -390,7 +390,7 @@ func (b *Bundle) Share(root string) (int, error) {
 		n++
 	}
 	if n > 0 {
-		b.SharedRoot = root
+		b.SharedRoot = abs // as every submitter on this machine names it, whatever its directory
 	}
 	return n, nil
 }

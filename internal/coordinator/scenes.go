@@ -187,7 +187,11 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 		slices.Sort(missing)
 		return badInput("the scene names %d files the farm does not have (upload them first, PUT /v1/content/{sha256}): %s", len(missing), strings.Join(missing[:min(len(missing), 5)], ", "))
 	}
-	kind, info, err := c.kinds.Check(ctx, b.WithSource(storeSource{c.objects}))
+	src := &storeSource{objects: c.objects}
+	kind, info, err := c.kinds.Check(ctx, b.WithSource(src))
+	if err != nil && src.failed != nil {
+		return fmt.Errorf("checking scene %s: reading its files: %w", version, src.failed) // the store's, retried
+	}
 	if err != nil {
 		return badInput("%v", err)
 	}
@@ -199,10 +203,14 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 }
 
 // storeSource is a Source of a scene's files in the object store. A file on the studio's share
-// is not there: the coordinator does not read it (a kind's check of it says so).
-type storeSource struct{ objects objstore.Store }
+// is not there: the coordinator does not read it (a kind's check of it says so). It keeps the
+// first failure of the store itself, so a check that failed for it is not the scene's fault.
+type storeSource struct {
+	objects objstore.Store
+	failed  error
+}
 
-func (s storeSource) Open(ctx context.Context, name string, f bundle.File) (io.ReadCloser, error) {
+func (s *storeSource) Open(ctx context.Context, name string, f bundle.File) (io.ReadCloser, error) {
 	if f.Shared != "" {
 		return nil, fmt.Errorf("%q is on the studio's share, which the coordinator does not read: %w", name, bundle.ErrMissing)
 	}
@@ -210,7 +218,31 @@ func (s storeSource) Open(ctx context.Context, name string, f bundle.File) (io.R
 	if errors.Is(err, objstore.ErrNotFound) {
 		return nil, fmt.Errorf("%q (%s): %w", name, f.SHA256, bundle.ErrMissing)
 	}
-	return r, err
+	if err != nil {
+		s.fail(err)
+		return nil, err
+	}
+	return &storeReader{ReadCloser: r, s: s}, nil
+}
+
+func (s *storeSource) fail(err error) {
+	if s.failed == nil {
+		s.failed = err
+	}
+}
+
+// storeReader notes a read of the store that failed.
+type storeReader struct {
+	io.ReadCloser
+	s *storeSource
+}
+
+func (r *storeReader) Read(p []byte) (int, error) {
+	n, err := r.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		r.s.fail(err)
+	}
+	return n, err
 }
 
 // scene returns what a submission needs of a stored scene.

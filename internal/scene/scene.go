@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/failure"
@@ -200,9 +199,12 @@ func (ks Kinds) Check(ctx context.Context, b *bundle.Bundle) (Kind, Description,
 	if err != nil {
 		return nil, nil, fmt.Errorf("%w: %v", bundle.ErrInvalid, err)
 	}
-	refs := d.Assets()
+	refs := make(map[string]bool, len(d.Assets()))
+	for _, name := range d.Assets() {
+		refs[name] = true
+	}
 	for name := range b.Files {
-		if !slices.Contains(refs, name) {
+		if !refs[name] {
 			return nil, nil, fmt.Errorf("%w: asset %q is not referenced by the scene", bundle.ErrInvalid, name)
 		}
 	}

@@ -154,17 +154,19 @@ func (n nodeSource) Path(ctx context.Context, name string, f bundle.File) (strin
 func (n nodeSource) sharedPath(ctx context.Context, name string, f bundle.File, ref content.Ref) (string, error) {
 	i := slices.IndexFunc(n.s.shared, func(r content.SharedRoot) bool { return r.Mounts(n.root) })
 	if i < 0 {
-		return "", failure.Terminalf("the scene's file %q is on the studio's share %s, which this worker does not mount (tileworker --shared %s=PATH)", name, n.root, n.root)
+		// This worker's, not the job's: another worker may mount the share.
+		return "", fmt.Errorf("the scene's file %q is on the studio's share %s, which this worker does not mount (tileworker --shared %s=PATH)", name, n.root, n.root)
 	}
 	p, err := n.s.shared[i].Resolve(f.Shared)
 	if err != nil {
 		return "", failure.Terminalf("the scene's file %q on the share: %w", name, err)
 	}
 	if err := content.VerifyShared(ctx, p, ref); err != nil {
-		if errors.Is(err, content.ErrSharedChanged) || errors.Is(err, os.ErrNotExist) {
-			return "", failure.Terminalf("the scene's file %q: %w", name, err)
+		if errors.Is(err, content.ErrSharedChanged) {
+			return "", failure.Terminalf("the scene's file %q: %w", name, err) // the job's: submit it again
 		}
-		return "", err
+		// A share not mounted yet, or unreadable here: this worker's trouble, retried.
+		return "", fmt.Errorf("the scene's file %q on the share: %w", name, err)
 	}
 	return p, nil
 }
@@ -175,6 +177,14 @@ func (n nodeSource) sharedPath(ctx context.Context, name string, f bundle.File, 
 func (n nodeSource) Open(ctx context.Context, name string, f bundle.File) (io.ReadCloser, error) {
 	if f.Shared != "" || n.s.cache != nil {
 		p, err := n.Path(ctx, name, f)
+		if err == nil && f.Shared != "" {
+			// The share may change under the copy: what is read is verified as it is read.
+			r, err := os.Open(p)
+			if err != nil {
+				return nil, err
+			}
+			return verified{content.VerifyingReader(r, content.Ref{SHA256: f.SHA256, Size: f.Size}), r}, nil
+		}
 		if err == nil {
 			return os.Open(p)
 		}

@@ -249,3 +249,50 @@ func TestErrorCodeClassifiesFailures(t *testing.T) {
 		}
 	}
 }
+
+// flakyOpens fails the first Open of each content object with a transient error.
+type flakyOpens struct {
+	objstore.Store
+	mu     sync.Mutex
+	failed map[string]bool
+}
+
+func (f *flakyOpens) Open(ctx context.Context, key string) (io.ReadCloser, objstore.ObjectInfo, error) {
+	f.mu.Lock()
+	first := strings.HasPrefix(key, layout.ContentPrefix) && !f.failed[key]
+	if first {
+		f.failed[key] = true
+	}
+	f.mu.Unlock()
+	if first {
+		return nil, objstore.ObjectInfo{}, fmt.Errorf("connection reset by peer")
+	}
+	return f.Store.Open(ctx, key)
+}
+
+// Property: a scene file the store fails to hand over for a moment is the node's trouble, not
+// the scene's: loading is retried (not terminal, so the tile is not dead-lettered), and works
+// once the store answers.
+func TestSceneFetchFailureIsRetried(t *testing.T) {
+	ctx := context.Background()
+	fs, err := objstore.NewFSStore(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := jsonscene.ReadFile(ctx, "../../examples/shot/scene.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	storeScene(t, fs, b)
+	flaky := &flakyOpens{Store: fs, failed: map[string]bool{}}
+	for name, dir := range map[string]string{"through the node's cache": t.TempDir(), "straight from the store": ""} {
+		scenes := newScenes(t, flaky, dir, scene.Kinds{jsonscene.Kind{}})
+		clear(flaky.failed)
+		if _, err := scenes.Get(ctx, b.Version()); err == nil || failure.IsTerminal(err) {
+			t.Fatalf("%s: a store failing once: %v, want a retryable error", name, err)
+		}
+		if _, err := scenes.Get(ctx, b.Version()); err != nil {
+			t.Fatalf("%s: once the store answers: %v", name, err)
+		}
+	}
+}

@@ -5,6 +5,7 @@ package jsonscene
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 
@@ -94,7 +95,18 @@ func (Kind) Validate(ctx context.Context, b *bundle.Bundle) error {
 
 // Load parses the scene and its meshes; the BVH is built on the first tile.
 func (k Kind) Load(ctx context.Context, b *bundle.Bundle, version, _ string) (scene.Renderer, error) {
-	s, err := render.ParseScene(b.Scene, b.Assets(ctx, maxAsset))
+	read := b.Assets(ctx, maxAsset)
+	var fetchErr error // a file that could not be read here: retried unless the source says not
+	s, err := render.ParseScene(b.Scene, func(rel string) ([]byte, error) {
+		data, err := read(rel)
+		if err != nil && fetchErr == nil {
+			fetchErr = err
+		}
+		return data, err
+	})
+	if err != nil && fetchErr != nil && !failure.IsTerminal(fetchErr) {
+		return nil, fmt.Errorf("loading scene %s: %w", version, fetchErr)
+	}
 	if err != nil {
 		return nil, failure.Terminalf("parsing scene %s: %w", version, err)
 	}
