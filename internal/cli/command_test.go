@@ -15,7 +15,6 @@ import (
 
 	"github.com/tilefarm/tilefarm/finalize"
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/scene/jsonscene"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -332,51 +331,5 @@ func TestGCKeepsCheckpointsOfTilesNotPromoted(t *testing.T) {
 	}
 	if _, err := store.Get(ctx, layout.CheckpointKey("done")); !errors.Is(err, objstore.ErrNotFound) {
 		t.Fatalf("gc kept the old checkpoint of a promoted tile: %v (%s)", err, out)
-	}
-}
-
-// Property: gc deletes a scene file no stored scene names once it is older than the grace,
-// and never one a scene names, however old (docs/design.md, "Scenes by content").
-func TestGCKeepsTheFilesOfStoredScenes(t *testing.T) {
-	data := t.TempDir()
-	store, err := objstore.NewFSStore(filepath.Join(data, "store"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := cmdCtx(t)
-	scene := bundle.FromMemory("s.json", []byte("{}"), map[string][]byte{"kept.obj": []byte("named")})
-	kept := scene.Files["kept.obj"].SHA256
-	orphan := bundle.FromMemory("o.json", nil, map[string][]byte{"o": []byte("named by no scene")}).Files["o"].SHA256
-	young := bundle.FromMemory("y.json", nil, map[string][]byte{"y": []byte("young")}).Files["y"].SHA256
-	for _, sha := range []string{kept, orphan, young} {
-		if err := store.Put(ctx, layout.ContentKey(sha), []byte(sha)); err != nil {
-			t.Fatal(err)
-		}
-		if sha == young {
-			continue
-		}
-		old := time.Now().Add(-48 * time.Hour)
-		if err := os.Chtimes(filepath.Join(data, "store", layout.ContentKey(sha)), old, old); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := store.Put(ctx, layout.SceneKey(scene.Version()), scene.Encode()); err != nil {
-		t.Fatal(err)
-	}
-	if code, out, errs := run(t, "gc", "--data", data); code != 0 {
-		t.Fatalf("gc: %d %s %s", code, out, errs)
-	}
-	for sha, want := range map[string]bool{kept: true, orphan: false, young: true} {
-		_, err := store.Get(ctx, layout.ContentKey(sha))
-		if got := err == nil; got != want {
-			t.Errorf("content %s kept %v, want %v (%v)", sha[:8], got, want, err)
-		}
-	}
-	// A manifest gc cannot read stops it before anything is deleted.
-	if err := store.Put(ctx, layout.SceneKey(strings.Repeat("0", 64)), []byte("garbage")); err != nil {
-		t.Fatal(err)
-	}
-	if code, _, errs := run(t, "gc", "--data", data); code == 0 || !strings.Contains(errs, "nothing deleted") {
-		t.Fatalf("gc with an unreadable scene: exit %d, %s", code, errs)
 	}
 }

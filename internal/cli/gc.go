@@ -2,10 +2,8 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"math"
 	"path"
 	"path/filepath"
 	"strings"
@@ -13,25 +11,25 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/tilefarm/tilefarm/finalize"
-	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/objstore"
 )
 
 // gcPrefixes are where unreferenced objects accumulate: attempt uploads that lost a promotion
-// race or whose worker died before promoting, remote checkpoints of finished tiles, and scene
-// files whose scene's manifest was never stored (a submit interrupted mid-upload).
-var gcPrefixes = []string{"attempts/", layout.CheckpointKey(""), layout.ContentPrefix}
+// race or whose worker died before promoting, and remote checkpoints of finished tiles. Scene
+// files are the coordinator's to collect (Coordinator.CollectScenes): it alone knows which
+// scenes jobs name, and it holds uploads off while it does.
+var gcPrefixes = []string{"attempts/", layout.CheckpointKey("")}
 
 const minGrace = time.Hour
 
 func (p *program) gcCommand() *cobra.Command {
 	c := newCommand("gc [--store URL | --data DIR] [--grace D]", "delete unreferenced attempt objects and old checkpoints", `
-Delete attempt objects, remote checkpoints and scene files that nothing references and that
-are older than --grace. Nothing a manifest names is ever deleted, the checkpoint of a tile not
-promoted yet is kept whatever its age (its frame may still render, or be revived by a new job
-or a retry, and resume from it), and a scene file is kept while any stored scene names it.
-Run it from cron on the coordinator host.`)
+Delete attempt objects and remote checkpoints that no manifest references and that are older
+than --grace. Nothing a manifest names is ever deleted, and the checkpoint of a tile not
+promoted yet is kept whatever its age: its frame may still render, or be revived by a new job
+or a retry, and resume from it. Scenes and their files are collected by the coordinator itself
+(serve --scene-grace). Run it from cron on the coordinator host.`)
 	fs := c.Flags()
 	storeURL := fs.String("store", "", "object store URL (default: the filesystem store under --data)")
 	data := fs.String("data", ".tilefarm", "coordinator data directory, for the default filesystem store")
@@ -59,12 +57,7 @@ Run it from cron on the coordinator host.`)
 		if err != nil {
 			return err
 		}
-		named, err := sceneFiles(ctx, objects)
-		if err != nil {
-			return err
-		}
-		keep := func(key string) bool { return unfinished(key) || named(key) }
-		rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), keep)
+		rep, err := finalize.CollectGarbage(ctx, objects, gcPrefixes, *grace, time.Now(), unfinished)
 		if err != nil {
 			return err
 		}
@@ -76,35 +69,6 @@ Run it from cron on the coordinator host.`)
 		return nil
 	})
 	return c
-}
-
-// sceneFiles returns the keep function of gc for scene files: one is kept while a stored
-// scene's manifest names it. Scenes are listed after the files (CollectGarbage lists its
-// candidates first), so a scene stored while gc runs keeps its files; one whose manifest cannot
-// be read stops the collection before anything is deleted.
-func sceneFiles(ctx context.Context, objects objstore.Store) (func(key string) bool, error) {
-	scenes, err := objects.List(ctx, layout.ScenePrefix)
-	if err != nil {
-		return nil, fmt.Errorf("listing scenes: %w", err)
-	}
-	named := map[string]bool{}
-	for _, sc := range scenes {
-		raw, err := objects.Get(ctx, sc.Key)
-		if errors.Is(err, objstore.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("reading scene %s: %w", sc.Key, err)
-		}
-		b, err := bundle.Decode(raw, bundle.Limits{Files: math.MaxInt32})
-		if err != nil {
-			return nil, fmt.Errorf("scene %s: %w; nothing deleted", sc.Key, err)
-		}
-		for _, f := range b.Files {
-			named[layout.ContentKey(f.SHA256)] = true
-		}
-	}
-	return func(key string) bool { return named[key] }, nil
 }
 
 // unpromotedCheckpoints returns the keep function of gc: a remote checkpoint is kept while its

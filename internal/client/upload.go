@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,13 +80,9 @@ func UploadScene(ctx context.Context, s SceneStore, b *bundle.Bundle, parallel i
 	if has {
 		return rep, nil
 	}
-	var missing []api.ContentRef
-	for i := 0; i < len(refs); i += api.MaxContentAsked {
-		m, err := s.MissingContent(ctx, refs[i:min(i+api.MaxContentAsked, len(refs))])
-		if err != nil {
-			return rep, fmt.Errorf("asking the farm which files it lacks: %w", err)
-		}
-		missing = append(missing, m...)
+	missing, err := askMissing(ctx, s, refs)
+	if err != nil {
+		return rep, err
 	}
 	for _, m := range missing {
 		p.FilesTotal.Add(1)
@@ -95,11 +92,46 @@ func UploadScene(ctx context.Context, s SceneStore, b *bundle.Bundle, parallel i
 		return rep, err
 	}
 	rep.SentFiles, rep.SentBytes = len(missing), p.BytesTotal.Load()
-	if err := s.PutScene(ctx, version, b.Encode()); err != nil {
+	err = s.PutScene(ctx, version, b.Encode())
+	if IsContentMissing(err) {
+		// The farm's scene gc took files it had said it had, between the question and the
+		// manifest: they are sent now.
+		if missing, err = askMissing(ctx, s, refs); err == nil {
+			for _, m := range missing {
+				p.FilesTotal.Add(1)
+				p.BytesTotal.Add(m.Size)
+			}
+			if err = uploadAll(ctx, s, b, missing, byHash, parallel, p); err == nil {
+				rep.SentFiles += len(missing)
+				rep.SentBytes = p.BytesTotal.Load()
+				err = s.PutScene(ctx, version, b.Encode())
+			}
+		}
+	}
+	if err != nil {
 		return rep, fmt.Errorf("storing the scene's manifest: %w", err)
 	}
 	rep.ManifestSent = true
 	return rep, nil
+}
+
+// askMissing asks which of refs the farm lacks, in batches.
+func askMissing(ctx context.Context, s SceneStore, refs []api.ContentRef) ([]api.ContentRef, error) {
+	var missing []api.ContentRef
+	for i := 0; i < len(refs); i += api.MaxContentAsked {
+		m, err := s.MissingContent(ctx, refs[i:min(i+api.MaxContentAsked, len(refs))])
+		if err != nil {
+			return nil, fmt.Errorf("asking the farm which files it lacks: %w", err)
+		}
+		missing = append(missing, m...)
+	}
+	return missing, nil
+}
+
+// IsContentMissing reports whether a manifest was refused for naming files the farm does not
+// have (Coordinator.PutScene): uploading them again stores them.
+func IsContentMissing(err error) bool {
+	return errors.Is(err, api.ErrBadInput) && strings.Contains(err.Error(), "files the farm does not have")
 }
 
 // uploadAll uploads missing, parallel at a time; the first failure stops the rest. A farm busy

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -146,6 +147,10 @@ func (c *Coordinator) stored(ctx context.Context, sha string, size int64) (bool,
 // knows, naming files its scene does not reference, or whose scene does not parse, is bad
 // input (scene.Kinds.Check); nothing is stored then.
 func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) error {
+	// Scene gc waits while a manifest is checked and stored: nothing it names is collected
+	// between the check and the store (CollectScenes).
+	c.sceneGC.RLock()
+	defer c.sceneGC.RUnlock()
 	if !validHash(version) {
 		return badInput("scene version %q is not a sha256 hex digest", version)
 	}
@@ -159,7 +164,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 	if ok, err := c.HasScene(ctx, version); err != nil {
 		return err
 	} else if ok {
-		if _, err := c.scene(ctx, version); err != nil {
+		if _, err := c.scene(ctx, version); err != nil && !errors.Is(err, ErrSceneMissing) {
 			return err
 		}
 		return nil
@@ -303,10 +308,11 @@ func (c *Coordinator) sceneGCLoop(ctx context.Context) error {
 }
 
 // CollectScenes deletes the manifests of scenes no job names that are older than grace (a
-// scene uploaded for a submission that never came): their files are then named by no scene,
-// and `coordinator gc` deletes them after its own grace. It holds submissions off while it
-// runs (sceneGC), so a job is never made for a scene whose manifest it deletes: a submission
-// after it finds the scene missing and is told to upload it again, which the client does.
+// scene uploaded for a submission that never came), then the files no stored scene names that
+// are older than grace (theirs, and an interrupted upload's). It holds submissions and manifest
+// uploads off while it runs (sceneGC), so no job is made for a scene it deletes and no manifest
+// is stored naming a file it deletes: a submission after it finds the scene, or a file of it,
+// missing and is told so, and the client uploads them again.
 func (c *Coordinator) CollectScenes(ctx context.Context, grace time.Duration) ([]string, error) {
 	c.sceneGC.Lock()
 	defer c.sceneGC.Unlock()
@@ -320,22 +326,52 @@ func (c *Coordinator) CollectScenes(ctx context.Context, grace time.Duration) ([
 	}); err != nil {
 		return nil, err
 	}
+	// Files first, then the scenes; under the lock no manifest is stored between the two.
+	files, err := c.objects.List(ctx, layout.ContentPrefix)
+	if err != nil {
+		return nil, fmt.Errorf("listing scene files: %w", err)
+	}
 	stored, err := c.objects.List(ctx, layout.ScenePrefix)
 	if err != nil {
 		return nil, fmt.Errorf("listing scenes: %w", err)
 	}
 	cutoff := c.now().Add(-grace)
 	var deleted []string
+	kept := map[string]bool{} // file hashes the remaining scenes name
 	for _, o := range stored {
 		version, ok := layout.SceneOfKey(o.Key)
-		if !ok || named[version] || !o.ModTime.Before(cutoff) {
+		if !ok {
+			continue
+		}
+		if !named[version] && o.ModTime.Before(cutoff) {
+			if err := c.objects.Delete(ctx, o.Key); err != nil {
+				return deleted, fmt.Errorf("deleting scene %s: %w", version, err)
+			}
+			c.scenes.Forget(version)
+			deleted = append(deleted, version)
+			continue
+		}
+		raw, err := c.objects.Get(ctx, o.Key)
+		if err != nil {
+			return deleted, fmt.Errorf("reading scene %s: %w; no file deleted", version, err)
+		}
+		b, err := bundle.Decode(raw, bundle.Limits{Files: math.MaxInt32})
+		if err != nil {
+			return deleted, fmt.Errorf("scene %s: %w; no file deleted", version, err)
+		}
+		for _, f := range b.Files {
+			kept[f.SHA256] = true
+		}
+	}
+	for _, o := range files {
+		sha, ok := strings.CutPrefix(o.Key, layout.ContentPrefix)
+		if !ok || kept[sha] || !o.ModTime.Before(cutoff) {
 			continue
 		}
 		if err := c.objects.Delete(ctx, o.Key); err != nil {
-			return deleted, fmt.Errorf("deleting scene %s: %w", version, err)
+			return deleted, fmt.Errorf("deleting scene file %s: %w", sha, err)
 		}
-		c.scenes.Forget(version)
-		deleted = append(deleted, version)
+		c.uploaded.Forget(sha)
 	}
 	return deleted, nil
 }

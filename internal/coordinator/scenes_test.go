@@ -28,6 +28,13 @@ func TestCollectScenesKeepsWhatJobsName(t *testing.T) {
 	orphan.Scene = bytes.Replace(orphan.Scene, []byte("{"), []byte("{ "), 1) // another version of the same scene
 	ov := h.putScene(t, orphan)
 
+	// A file no scene names (an interrupted upload's), and the mesh both scenes name.
+	stray := []byte("uploaded, then the submit was interrupted")
+	strayRef := api.ContentRef{SHA256: bundle.FromMemory("", nil, map[string][]byte{"s": stray}).Files["s"].SHA256, Size: int64(len(stray))}
+	if err := h.c.PutContent(h.ctx, strayRef, bytes.NewReader(stray)); err != nil {
+		t.Fatal(err)
+	}
+	mesh := shot.Files[shot.Names()[0]].SHA256
 	if deleted, err := h.c.CollectScenes(h.ctx, time.Hour); err != nil || len(deleted) != 0 {
 		t.Fatalf("scene gc within the grace deleted %v, %v", deleted, err)
 	}
@@ -41,6 +48,12 @@ func TestCollectScenesKeepsWhatJobsName(t *testing.T) {
 	}
 	if _, err := h.objects.Stat(h.ctx, layout.SceneKey(ov)); !errors.Is(err, objstore.ErrNotFound) {
 		t.Fatalf("the collected scene's manifest: %v, want gone", err)
+	}
+	if _, err := h.objects.Stat(h.ctx, layout.ContentKey(strayRef.SHA256)); !errors.Is(err, objstore.ErrNotFound) {
+		t.Fatalf("a file no scene names, past the grace: %v, want gone", err)
+	}
+	if _, err := h.objects.Stat(h.ctx, layout.ContentKey(mesh)); err != nil {
+		t.Fatalf("the mesh a kept scene names: %v, want kept", err)
 	}
 	req := h.request(1, 1, 16, 16, 16)
 	req.SceneVersion = ov

@@ -137,6 +137,15 @@ func checkLimits(_ *Coordinator, _ context.Context, pl *plan) error {
 // resolveScene finds the stored scene and resolves the request's settings against it.
 func resolveScene(c *Coordinator, ctx context.Context, pl *plan) error {
 	sc, err := c.scene(ctx, pl.req.SceneVersion)
+	if err == nil {
+		// What the cache holds of a scene is trusted only while its manifest is stored: scene
+		// gc may have deleted it after a load that began before (CollectScenes).
+		var ok bool
+		if ok, err = c.HasScene(ctx, pl.req.SceneVersion); err == nil && !ok {
+			c.scenes.Forget(pl.req.SceneVersion)
+			err = fmt.Errorf("%w: scene %s: upload it first (PUT /v1/scenes/%s)", ErrSceneMissing, pl.req.SceneVersion, pl.req.SceneVersion)
+		}
+	}
 	if err != nil {
 		if errors.Is(err, ErrSceneMissing) {
 			return badInput("%v", err)
