@@ -199,6 +199,9 @@ func (c *Client) postJSON(ctx context.Context, path string, v, out any) error {
 	return c.do(ctx, http.MethodPost, path, body, out)
 }
 
+// streamedBody is the body size beyond which a request runs without the client's timeout.
+const streamedBody = 64 << 20
+
 // doStream performs a request whose body of size bytes streams from body (nil: none), so an
 // upload of a studio file holds none of it in memory.
 func (c *Client) doStream(ctx context.Context, method, path, contentType string, body io.Reader, size int64, out any) error {
@@ -210,14 +213,19 @@ func (c *Client) doStream(ctx context.Context, method, path, contentType string,
 	if err != nil {
 		return err
 	}
+	hc := c.http
 	if body != nil {
 		req.ContentLength = size
 		req.Header.Set("Content-Type", contentType)
+		if size > streamedBody {
+			// A studio file may take longer than the client's timeout: ctx bounds it instead.
+			hc = &http.Client{Transport: c.http.Transport, CheckRedirect: c.http.CheckRedirect, Jar: c.http.Jar}
+		}
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
 	}
-	resp, err := c.http.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted, not unavailable

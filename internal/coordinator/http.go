@@ -484,6 +484,9 @@ func (c *Coordinator) handlePutContent(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ref := api.ContentRef{SHA256: r.PathValue("sha256"), Size: r.ContentLength}
+	// A studio file may take longer than the server's read timeout: its deadline grows with
+	// its size, at a rate no working link is below.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(uploadDeadline(ref.Size)))
 	body := &bodyReader{r: http.MaxBytesReader(w, r.Body, r.ContentLength)}
 	if err := c.PutContent(r.Context(), ref, body); err != nil {
 		if body.err != nil && api.Classify(err) == nil {
@@ -550,6 +553,12 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	_ = enc.Encode(v)
+}
+
+// uploadDeadline is how long the upload of a file of size bytes may take: ten minutes, and a
+// second more per 256 KiB.
+func uploadDeadline(size int64) time.Duration {
+	return 10*time.Minute + time.Duration(size/(256<<10))*time.Second
 }
 
 // bodyReader records the error reading a request's body gave (a body that ends before its

@@ -123,3 +123,13 @@ func TestManifestCheckTrustsFreshUploads(t *testing.T) {
 		t.Fatalf("a manifest checked after the uploads went stale asked about %d files, want %d", stats, len(files))
 	}
 }
+
+// Property: a file's upload may take as long as a slow link needs: at least 256 KiB a second
+// beyond ten minutes, so a 2 GB file is not cut off by the server's 10-minute read timeout.
+func TestUploadDeadlineGrowsWithTheFile(t *testing.T) {
+	for size, least := range map[int64]time.Duration{0: 10 * time.Minute, 2 << 30: 10*time.Minute + 8192*time.Second} {
+		if got := uploadDeadline(size); got < least {
+			t.Errorf("uploadDeadline(%d) = %v, want at least %v", size, got, least)
+		}
+	}
+}
