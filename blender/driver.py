@@ -284,7 +284,7 @@ def disk_caches():
     out = []
 
     def point(label, pc):
-        if pc is None or not (pc.use_disk_cache or pc.use_external):
+        if pc is None or not (pc.use_disk_cache or pc.use_external) or (pc.use_external and not pc.filepath):
             return
         raw = pc.filepath if pc.use_external else "//blendcache_" + base
         out.append((label, raw, os.path.normpath(bpy.path.abspath(raw))))

@@ -263,7 +263,7 @@ func (c *Coordinator) scene(ctx context.Context, version string) (*sceneInfo, er
 		if err != nil {
 			return nil, fmt.Errorf("reading stored scene %s: %w", version, err)
 		}
-		b, err := bundle.Decode(raw, c.limits)
+		b, err := bundle.Decode(raw, bundle.Limits{Files: math.MaxInt32}) // stored: within the limits it was uploaded under
 		if err != nil {
 			return nil, fmt.Errorf("stored scene %s: %w", version, err)
 		}

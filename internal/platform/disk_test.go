@@ -1,6 +1,10 @@
 package platform
 
-import "testing"
+import (
+	"fmt"
+	"os"
+	"testing"
+)
 
 // FreeBytes answers for a real directory and fails, naming it, for one that is not there.
 func TestFreeBytes(t *testing.T) {
@@ -9,5 +13,15 @@ func TestFreeBytes(t *testing.T) {
 	}
 	if _, err := FreeBytes("/no/such/dir/here"); err == nil {
 		t.Fatal("FreeBytes of a missing directory succeeded")
+	}
+}
+
+// DiskFull knows a full disk's error when it is wrapped, and nothing else.
+func TestDiskFull(t *testing.T) {
+	if DiskFull(fmt.Errorf("writing: %w", os.ErrNotExist)) || DiskFull(nil) {
+		t.Fatal("DiskFull said yes to what is no full disk")
+	}
+	if !DiskFull(fmt.Errorf("writing: %w", &os.PathError{Op: "write", Path: "x", Err: diskFullErr})) {
+		t.Fatal("DiskFull missed a wrapped full-disk error")
 	}
 }

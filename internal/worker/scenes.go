@@ -10,13 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"syscall"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/content"
 	"github.com/tilefarm/tilefarm/internal/failure"
 	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/layout"
+	"github.com/tilefarm/tilefarm/internal/platform"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/objstore"
 )
@@ -100,7 +100,7 @@ func (s *Scenes) load(ctx context.Context, version string) (scene.Renderer, erro
 		return nil, failure.Terminal(err)
 	}
 	if got := b.Version(); got != version {
-		return nil, fmt.Errorf("scene manifest %s has version %s: corrupt download", version, got)
+		return nil, failure.Terminalf("the store's manifest of scene %s has version %s: it is not that scene's", version, got)
 	}
 	if s.cache != nil {
 		refs := make([]content.Ref, 0, len(b.Files))
@@ -188,7 +188,7 @@ func (n nodeSource) Open(ctx context.Context, name string, f bundle.File) (io.Re
 		if err == nil {
 			return os.Open(p)
 		}
-		if f.Shared != "" || !errors.Is(err, syscall.ENOSPC) {
+		if f.Shared != "" || !platform.DiskFull(err) {
 			return nil, err
 		}
 		n.s.log.Warn("caching a scene file; reading it from the store", "file", name, "err", err)

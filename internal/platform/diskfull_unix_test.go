@@ -1,0 +1,7 @@
+//go:build unix
+
+package platform
+
+import "syscall"
+
+var diskFullErr = syscall.ENOSPC
