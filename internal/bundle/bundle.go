@@ -33,8 +33,8 @@ var DefaultLimits = Limits{Files: 1_000_000}
 
 const (
 	maxPath     = 1024
-	maxScene    = 64 << 20 // the scene document itself (a tilefarm JSON scene, a .blend's description)
-	maxFileSize = 1 << 50  // one file: a size no disk holds is a bad manifest
+	maxScene    = 64 << 20  // the scene document itself (a tilefarm JSON scene, a .blend's description)
+	maxFileSize = 1 << 50   // one file: a size no disk holds is a bad manifest
 	maxManifest = 128 << 20 // read whole, decoded and re-encoded once: a few times this in memory
 )
 
