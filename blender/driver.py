@@ -767,12 +767,14 @@ def assemble(req):
     outdir = req["out"]
     stamp = {}
     if any(".Crypto" in c for c in req["channels"]):
-        probe_out = os.path.join(outdir, "probe.exr")
         for o, attr, split in whole_only(sc):
             put(o, attr, split)
-        probe(sc, req["frame"], probe_out)
-        stamp = exr_strings(probe_out, "cryptomatte/")
-        os.remove(probe_out)
+        stamp = req.get("cryptomatte")
+        if stamp is None:  # not known from an earlier format of the frame: a one-pixel render says
+            probe_out = os.path.join(outdir, "probe.exr")
+            probe(sc, req["frame"], probe_out)
+            stamp = exr_strings(probe_out, "cryptomatte/")
+            os.remove(probe_out)
     layers = [vl.name for vl in sc.view_layers if vl.use]
     assembling.update(passes=layer_passes(req["channels"], layers), stamp=stamp, file=req["in"])
     r.engine = Assembler.bl_idname
@@ -832,7 +834,7 @@ def assemble(req):
         for f in names:
             full = os.path.join(root, f)
             files[os.path.relpath(full, os.path.join(outdir, "files"))] = full
-    return {"main": os.path.relpath(main, outdir), "name": name, "files": sorted(files)}
+    return {"main": os.path.relpath(main, outdir), "name": name, "files": sorted(files), "cryptomatte": stamp}
 
 
 OPS = {"inspect": inspect, "render": render, "assemble": assemble}

@@ -7,8 +7,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -39,6 +41,9 @@ type assembleReply struct {
 	Main  string   `json:"main"` // under the output directory
 	Name  string   `json:"name"`
 	Files []string `json:"files"` // under the output directory's files/
+	// Cryptomatte is the frame's Cryptomatte manifests as its probe found them: given to the
+	// assembly of the frame's next format, which then renders no probe of its own.
+	Cryptomatte map[string]string `json:"cryptomatte"`
 }
 
 // Assemble writes an assembled frame (every channel of the scene's tiles, f.Names in the
@@ -79,6 +84,10 @@ func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame
 	req := map[string]any{"op": "assemble", "file": blend, "frame": frame, "camera": st.Camera,
 		"width": st.Width, "height": st.Height, "in": in, "out": out, "channels": f.Names,
 		"own": sc.Desc.Output, "format": format}
+	probed := probeKey(frame, st)
+	if known, ok := sc.cryptomatte(probed); ok {
+		req["cryptomatte"] = known
+	}
 	line, err := pool.call(ctx, blend, req)
 	if err != nil {
 		return nil, fmt.Errorf("assembling frame %d as %s: %w", frame, format, err)
@@ -86,6 +95,9 @@ func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame
 	var reply assembleReply
 	if err := json.Unmarshal(line, &reply); err != nil {
 		return nil, fmt.Errorf("%w: unreadable assemble reply: %v", ErrProcess, err)
+	}
+	if reply.Cryptomatte != nil {
+		sc.keepCryptomatte(probed, reply.Cryptomatte)
 	}
 	a := &Assembled{Name: reply.Name, Files: map[string][]byte{}}
 	if a.Main, err = readUnder(out, reply.Main); err != nil {
@@ -111,4 +123,32 @@ func readUnder(dir, name string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: reading what Blender wrote: %v", ErrProcess, err)
 	}
 	return data, nil
+}
+
+// probeKey names what a frame's Cryptomatte probe depends on: the frame and its settings.
+func probeKey(frame int, st render.Settings) string {
+	return strconv.Itoa(frame) + "/" + identity.SettingsHash(st)
+}
+
+// maxProbes bounds the frames' Cryptomatte manifests a scene keeps: the formats of a frame are
+// assembled one after another, so the newest few are all a worker asks for again.
+const maxProbes = 16
+
+// cryptomatte returns the manifests an earlier assembly of the frame found.
+func (s *Scene) cryptomatte(key string) (map[string]string, bool) {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	m, ok := s.probes[key]
+	return m, ok
+}
+
+// keepCryptomatte remembers a frame's manifests for the assembly of its next format: a probe
+// render is a second or more on a studio frame (docs/benchmarks.md, "Blender stills and threads").
+func (s *Scene) keepCryptomatte(key string, m map[string]string) {
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	if s.probes == nil || len(s.probes) >= maxProbes {
+		s.probes = map[string]map[string]string{}
+	}
+	s.probes[key] = m
 }

@@ -61,3 +61,42 @@ func toneMapped(t *testing.T, f *raster.Frame) image.Image {
 	}
 	return img
 }
+
+// Property: the formats of a frame with Cryptomatte are assembled with one probe render: the
+// next format gets the manifests the first found, and writes byte for byte the file an assembly
+// that probes for itself writes (a scene loaded afresh, which knows no manifests).
+func TestAssemblyProbesCryptomatteOncePerFrame(t *testing.T) {
+	ctx := context.Background()
+	pool := blendertest.Pool(t, 1)
+	sc := load(t, pool, blendertest.Plate(t))
+	st := settings(t, sc, 48, 27, 2, 1)
+	frame := raster.NewFrameOf(st.Width, st.Height, sc.Desc.TileChannels(st.Whole))
+	if err := frame.Place(0, 0, st.Width, st.Height, renderTile(t, pool, sc, st, 1, render.Rect{X1: st.Width, Y1: st.Height})); err != nil {
+		t.Fatal(err)
+	}
+	if blender.CryptomatteKnown(sc, 1, st) {
+		t.Fatal("the scene knows the frame's manifests before any assembly")
+	}
+	if _, err := blender.Assemble(ctx, pool, sc, frame, 1, st, "png"); err != nil {
+		t.Fatal(err)
+	}
+	if !blender.CryptomatteKnown(sc, 1, st) {
+		t.Fatal("the first assembly of a frame with Cryptomatte kept no manifests for its next format")
+	}
+	// The plate's own output, a multilayer EXR, carries the manifests in its header.
+	reused, err := blender.Assemble(ctx, pool, sc, frame, 1, st, blender.FormatBlend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	afresh := load(t, pool, blendertest.Plate(t))
+	probed, err := blender.Assemble(ctx, pool, afresh, frame, 1, st, blender.FormatBlend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(probed.Main, []byte("cryptomatte/")) {
+		t.Fatal("the plate's EXR names no Cryptomatte manifest: the test shows nothing")
+	}
+	if !bytes.Equal(reused.Main, probed.Main) {
+		t.Fatal("the EXR assembled with the first format's manifests differs from one assembled with its own probe")
+	}
+}
