@@ -7,12 +7,12 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/flight"
 )
 
 // SceneStore is where a scene is uploaded to: a coordinator over HTTP (Client) or the one in
@@ -137,34 +137,13 @@ func IsContentMissing(err error) bool {
 // uploadAll uploads missing, parallel at a time; the first failure stops the rest. A farm busy
 // with other uploads (api.ErrBusy) is waited for.
 func uploadAll(ctx context.Context, s SceneStore, b *bundle.Bundle, missing []api.ContentRef, byHash map[string]string, parallel int, p *UploadProgress) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	work := make(chan api.ContentRef)
-	var wg sync.WaitGroup
-	for range min(parallel, len(missing)) {
-		wg.Go(func() {
-			for ref := range work {
-				name := byHash[ref.SHA256]
-				if err := uploadOne(ctx, s, b, name, ref, p); err != nil {
-					cancel(fmt.Errorf("uploading %s: %w", name, err))
-				}
-			}
-		})
-	}
-	for _, m := range missing {
-		select {
-		case work <- m:
-			continue
-		case <-ctx.Done():
+	return flight.Each(ctx, len(missing), parallel, func(ctx context.Context, i int) error {
+		name := byHash[missing[i].SHA256]
+		if err := uploadOne(ctx, s, b, name, missing[i], p); err != nil {
+			return fmt.Errorf("uploading %s: %w", name, err)
 		}
-		break
-	}
-	close(work)
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil {
-		return err
-	}
-	return nil
+		return nil
+	})
 }
 
 // uploadOne streams one file, retrying while the farm is busy with other uploads.

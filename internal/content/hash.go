@@ -12,6 +12,8 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+
+	fanout "github.com/tilefarm/tilefarm/internal/flight"
 )
 
 // bufSize is the chunk files are hashed in: large enough that a read is not dominated by its
@@ -120,45 +122,18 @@ func HashFiles(ctx context.Context, paths []string, parallel int, p *Progress) (
 	if parallel <= 0 {
 		parallel = runtime.NumCPU()
 	}
-	parallel = min(parallel, len(paths))
 	refs := make([]Ref, len(paths))
-	if len(paths) == 0 {
-		return refs, nil
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		next     atomic.Int64
-		done     atomic.Int64
-		once     sync.Once
-		firstErr error
-		wg       sync.WaitGroup
-	)
-	for range parallel {
-		wg.Go(func() {
-			for ctx.Err() == nil {
-				i := int(next.Add(1) - 1)
-				if i >= len(paths) {
-					return
-				}
-				ref, err := hashFile(ctx, paths[i], p)
-				if err != nil {
-					once.Do(func() { firstErr = err; cancel() })
-					return
-				}
-				refs[i] = ref
-				done.Add(1)
-				p.FileDone()
-			}
-		})
-	}
-	wg.Wait()
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	if done.Load() < int64(len(paths)) {
-		// The parent was cancelled between files: no file failed, but not all were hashed.
-		return nil, fmt.Errorf("hash files: %w", context.Cause(ctx))
+	err := fanout.Each(ctx, len(paths), parallel, func(ctx context.Context, i int) error {
+		ref, err := hashFile(ctx, paths[i], p)
+		if err != nil {
+			return err
+		}
+		refs[i] = ref
+		p.FileDone()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("hash files: %w", err)
 	}
 	return refs, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
+	"github.com/tilefarm/tilefarm/internal/flight"
 	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/objstore"
@@ -67,7 +68,7 @@ func (c *Coordinator) MissingContent(ctx context.Context, refs []api.ContentRef)
 		}
 	}
 	have := make([]bool, len(refs))
-	err := parallel(ctx, len(refs), storeParallel, func(ctx context.Context, i int) error {
+	err := flight.Each(ctx, len(refs), storeParallel, func(ctx context.Context, i int) error {
 		ok, err := c.hasContent(ctx, refs[i].SHA256, refs[i].Size)
 		have[i] = ok
 		return err
@@ -172,7 +173,7 @@ func (c *Coordinator) PutScene(ctx context.Context, version string, raw []byte) 
 	names := b.Names()
 	var missing []string
 	var mu sync.Mutex
-	err = parallel(ctx, len(names), storeParallel, func(ctx context.Context, i int) error {
+	err = flight.Each(ctx, len(names), storeParallel, func(ctx context.Context, i int) error {
 		f := b.Files[names[i]]
 		if f.Shared != "" {
 			return nil
@@ -376,33 +377,6 @@ func (c *Coordinator) CollectScenes(ctx context.Context, grace time.Duration) ([
 	return deleted, nil
 }
 
-// parallel runs fn for 0..n-1 with at most width at once; the first error cancels the rest.
-func parallel(ctx context.Context, n, width int, fn func(ctx context.Context, i int) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	sem := make(chan struct{}, width)
-	var wg sync.WaitGroup
-	for i := range n {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			if err := fn(ctx, i); err != nil {
-				cancel(err)
-			}
-		})
-	}
-	wg.Wait()
-	if err := context.Cause(ctx); err != nil && !errors.Is(err, context.Canceled) {
-		return err
-	}
-	return ctx.Err()
-}
 
 // validJobID reports whether v is a job id as identity.JobID makes them: "job-" and 24
 // lowercase hex digits.

@@ -5,6 +5,7 @@ package flight
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 )
 
 // Cache holds up to limit values by key, evicting the oldest first. The zero value is not
@@ -112,4 +113,34 @@ func (c *Cache[V]) putLocked(key string, v V) {
 		}
 	}
 	c.values[key] = v
+}
+
+// Each runs fn for every i in [0, n), at most width at once (width <= 0: n), and returns the
+// first error: after it no call starts, and the ctx the running ones were given is cancelled.
+// A ctx that ends first is its error. It is the one bounded fan-out of the farm's many-file
+// work: hashing a scene's files, uploading them, checking them in the store.
+func Each(ctx context.Context, n, width int, fn func(ctx context.Context, i int) error) error {
+	if width <= 0 || width > n {
+		width = n
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range width {
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(ctx, i); err != nil {
+					cancel(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return context.Cause(ctx)
 }

@@ -126,3 +126,47 @@ func TestFirstCallerCancelledLeavesTheLoadToTheOthers(t *testing.T) {
 		t.Fatalf("cached value = %d, %v", v, err)
 	}
 }
+
+// Each calls fn once for every index, never more than width at once, and stops at the first
+// error, which it returns; a cancelled ctx is its error.
+func TestEach(t *testing.T) {
+	var running, most atomic.Int64
+	seen := make([]atomic.Int64, 50)
+	err := Each(context.Background(), len(seen), 3, func(ctx context.Context, i int) error {
+		now := running.Add(1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		time.Sleep(time.Millisecond)
+		seen[i].Add(1)
+		running.Add(-1)
+		return nil
+	})
+	if err != nil || most.Load() > 3 || most.Load() < 2 {
+		t.Fatalf("Each = %v with %d at once, want nil and at most 3", err, most.Load())
+	}
+	for i := range seen {
+		if seen[i].Load() != 1 {
+			t.Fatalf("index %d called %d times", i, seen[i].Load())
+		}
+	}
+	boom := errors.New("boom")
+	var calls atomic.Int64
+	err = Each(context.Background(), 1000, 2, func(ctx context.Context, i int) error {
+		calls.Add(1)
+		if i == 5 {
+			return boom
+		}
+		return nil
+	})
+	if !errors.Is(err, boom) || calls.Load() > 20 {
+		t.Fatalf("Each after an error = %v, %d calls; want boom and no more calls", err, calls.Load())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := Each(ctx, 10, 2, func(context.Context, int) error { return nil }); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Each on a cancelled ctx = %v", err)
+	}
+	if err := Each(context.Background(), 0, 4, func(context.Context, int) error { return boom }); err != nil {
+		t.Fatalf("Each of nothing = %v", err)
+	}
+}
