@@ -23,9 +23,6 @@ import (
 // The coordinator's client commands for jobs: submit, status, watch, jobs, outputs, cancel and
 // reprioritize.
 
-// submitResult names api.SubmitResult where a client variable called api hides the package.
-type submitResult = api.SubmitResult
-
 func (p *program) submitCommand() *cobra.Command {
 	c := newCommand("submit SCENE --frames A-B", "submit a job to a running coordinator", `
 Submit SCENE to a running coordinator. Safe to re-run from cron: the same request (or the same
@@ -92,17 +89,11 @@ or rejected, 2 usage error, 75 farm busy or unreachable (retry later).`)
 			req.SceneVersion = bundle.Version()
 		}
 		api := p.client()
-		var res submitResult
-		for try := 0; ; try++ {
+		res, err := api.SubmitAfterUpload(ctx, req, func() error {
 			// The upload's progress goes to stderr even with --json: the add-on shows its lines.
-			if _, err := uploadScene(ctx, api, bundle, stderr, false); err != nil {
-				return 0, err
-			}
-			if res, err = api.SubmitUploaded(ctx, req); try == 0 && client.IsSceneMissing(err) {
-				continue // the farm's scene gc took the scene between the upload and the job
-			}
-			break
-		}
+			_, err := uploadScene(ctx, api, bundle, stderr, false)
+			return err
+		})
 		if err != nil {
 			return 0, err
 		}

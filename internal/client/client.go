@@ -64,16 +64,10 @@ func New(base, token string, opts ...Option) *Client {
 // changed sends that texture and the manifest.
 func (c *Client) Submit(ctx context.Context, b *bundle.Bundle, req api.SubmitRequest) (api.SubmitResult, error) {
 	req.SceneVersion = b.Version()
-	for try := 0; ; try++ {
-		if _, err := UploadScene(ctx, c, b, 0, nil); err != nil {
-			return api.SubmitResult{}, err
-		}
-		res, err := c.SubmitUploaded(ctx, req)
-		if try == 0 && IsSceneMissing(err) {
-			continue
-		}
-		return res, err
-	}
+	return c.SubmitAfterUpload(ctx, req, func() error {
+		_, err := UploadScene(ctx, c, b, 0, nil)
+		return err
+	})
 }
 
 // IsSceneMissing reports whether a submission was refused because the farm does not have its

@@ -80,39 +80,46 @@ func UploadScene(ctx context.Context, s SceneStore, b *bundle.Bundle, parallel i
 	if has {
 		return rep, nil
 	}
-	missing, err := askMissing(ctx, s, refs)
-	if err != nil {
-		return rep, err
-	}
-	for _, m := range missing {
-		p.FilesTotal.Add(1)
-		p.BytesTotal.Add(m.Size)
-	}
-	if err := uploadAll(ctx, s, b, missing, byHash, parallel, p); err != nil {
-		return rep, err
-	}
-	rep.SentFiles, rep.SentBytes = len(missing), p.BytesTotal.Load()
-	err = s.PutScene(ctx, version, b.Encode())
-	if IsContentMissing(err) {
-		// The farm's scene gc took files it had said it had, between the question and the
-		// manifest: they are sent now.
-		if missing, err = askMissing(ctx, s, refs); err == nil {
-			for _, m := range missing {
-				p.FilesTotal.Add(1)
-				p.BytesTotal.Add(m.Size)
-			}
-			if err = uploadAll(ctx, s, b, missing, byHash, parallel, p); err == nil {
-				rep.SentFiles += len(missing)
-				rep.SentBytes = p.BytesTotal.Load()
-				err = s.PutScene(ctx, version, b.Encode())
-			}
+	manifest := b.Encode()
+	for try := 0; ; try++ {
+		missing, err := askMissing(ctx, s, refs)
+		if err != nil {
+			return rep, err
 		}
+		for _, m := range missing {
+			p.FilesTotal.Add(1)
+			p.BytesTotal.Add(m.Size)
+		}
+		if err := uploadAll(ctx, s, b, missing, byHash, parallel, p); err != nil {
+			return rep, err
+		}
+		rep.SentFiles, rep.SentBytes = rep.SentFiles+len(missing), p.BytesTotal.Load()
+		err = s.PutScene(ctx, version, manifest)
+		if try == 0 && IsContentMissing(err) {
+			continue // the farm's scene gc took files it had said it had: they are sent again
+		}
+		if err != nil {
+			return rep, fmt.Errorf("storing the scene's manifest: %w", err)
+		}
+		rep.ManifestSent = true
+		return rep, nil
 	}
-	if err != nil {
-		return rep, fmt.Errorf("storing the scene's manifest: %w", err)
+}
+
+// SubmitAfterUpload submits req once upload (UploadScene, or one drawing its progress) has
+// stored its scene, uploading it once more if the farm's scene gc took the scene between the
+// two (IsSceneMissing).
+func (c *Client) SubmitAfterUpload(ctx context.Context, req api.SubmitRequest, upload func() error) (api.SubmitResult, error) {
+	for try := 0; ; try++ {
+		if err := upload(); err != nil {
+			return api.SubmitResult{}, err
+		}
+		res, err := c.SubmitUploaded(ctx, req)
+		if try == 0 && IsSceneMissing(err) {
+			continue
+		}
+		return res, err
 	}
-	rep.ManifestSent = true
-	return rep, nil
 }
 
 // askMissing asks which of refs the farm lacks, in batches.

@@ -120,14 +120,18 @@ func TestVerifyShared(t *testing.T) {
 		if err := VerifyShared(ctx, p, ref); err != nil {
 			t.Fatal(err)
 		}
-		// Unreadable now: only the memo can answer.
-		if err := os.Chmod(p, 0); err != nil {
+		// Other bytes of the same size under the same modification time: a hash would see
+		// them, so only the memo can answer (it keys a verified file by path, size and mtime;
+		// a chmod 0 would not stop root, which CI runs as).
+		fi, err := os.Stat(p)
+		if err != nil {
 			t.Fatal(err)
 		}
-		defer os.Chmod(p, 0o644)
-		if f, err := os.Open(p); err == nil {
-			f.Close()
-			t.Skip("running as a user who reads unreadable files")
+		if err := os.WriteFile(p, pattern(len(data), 99), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, fi.ModTime(), fi.ModTime()); err != nil {
+			t.Fatal(err)
 		}
 		if err := VerifyShared(ctx, p, ref); err != nil {
 			t.Errorf("VerifyShared of an unchanged verified file = %v, want it remembered", err)
