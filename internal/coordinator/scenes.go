@@ -377,7 +377,6 @@ func (c *Coordinator) CollectScenes(ctx context.Context, grace time.Duration) ([
 	return deleted, nil
 }
 
-
 // validJobID reports whether v is a job id as identity.JobID makes them: "job-" and 24
 // lowercase hex digits.
 func validJobID(v string) bool {
