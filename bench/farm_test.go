@@ -77,11 +77,11 @@ func renderLocal(ctx context.Context, bundle *bundle.Bundle, w workload) (run, e
 		if err != nil {
 			return run{}, fmt.Errorf("rendering frame %d locally: %w", f, err)
 		}
-		o, err := ref.Encode(ctx, img, f, st, "png")
+		outs, err := ref.Encode(ctx, img, f, st, []string{"png"})
 		if err != nil {
 			return run{}, fmt.Errorf("encoding frame %d: %w", f, err)
 		}
-		r.png[f] = o.Data
+		r.png[f] = outs[0].Data
 	}
 	r.elapsed = time.Since(start)
 	rects, err := tiles.Split(st.Width, st.Height, w.tileSize)

@@ -749,8 +749,11 @@ FORMATS = {"png": ("PNG", "RGB", "8", None), "png16": ("PNG", "RGB", "16", None)
 def assemble(req):
     """Writes the assembled frame req["in"] (a float multilayer EXR of every tile channel) as
     Blender writes a render of the scene: the compositor run on it, the File Output nodes'
-    files, and the output file in the scene's own format ("blend") or in one of FORMATS, all
-    under req["out"]: main/<name> and files/<path under the .blend's directory>."""
+    files, and the output file in each of req["formats"] (the scene's own format, "blend",
+    first if asked for, or one of FORMATS), all under req["out"]: main/<name>, more/<i>/<name>
+    and files/<path under the .blend's directory>. The first format is rendered, compositor
+    and all; each next one is the same Render Result saved again (save_render writes the
+    bytes Blender's pipeline writes for that format from the same result, on every line)."""
     current["file"] = None  # opened afresh: the probe below must be the process's first render
     open_file(req["file"])
     sc = bpy.context.scene
@@ -769,12 +772,10 @@ def assemble(req):
     if any(".Crypto" in c for c in req["channels"]):
         for o, attr, split in whole_only(sc):
             put(o, attr, split)
-        stamp = req.get("cryptomatte")
-        if stamp is None:  # not known from an earlier format of the frame: a one-pixel render says
-            probe_out = os.path.join(outdir, "probe.exr")
-            probe(sc, req["frame"], probe_out)
-            stamp = exr_strings(probe_out, "cryptomatte/")
-            os.remove(probe_out)
+        probe_out = os.path.join(outdir, "probe.exr")  # the manifests: a one-pixel render says
+        probe(sc, req["frame"], probe_out)
+        stamp = exr_strings(probe_out, "cryptomatte/")
+        os.remove(probe_out)
     layers = [vl.name for vl in sc.view_layers if vl.use]
     assembling.update(passes=layer_passes(req["channels"], layers), stamp=stamp, file=req["in"])
     r.engine = Assembler.bl_idname
@@ -786,7 +787,10 @@ def assemble(req):
         setattr(r, attr, False)
     r.use_compositing = own["compositing"]
     s = r.image_settings
-    fmt = req.get("format") or "blend"
+    formats = req["formats"]
+    if not formats or "blend" in formats[1:] or any(f != "blend" and f not in FORMATS for f in formats):
+        raise SceneError("cannot assemble the formats %r: the scene's own first, then any of %s" % (formats, sorted(FORMATS)))
+    fmt = formats[0]
     if fmt == "blend":
         set_file_format(s, own["file_format"])
         s.color_mode = own["color_mode"]
@@ -798,11 +802,7 @@ def assemble(req):
         if own["path"].startswith("//"):  # named as the .blend's directory sees it
             name = "//" + os.path.relpath(name, os.path.dirname(bpy.data.filepath)).replace(os.sep, "/")
     else:
-        ff, mode, depth, codec = FORMATS[fmt]
-        set_file_format(s, ff)
-        s.color_mode, s.color_depth = mode, depth
-        if codec:
-            s.exr_codec = codec
+        farm_format(s, fmt)
         name = "frame"
         r.use_file_extension = True
     # The main file lands alone in main/ (its name there is not used: name is where it goes),
@@ -834,7 +834,24 @@ def assemble(req):
         for f in names:
             full = os.path.join(root, f)
             files[os.path.relpath(full, os.path.join(outdir, "files"))] = full
-    return {"main": os.path.relpath(main, outdir), "name": name, "files": sorted(files), "cryptomatte": stamp}
+    outputs = [{"main": os.path.relpath(main, outdir), "name": name, "files": sorted(files)}]
+    result = bpy.data.images["Render Result"]
+    for i, more in enumerate(formats[1:], 1):
+        farm_format(s, more)
+        path = os.path.join(outdir, "more", str(i), "frame." + ("exr" if more == "exr" else "png"))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        result.save_render(path, scene=sc)
+        outputs.append({"main": os.path.relpath(path, outdir), "name": "frame", "files": []})
+    return {"outputs": outputs}
+
+
+def farm_format(s, fmt):
+    """Sets the image settings to one of the farm's FORMATS."""
+    ff, mode, depth, codec = FORMATS[fmt]
+    set_file_format(s, ff)
+    s.color_mode, s.color_depth = mode, depth
+    if codec:
+        s.exr_codec = codec
 
 
 OPS = {"inspect": inspect, "render": render, "assemble": assemble}

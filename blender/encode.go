@@ -7,10 +7,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
-	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
 )
@@ -38,25 +36,41 @@ type Assembled struct {
 
 // assembleReply is the driver's answer to an assemble request.
 type assembleReply struct {
-	Main  string   `json:"main"` // under the output directory
-	Name  string   `json:"name"`
-	Files []string `json:"files"` // under the output directory's files/
-	// Cryptomatte is the frame's Cryptomatte manifests as its probe found them: given to the
-	// assembly of the frame's next format, which then renders no probe of its own.
-	Cryptomatte map[string]string `json:"cryptomatte"`
+	// Outputs are the files of each format asked for, in the request's order.
+	Outputs []struct {
+		Main  string   `json:"main"` // under the output directory
+		Name  string   `json:"name"`
+		Files []string `json:"files"` // under the output directory's files/
+	} `json:"outputs"`
 }
 
 // Assemble writes an assembled frame (every channel of the scene's tiles, f.Names in the
-// description's order) as Blender writes a render of the scene: a render engine of the driver
-// whose result is the frame feeds Blender's own pipeline, so the compositor runs once on the
-// whole frame with its Render Layers nodes fed from the assembled layers and passes, the File
-// Output nodes write their files, and the output is written in format: FormatBlend, the
-// scene's own settings; png, png16 or exr, the Composite (or Combined) result. The
+// description's order) as Blender writes a render of the scene, in each of formats, returned
+// in their order: a render engine of the driver whose result is the frame feeds Blender's own
+// pipeline, so the compositor runs once on the whole frame with its Render Layers nodes fed
+// from the assembled layers and passes, the File Output nodes write their files, and the
+// output is written in FormatBlend, the scene's own settings, or png, png16 or exr, the
+// Composite (or Combined) result. One Blender call writes every format: the first (the scene's
+// own, where asked for) is rendered, the others are that Render Result saved again. The
 // Cryptomatte manifests, which Cycles writes only into a render's metadata, come from a
 // one-pixel render of the frame.
-func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame int, st render.Settings, format string) (*Assembled, error) {
-	if !slices.Contains(Formats, format) {
-		return nil, sceneErr("unknown output format %q (want %s)", format, strings.Join(Formats, ", "))
+func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame int, st render.Settings, formats []string) ([]*Assembled, error) {
+	if len(formats) == 0 {
+		return nil, sceneErr("no output format to assemble")
+	}
+	order := make([]string, 0, len(formats)) // the scene's own first: only it writes File Output nodes' files
+	for _, format := range formats {
+		if !slices.Contains(Formats, format) {
+			return nil, sceneErr("unknown output format %q (want %s)", format, strings.Join(Formats, ", "))
+		}
+		if slices.Contains(order, format) {
+			return nil, sceneErr("output format %q asked for twice", format)
+		}
+		if format == FormatBlend {
+			order = slices.Insert(order, 0, format)
+		} else {
+			order = append(order, format)
+		}
 	}
 	if want := sc.Desc.TileChannels(st.Whole); !slices.Equal(f.Names, want) || f.Width != st.Width || f.Height != st.Height {
 		return nil, sceneErr("the assembled frame's %dx%d channels %q are not the scene's %dx%d %q",
@@ -83,34 +97,39 @@ func Assemble(ctx context.Context, pool *Pool, sc *Scene, f *raster.Frame, frame
 	blend := sc.Blend()
 	req := map[string]any{"op": "assemble", "file": blend, "frame": frame, "camera": st.Camera,
 		"width": st.Width, "height": st.Height, "in": in, "out": out, "channels": f.Names,
-		"own": sc.Desc.Output, "format": format}
-	probed := probeKey(frame, st)
-	if known, ok := sc.cryptomatte(probed); ok {
-		req["cryptomatte"] = known
-	}
+		"own": sc.Desc.Output, "formats": order}
+	what := strings.Join(order, ", ")
 	line, err := pool.call(ctx, blend, req)
 	if err != nil {
-		return nil, fmt.Errorf("assembling frame %d as %s: %w", frame, format, err)
+		return nil, fmt.Errorf("assembling frame %d as %s: %w", frame, what, err)
 	}
 	var reply assembleReply
 	if err := json.Unmarshal(line, &reply); err != nil {
 		return nil, fmt.Errorf("%w: unreadable assemble reply: %v", ErrProcess, err)
 	}
-	if reply.Cryptomatte != nil {
-		sc.keepCryptomatte(probed, reply.Cryptomatte)
+	if len(reply.Outputs) != len(order) {
+		return nil, fmt.Errorf("%w: Blender wrote %d outputs of frame %d for the %d formats %s", ErrProcess, len(reply.Outputs), frame, len(order), what)
 	}
-	a := &Assembled{Name: reply.Name, Files: map[string][]byte{}}
-	if a.Main, err = readUnder(out, reply.Main); err != nil {
-		return nil, err
-	}
-	for _, name := range reply.Files {
-		data, err := readUnder(filepath.Join(out, "files"), name)
-		if err != nil {
+	byFormat := make(map[string]*Assembled, len(order))
+	for i, o := range reply.Outputs {
+		a := &Assembled{Name: o.Name, Files: map[string][]byte{}}
+		if a.Main, err = readUnder(out, o.Main); err != nil {
 			return nil, err
 		}
-		a.Files[filepath.ToSlash(name)] = data
+		for _, name := range o.Files {
+			data, err := readUnder(filepath.Join(out, "files"), name)
+			if err != nil {
+				return nil, err
+			}
+			a.Files[filepath.ToSlash(name)] = data
+		}
+		byFormat[order[i]] = a
 	}
-	return a, nil
+	as := make([]*Assembled, len(formats))
+	for i, format := range formats {
+		as[i] = byFormat[format]
+	}
+	return as, nil
 }
 
 // readUnder reads the file the driver named under dir, refusing a name that leaves it.
@@ -123,32 +142,4 @@ func readUnder(dir, name string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: reading what Blender wrote: %v", ErrProcess, err)
 	}
 	return data, nil
-}
-
-// probeKey names what a frame's Cryptomatte probe depends on: the frame and its settings.
-func probeKey(frame int, st render.Settings) string {
-	return strconv.Itoa(frame) + "/" + identity.SettingsHash(st)
-}
-
-// maxProbes bounds the frames' Cryptomatte manifests a scene keeps: the formats of a frame are
-// assembled one after another, so the newest few are all a worker asks for again.
-const maxProbes = 16
-
-// cryptomatte returns the manifests an earlier assembly of the frame found.
-func (s *Scene) cryptomatte(key string) (map[string]string, bool) {
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	m, ok := s.probes[key]
-	return m, ok
-}
-
-// keepCryptomatte remembers a frame's manifests for the assembly of its next format: a probe
-// render is a second or more on a studio frame (docs/benchmarks.md, "Blender stills and threads").
-func (s *Scene) keepCryptomatte(key string, m map[string]string) {
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	if s.probes == nil || len(s.probes) >= maxProbes {
-		s.probes = map[string]map[string]string{}
-	}
-	s.probes[key] = m
 }

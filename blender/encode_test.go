@@ -31,11 +31,11 @@ func TestFrameAndPNGMatchBlendersOwn(t *testing.T) {
 	if worst := blendertest.MaxRelDiff(rgb, own.Pix); worst > 1e-5 {
 		t.Fatalf("tiled frame differs from Blender's own render by %g relative, want rounding only (< 1e-5)", worst)
 	}
-	a, err := blender.Assemble(context.Background(), pool, sc, frame, 3, st, "png")
+	as, err := blender.Assemble(context.Background(), pool, sc, frame, 3, st, []string{"png"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ours, err := png.Decode(bytes.NewReader(a.Main))
+	ours, err := png.Decode(bytes.NewReader(as[0].Main))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,41 +62,53 @@ func toneMapped(t *testing.T, f *raster.Frame) image.Image {
 	return img
 }
 
-// Property: the formats of a frame with Cryptomatte are assembled with one probe render: the
-// next format gets the manifests the first found, and writes byte for byte the file an assembly
-// that probes for itself writes (a scene loaded afresh, which knows no manifests).
-func TestAssemblyProbesCryptomatteOncePerFrame(t *testing.T) {
+// Property: one assembly writes every format of a frame, the compositor run once, and each
+// format's files are byte for byte the files an assembly of that format alone writes: the
+// Render Result saved again is what Blender's pipeline writes for the format, on every line
+// (the plate: two view layers, Cryptomatte, a File Output node, a multilayer EXR of its own).
+func TestAssemblyWritesEveryFormatInOneCall(t *testing.T) {
 	ctx := context.Background()
-	pool := blendertest.Pool(t, 1)
-	sc := load(t, pool, blendertest.Plate(t))
-	st := settings(t, sc, 48, 27, 2, 1)
-	frame := raster.NewFrameOf(st.Width, st.Height, sc.Desc.TileChannels(st.Whole))
-	if err := frame.Place(0, 0, st.Width, st.Height, renderTile(t, pool, sc, st, 1, render.Rect{X1: st.Width, Y1: st.Height})); err != nil {
-		t.Fatal(err)
-	}
-	if blender.CryptomatteKnown(sc, 1, st) {
-		t.Fatal("the scene knows the frame's manifests before any assembly")
-	}
-	if _, err := blender.Assemble(ctx, pool, sc, frame, 1, st, "png"); err != nil {
-		t.Fatal(err)
-	}
-	if !blender.CryptomatteKnown(sc, 1, st) {
-		t.Fatal("the first assembly of a frame with Cryptomatte kept no manifests for its next format")
-	}
-	// The plate's own output, a multilayer EXR, carries the manifests in its header.
-	reused, err := blender.Assemble(ctx, pool, sc, frame, 1, st, blender.FormatBlend)
-	if err != nil {
-		t.Fatal(err)
-	}
-	afresh := load(t, pool, blendertest.Plate(t))
-	probed, err := blender.Assemble(ctx, pool, afresh, frame, 1, st, blender.FormatBlend)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Contains(probed.Main, []byte("cryptomatte/")) {
-		t.Fatal("the plate's EXR names no Cryptomatte manifest: the test shows nothing")
-	}
-	if !bytes.Equal(reused.Main, probed.Main) {
-		t.Fatal("the EXR assembled with the first format's manifests differs from one assembled with its own probe")
+	formats := []string{"png", blender.FormatBlend, "exr", "png16"} // the scene's own not first
+	for _, line := range blendertest.Lines(t) {
+		t.Run(line.Name, func(t *testing.T) {
+			pool := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir()})
+			defer pool.Close()
+			sc := load(t, pool, line.Saved(t, blendertest.Plate(t)))
+			st := settings(t, sc, 48, 27, 2, 1)
+			frame := raster.NewFrameOf(st.Width, st.Height, sc.Desc.TileChannels(st.Whole))
+			if err := frame.Place(0, 0, st.Width, st.Height, renderTile(t, pool, sc, st, 1, render.Rect{X1: st.Width, Y1: st.Height})); err != nil {
+				t.Fatal(err)
+			}
+			all, err := blender.Assemble(ctx, pool, sc, frame, 1, st, formats)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(all) != len(formats) {
+				t.Fatalf("%d outputs for %d formats", len(all), len(formats))
+			}
+			for i, format := range formats {
+				alone, err := blender.Assemble(ctx, pool, sc, frame, 1, st, []string{format})
+				if err != nil {
+					t.Fatal(err)
+				}
+				a, b := all[i], alone[0]
+				if !bytes.Equal(a.Main, b.Main) || a.Name != b.Name || len(a.Files) != len(b.Files) {
+					t.Fatalf("%s: the file of one call for every format (%d bytes, %q, %d more files) is not the one of its own call (%d bytes, %q, %d)",
+						format, len(a.Main), a.Name, len(a.Files), len(b.Main), b.Name, len(b.Files))
+				}
+				for name, data := range b.Files {
+					if !bytes.Equal(a.Files[name], data) {
+						t.Fatalf("%s: File Output %s differs between one call for every format and its own", format, name)
+					}
+				}
+			}
+			own := all[1]
+			if !bytes.Contains(own.Main, []byte("cryptomatte/")) || len(own.Files) == 0 {
+				t.Fatalf("the plate's own EXR names no Cryptomatte manifest or has no File Output files (%d): the test shows nothing", len(own.Files))
+			}
+			if bytes.Equal(all[0].Main, all[3].Main) {
+				t.Fatal("the 8- and 16-bit PNGs are the same file: the second format was not written as itself")
+			}
+		})
 	}
 }

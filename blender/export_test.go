@@ -3,8 +3,6 @@ package blender
 import (
 	"context"
 	"slices"
-
-	"github.com/tilefarm/tilefarm/render"
 )
 
 // IdlePIDs lists the process ids of the pool's idle Blender processes, for tests that kill
@@ -68,11 +66,4 @@ func (s *Scene) Combine(passes [][]float32, ends []int, asMean string) []float32
 	out := make([]float32, len(sum))
 	p.pixels(sum, from, out)
 	return out
-}
-
-// CryptomatteKnown reports whether the scene keeps the frame's Cryptomatte manifests from an
-// earlier assembly.
-func CryptomatteKnown(sc *Scene, frame int, st render.Settings) bool {
-	_, ok := sc.cryptomatte(probeKey(frame, st))
-	return ok
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
 )
@@ -18,9 +17,6 @@ type Scene struct {
 	Root string // the directory holding the bundle's files under their bundle names
 	// plans are how the channels combine, of a frame split ([0]) and rendered whole ([1]).
 	plans [2]*channelPlan
-	// probes are the Cryptomatte manifests of frames assembled lately (Scene.cryptomatte).
-	probeMu sync.Mutex
-	probes  map[string]map[string]string
 }
 
 // plan is how a tile's channels combine, in a frame rendered whole or not.

@@ -242,8 +242,8 @@ func (rd *renderer) NewTile(ctx context.Context, st render.Settings, frame int, 
 func (*renderer) Channels(render.Settings) []string { return nil }
 
 // Encode encodes as every RGB renderer does, at exposure 0.
-func (*renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, format string) (scene.Output, error) {
-	return scene.EncodeRGB(f, 0, format)
+func (*renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, formats []string) ([]scene.Output, error) {
+	return scene.EncodeRGB(f, 0, formats)
 }
 
 // tile waits perSample for each sample it renders. Every sample of a pixel adds the same

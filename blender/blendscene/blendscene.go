@@ -399,20 +399,24 @@ func (c cycles) Channels(st render.Settings) []string { return c.s.Desc.TileChan
 
 // Encode has Blender write the assembled frame (blender.Assemble): the compositor run on it
 // and the file the .blend asks for, or the farm's formats of its Composite result.
-func (c cycles) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (scene.Output, error) {
+func (c cycles) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, formats []string) ([]scene.Output, error) {
+	what := "encoding " + strings.Join(formats, ", ")
 	pool, err := c.kind.pool(ctx, st.Build)
 	if err != nil {
-		return scene.Output{}, classify("encoding "+format, err)
+		return nil, classify(what, err)
 	}
-	a, err := blender.Assemble(ctx, pool, c.s, f, frame, st, format)
+	as, err := blender.Assemble(ctx, pool, c.s, f, frame, st, formats)
 	if err != nil {
-		return scene.Output{}, classify("encoding "+format, err)
+		return nil, classify(what, err)
 	}
-	out := scene.Output{Data: a.Main, Files: a.Files}
-	if format == blender.FormatBlend {
-		out.Name = a.Name
+	outs := make([]scene.Output, len(as))
+	for i, a := range as {
+		outs[i] = scene.Output{Data: a.Main, Files: a.Files}
+		if formats[i] == blender.FormatBlend {
+			outs[i].Name = a.Name
+		}
 	}
-	return out, nil
+	return outs, nil
 }
 
 // cyclesTile classifies the errors of a Blender tile for the farm.

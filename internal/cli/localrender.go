@@ -81,10 +81,11 @@ write it, or at FILE.`)
 		if err != nil {
 			return err
 		}
-		o, err := ref.Encode(ctx, img, fr, st, f)
+		outs, err := ref.Encode(ctx, img, fr, st, []string{f})
 		if err != nil {
 			return err
 		}
+		o := outs[0]
 		paths := slices.Sorted(maps.Keys(o.Files))
 		to, err := framePaths(outputDest{Pattern: outPattern(*out, f), Base: filepath.Dir(pos[0])}, fr, o.Name, paths)
 		if err != nil {

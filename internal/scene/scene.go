@@ -77,8 +77,10 @@ type Renderer interface {
 	// when they are more than linear RGB (a Blender scene's every view layer and pass, which a
 	// frame rendered whole may have more of); nil is R, G, B.
 	Channels(st render.Settings) []string
-	// Encode encodes an assembled frame of the given number in one output format.
-	Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (Output, error)
+	// Encode encodes an assembled frame of the given number in each of formats, returned in
+	// their order: one call for all of them, so a renderer whose encoding runs a pipeline (a
+	// Blender compositor) runs it once a frame.
+	Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, formats []string) ([]Output, error)
 }
 
 // Output is an assembled frame encoded in one format: its main file and, for a renderer whose
@@ -257,24 +259,28 @@ func (ks Kinds) Close() error {
 // and OpenEXR.
 var RGBFormats = []string{"png", "png16", "exr"}
 
-// EncodeRGB encodes a linear RGB frame as the renderers of such frames do: PNGs tone-mapped
-// with tilefarm's curve at exposure, OpenEXR the linear frame itself. Its errors are
-// deterministic, so terminal.
-func EncodeRGB(f *raster.Frame, exposure float64, format string) (Output, error) {
-	var data []byte
-	var err error
-	switch format {
-	case "png":
-		data, err = raster.EncodePNG8(f, exposure)
-	case "png16":
-		data, err = raster.EncodePNG16(f, exposure)
-	case "exr":
-		data, err = raster.EncodeEXR(f, raster.EXRZip)
-	default:
-		return Output{}, failure.Terminalf("unknown output format %q", format)
+// EncodeRGB encodes a linear RGB frame in each of formats as the renderers of such frames do:
+// PNGs tone-mapped with tilefarm's curve at exposure, OpenEXR the linear frame itself. Its
+// errors are deterministic, so terminal.
+func EncodeRGB(f *raster.Frame, exposure float64, formats []string) ([]Output, error) {
+	outs := make([]Output, len(formats))
+	for i, format := range formats {
+		var data []byte
+		var err error
+		switch format {
+		case "png":
+			data, err = raster.EncodePNG8(f, exposure)
+		case "png16":
+			data, err = raster.EncodePNG16(f, exposure)
+		case "exr":
+			data, err = raster.EncodeEXR(f, raster.EXRZip)
+		default:
+			return nil, failure.Terminalf("unknown output format %q", format)
+		}
+		if err != nil {
+			return nil, failure.Terminalf("encoding %s: %w", format, err)
+		}
+		outs[i] = Output{Data: data}
 	}
-	if err != nil {
-		return Output{}, failure.Terminalf("encoding %s: %w", format, err)
-	}
-	return Output{Data: data}, nil
+	return outs, nil
 }

@@ -6,8 +6,6 @@ import (
 	"sync"
 
 	"github.com/tilefarm/tilefarm/internal/bundle"
-	"github.com/tilefarm/tilefarm/internal/failure"
-	"github.com/tilefarm/tilefarm/internal/layout"
 	"github.com/tilefarm/tilefarm/internal/scene"
 	"github.com/tilefarm/tilefarm/raster"
 	"github.com/tilefarm/tilefarm/render"
@@ -108,10 +106,10 @@ func (ref *Reference) renderTile(ctx context.Context, st render.Settings, frame 
 	return t.Pixels(), nil
 }
 
-// Encode encodes frame number frame in one format as the farm's assembler does.
-func (ref *Reference) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, format string) (scene.Output, error) {
-	if _, ok := layout.FrameOutputName(format); !ok {
-		return scene.Output{}, failure.Terminalf("unknown output format %q", format)
+// Encode encodes frame number frame in each of formats as the farm's assembler does.
+func (ref *Reference) Encode(ctx context.Context, f *raster.Frame, frame int, st render.Settings, formats []string) ([]scene.Output, error) {
+	if _, err := outputNames(formats); err != nil {
+		return nil, err
 	}
-	return ref.sc.Encode(ctx, f, frame, st, format)
+	return ref.sc.Encode(ctx, f, frame, st, formats)
 }

@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"maps"
 	"slices"
 
@@ -22,16 +23,20 @@ import (
 // the named objects of its manifest (the main file, and for a renderer that names its files,
 // the other files and the index naming them, layout.FrameIndex).
 func encodeFrame(ctx context.Context, sc scene.Renderer, f *raster.Frame, frame int, st render.Settings, formats []string) ([][]finalize.Output, error) {
+	names, err := outputNames(formats)
+	if err != nil {
+		return nil, err
+	}
+	encoded, err := sc.Encode(ctx, f, frame, st, formats)
+	if err != nil {
+		return nil, err
+	}
+	if len(encoded) != len(formats) {
+		return nil, fmt.Errorf("the renderer encoded %d outputs for the %d formats %v", len(encoded), len(formats), formats)
+	}
 	outs := make([][]finalize.Output, 0, len(formats))
-	for _, format := range formats {
-		name, ok := layout.FrameOutputName(format)
-		if !ok {
-			return nil, failure.Terminalf("unknown output format %q", format)
-		}
-		o, err := sc.Encode(ctx, f, frame, st, format)
-		if err != nil {
-			return nil, err
-		}
+	for i, format := range formats {
+		name, o := names[i], encoded[i]
 		objs := []finalize.Output{{Name: name, Data: o.Data}}
 		if o.Name != "" || len(o.Files) > 0 {
 			index := layout.FrameIndex{Name: o.Name, Files: append([]string{}, slices.Sorted(maps.Keys(o.Files))...)}
@@ -47,4 +52,18 @@ func encodeFrame(ctx context.Context, sc scene.Renderer, f *raster.Frame, frame 
 		outs = append(outs, objs)
 	}
 	return outs, nil
+}
+
+// outputNames are the object names of formats' main files, or a terminal error naming a format
+// the farm does not know.
+func outputNames(formats []string) ([]string, error) {
+	names := make([]string, len(formats))
+	for i, format := range formats {
+		name, ok := layout.FrameOutputName(format)
+		if !ok {
+			return nil, failure.Terminalf("unknown output format %q", format)
+		}
+		names[i] = name
+	}
+	return names, nil
 }

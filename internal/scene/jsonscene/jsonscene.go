@@ -155,6 +155,6 @@ func (p pathTracer) NewTile(_ context.Context, st render.Settings, frame int, r 
 func (pathTracer) Channels(render.Settings) []string { return nil }
 
 // Encode tone-maps PNGs with tilefarm's own curve (the scene's exposure).
-func (pathTracer) Encode(_ context.Context, f *raster.Frame, _ int, st render.Settings, format string) (scene.Output, error) {
-	return scene.EncodeRGB(f, st.Exposure, format)
+func (pathTracer) Encode(_ context.Context, f *raster.Frame, _ int, st render.Settings, formats []string) ([]scene.Output, error) {
+	return scene.EncodeRGB(f, st.Exposure, formats)
 }

@@ -196,8 +196,8 @@ func (renderer) NewTile(_ context.Context, st render.Settings, frame int, r rend
 func (renderer) Channels(render.Settings) []string { return nil }
 
 // Encode encodes as every RGB renderer does, at exposure 0.
-func (renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, format string) (scene.Output, error) {
-	return scene.EncodeRGB(f, 0, format)
+func (renderer) Encode(_ context.Context, f *raster.Frame, _ int, _ render.Settings, formats []string) ([]scene.Output, error) {
+	return scene.EncodeRGB(f, 0, formats)
 }
 
 // tile accumulates its pixels' samples in float64 sums, sample by sample in order, so any
