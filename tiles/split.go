@@ -21,11 +21,15 @@ const MaxTilesPerFrame = 1 << 20
 // the same request cannot succeed.
 var ErrInvalidTiling = errors.New("invalid tiling")
 
-// Split cuts a width x height frame into size x size tiles in row-major order
-// (left to right, then top to bottom). Edge tiles are clipped to the frame, so
-// every pixel belongs to exactly one tile. Rectangles are half-open:
-// X0 <= x < X1, Y0 <= y < Y1. The tile size only decides how work is
-// distributed and is not part of any frame identity.
+// Split cuts a width x height frame into the fewest tiles of at most size x size pixels
+// (ceil(width/size) columns by ceil(height/size) rows), as equal as can be: column widths and
+// row heights differ by at most one pixel. Equal tiles keep the workers of a frame busy for
+// equal times; clipped edge tiles (a 480x270 frame in 256 px tiles was two 256x256 tiles and
+// two 256x14 strips, each strip paying a tile's fixed cost for a sliver of work) left a
+// worker idle while another rendered the big tiles (docs/design.md, "Identities", Tiles). Tiles are in
+// row-major order (left to right, then top to bottom) and every pixel belongs to exactly one.
+// Rectangles are half-open: X0 <= x < X1, Y0 <= y < Y1. The tile size only decides how work
+// is distributed and is not part of any frame identity.
 func Split(width, height, size int) ([]render.Rect, error) {
 	switch {
 	case width <= 0 || height <= 0:
@@ -41,15 +45,18 @@ func Split(width, height, size int) ([]render.Rect, error) {
 		return nil, fmt.Errorf("splitting %dx%d frame into %d px tiles: %w: more than %d tiles", width, height, size, ErrInvalidTiling, MaxTilesPerFrame)
 	}
 	rects := make([]render.Rect, 0, cols*rows)
-	for y0 := 0; y0 < height; y0 += size {
-		y1 := min(y0+size, height)
-		for x0 := 0; x0 < width; x0 += size {
-			x1 := min(x0+size, width)
-			rects = append(rects, render.Rect{X0: x0, Y0: y0, X1: x1, Y1: y1})
+	for j := range rows {
+		y0, y1 := even(height, rows, j), even(height, rows, j+1)
+		for i := range cols {
+			rects = append(rects, render.Rect{X0: even(width, cols, i), Y0: y0, X1: even(width, cols, i+1), Y1: y1})
 		}
 	}
 	return rects, nil
 }
+
+// even is the i-th of n+1 boundaries cutting length into n parts whose sizes differ by at most
+// one: floor(i*length/n), computed without overflow for any length and n Split allows.
+func even(length, n, i int) int { return int(int64(i) * int64(length) / int64(n)) }
 
 // ceilDiv returns ceil(a/b) for positive a and b without overflowing.
 func ceilDiv(a, b int) int { return (a-1)/b + 1 }

@@ -32,9 +32,9 @@ func TestSplitCoversEveryPixelOnce(t *testing.T) {
 					if r.X1-r.X0 > size || r.Y1-r.Y0 > size {
 						t.Fatalf("tile %d %+v larger than %d", i, r, size)
 					}
-					// Only tiles touching the right or bottom edge may be clipped.
-					if (r.X1 != f.w && r.X1-r.X0 != size) || (r.Y1 != f.h && r.Y1-r.Y0 != size) {
-						t.Fatalf("interior tile %d %+v is not %dx%d", i, r, size, size)
+					// Tiles are as equal as can be: widths and heights within one pixel of each other.
+					if dx, dy := r.X1-r.X0, r.Y1-r.Y0; dx < f.w/wantCols || dx > ceilDiv(f.w, wantCols) || dy < f.h/wantRows || dy > ceilDiv(f.h, wantRows) {
+						t.Fatalf("tile %d %+v is not within a pixel of %d/%d x %d/%d", i, r, f.w, wantCols, f.h, wantRows)
 					}
 					if i > 0 {
 						p := rects[i-1]
@@ -59,14 +59,15 @@ func TestSplitCoversEveryPixelOnce(t *testing.T) {
 }
 
 func TestSplitRowMajorExample(t *testing.T) {
-	// A hand-checked small case: 5x3 in 2px tiles.
+	// A hand-checked small case: 5x3 in 2px tiles, three columns of 1, 2 and 2 pixels and two
+	// rows of 1 and 2: no column or row is more than a pixel narrower than another.
 	got, err := Split(5, 3, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := []render.Rect{
-		{X0: 0, Y0: 0, X1: 2, Y1: 2}, {X0: 2, Y0: 0, X1: 4, Y1: 2}, {X0: 4, Y0: 0, X1: 5, Y1: 2},
-		{X0: 0, Y0: 2, X1: 2, Y1: 3}, {X0: 2, Y0: 2, X1: 4, Y1: 3}, {X0: 4, Y0: 2, X1: 5, Y1: 3},
+		{X0: 0, Y0: 0, X1: 1, Y1: 1}, {X0: 1, Y0: 0, X1: 3, Y1: 1}, {X0: 3, Y0: 0, X1: 5, Y1: 1},
+		{X0: 0, Y0: 1, X1: 1, Y1: 3}, {X0: 1, Y0: 1, X1: 3, Y1: 3}, {X0: 3, Y0: 1, X1: 5, Y1: 3},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("got %v, want %v", got, want)

@@ -214,7 +214,7 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "3")
-	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,32")
+	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "8:32,0,64,27")
 	st, _ := f.submit(append([]string{scene, "--frames", "8-9"}, small...)...)
 	done := f.waitDone(st.JobID, 3*time.Minute)
 	_, r := f.status(st.JobID)
@@ -225,7 +225,7 @@ func TestPoisonTileIsDeadLettered(t *testing.T) {
 		t.Fatalf("want frame 9 and every other tile completed: %+v", done)
 	}
 	text := f.cli("status", st.JobID)
-	if !strings.Contains(text.stdout, "frame 8") || !strings.Contains(text.stdout, "(32,0)-(64,32)") || !strings.Contains(text.stdout, "injected fault") || !strings.Contains(text.stdout, "[panic]") {
+	if !strings.Contains(text.stdout, "frame 8") || !strings.Contains(text.stdout, "(32,0)-(64,27)") || !strings.Contains(text.stdout, "injected fault") || !strings.Contains(text.stdout, "[panic]") {
 		t.Fatalf("status does not name the poison tile and its error:\n%s", text)
 	}
 	dlq := f.cli("dlq", "list")

@@ -193,7 +193,7 @@ func TestBlockedJobStartsWhenItsUpstreamIsRequeued(t *testing.T) {
 	row := fmt.Sprintf(`document.querySelector('#jobs tr[data-job=%q] [data-col=state]')`, down.JobID)
 	b.waitTrue(fmt.Sprintf(`%s?.querySelector('.state')?.textContent === 'waiting' && %[1]s.querySelector('[data-why=waiting]')?.textContent === 'job %s'`, row, up.JobID), 10*time.Second)
 
-	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "4:0,0,48,48")
+	poisoned := f.worker("w", t.TempDir(), "--fault-panic-tile", "4:0,0,48,27")
 	st := f.waitCode(down.JobID, 1, time.Minute)
 	if st.State != api.JobBlocked || st.BlockedReason != "job "+up.JobID+" failed" || st.TileAttempts != 0 {
 		t.Fatalf("the job waiting for a failed job: %+v", st)

@@ -127,7 +127,7 @@ func TestMetricsOfARun(t *testing.T) {
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "2")
 	maddr := freePort(t)
-	w := f.worker("w", t.TempDir(), "--metrics-listen", maddr, "--fault-panic-tile", "8:32,0,64,32",
+	w := f.worker("w", t.TempDir(), "--metrics-listen", maddr, "--fault-panic-tile", "8:32,0,64,27",
 		"--fault-pass-delay", "100ms")
 	before := waitMetrics(t, maddr, w)
 	if got := before.tilefarm(); !slices.Equal(got, metrics.WorkerFamilies) {

@@ -176,7 +176,7 @@ func TestWebWorkersAndDeadLetter(t *testing.T) {
 	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "1")
-	faulty := []string{"--concurrency", "2", "--fault-panic-tile", "1:0,0,32,32", "--fault-pass-delay", "150ms", "--checkpoint-every", "0"}
+	faulty := []string{"--concurrency", "2", "--fault-panic-tile", "1:0,0,32,27", "--fault-pass-delay", "150ms", "--checkpoint-every", "0"}
 	f.worker("w1", t.TempDir(), faulty...)
 	f.worker("w2", t.TempDir(), append([]string{"--tags", "gpu"}, faulty...)...)
 	b := newBrowser(t, "http://"+f.HTTP)

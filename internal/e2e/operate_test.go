@@ -214,8 +214,8 @@ func TestBlocklistedWorkerStopsTakingTheJob(t *testing.T) {
 	t.Parallel() // its own farm on free ports; most of its time is waiting
 	scene := example("shot")
 	f := startServe(t, t.TempDir())
-	// w-bad fails tile (0,0)-(32,32) of frame 1, whatever the job, and blocklists a job at once.
-	bad := f.worker("w-bad", t.TempDir(), "--fault-panic-tile", "1:0,0,32,32", "--blocklist-after", "1", "--checkpoint-every", "0")
+	// w-bad fails tile (0,0)-(32,27) of frame 1, whatever the job, and blocklists a job at once.
+	bad := f.worker("w-bad", t.TempDir(), "--fault-panic-tile", "1:0,0,32,27", "--blocklist-after", "1", "--checkpoint-every", "0")
 	good := f.worker("w-good", t.TempDir(), "--checkpoint-every", "0")
 	ws := waitWorkers(t, f, "w-bad,w-good", 30*time.Second)
 	for _, w := range ws {

@@ -360,7 +360,7 @@ func TestWebCancelAndRequeue(t *testing.T) {
 	t.Parallel()
 	scene := example("shot")
 	f := startServe(t, t.TempDir(), "--max-failures", "1")
-	bad := f.worker("w-bad", t.TempDir(), "--fault-panic-tile", "1:0,0,32,32", "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
+	bad := f.worker("w-bad", t.TempDir(), "--fault-panic-tile", "1:0,0,32,27", "--fault-pass-delay", "100ms", "--checkpoint-every", "0")
 	b := newBrowser(t, "http://"+f.HTTP)
 	b.open()
 
