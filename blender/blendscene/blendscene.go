@@ -288,6 +288,11 @@ func (k *Kind) Read(ctx context.Context, p string) (*bundle.Bundle, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Where this machine renders the scene too (`coordinator render`, `tileworker render`), its
+	// other slots' processes start beside the inspecting one, on cores still idle, instead of
+	// when their first tile comes, while the first slot renders (a pool of one slot, a submit's,
+	// starts nothing more).
+	pool.Warm(context.WithoutCancel(ctx))
 	in, err := blender.Inspect(ctx, pool, p)
 	if err != nil {
 		if errors.Is(err, blender.ErrScene) {
