@@ -1,7 +1,8 @@
 # tilefarm's driver of one persistent Blender process (docs/design.md, "Blender scenes").
 #
 # Blender runs it as: blender -b --factory-startup --disable-autoexec -t N --python driver.py
-#                     -- REQUEST_FD REPLY_FD N  (a Python with bpy: python driver.py -- ...)
+#                     -- REQUEST_FD REPLY_FD N  (a Python with bpy: python driver.py -- ...);
+# on Windows the two pipes are inherited handles, given as "h" and the handle's number.
 # Requests arrive one JSON object per line on REQUEST_FD; every request gets exactly one JSON
 # reply line on REPLY_FD ({"ok": true, ...} or {"ok": false, "error": ..., "scene_error": bool}), and
 # every second the driver writes {"alive": true}, so the worker can tell a long render from a
@@ -22,7 +23,18 @@ import time
 import warnings
 
 ARGS = sys.argv[sys.argv.index("--") + 1:]
-req_fd, rep_fd = (int(a) for a in ARGS[:2])
+
+
+def pipe_fd(arg, flags):
+    """The fd of a pipe the worker handed down: a number is an fd (Linux, macOS); "h" and a
+    number is a Windows handle the process inherited, opened as an fd."""
+    if arg.startswith("h"):
+        import msvcrt
+        return msvcrt.open_osfhandle(int(arg[1:]), flags)
+    return int(arg)
+
+
+req_fd, rep_fd = pipe_fd(ARGS[0], os.O_RDONLY), pipe_fd(ARGS[1], os.O_WRONLY)
 THREADS = int(ARGS[2]) if len(ARGS) > 2 else 1  # render threads of every render
 requests = os.fdopen(req_fd, "r", encoding="utf-8")
 replies = os.fdopen(rep_fd, "w", encoding="utf-8")

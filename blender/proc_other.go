@@ -1,9 +1,16 @@
-//go:build !linux
+//go:build !linux && !windows
 
 package blender
 
-import "os/exec"
+import (
+	"os"
+	"os/exec"
+)
 
-// setDeathSignal is a no-op where the kernel offers no parent-death signal: Blender then exits
-// when its request pipe closes, which happens once it is idle.
-func setDeathSignal(cmd *exec.Cmd) {}
+// prepareCommand hands the driver its request and reply pipes as fds 3 and 4. Where the kernel
+// offers no parent-death signal (macOS, the BSDs), Blender exits when its request pipe closes,
+// which happens once it is idle.
+func prepareCommand(cmd *exec.Cmd, req, rep *os.File) (args []string, started func() error) {
+	cmd.ExtraFiles = []*os.File{req, rep}
+	return []string{"3", "4"}, func() error { return nil }
+}

@@ -83,16 +83,22 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		return nil, fmt.Errorf("%w: %v", ErrProcess, err)
 	}
 	cmd := driverCommand(binary, script, max(o.Threads, 1))
+	pipes, started := prepareCommand(cmd, reqR, repW) // the pipes in the child, named for the driver
+	cmd.Args = append(cmd.Args, pipes...)
+	cmd.Args = append(cmd.Args, strconv.Itoa(max(o.Threads, 1)))
 	cmd.Dir = dir
 	if env != nil {
 		cmd.Env = append(os.Environ(), env...)
 	}
-	cmd.ExtraFiles = []*os.File{reqR, repW} // fds 3 and 4 in the child
 	p := &process{cmd: cmd, req: reqW, lines: make(chan []byte, 16), exited: make(chan struct{}),
 		logs: newTailLog(40, log), hang: hang, log: log}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
-	setDeathSignal(cmd)
 	err = cmd.Start()
+	if err == nil {
+		if serr := started(); serr != nil {
+			log.Warn("Blender may outlive this worker", "err", serr)
+		}
+	}
 	reqR.Close()
 	repW.Close()
 	if err != nil {
@@ -140,15 +146,15 @@ func IsPython(binary string) bool {
 // driverCommand runs driver.py (at script) on a build with threads render threads: Blender's
 // executable runs it as its --python script in the background, with factory settings, auto-run
 // scripts off and -t threads; a Python with bpy runs it as a script, which then does what those
-// flags do itself (driver.py, module_mode). The driver renders with threads too (its third
-// argument). Blender 3.4, 4.2, 4.5 and 5.0 wrote the same bits for the plate with 1, 2 and 8.
+// flags do itself (driver.py, module_mode). The driver's own arguments follow the "--" the
+// command ends with: its request and reply pipes (prepareCommand) and the threads it renders
+// with. Blender 3.4, 4.2, 4.5 and 5.0 wrote the same bits for the plate with 1, 2 and 8.
 func driverCommand(binary, script string, threads int) *exec.Cmd {
-	t := strconv.Itoa(threads)
 	if IsPython(binary) {
-		return exec.Command(binary, script, "--", "3", "4", t)
+		return exec.Command(binary, script, "--")
 	}
-	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", t,
-		"--python-exit-code", "70", "--python", script, "--", "3", "4", t)
+	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", strconv.Itoa(threads),
+		"--python-exit-code", "70", "--python", script, "--")
 }
 
 // writeDriver puts driver.py into dir (once per content), where Blender reads it.
