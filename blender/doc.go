@@ -5,7 +5,8 @@
 // frame assembled from tiles equals a local reference render (docs/design.md, "Blender scenes").
 //
 // Blender runs as persistent child processes (a Pool, one per worker slot), each started as
-// `blender -b --factory-startup --disable-autoexec -t N` (N render threads, --threads) with driver.py, which takes requests
+// `blender -b --factory-startup --disable-autoexec` with driver.py (each render on the threads its
+// request fixes: a slot's --threads, or more lent by idle slots), which takes requests
 // over a pipe: inspect a .blend, render one pass of one tile, encode a float frame with the
 // scene's colour management. Scripts embedded in a .blend never run.
 //

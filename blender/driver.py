@@ -673,6 +673,7 @@ def render(req):
     for o, attr, split in whole_only(sc):
         put(o, attr, current["own"][attr] if req.get("whole") else split)
     put(cy, "seed", req["seed"])
+    put(r, "threads", req.get("threads") or THREADS)  # more when idle slots lend theirs; same bits
     set_samples(cy, req["from"], req["to"], req["spp"])
     out = req["out"]
     if os.path.exists(out):

@@ -82,7 +82,7 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		reqW.Close()
 		return nil, fmt.Errorf("%w: %v", ErrProcess, err)
 	}
-	cmd := driverCommand(binary, script, max(o.Threads, 1))
+	cmd := driverCommand(binary, script)
 	pipes, started := prepareCommand(cmd, reqR, repW) // the pipes in the child, named for the driver
 	cmd.Args = append(cmd.Args, pipes...)
 	cmd.Args = append(cmd.Args, strconv.Itoa(max(o.Threads, 1)))
@@ -143,17 +143,19 @@ func IsPython(binary string) bool {
 	return strings.HasPrefix(strings.ToLower(filepath.Base(binary)), "python")
 }
 
-// driverCommand runs driver.py (at script) on a build with threads render threads: Blender's
-// executable runs it as its --python script in the background, with factory settings, auto-run
-// scripts off and -t threads; a Python with bpy runs it as a script, which then does what those
-// flags do itself (driver.py, module_mode). The driver's own arguments follow the "--" the
-// command ends with: its request and reply pipes (prepareCommand) and the threads it renders
-// with. Blender 3.4, 4.2, 4.5 and 5.0 wrote the same bits for the plate with 1, 2 and 8.
-func driverCommand(binary, script string, threads int) *exec.Cmd {
+// driverCommand runs driver.py (at script) on a build: Blender's executable runs it as its
+// --python script in the background, with factory settings and auto-run scripts off; a Python
+// with bpy runs it as a script, which then does what those flags do itself (driver.py,
+// module_mode). Neither gets -t: Blender's -t overrides the threads a scene fixes, and each
+// render sets its own (a slot's, or more that idle slots lend, Tile.SetThreads). The driver's
+// own arguments follow the "--" the command ends with: its request and reply pipes
+// (prepareCommand) and the threads a slot renders with. Blender 3.4, 4.2, 4.5 and 5.0 wrote the
+// same bits for the plate with 1, 2 and 8 threads.
+func driverCommand(binary, script string) *exec.Cmd {
 	if IsPython(binary) {
 		return exec.Command(binary, script, "--")
 	}
-	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec", "-t", strconv.Itoa(threads),
+	return exec.Command(binary, "-b", "--factory-startup", "--disable-autoexec",
 		"--python-exit-code", "70", "--python", script, "--")
 }
 

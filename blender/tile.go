@@ -29,6 +29,9 @@ type Tile struct {
 	next  int
 	sum   []float64
 	stats Stats
+	// threads is how many threads the next pass renders with: the pool's, or more lent by idle
+	// slots (SetThreads). A pass's bits do not depend on it.
+	threads int
 }
 
 // Stats say where a tile's time went: the passes rendered, the time Blender's own render
@@ -64,8 +67,15 @@ func NewTile(ctx context.Context, pool *Pool, sc *Scene, st render.Settings, fra
 		return nil, sceneErr("settings.channels %d: the scene's tiles have %d channels", st.Values(), want)
 	}
 	return &Tile{pool: pool, scene: sc, st: st, frame: frame, rect: r, ends: st.PassEnds(0),
-		sum: make([]float64, st.Values()*r.Dx()*r.Dy())}, nil
+		sum: make([]float64, st.Values()*r.Dx()*r.Dy()), threads: pool.o.Threads}, nil
 }
+
+// SetThreads makes the next passes render with n threads (n < 1: one), whatever the pool's
+// processes were started with: Blender 3.4, 4.2, 4.5 and 5.0 write the same bits with any.
+func (t *Tile) SetThreads(n int) { t.threads = max(n, 1) }
+
+// Threads is how many threads the next pass renders with.
+func (t *Tile) Threads() int { return t.threads }
 
 // Render renders samples [from, to), which must start at Next and end at the end of a pass
 // of the partition. A cancelled ctx kills the pass's Blender process; the tile stays at the
@@ -109,7 +119,8 @@ func (t *Tile) pass(ctx context.Context, a, b int) ([]float32, time.Duration, er
 	blend := t.scene.Blend()
 	req := map[string]any{"op": "render", "file": blend, "frame": t.frame, "camera": t.st.Camera,
 		"width": t.st.Width, "height": t.st.Height, "seed": t.st.Seed, "whole": t.st.Whole,
-		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "spp": t.st.SPP, "out": out}
+		"rect": []int{t.rect.X0, t.rect.Y0, t.rect.X1, t.rect.Y1}, "from": a, "to": b, "spp": t.st.SPP, "out": out,
+		"threads": t.threads}
 	line, err := t.pool.call(ctx, blend, req)
 	if err != nil {
 		return nil, 0, fmt.Errorf("rendering samples [%d,%d) of tile %v: %w", a, b, t.rect, err)

@@ -110,6 +110,9 @@ func (t *Tile) SetThreads(n int) {
 	t.threads = n
 }
 
+// Threads is how many goroutines Render renders each sample index on.
+func (t *Tile) Threads() int { return max(t.threads, 1) }
+
 // Render renders sample indices [from, to) of every pixel. from must equal
 // Next() and to must not exceed the settings' SPP. Samples are rendered one
 // index at a time over the whole tile and committed only when the index is

@@ -116,8 +116,8 @@ func (h *runHarness) workerOn(t *testing.T, cfg Config, objects objstore.Store) 
 	return w, m
 }
 
-// publishAndFetch publishes job to TILES and takes its delivery.
-func (h *runHarness) publishAndFetch(t *testing.T, job wire.TileJob) jetstream.Msg {
+// publish publishes job to TILES.
+func (h *runHarness) publish(t *testing.T, job wire.TileJob) {
 	t.Helper()
 	data, err := json.Marshal(job)
 	if err != nil {
@@ -126,6 +126,12 @@ func (h *runHarness) publishAndFetch(t *testing.T, job wire.TileJob) jetstream.M
 	if _, err := h.queue.Publish(h.ctx, queue.SubjectRender, job.TileKey, data, nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// publishAndFetch publishes job to TILES and takes its delivery.
+func (h *runHarness) publishAndFetch(t *testing.T, job wire.TileJob) jetstream.Msg {
+	t.Helper()
+	h.publish(t, job)
 	msg, err := h.queue.Sources(queue.Capabilities{}).FetchTile(h.ctx, 2*time.Second)
 	if err != nil || msg == nil {
 		t.Fatalf("FetchTile = %v, %v", msg, err)

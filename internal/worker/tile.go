@@ -47,6 +47,8 @@ type tileRun struct {
 	// rendered is how long this run's passes took, once they are done: tile.completed reports
 	// it (wire.Event.RenderMillis).
 	rendered time.Duration
+	// lend gives the tile's passes the threads of the worker's idle slots (lend.go).
+	lend lender
 }
 
 // fresh reports whether the run may skip the store reads that find an earlier attempt of the
@@ -245,6 +247,7 @@ func (r *tileRun) renderAndPromote(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.lend = newLender(t, &w.idle)
 	tile := w.faults.Tile(counted{Tile: t, r: r}, r.job.TileKey, r.job.Frame, r.job.Rect, r.job.Settings, r.log)
 
 	// 3. Resume from a checkpoint made from the same inputs by the same build.
@@ -466,6 +469,9 @@ func (r *tileRun) renderPasses(ctx context.Context, tile scene.Tile) error {
 	for _, to := range r.job.Settings.PassEnds(r.w.cfg.PassesPerTile) {
 		if to <= tile.Next() {
 			continue
+		}
+		if n := r.lend.beforePass(); n > r.lend.base {
+			r.log.Debug("rendering the pass with idle slots' threads too", "from", tile.Next(), "to", to, "threads", n)
 		}
 		if err := tile.Render(ctx, tile.Next(), to); err != nil {
 			return err

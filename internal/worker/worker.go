@@ -123,7 +123,8 @@ type Worker struct {
 	faults  *faults.Injector // nil unless a fault test asked for some
 	publish faults.Publish   // publishes an event: the queue's, wrapped by the faults
 
-	saveCost saveCost // what the last checkpoint cost the render (cadence.go)
+	saveCost saveCost  // what the last checkpoint cost the render (cadence.go)
+	idle     idleSlots // tile slots that found no work, whose threads a rendering tile may use (lend.go)
 
 	rngMu sync.Mutex
 	rng   *rand.Rand
@@ -183,14 +184,14 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.beat(ctx)
 	}()
 	for i := 0; i <= w.cfg.Concurrency; i++ {
-		fetch := w.sources.FetchTile
+		fetch, idle := w.sources.FetchTile, &w.idle
 		if i == w.cfg.Concurrency {
-			fetch = w.sources.FetchAssembly
+			fetch, idle = w.sources.FetchAssembly, nil // the assembly loop renders no tile
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			w.loop(ctx, fetch)
+			w.loop(ctx, fetch, idle)
 		}()
 	}
 	wg.Wait()
@@ -201,11 +202,14 @@ func (w *Worker) Run(ctx context.Context) error {
 // store is down takes no new work it could not finish. A tile frees its slot once it is
 // rendered, so the slot fetches and renders the next while the tile finalizes: the store's
 // writes and fsyncs overlap rendering instead of idling the core. At most one tile finalizes
-// behind the one rendering (docs/design.md, "Flows": Render).
-func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Duration) (jetstream.Msg, error)) {
+// behind the one rendering (docs/design.md, "Flows": Render). A tile slot that found no work
+// counts in idle until it takes some, so a tile rendering meanwhile may use its threads.
+func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Duration) (jetstream.Msg, error), idle *idleSlots) {
 	finalizing := make(chan struct{})
 	close(finalizing)
 	defer func() { <-finalizing }()
+	var mine idleSlot
+	defer mine.set(idle, false)
 	handedBack := 0 // hand-backs in a row
 	for ctx.Err() == nil {
 		if !w.store.wait(ctx) {
@@ -224,6 +228,7 @@ func (w *Worker) loop(ctx context.Context, fetch func(context.Context, time.Dura
 			queue.Sleep(ctx, w.cfg.RetryBase)
 			continue
 		}
+		mine.set(idle, msg == nil)
 		if msg == nil {
 			continue
 		}

@@ -1,0 +1,82 @@
+package worker
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tilefarm/tilefarm/finalize"
+	"github.com/tilefarm/tilefarm/internal/layout"
+)
+
+// Property: a slot counts in its worker's idle slots once however often it finds no work, and
+// leaves the count when it takes some or ends; a tile's pass gets its own threads times one
+// plus the idle slots.
+func TestIdleSlotsCountOnceAndLendTheirThreads(t *testing.T) {
+	var idle idleSlots
+	var a, b idleSlot
+	a.set(&idle, true)
+	a.set(&idle, true)
+	b.set(&idle, true)
+	if idle.count() != 2 {
+		t.Fatalf("two idle slots, one of them twice, count %d", idle.count())
+	}
+	tile := &fakeThreads{threads: 2}
+	l := newLender(tile, &idle)
+	if n := l.beforePass(); n != 6 || tile.threads != 6 {
+		t.Fatalf("a 2-thread tile with 2 slots idle renders with %d (set %d), want 6", n, tile.threads)
+	}
+	a.set(&idle, false)
+	b.set(&idle, false)
+	b.set(&idle, false)
+	if n := l.beforePass(); idle.count() != 0 || n != 2 {
+		t.Fatalf("no slot idle: count %d, the tile renders with %d, want its own 2", idle.count(), n)
+	}
+	var none *idleSlots // the assembly loop's: it lends nothing
+	a.set(none, true)
+	if newLender(struct{}{}, &idle).beforePass() != 0 || none.count() != 0 {
+		t.Fatal("a tile that cannot take threads was given some, or a nil count counted")
+	}
+}
+
+type fakeThreads struct{ threads int }
+
+func (f *fakeThreads) Threads() int     { return f.threads }
+func (f *fakeThreads) SetThreads(n int) { f.threads = n }
+
+// Property: a frame's only tile, taken while the worker's other slot finds no work, renders its
+// passes with that slot's threads too, on the real farm, and its pixels are the ones one
+// thread renders (threads never change a pixel).
+func TestIdleSlotLendsItsThreadsToTheTileRendering(t *testing.T) {
+	h := newRunHarness(t)
+	w, _ := h.worker(t, Config{Concurrency: 2, FetchWait: 50 * time.Millisecond})
+	ctx, cancel := context.WithCancel(h.ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = w.Run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	for deadline := time.Now().Add(10 * time.Second); w.idle.count() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker's two slots never found the queue empty: %d idle", w.idle.count())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	job := h.job()
+	h.publish(t, job)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if done, err := finalize.ManifestExists(h.ctx, h.objects, layout.TileManifestKey(job.FrameKey, job.TileKey)); err == nil && done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the tile was never promoted:\n%s", h.logs.String())
+		}
+	}
+	got := h.promoted(t, job)
+	if !strings.Contains(h.logs.String(), "rendering the pass with idle slots' threads too") || !strings.Contains(h.logs.String(), "threads=2") {
+		t.Fatalf("the tile rendered on its own thread while the other slot idled:\n%s", h.logs.String())
+	}
+	samePixels(t, got, h.reference(t, job, h.st.SPP).Pixels())
+}
