@@ -11,8 +11,8 @@ import (
 )
 
 // Property: a slot counts in its worker's idle slots once however often it finds no work, and
-// leaves the count when it takes some or ends; a tile's pass gets its own threads times one
-// plus the idle slots.
+// leaves the count when it takes some; a tile's pass gets its own threads times one plus the
+// idle slots no other pass holds, and gives them back after the pass.
 func TestIdleSlotsCountOnceAndLendTheirThreads(t *testing.T) {
 	var idle idleSlots
 	var a, b idleSlot
@@ -22,20 +22,30 @@ func TestIdleSlotsCountOnceAndLendTheirThreads(t *testing.T) {
 	if idle.count() != 2 {
 		t.Fatalf("two idle slots, one of them twice, count %d", idle.count())
 	}
-	tile := &fakeThreads{threads: 2}
-	l := newLender(tile, &idle)
-	if n := l.beforePass(); n != 6 || tile.threads != 6 {
-		t.Fatalf("a 2-thread tile with 2 slots idle renders with %d (set %d), want 6", n, tile.threads)
+	one, other := &fakeThreads{threads: 2}, &fakeThreads{threads: 2}
+	l, m := newLender(one, &idle), newLender(other, &idle)
+	if n, lent := l.beforePass(); n != 6 || !lent || one.threads != 6 {
+		t.Fatalf("a 2-thread tile with 2 slots idle renders with %d (set %d), want 6", n, one.threads)
 	}
+	if n, lent := m.beforePass(); n != 2 || lent {
+		t.Fatalf("a second tile rendering meanwhile got %d threads: the idle slots were lent twice", n)
+	}
+	l.afterPass()
+	m.afterPass()
+	if n, _ := m.beforePass(); n != 6 {
+		t.Fatalf("after the first tile's pass gave its slots back, the other's next pass has %d threads, want 6", n)
+	}
+	m.afterPass()
 	a.set(&idle, false)
 	b.set(&idle, false)
 	b.set(&idle, false)
-	if n := l.beforePass(); idle.count() != 0 || n != 2 {
+	if n, lent := l.beforePass(); idle.count() != 0 || n != 2 || lent {
 		t.Fatalf("no slot idle: count %d, the tile renders with %d, want its own 2", idle.count(), n)
 	}
+	l.afterPass()
 	var none *idleSlots // the assembly loop's: it lends nothing
 	a.set(none, true)
-	if newLender(struct{}{}, &idle).beforePass() != 0 || none.count() != 0 {
+	if n, _ := newLender(struct{}{}, &idle).beforePass(); n != 0 || none.count() != 0 || none.borrow() != 0 {
 		t.Fatal("a tile that cannot take threads was given some, or a nil count counted")
 	}
 }
