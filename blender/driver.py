@@ -1,8 +1,9 @@
 # tilefarm's driver of one persistent Blender process (docs/design.md, "Blender scenes").
 #
-# Blender runs it as: blender -b --factory-startup --disable-autoexec -t N --python driver.py
-#                     -- REQUEST_FD REPLY_FD N  (a Python with bpy: python driver.py -- ...);
-# on Windows the two pipes are inherited handles, given as "h" and the handle's number.
+# Blender runs it as: blender -b --factory-startup --disable-autoexec --python-exit-code 70
+#                     --python driver.py -- REQUEST_FD REPLY_FD N  (a Python with bpy: python
+# driver.py -- ...); on Windows the two pipes are inherited handles, given as "h" and the
+# handle's number. N is the render threads of a request that names none (a slot's own).
 # Requests arrive one JSON object per line on REQUEST_FD; every request gets exactly one JSON
 # reply line on REPLY_FD ({"ok": true, ...} or {"ok": false, "error": ..., "scene_error": bool}), and
 # every second the driver writes {"alive": true}, so the worker can tell a long render from a
@@ -30,7 +31,9 @@ def pipe_fd(arg, flags):
     number is a Windows handle the process inherited, opened as an fd."""
     if arg.startswith("h"):
         import msvcrt
-        return msvcrt.open_osfhandle(int(arg[1:]), flags)
+        handle = int(arg[1:])
+        os.set_handle_inheritable(handle, False)  # a process Blender starts must not hold it open
+        return msvcrt.open_osfhandle(handle, flags)
     return int(arg)
 
 
@@ -75,7 +78,7 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 # A Python that imports bpy (Blender as a module) runs the driver as a plain script, without the
 # flags the worker gives Blender's executable: it starts from factory settings and with
-# auto-run scripts off itself. Its render threads are set per scene (prepare_tiles).
+# auto-run scripts off itself. Render threads are set per request (render), as for the executable.
 MODULE = not bpy.app.binary_path
 
 
@@ -579,7 +582,8 @@ def edge(p, n):
 
 def prepare_tiles(sc):
     """Prepares the scene for tile renders: every view layer (unless the scene renders a single
-    one) and pass into one float multilayer EXR of the tile, on the CPU with THREADS threads; the
+    one) and pass into one float multilayer EXR of the tile, on the CPU with a fixed number of
+    threads (THREADS, or a request's own: render); the
     compositor runs once on the assembled frame (assemble), the sequencer not at all. The
     settings a frame renders whole for (whole_only) are set per request (render); everything
     else is the scene's own."""
@@ -767,6 +771,9 @@ def assemble(req):
     and files/<path under the .blend's directory>. The first format is rendered, compositor
     and all; each next one is the same Render Result saved again (save_render writes the
     bytes Blender's pipeline writes for that format from the same result, on every line)."""
+    formats = req["formats"]
+    if not formats or "blend" in formats[1:] or any(f != "blend" and f not in FORMATS for f in formats):
+        raise SceneError("cannot assemble the formats %r: the scene's own first, then any of %s" % (formats, sorted(FORMATS)))
     current["file"] = None  # opened afresh: the probe below must be the process's first render
     open_file(req["file"])
     sc = bpy.context.scene
@@ -800,9 +807,6 @@ def assemble(req):
         setattr(r, attr, False)
     r.use_compositing = own["compositing"]
     s = r.image_settings
-    formats = req["formats"]
-    if not formats or "blend" in formats[1:] or any(f != "blend" and f not in FORMATS for f in formats):
-        raise SceneError("cannot assemble the formats %r: the scene's own first, then any of %s" % (formats, sorted(FORMATS)))
     fmt = formats[0]
     if fmt == "blend":
         set_file_format(s, own["file_format"])
@@ -848,7 +852,8 @@ def assemble(req):
             full = os.path.join(root, f)
             files[os.path.relpath(full, os.path.join(outdir, "files"))] = full
     outputs = [{"main": os.path.relpath(main, outdir), "name": name, "files": sorted(files)}]
-    result = bpy.data.images["Render Result"]
+    # The render's own image: found by type, since a .blend may name an image "Render Result".
+    result = next(i for i in bpy.data.images if i.type == "RENDER_RESULT")
     for i, more in enumerate(formats[1:], 1):
         farm_format(s, more)
         path = os.path.join(outdir, "more", str(i), "frame." + ("exr" if more == "exr" else "png"))

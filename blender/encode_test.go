@@ -64,51 +64,72 @@ func toneMapped(t *testing.T, f *raster.Frame) image.Image {
 
 // Property: one assembly writes every format of a frame, the compositor run once, and each
 // format's files are byte for byte the files an assembly of that format alone writes: the
-// Render Result saved again is what Blender's pipeline writes for the format, on every line
-// (the plate: two view layers, Cryptomatte, a File Output node, a multilayer EXR of its own).
+// Render Result saved again is what Blender's pipeline writes for the format, on every line.
+// Scenes: the plate (two view layers, Cryptomatte, a File Output node, a multilayer EXR of its
+// own) and the example with its metadata stamp burnt into the image (the pipeline burns it into
+// what it writes; the formats saved again must carry it too).
 func TestAssemblyWritesEveryFormatInOneCall(t *testing.T) {
 	ctx := context.Background()
 	formats := []string{"png", blender.FormatBlend, "exr", "png16"} // the scene's own not first
 	for _, line := range blendertest.Lines(t) {
-		t.Run(line.Name, func(t *testing.T) {
-			pool := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir()})
-			defer pool.Close()
-			sc := load(t, pool, line.Saved(t, blendertest.Plate(t)))
-			st := settings(t, sc, 48, 27, 2, 1)
-			frame := raster.NewFrameOf(st.Width, st.Height, sc.Desc.TileChannels(st.Whole))
-			if err := frame.Place(0, 0, st.Width, st.Height, renderTile(t, pool, sc, st, 1, render.Rect{X1: st.Width, Y1: st.Height})); err != nil {
-				t.Fatal(err)
-			}
-			all, err := blender.Assemble(ctx, pool, sc, frame, 1, st, formats)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(all) != len(formats) {
-				t.Fatalf("%d outputs for %d formats", len(all), len(formats))
-			}
-			for i, format := range formats {
-				alone, err := blender.Assemble(ctx, pool, sc, frame, 1, st, []string{format})
+		for _, tc := range []struct{ name, blend, expr string }{
+			{"plate", blendertest.Plate(t), ""},
+			{"stamped", blendertest.Example(t), "bpy.ops.file.pack_all(); r = bpy.context.scene.render; r.use_stamp = True; r.use_stamp_note = True; r.stamp_note_text = 'tilefarm'"},
+		} {
+			t.Run(line.Name+"/"+tc.name, func(t *testing.T) {
+				pool := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir()})
+				defer pool.Close()
+				blend := line.Saved(t, tc.blend)
+				if tc.expr != "" {
+					blend = line.SavedWith(t, tc.blend, tc.expr)
+				}
+				sc := load(t, pool, blend)
+				st := settings(t, sc, 96, 54, 2, 1)
+				frame := raster.NewFrameOf(st.Width, st.Height, sc.Desc.TileChannels(st.Whole))
+				if err := frame.Place(0, 0, st.Width, st.Height, renderTile(t, pool, sc, st, 1, render.Rect{X1: st.Width, Y1: st.Height})); err != nil {
+					t.Fatal(err)
+				}
+				all, err := blender.Assemble(ctx, pool, sc, frame, 1, st, formats)
 				if err != nil {
 					t.Fatal(err)
 				}
-				a, b := all[i], alone[0]
-				if !bytes.Equal(a.Main, b.Main) || a.Name != b.Name || len(a.Files) != len(b.Files) {
-					t.Fatalf("%s: the file of one call for every format (%d bytes, %q, %d more files) is not the one of its own call (%d bytes, %q, %d)",
-						format, len(a.Main), a.Name, len(a.Files), len(b.Main), b.Name, len(b.Files))
+				if len(all) != len(formats) {
+					t.Fatalf("%d outputs for %d formats", len(all), len(formats))
 				}
-				for name, data := range b.Files {
-					if !bytes.Equal(a.Files[name], data) {
-						t.Fatalf("%s: File Output %s differs between one call for every format and its own", format, name)
+				for i, format := range formats {
+					alone, err := blender.Assemble(ctx, pool, sc, frame, 1, st, []string{format})
+					if err != nil {
+						t.Fatal(err)
+					}
+					a, b := all[i], alone[0]
+					if !bytes.Equal(a.Main, b.Main) || a.Name != b.Name || len(a.Files) != len(b.Files) {
+						t.Fatalf("%s: the file of one call for every format (%d bytes, %q, %d more files) is not the one of its own call (%d bytes, %q, %d)",
+							format, len(a.Main), a.Name, len(a.Files), len(b.Main), b.Name, len(b.Files))
+					}
+					for name, data := range b.Files {
+						if !bytes.Equal(a.Files[name], data) {
+							t.Fatalf("%s: File Output %s differs between one call for every format and its own", format, name)
+						}
 					}
 				}
-			}
-			own := all[1]
-			if !bytes.Contains(own.Main, []byte("cryptomatte/")) || len(own.Files) == 0 {
-				t.Fatalf("the plate's own EXR names no Cryptomatte manifest or has no File Output files (%d): the test shows nothing", len(own.Files))
-			}
-			if bytes.Equal(all[0].Main, all[3].Main) {
-				t.Fatal("the 8- and 16-bit PNGs are the same file: the second format was not written as itself")
-			}
-		})
+				if bytes.Equal(all[0].Main, all[3].Main) {
+					t.Fatal("the 8- and 16-bit PNGs are the same file: the second format was not written as itself")
+				}
+				switch tc.name {
+				case "plate":
+					if own := all[1]; !bytes.Contains(own.Main, []byte("cryptomatte/")) || len(own.Files) == 0 {
+						t.Fatalf("the plate's own EXR names no Cryptomatte manifest or has no File Output files (%d): the test shows nothing", len(own.Files))
+					}
+				case "stamped":
+					plain, err := blender.Assemble(ctx, pool, load(t, pool, line.SavedWith(t, tc.blend, "bpy.ops.file.pack_all()")), frame, 1, st, []string{"png"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if bytes.Equal(plain[0].Main, all[0].Main) {
+						t.Fatal("the stamped scene's PNG is the unstamped one's: the test shows nothing")
+					}
+				}
+			})
+		}
 	}
 }

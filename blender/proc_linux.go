@@ -10,8 +10,8 @@ import (
 // kill Blender when the worker that started it dies, even by kill -9: an orphaned Blender would
 // go on rendering a tile nobody owns. It returns the driver's arguments naming the pipes, and a
 // function to call once the process started (nothing to do here).
-func prepareCommand(cmd *exec.Cmd, req, rep *os.File) (args []string, started func() error) {
+func prepareCommand(cmd *exec.Cmd, req, rep *os.File) (args []string, started func() error, err error) {
 	cmd.ExtraFiles = []*os.File{req, rep}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	return []string{"3", "4"}, func() error { return nil }
+	return []string{"3", "4"}, func() error { return nil }, nil
 }

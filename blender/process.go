@@ -83,7 +83,13 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		return nil, fmt.Errorf("%w: %v", ErrProcess, err)
 	}
 	cmd := driverCommand(binary, script)
-	pipes, started := prepareCommand(cmd, reqR, repW) // the pipes in the child, named for the driver
+	pipes, started, err := prepareCommand(cmd, reqR, repW) // the pipes in the child, named for the driver
+	if err != nil {
+		for _, f := range []*os.File{reqR, reqW, repR, repW} {
+			f.Close()
+		}
+		return nil, err
+	}
 	cmd.Args = append(cmd.Args, pipes...)
 	cmd.Args = append(cmd.Args, strconv.Itoa(max(o.Threads, 1)))
 	cmd.Dir = dir

@@ -126,42 +126,59 @@ func TestPassIgnoresProcessHistory(t *testing.T) {
 
 // Property: a tile's pass renders with the threads the worker gives it (Tile.SetThreads: its
 // slot's, or more that idle slots lend), whatever its process was started with, and writes the
-// same bits with any, on every line.
+// same bits with any, on every line: a split tile, and a frame that renders whole with Cycles'
+// adaptive sampling and, where the line has one, the denoiser (the frames lending is for). The
+// driver reports the threads Blender renders with (RenderSettings.threads, which Blender's own
+// -t would override: with it, every pass would report the same count).
 func TestTileRendersWithTheThreadsItIsGiven(t *testing.T) {
 	for _, line := range blendertest.Lines(t) {
-		t.Run(line.Name, func(t *testing.T) {
-			var logs logtest.Buffer
-			pool := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir(), Threads: 1,
-				Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
-			defer pool.Close()
-			sc := load(t, pool, line.SavedWith(t, blendertest.Example(t), "bpy.ops.file.pack_all()"))
-			st := settings(t, sc, 64, 48, 4, 1)
-			r := render.Rect{X0: 8, Y0: 4, X1: 56, Y1: 40}
-			own := renderTile(t, pool, sc, st, 1, r)
-			lent := newTile(t, pool, sc, st, 1, r)
-			if lent.Threads() != 1 {
-				t.Fatalf("a tile of a one-thread pool renders with %d threads", lent.Threads())
-			}
-			lent.SetThreads(2)
-			if err := lent.Render(t.Context(), 0, st.SPP); err != nil {
-				t.Fatal(err)
-			}
-			// Blender's output is read beside its replies: its lines may come a moment later.
-			both := func() bool {
-				return strings.Contains(logs.String(), "with 2 threads") && strings.Contains(logs.String(), "with 1 threads")
-			}
-			for deadline := time.Now().Add(10 * time.Second); !both() && time.Now().Before(deadline); {
-				time.Sleep(10 * time.Millisecond)
-			}
-			if !both() {
-				t.Fatalf("the driver did not render one pass with 1 thread and one with 2:\n%s", logs.String())
-			}
-			got := lent.Pixels()
-			for i := range own {
-				if math.Float32bits(got[i]) != math.Float32bits(own[i]) {
-					t.Fatalf("value %d: %v with 2 threads, %v with 1", i, got[i], own[i])
+		for _, tc := range []struct {
+			name, expr string
+			whole      bool
+		}{
+			{"split", "", false},
+			{"whole", "; cy = bpy.context.scene.cycles; cy.use_adaptive_sampling = True; cy.adaptive_threshold = 0.05; cy.adaptive_min_samples = 0; cy.use_denoising = True", true},
+		} {
+			t.Run(line.Name+"/"+tc.name, func(t *testing.T) {
+				var logs logtest.Buffer
+				pool := blender.NewPool(blender.Options{Binary: line.Binary, Dir: t.TempDir(), Threads: 1,
+					Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+				defer pool.Close()
+				sc := load(t, pool, line.SavedWith(t, blendertest.Example(t), "bpy.ops.file.pack_all()"+tc.expr))
+				st := settings(t, sc, 64, 48, 16, 1)
+				if st.Whole != tc.whole {
+					t.Fatalf("the scene renders whole: %v, want %v", st.Whole, tc.whole)
 				}
-			}
-		})
+				r := render.Rect{X0: 8, Y0: 4, X1: 56, Y1: 40}
+				if tc.whole {
+					r = render.Rect{X1: st.Width, Y1: st.Height}
+				}
+				own := renderTile(t, pool, sc, st, 1, r)
+				lent := newTile(t, pool, sc, st, 1, r)
+				if lent.Threads() != 1 {
+					t.Fatalf("a tile of a one-thread pool renders with %d threads", lent.Threads())
+				}
+				lent.SetThreads(2)
+				if err := lent.Render(t.Context(), 0, st.SPP); err != nil {
+					t.Fatal(err)
+				}
+				// Blender's output is read beside its replies: its lines may come a moment later.
+				both := func() bool {
+					return strings.Contains(logs.String(), "with 2 threads") && strings.Contains(logs.String(), "with 1 threads")
+				}
+				for deadline := time.Now().Add(10 * time.Second); !both() && time.Now().Before(deadline); {
+					time.Sleep(10 * time.Millisecond)
+				}
+				if !both() {
+					t.Fatalf("the driver did not render one pass with 1 thread and one with 2:\n%s", logs.String())
+				}
+				got := lent.Pixels()
+				for i := range own {
+					if math.Float32bits(got[i]) != math.Float32bits(own[i]) {
+						t.Fatalf("value %d: %v with 2 threads, %v with 1", i, got[i], own[i])
+					}
+				}
+			})
+		}
 	}
 }

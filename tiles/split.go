@@ -24,10 +24,11 @@ var ErrInvalidTiling = errors.New("invalid tiling")
 // Split cuts a width x height frame into the fewest tiles of at most size x size pixels
 // (ceil(width/size) columns by ceil(height/size) rows), as equal as can be: column widths and
 // row heights differ by at most one pixel. Equal tiles keep the workers of a frame busy for
-// equal times; clipped edge tiles (a 480x270 frame in 256 px tiles was two 256x256 tiles and
-// two 256x14 strips, each strip paying a tile's fixed cost for a sliver of work) left a
-// worker idle while another rendered the big tiles (docs/design.md, "Identities", Tiles). Tiles are in
-// row-major order (left to right, then top to bottom) and every pixel belongs to exactly one.
+// equal times; clipped edge tiles (a 480x270 frame in 256 px tiles was a 256x256 and a 224x256
+// tile and two strips of 14 rows, each strip paying a tile's fixed cost for a sliver of work)
+// left a worker idle while another rendered a big tile (docs/design.md, "Identities", Tiles).
+// Tiles are in row-major order (left to right, then top to bottom) and every pixel belongs to
+// exactly one.
 // Rectangles are half-open: X0 <= x < X1, Y0 <= y < Y1. The tile size only decides how work
 // is distributed and is not part of any frame identity.
 func Split(width, height, size int) ([]render.Rect, error) {

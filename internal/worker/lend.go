@@ -3,14 +3,16 @@ package worker
 import "sync"
 
 // idleSlots counts a worker's tile slots that found no work when they last asked: their
-// threads would idle while another slot renders, so a tile borrows them for its next pass
-// (lender). A frame that renders whole (adaptive sampling, a denoiser) is one tile: on a worker
-// of two one-thread slots it rendered on one core while the other idled (docs/design.md,
-// "Renderers": lent threads). Threads never change a pixel (every Blender line and the path
-// tracer write the same bits with any), so lending only changes how fast a pass renders. Each
-// idle slot is lent to one pass at a time. A slot that takes work while its threads are lent
-// starts its tile at once: the node's cores are then oversubscribed until the lending pass
-// ends, and that slot is not lent again until it is idle again.
+// threads would idle while another slot renders, so a tile starting to render borrows them
+// until its render ends (lender). A frame that renders whole (adaptive sampling, a denoiser) is
+// one tile: on a worker of two one-thread slots it rendered on one core while the other idled
+// (docs/design.md, "Renderers": lent threads). Threads never change a pixel (every Blender line
+// and the path tracer write the same bits with any), so lending only changes how fast a tile
+// renders. The threads stay the same for all of a tile's passes: Cycles builds its session
+// anew when they change, which would throw away the scene a process keeps synced between
+// passes (persistent data). Each idle slot is lent to one tile at a time. A slot that takes work
+// while its threads are lent starts its tile at once: the node's cores are then oversubscribed
+// until the borrowing tile's render ends.
 type idleSlots struct {
 	mu   sync.Mutex
 	idle int // slots idle now
@@ -76,16 +78,16 @@ type threadedTile interface {
 	SetThreads(n int)
 }
 
-// lender gives a tile's passes the threads of the worker's idle slots on top of its own, one
-// pass at a time. A lender is used by its tile's run alone.
+// lender gives a tile the threads of the worker's idle slots on top of its own, from before its
+// first pass until after its last. A lender is used by its tile's run alone.
 type lender struct {
 	tile     threadedTile // nil: a tile that cannot use more threads
 	base     int          // the tile's own threads
 	idle     *idleSlots
-	borrowed int // slots the pass rendering now holds
+	borrowed int // slots the tile holds now
 }
 
-// newLender is the lender of t, which renders on its own threads until a pass finds slots idle.
+// newLender is the lender of t, which renders on its own threads until it borrows.
 func newLender(t any, idle *idleSlots) *lender {
 	tt, ok := t.(threadedTile)
 	if !ok {
@@ -94,21 +96,21 @@ func newLender(t any, idle *idleSlots) *lender {
 	return &lender{tile: tt, base: tt.Threads(), idle: idle}
 }
 
-// beforePass sets the threads of the tile's next pass, its own and those of the idle slots it
-// borrows, and returns them and whether it borrowed any; afterPass gives the slots back.
-func (l *lender) beforePass() (threads int, lent bool) {
+// borrow gives the tile its own threads and those of the idle slots no other tile holds, and
+// returns them and whether it borrowed any; giveBack returns the slots.
+func (l *lender) borrow() (threads int, lent bool) {
 	if l == nil || l.tile == nil {
 		return 0, false
 	}
-	l.afterPass()
+	l.giveBack()
 	l.borrowed = l.idle.borrow()
 	n := l.base * (1 + l.borrowed)
 	l.tile.SetThreads(n)
 	return n, l.borrowed > 0
 }
 
-// afterPass gives back the slots the last pass borrowed.
-func (l *lender) afterPass() {
+// giveBack returns the slots the tile borrowed; the tile keeps its threads.
+func (l *lender) giveBack() {
 	if l == nil {
 		return
 	}

@@ -11,8 +11,8 @@ import (
 )
 
 // Property: a slot counts in its worker's idle slots once however often it finds no work, and
-// leaves the count when it takes some; a tile's pass gets its own threads times one plus the
-// idle slots no other pass holds, and gives them back after the pass.
+// leaves the count when it takes some; a tile gets its own threads times one plus the idle
+// slots no other tile holds, and gives them back when its render ends.
 func TestIdleSlotsCountOnceAndLendTheirThreads(t *testing.T) {
 	var idle idleSlots
 	var a, b idleSlot
@@ -24,28 +24,28 @@ func TestIdleSlotsCountOnceAndLendTheirThreads(t *testing.T) {
 	}
 	one, other := &fakeThreads{threads: 2}, &fakeThreads{threads: 2}
 	l, m := newLender(one, &idle), newLender(other, &idle)
-	if n, lent := l.beforePass(); n != 6 || !lent || one.threads != 6 {
+	if n, lent := l.borrow(); n != 6 || !lent || one.threads != 6 {
 		t.Fatalf("a 2-thread tile with 2 slots idle renders with %d (set %d), want 6", n, one.threads)
 	}
-	if n, lent := m.beforePass(); n != 2 || lent {
+	if n, lent := m.borrow(); n != 2 || lent {
 		t.Fatalf("a second tile rendering meanwhile got %d threads: the idle slots were lent twice", n)
 	}
-	l.afterPass()
-	m.afterPass()
-	if n, _ := m.beforePass(); n != 6 {
-		t.Fatalf("after the first tile's pass gave its slots back, the other's next pass has %d threads, want 6", n)
+	l.giveBack()
+	m.giveBack()
+	if n, _ := m.borrow(); n != 6 {
+		t.Fatalf("after the first tile gave its slots back, the other's next borrow has %d threads, want 6", n)
 	}
-	m.afterPass()
+	m.giveBack()
 	a.set(&idle, false)
 	b.set(&idle, false)
 	b.set(&idle, false)
-	if n, lent := l.beforePass(); idle.count() != 0 || n != 2 || lent {
+	if n, lent := l.borrow(); idle.count() != 0 || n != 2 || lent {
 		t.Fatalf("no slot idle: count %d, the tile renders with %d, want its own 2", idle.count(), n)
 	}
-	l.afterPass()
+	l.giveBack()
 	var none *idleSlots // the assembly loop's: it lends nothing
 	a.set(none, true)
-	if n, _ := newLender(struct{}{}, &idle).beforePass(); n != 0 || none.count() != 0 || none.borrow() != 0 {
+	if n, _ := newLender(struct{}{}, &idle).borrow(); n != 0 || none.count() != 0 || none.borrow() != 0 {
 		t.Fatal("a tile that cannot take threads was given some, or a nil count counted")
 	}
 }
@@ -55,9 +55,9 @@ type fakeThreads struct{ threads int }
 func (f *fakeThreads) Threads() int     { return f.threads }
 func (f *fakeThreads) SetThreads(n int) { f.threads = n }
 
-// Property: a frame's only tile, taken while the worker's other slot finds no work, renders its
-// passes with that slot's threads too, on the real farm, and its pixels are the ones one
-// thread renders (threads never change a pixel).
+// Property: a frame's only tile, taken while the worker's other slot finds no work, renders
+// with that slot's threads too, on the real farm, and its pixels are the ones one thread
+// renders (threads never change a pixel).
 func TestIdleSlotLendsItsThreadsToTheTileRendering(t *testing.T) {
 	h := newRunHarness(t)
 	w, _ := h.worker(t, Config{Concurrency: 2, FetchWait: 50 * time.Millisecond})
@@ -85,7 +85,7 @@ func TestIdleSlotLendsItsThreadsToTheTileRendering(t *testing.T) {
 		}
 	}
 	got := h.promoted(t, job)
-	if !strings.Contains(h.logs.String(), "rendering the pass with idle slots' threads too") || !strings.Contains(h.logs.String(), "threads=2") {
+	if !strings.Contains(h.logs.String(), "rendering with idle slots' threads too") || !strings.Contains(h.logs.String(), "threads=2") {
 		t.Fatalf("the tile rendered on its own thread while the other slot idled:\n%s", h.logs.String())
 	}
 	samePixels(t, got, h.reference(t, job, h.st.SPP).Pixels())

@@ -47,8 +47,8 @@ type tileRun struct {
 	// rendered is how long this run's passes took, once they are done: tile.completed reports
 	// it (wire.Event.RenderMillis).
 	rendered time.Duration
-	// lend gives the tile's passes the threads of the worker's idle slots (lend.go); nil until
-	// the render begins.
+	// lend gives the tile the threads of the worker's idle slots (lend.go); nil until the
+	// render begins.
 	lend *lender
 }
 
@@ -466,18 +466,16 @@ func (r *tileRun) resume(ctx context.Context, tile scene.Tile) (int, error) {
 // the worker's), checkpointing after passes and reporting progress while passes remain.
 func (r *tileRun) renderPasses(ctx context.Context, tile scene.Tile) error {
 	spp := r.job.Settings.SPP
-	defer r.lend.afterPass() // a pass that panics gives its borrowed slots back too
+	if n, lent := r.lend.borrow(); lent {
+		r.log.Debug("rendering with idle slots' threads too", "threads", n)
+	}
+	defer r.lend.giveBack()
 	var lastDropCheck, lastReport time.Time
 	for _, to := range r.job.Settings.PassEnds(r.w.cfg.PassesPerTile) {
 		if to <= tile.Next() {
 			continue
 		}
-		if n, lent := r.lend.beforePass(); lent {
-			r.log.Debug("rendering the pass with idle slots' threads too", "from", tile.Next(), "to", to, "threads", n)
-		}
-		err := tile.Render(ctx, tile.Next(), to)
-		r.lend.afterPass()
-		if err != nil {
+		if err := tile.Render(ctx, tile.Next(), to); err != nil {
 			return err
 		}
 		if to == spp {
