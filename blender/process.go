@@ -100,9 +100,12 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 		logs: newTailLog(40, log), hang: hang, log: log}
 	cmd.Stdout, cmd.Stderr = p.logs, p.logs
 	err = cmd.Start()
+	release := func() {}
 	if err == nil {
-		if serr := started(); serr != nil {
+		if r, serr := started(); serr != nil {
 			log.Warn("Blender may outlive this worker", "err", serr)
+		} else {
+			release = r
 		}
 	}
 	reqR.Close()
@@ -118,6 +121,7 @@ func startProcess(ctx context.Context, o Options, dir string, log *slog.Logger) 
 	go p.read(repR)
 	go func() {
 		_ = cmd.Wait()
+		release() // ends what Blender started, where the platform can (prepareCommand)
 		close(p.exited)
 	}()
 	sctx, cancel := context.WithTimeout(ctx, startTimeout)
