@@ -47,7 +47,7 @@ error, 75 busy or unreachable (retry), 130 interrupted.`)
 	pf := root.PersistentFlags()
 	pf.BoolVar(&p.jsonOut, "json", false, "print one JSON value on stdout (read commands; shapes in docs/operations.md)")
 	pf.StringVar(&p.logFormat, "log-format", os.Getenv(envLogFormat), "log format: text or json (default json unless stderr is a terminal; env "+envLogFormat+")")
-	pf.StringVar(&p.server, "server", envDefault(envServer, "http://127.0.0.1:7070"), "coordinator HTTP address for the client commands (env "+envServer+"); the API token is read from "+client.EnvToken)
+	pf.StringVar(&p.server, "server", envDefault(envServer, "http://127.0.0.1:7070"), "coordinator HTTP address for the client commands, or several separated by commas, tried in turn while one does not answer (env "+envServer+"); the API token is read from "+client.EnvToken)
 	root.AddGroup(&cobra.Group{ID: "farm", Title: "Running a farm:"}, &cobra.Group{ID: "jobs", Title: "Jobs:"},
 		&cobra.Group{ID: "ops", Title: "Operating:"})
 	for _, c := range []*cobra.Command{p.renderCommand(), p.serveCommand(), p.credentialsCommand()} {

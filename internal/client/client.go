@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/tilefarm/tilefarm/internal/api"
@@ -32,9 +33,11 @@ func retryAfter(h string) time.Duration {
 // EnvToken is the variable the commands read the API token from.
 const EnvToken = "TILEFARM_API_TOKEN"
 
-// Client talks to one coordinator.
+// Client talks to a farm's coordinator at one of its addresses: the one that answered last,
+// else the next in turn.
 type Client struct {
-	base  string
+	bases []string
+	cur   atomic.Int32 // index in bases of the address that answered last
 	token string
 	http  *http.Client
 }
@@ -46,18 +49,35 @@ type Option func(*Client)
 // namespace, say. Its Timeout bounds each request; the default client's is ten minutes.
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
 
-// New returns a client for a coordinator at base ("http://127.0.0.1:7070" or "127.0.0.1:7070")
-// that sends token, if any, as its bearer token.
-func New(base, token string, opts ...Option) *Client {
-	if !strings.Contains(base, "://") {
-		base = "http://" + base
+// New returns a client for a coordinator at servers ("http://127.0.0.1:7070" or
+// "127.0.0.1:7070"), or at any of several addresses separated by commas (the coordinators of a
+// farm, or one coordinator's addresses on several networks), that sends token, if any, as its
+// bearer token. A request the address it went to could not answer (unreachable, or 502, 503,
+// 504) is sent to the next address, when it can be sent again: every request whose body is
+// in memory (submissions carry their idempotency key, so a repeat is the same job).
+func New(servers, token string, opts ...Option) *Client {
+	c := &Client{token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	for _, base := range strings.Split(servers, ",") {
+		base = strings.TrimSpace(base)
+		if base == "" {
+			continue
+		}
+		if !strings.Contains(base, "://") {
+			base = "http://" + base
+		}
+		c.bases = append(c.bases, strings.TrimRight(base, "/"))
 	}
-	c := &Client{base: strings.TrimRight(base, "/"), token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	if len(c.bases) == 0 {
+		c.bases = []string{"http://"} // every request fails, naming the empty address
+	}
 	for _, o := range opts {
 		o(c)
 	}
 	return c
 }
+
+// Addresses is how many coordinator addresses the client sends to.
+func (c *Client) Addresses() int { return len(c.bases) }
 
 // Submit submits a job for scene b, uploading first what the farm lacks of it (UploadScene):
 // a cron job re-running submit sends a big scene once, and a resubmit after one texture
@@ -176,12 +196,37 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, out a
 	return c.doRaw(ctx, method, path, "application/json", body, out)
 }
 
-// doRaw performs a request with a body of the given content type.
+// doRaw performs a request with a body of the given content type, at the next address too
+// while one is unavailable.
 func (c *Client) doRaw(ctx context.Context, method, path, contentType string, body []byte, out any) error {
-	if body == nil {
-		return c.doStream(ctx, method, path, "", nil, 0, out)
+	return c.across(ctx, true, func(base string) error {
+		if body == nil {
+			return c.doAt(ctx, base, method, path, "", nil, 0, out)
+		}
+		return c.doAt(ctx, base, method, path, contentType, bytes.NewReader(body), int64(len(body)), out)
+	})
+}
+
+// across runs try at the address that answered last and, while the address it tried is
+// unavailable and again allows, at the others in turn; an unavailable address makes the next
+// one current, so a caller that tries again later (an upload's retry) starts there.
+func (c *Client) across(ctx context.Context, again bool, try func(base string) error) error {
+	start := int(c.cur.Load())
+	var errs []error
+	for i := range c.bases {
+		k := (start + i) % len(c.bases)
+		err := try(c.bases[k])
+		if err == nil || !errors.Is(err, api.ErrUnavailable) {
+			c.cur.Store(int32(k))
+			return err
+		}
+		errs = append(errs, err)
+		c.cur.CompareAndSwap(int32(k), int32((k+1)%len(c.bases)))
+		if !again || ctx.Err() != nil {
+			break
+		}
 	}
-	return c.doStream(ctx, method, path, contentType, bytes.NewReader(body), int64(len(body)), out)
+	return errors.Join(errs...)
 }
 
 // postJSON posts v as JSON and decodes the answer into out.
@@ -197,13 +242,21 @@ func (c *Client) postJSON(ctx context.Context, path string, v, out any) error {
 const streamedBody = 64 << 20
 
 // doStream performs a request whose body of size bytes streams from body (nil: none), so an
-// upload of a studio file holds none of it in memory.
+// upload of a studio file holds none of it in memory; a body that streamed cannot be sent
+// again, so an unavailable address fails it (the next try starts at the next address).
 func (c *Client) doStream(ctx context.Context, method, path, contentType string, body io.Reader, size int64, out any) error {
+	return c.across(ctx, body == nil, func(base string) error {
+		return c.doAt(ctx, base, method, path, contentType, body, size, out)
+	})
+}
+
+// doAt performs one request at the coordinator address base.
+func (c *Client) doAt(ctx context.Context, base, method, path, contentType string, body io.Reader, size int64, out any) error {
 	var rb io.Reader = http.NoBody
 	if body != nil {
 		rb = io.NopCloser(body) // not a *bytes.Reader to net/http: ContentLength is set below
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, rb)
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rb)
 	if err != nil {
 		return err
 	}
@@ -224,7 +277,7 @@ func (c *Client) doStream(ctx context.Context, method, path, contentType string,
 		if ctx.Err() != nil {
 			return ctx.Err() // interrupted, not unavailable
 		}
-		return fmt.Errorf("%w at %s: %v", api.ErrUnavailable, c.base, err)
+		return fmt.Errorf("%w at %s: %v", api.ErrUnavailable, base, err)
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)

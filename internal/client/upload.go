@@ -153,8 +153,17 @@ func uploadAll(ctx context.Context, s SceneStore, b *bundle.Bundle, missing []ap
 	})
 }
 
-// uploadOne streams one file, retrying while the farm is busy with other uploads.
+// addressed is a SceneStore that sends to any of several coordinator addresses (Client).
+type addressed interface{ Addresses() int }
+
+// uploadOne streams one file, retrying while the farm is busy with other uploads, and from its
+// start at each other address of the farm while the one it went to does not answer (a
+// streamed body cannot be sent again by the request itself).
 func uploadOne(ctx context.Context, s SceneStore, b *bundle.Bundle, name string, ref api.ContentRef, p *UploadProgress) error {
+	others := 0 // addresses left to try
+	if a, ok := s.(addressed); ok {
+		others = a.Addresses() - 1
+	}
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -178,6 +187,11 @@ func uploadOne(ctx context.Context, s SceneStore, b *bundle.Bundle, name string,
 				return ctx.Err()
 			case <-time.After(wait):
 			}
+			continue
+		}
+		if errors.Is(err, api.ErrUnavailable) && others > 0 && ctx.Err() == nil {
+			others--
+			p.Bytes.Add(-cr.read) // sent again, to the next address (Client.across made it current)
 			continue
 		}
 		if err != nil {

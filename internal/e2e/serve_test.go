@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/tilefarm/tilefarm/internal/api"
 )
 
 // tilesInQueue reads the TILES stream depth straight from the farm's JetStream.
@@ -154,4 +157,34 @@ func TestServeIdempotencyAndExitCodes(t *testing.T) {
 	if strings.Contains(g.Coord.Log(), "S3CRET") || !strings.Contains(g.Coord.Log(), "REDACTED") {
 		t.Fatalf("credentials in the coordinator log:\n%s", g.Coord.Log())
 	}
+}
+
+// Property: --server takes several addresses: a command goes to the next while one does not
+// answer (a coordinator's machine is gone), a submission sent again there is the same job, and
+// with no address answering the command says so for each and exits 75.
+func TestCommandsTryTheNextServerAddress(t *testing.T) {
+	t.Parallel()
+	f := startServe(t, t.TempDir())
+	down := "http://" + freePort(t) // nothing listens there
+	both := down + ",http://" + f.HTTP
+	args := append([]string{"submit", example("shot"), "--frames", "1", "--json", "--server", both}, small...)
+	r := run(t, "coordinator", args...)
+	var st api.Status
+	if r.code != 42 || json.Unmarshal([]byte(r.stdout), &st) != nil || st.JobID == "" {
+		t.Fatalf("submit with an unreachable first address: want exit 42 and the job, got %s", r)
+	}
+	again := run(t, "coordinator", append(args[:len(args):len(args)], "--server", "http://"+f.HTTP+","+down)...)
+	var st2 api.Status
+	if again.code != 42 || json.Unmarshal([]byte(again.stdout), &st2) != nil || st2.JobID != st.JobID {
+		t.Fatalf("the same submission at the other address first: want job %s, got %s", st.JobID, again)
+	}
+	if r := run(t, "coordinator", "status", st.JobID, "--server", both); r.code != 42 {
+		t.Fatalf("status with an unreachable first address: want 42, got %s", r)
+	}
+	other := "http://" + freePort(t)
+	r = run(t, "coordinator", "status", st.JobID, "--server", down+","+other)
+	if r.code != 75 || !strings.Contains(r.stderr, down) || !strings.Contains(r.stderr, other) {
+		t.Fatalf("status with no address answering: want exit 75 naming both, got %s", r)
+	}
+	waitQueue(t, f.NATSURL(), 6) // one frame's tiles: the job was made once
 }
