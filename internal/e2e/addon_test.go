@@ -330,6 +330,12 @@ func TestBlenderAddonReportsWhyItCannotSubmit(t *testing.T) {
 	refused("refresh", "following a job with a wrong token", "The farm at "+server+" refused the API token")
 	step(map[string]any{"prefs": map[string]any{"token": addonToken}})
 	refused("refresh", "following a job the farm does not have", "The farm at "+server+" has no job job-0123456789abcdef01234567")
+	// Several addresses: the one down is passed over, the farm's answer is the one that answered.
+	step(map[string]any{"set": map[string]any{"job_server": down + "," + server}})
+	refused("refresh", "following a job at two addresses, the first down", "The farm at "+server+" has no job job-0123456789abcdef01234567")
+	other := "http://" + freePort(t)
+	step(map[string]any{"set": map[string]any{"job_server": down + "," + other}})
+	refused("refresh", "following a job at two addresses, both down", "The farm at "+down+" is unreachable", "The farm at "+other+" is unreachable")
 
 	steps, r := runAddon(t, plan...)
 	for at, c := range expect {

@@ -40,17 +40,27 @@ class FarmError(Exception):
     """Something the artist is told as it is: the message is the whole reason."""
 
 
+def servers(server):
+    """The farm's base URLs: one, or several separated by commas as the command line's --server
+    takes them (tried in turn while one does not answer); http:// when no scheme is given, no
+    trailing slash."""
+    out = []
+    for s in server.split(","):
+        s = s.strip()
+        if s:
+            out.append((s if "://" in s else "http://" + s).rstrip("/"))
+    return out or ["http://"]
+
+
 def normalize_server(server):
-    """The farm's base URL: http:// when no scheme is given, no trailing slash."""
-    server = server.strip()
-    if "://" not in server:
-        server = "http://" + server
-    return server.rstrip("/")
+    """The farm's address as the command line takes it: its base URLs, separated by commas."""
+    return ",".join(servers(server))
 
 
 def monitor_url(server, job_id):
-    """The job's page in the web monitor (docs/web.md: the route #/jobs/ID)."""
-    return "%s/#/jobs/%s" % (normalize_server(server), urllib.parse.quote(job_id, safe=""))
+    """The job's page in the web monitor (docs/web.md: the route #/jobs/ID), at the farm's
+    first address."""
+    return "%s/#/jobs/%s" % (servers(server)[0], urllib.parse.quote(job_id, safe=""))
 
 
 # The coordinator command's file name on this system.
@@ -278,8 +288,23 @@ def interpret(code, stdout, stderr, server, token):
 
 
 def fetch_status(server, token, job_id, timeout):
-    """The job's status from the farm's HTTP API, or FarmError saying why not."""
-    server = normalize_server(server)
+    """The job's status from the farm's HTTP API and the address that answered, trying the
+    farm's addresses in turn while one is unreachable or answers 502, 503 or 504; or FarmError
+    saying why not (for each address, when none answered)."""
+    unreachable = []
+    for base in servers(server):
+        try:
+            return _fetch_status_at(base, token, job_id, timeout), base
+        except _Unreachable as e:
+            unreachable.append(str(e))
+    raise FarmError("; ".join(unreachable))
+
+
+class _Unreachable(FarmError):
+    """An address of the farm did not answer: the next one may."""
+
+
+def _fetch_status_at(server, token, job_id, timeout):
     url = "%s/v1/jobs/%s" % (server, urllib.parse.quote(job_id, safe=""))
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token:
@@ -293,11 +318,13 @@ def fetch_status(server, token, job_id, timeout):
             raise FarmError(token_refused(server, token)) from None
         if e.code == 404:
             raise FarmError("The farm at %s has no job %s" % (server, job_id)) from None
+        if e.code in (502, 503, 504):
+            raise _Unreachable("The farm at %s answered %d: %s" % (server, e.code, msg)) from None
         raise FarmError("The farm at %s answered %d: %s" % (server, e.code, msg)) from None
     except urllib.error.URLError as e:
-        raise FarmError("The farm at %s is unreachable: %s" % (server, e.reason)) from None
+        raise _Unreachable("The farm at %s is unreachable: %s" % (server, e.reason)) from None
     except (OSError, ValueError) as e:  # a timeout, a connection reset, a body that is not JSON
-        raise FarmError("The farm at %s is unreachable: %s" % (server, e)) from None
+        raise _Unreachable("The farm at %s is unreachable: %s" % (server, e)) from None
     if not isinstance(status, dict) or "state" not in status:
         raise FarmError("The farm at %s answered something that is not a job's status" % server)
     return status

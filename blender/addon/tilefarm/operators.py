@@ -193,8 +193,8 @@ class TILEFARM_OT_refresh(bpy.types.Operator):
                 raise farm.FarmError("No job was submitted from this scene")
             server = tf.job_server or settings.server(tf, context)
             # Shorter than the background requests': the user interface waits for this one.
-            status = farm.fetch_status(server, settings.token(context), tf.job_id, 5.0)
-            settings.apply_status(tf, status, server)
+            status, answered = farm.fetch_status(server, settings.token(context), tf.job_id, 5.0)
+            settings.apply_status(tf, status, answered)
         except farm.FarmError as e:
             self.report({'ERROR'}, str(e))
             return {'CANCELLED'}

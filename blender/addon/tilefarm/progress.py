@@ -45,7 +45,7 @@ def stop():
 
 def _fetch(w, server, token, job_id):
     try:
-        w.result = (farm.fetch_status(server, token, job_id, TIMEOUT), None)
+        w.result = (farm.fetch_status(server, token, job_id, TIMEOUT), None)  # (status, address)
     except farm.FarmError as e:
         w.result = (None, e)
     except Exception as e:  # never let a thread die with a traceback on the console
@@ -78,7 +78,7 @@ def _poll():
             if w.thread.is_alive():
                 continue
             w.thread = None
-            status, err = w.result
+            answer, err = w.result
             if w.job_id != tf.job_id:
                 continue  # an answer about a job submitted before this one
             changed = True
@@ -86,7 +86,8 @@ def _poll():
                 tf.job_detail = "Cannot follow the job: %s" % err
                 w.wait = min(MOST, w.wait * 2)
             else:
-                settings.apply_status(tf, status, tf.job_server)
+                status, answered = answer
+                settings.apply_status(tf, status, answered)
                 w.wait = EVERY
                 if tf.job_state in farm.FINISHED_STATES:
                     del _watched[name]

@@ -15,8 +15,9 @@ class TilefarmPreferences(bpy.types.AddonPreferences):
 
     server: StringProperty(
         name="Farm Address",
-        description="The coordinator's HTTP address, e.g. http://farm:7070 (a scene's own address "
-                    "comes first; empty: $TILEFARM_SERVER, else http://127.0.0.1:7070)",
+        description="The coordinator's HTTP address, e.g. http://farm:7070, or several separated by "
+                    "commas, tried in turn (a scene's own address comes first; empty: "
+                    "$TILEFARM_SERVER, else http://127.0.0.1:7070)",
     )
     token: StringProperty(
         name="API Token",
