@@ -16,10 +16,10 @@ import "sync"
 type idleSlots struct {
 	mu   sync.Mutex
 	idle int // slots idle now
-	lent int // of the slots idle when they were borrowed, how many passes still hold
+	lent int // of the slots idle when they were borrowed, how many tiles still hold
 }
 
-// borrow lends every idle slot no pass holds yet and returns how many (0 for a nil count: a
+// borrow lends every idle slot no tile holds yet and returns how many (0 for a nil count: a
 // loop that lends nothing).
 func (s *idleSlots) borrow() int {
 	if s == nil {
@@ -32,7 +32,7 @@ func (s *idleSlots) borrow() int {
 	return k
 }
 
-// giveBack returns k slots a pass borrowed.
+// giveBack returns k slots a tile borrowed.
 func (s *idleSlots) giveBack(k int) {
 	if s == nil || k == 0 {
 		return
