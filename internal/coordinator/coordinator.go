@@ -57,6 +57,9 @@ type Config struct {
 	// farm-wide receivers and the secret signing every delivery (docs/design.md,
 	// "Notifications").
 	Notify notify.Config
+	// Address is where clients reach this coordinator's HTTP API, named in its leadership
+	// lease so another coordinator of the farm can say who leads (leadership.go).
+	Address string
 }
 
 func (c *Config) normalize() {
@@ -196,6 +199,7 @@ func (c *Coordinator) Run(ctx context.Context) error {
 		"worker heartbeats": func(ctx context.Context) error { return c.queue.Workers.Follow(ctx, c.fleet.beat) },
 		"notifier":          c.notifier.Run,
 		"scene gc":          c.sceneGCLoop,
+		"leadership":        c.leadLoop,
 	}
 	for name, loop := range loops {
 		wg.Add(1)

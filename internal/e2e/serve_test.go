@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/natstest"
 )
 
 // tilesInQueue reads the TILES stream depth straight from the farm's JetStream.
@@ -187,4 +188,44 @@ func TestCommandsTryTheNextServerAddress(t *testing.T) {
 		t.Fatalf("status with no address answering: want exit 75 naming both, got %s", r)
 	}
 	waitQueue(t, f.NATSURL(), 6) // one frame's tiles: the job was made once
+}
+
+// Property: one coordinator of a farm leads it, through the farm's leadership lease: a second
+// coordinator on the same JetStream finds it held, says which coordinator leads and does not
+// count itself leader; once the leader's process is killed, the other takes the lease within
+// the lease TTL (tilefarm_coordinator_leader, docs/design.md "Leadership").
+func TestOneCoordinatorLeadsTheFarm(t *testing.T) {
+	t.Parallel()
+	nats := natstest.Start(t)
+	a := startServeNATS(t, t.TempDir(), nats.URL(), "--lease-ttl", "2s")
+	waitMetric(t, a.HTTP, "tilefarm_coordinator_leader", 1, 10*time.Second)
+	b := startServeNATS(t, t.TempDir(), nats.URL(), "--lease-ttl", "2s")
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(b.Coord.Log(), "another coordinator leads this farm"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second coordinator did not say another leads:\n%s", b.Coord.Log())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !strings.Contains(b.Coord.Log(), a.HTTP) {
+		t.Fatalf("the second coordinator does not name the leader %s:\n%s", a.HTTP, b.Coord.Log())
+	}
+	if v := metricValue(t, b.HTTP, "tilefarm_coordinator_leader"); v != 0 {
+		t.Fatalf("the second coordinator counts itself leader: %v", v)
+	}
+	if v := metricValue(t, a.HTTP, "tilefarm_coordinator_leader"); v != 1 {
+		t.Fatalf("the first coordinator stopped leading while it renews: %v", v)
+	}
+	a.Coord.Kill()
+	waitMetric(t, b.HTTP, "tilefarm_coordinator_leader", 1, 10*time.Second)
+}
+
+// waitMetric waits until the metric reads want.
+func waitMetric(t *testing.T, addr, name string, want float64, within time.Duration) {
+	t.Helper()
+	for deadline := time.Now().Add(within); metricValue(t, addr, name) != want; {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s at %s is %v, want %v within %v", name, addr, metricValue(t, addr, name), want, within)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

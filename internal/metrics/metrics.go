@@ -75,6 +75,7 @@ type Coordinator struct {
 
 	QueueDepth           prometheus.Gauge
 	OldestMessageAge     prometheus.Gauge
+	Leader               prometheus.Gauge // 1 while this coordinator holds the farm's leadership lease
 	OutboxPending        prometheus.Gauge
 	FramesCompleted      prometheus.Counter
 	DeadLetters          *prometheus.CounterVec // by kind
@@ -94,6 +95,7 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		reg:              reg,
 		QueueDepth:       gauge(reg, "queue_depth", "Tile and assembly messages in the TILES stream not yet acknowledged: waiting, or being worked on."),
 		OldestMessageAge: gauge(reg, "queue_oldest_message_age_seconds", "Age of the oldest unacknowledged message in the TILES stream; 0 when it is empty."),
+		Leader:           gauge(reg, "coordinator_leader", "1 while this coordinator holds the farm's leadership lease (renewed within the lease TTL), else 0."),
 		OutboxPending:    gauge(reg, "outbox_pending", "Outbox records (frames to dispatch, assemblies to ask for) committed but not yet published."),
 		FramesCompleted:  counter(reg, "frames_completed_total", "Frames whose state became completed: every format asked for promoted."),
 		WorkersLive:      gauge(reg, "workers_live", "Workers in the worker directory: each beats every 5 s and leaves it 15 s after its last beat."),

@@ -116,6 +116,17 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { st.Close() })
+	var ln net.Listener // bound first: the coordinator's leadership lease names its address
+	if o.HTTPListen != "" {
+		if ln, err = net.Listen("tcp", o.HTTPListen); err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", o.HTTPListen, err)
+		}
+		n.closers = append(n.closers, func() { ln.Close() }) // a start that fails later; served, http.Shutdown closes it first
+		n.HTTPAddr = ln.Addr().String()
+		if o.Coordinator.Address == "" {
+			o.Coordinator.Address = "http://" + n.HTTPAddr
+		}
+	}
 	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{DB: st, Queue: f, Kinds: o.Kinds, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
 
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -153,12 +164,7 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		return nil, err
 	}
 	n.closers = append(n.closers, stopDebug)
-	if o.HTTPListen != "" {
-		ln, err := net.Listen("tcp", o.HTTPListen)
-		if err != nil {
-			return nil, fmt.Errorf("listening on %s: %w", o.HTTPListen, err)
-		}
-		n.HTTPAddr = ln.Addr().String()
+	if ln != nil {
 		// The monitor's page and files are public; everything else is the API, behind the token.
 		n.http = &http.Server{Handler: web.Handler(coordinator.RequireToken(o.APIToken, n.Coord.Handler())),
 			ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Minute, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}

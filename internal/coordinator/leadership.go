@@ -1,0 +1,93 @@
+package coordinator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/queue"
+)
+
+// leaderKey is the farm's leadership lease in the leases bucket: one coordinator of a farm
+// holds it, renewed well within the lease TTL, its KV revision the token that fences what the
+// leader does (docs/design.md, "Leadership"). A coordinator that finds it held by another says
+// so: two coordinators acting on one farm is an operator's mistake it makes visible.
+const leaderKey = "coordinator-leader"
+
+// leaderClaim is what the lease holds: who leads and where clients reach it.
+type leaderClaim struct {
+	ID      string `json:"id"` // one run of one coordinator process
+	Address string `json:"address,omitempty"`
+}
+
+// leadLoop takes the farm's leadership lease when nobody holds it and renews it until ctx is
+// done, then gives it up. The lease counts as held only while its last renewal is younger than
+// the TTL: a coordinator cut off from JetStream stops counting itself leader within the TTL,
+// as the lease expires for the others. tilefarm_coordinator_leader says which coordinator leads.
+func (c *Coordinator) leadLoop(ctx context.Context) error {
+	leases, ttl := c.queue.Leases, c.queue.Leases.TTL()
+	claim, err := json.Marshal(leaderClaim{ID: identity.NewAttemptID(), Address: c.cfg.Address})
+	if err != nil {
+		return err
+	}
+	owner := string(claim)
+	var lease *queue.Lease
+	var renewed time.Time
+	var told string // the other leader last logged
+	tick := time.NewTicker(max(ttl/4, 10*time.Millisecond))
+	defer tick.Stop()
+	defer func() {
+		c.m.Leader.Set(0)
+		if lease != nil {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+			defer cancel()
+			if err := leases.Release(rctx, lease); err != nil {
+				c.log.Warn("giving up the farm's leadership", "err", err)
+			}
+		}
+	}()
+	for {
+		switch {
+		case lease == nil:
+			l, err := leases.Acquire(ctx, leaderKey, owner)
+			switch {
+			case err == nil:
+				lease, renewed, told = l, c.now(), ""
+				c.log.Info("leading the farm", "token", l.Token)
+			case errors.Is(err, queue.ErrLeaseHeld):
+				if held, _, oerr := leases.Owner(ctx, leaderKey); oerr == nil && held != "" && held != told {
+					told = held
+					var other leaderClaim
+					_ = json.Unmarshal([]byte(held), &other)
+					c.log.Warn("another coordinator leads this farm: two coordinators on one farm both act on it; stop one",
+						"leader", other.Address, "leader_id", other.ID)
+				}
+			case ctx.Err() == nil:
+				c.log.Debug("taking the farm's leadership", "err", err)
+			}
+		default:
+			err := leases.Renew(ctx, lease)
+			switch {
+			case err == nil:
+				renewed = c.now()
+			case errors.Is(err, queue.ErrLeaseLost):
+				c.log.Warn("lost the farm's leadership", "err", err)
+				lease = nil
+			case ctx.Err() == nil:
+				c.log.Debug("renewing the farm's leadership", "err", err) // JetStream out of reach: the lease ages
+			}
+		}
+		if lease != nil && c.now().Sub(renewed) < ttl {
+			c.m.Leader.Set(1)
+		} else {
+			c.m.Leader.Set(0)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
