@@ -60,6 +60,9 @@ type Config struct {
 	// Address is where clients reach this coordinator's HTTP API, named in its leadership
 	// lease so another coordinator of the farm can say who leads (leadership.go).
 	Address string
+	// ID names this coordinator in its leadership lease: its database's, so a coordinator
+	// restarted on the same data takes its own lease back at once; "" is one per run.
+	ID string
 }
 
 func (c *Config) normalize() {

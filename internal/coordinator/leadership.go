@@ -18,7 +18,7 @@ const leaderKey = "coordinator-leader"
 
 // leaderClaim is what the lease holds: who leads and where clients reach it.
 type leaderClaim struct {
-	ID      string `json:"id"` // one run of one coordinator process
+	ID      string `json:"id"` // the coordinator: its database's (Config.ID), else one run's
 	Address string `json:"address,omitempty"`
 }
 
@@ -28,7 +28,11 @@ type leaderClaim struct {
 // as the lease expires for the others. tilefarm_coordinator_leader says which coordinator leads.
 func (c *Coordinator) leadLoop(ctx context.Context) error {
 	leases, ttl := c.queue.Leases, c.queue.Leases.TTL()
-	claim, err := json.Marshal(leaderClaim{ID: identity.NewAttemptID(), Address: c.cfg.Address})
+	id := c.cfg.ID
+	if id == "" {
+		id = identity.NewAttemptID()
+	}
+	claim, err := json.Marshal(leaderClaim{ID: id, Address: c.cfg.Address})
 	if err != nil {
 		return err
 	}
@@ -57,10 +61,17 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 				lease, renewed, told = l, c.now(), ""
 				c.log.Info("leading the farm", "token", l.Token)
 			case errors.Is(err, queue.ErrLeaseHeld):
-				if held, _, oerr := leases.Owner(ctx, leaderKey); oerr == nil && held != "" && held != told {
+				held, token, oerr := leases.Owner(ctx, leaderKey)
+				var other leaderClaim
+				_ = json.Unmarshal([]byte(held), &other)
+				switch {
+				case oerr != nil || held == "":
+				case other.ID == id:
+					// This coordinator's own lease from before a restart: taken back at once.
+					lease = &queue.Lease{Key: leaderKey, Owner: owner, Token: token}
+					continue
+				case held != told:
 					told = held
-					var other leaderClaim
-					_ = json.Unmarshal([]byte(held), &other)
 					c.log.Warn("another coordinator leads this farm: two coordinators on one farm both act on it; stop one",
 						"leader", other.Address, "leader_id", other.ID)
 				}
@@ -71,6 +82,9 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 			err := leases.Renew(ctx, lease)
 			switch {
 			case err == nil:
+				if renewed.IsZero() {
+					c.log.Info("leading the farm again after a restart", "token", lease.Token)
+				}
 				renewed = c.now()
 			case errors.Is(err, queue.ErrLeaseLost):
 				c.log.Warn("lost the farm's leadership", "err", err)

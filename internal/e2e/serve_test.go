@@ -190,16 +190,22 @@ func TestCommandsTryTheNextServerAddress(t *testing.T) {
 	waitQueue(t, f.NATSURL(), 6) // one frame's tiles: the job was made once
 }
 
-// Property: one coordinator of a farm leads it, through the farm's leadership lease: a second
+// Property: one coordinator of a farm leads it, through the farm's leadership lease: the
+// leader killed and restarted on its data takes its own lease back at once; a second
 // coordinator on the same JetStream finds it held, says which coordinator leads and does not
 // count itself leader; once the leader's process is killed, the other takes the lease within
 // the lease TTL (tilefarm_coordinator_leader, docs/design.md "Leadership").
 func TestOneCoordinatorLeadsTheFarm(t *testing.T) {
 	t.Parallel()
 	nats := natstest.Start(t)
-	a := startServeNATS(t, t.TempDir(), nats.URL(), "--lease-ttl", "2s")
+	a := startServeNATS(t, t.TempDir(), nats.URL(), "--lease-ttl", "15s")
 	waitMetric(t, a.HTTP, "tilefarm_coordinator_leader", 1, 10*time.Second)
-	b := startServeNATS(t, t.TempDir(), nats.URL(), "--lease-ttl", "2s")
+	a.restart("--lease-ttl", "15s") // kill -9, then the same data: its lease lives on for 15 s
+	waitMetric(t, a.HTTP, "tilefarm_coordinator_leader", 1, 10*time.Second)
+	if log := a.Coord.Log(); !strings.Contains(log, "leading the farm again after a restart") || strings.Contains(log, "another coordinator leads") {
+		t.Fatalf("the restarted leader did not take its own lease back at once:\n%s", log)
+	}
+	b := startServeNATS(t, t.TempDir(), nats.URL(), "--lease-ttl", "15s")
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(b.Coord.Log(), "another coordinator leads this farm"); {
 		if time.Now().After(deadline) {
 			t.Fatalf("the second coordinator did not say another leads:\n%s", b.Coord.Log())
@@ -216,7 +222,7 @@ func TestOneCoordinatorLeadsTheFarm(t *testing.T) {
 		t.Fatalf("the first coordinator stopped leading while it renews: %v", v)
 	}
 	a.Coord.Kill()
-	waitMetric(t, b.HTTP, "tilefarm_coordinator_leader", 1, 10*time.Second)
+	waitMetric(t, b.HTTP, "tilefarm_coordinator_leader", 1, 30*time.Second)
 }
 
 // waitMetric waits until the metric reads want.

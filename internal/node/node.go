@@ -4,6 +4,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -20,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/checkpoint"
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/metrics"
@@ -116,6 +118,11 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { st.Close() })
+	if o.Coordinator.ID == "" {
+		if o.Coordinator.ID, err = coordinatorID(o.DataDir); err != nil {
+			return nil, err
+		}
+	}
 	var ln net.Listener // bound first: the coordinator's leadership lease names its address
 	if o.HTTPListen != "" {
 		if ln, err = net.Listen("tcp", o.HTTPListen); err != nil {
@@ -464,4 +471,23 @@ func RunWorker(ctx context.Context, o WorkerOptions) error {
 	log.Info("worker started", "worker", w.Name(), "concurrency", o.Worker.Concurrency, "ack_wait", f.Cfg.AckWait,
 		"lease_ttl", f.Cfg.LeaseTTL, "max_failures", f.Cfg.MaxFailures)
 	return w.Run(ctx)
+}
+
+// coordinatorID is the coordinator of dataDir's name in the farm's leadership lease, made once
+// and kept beside its database (coordinator.id): the same coordinator restarted takes its own
+// lease back at once instead of waiting it out as another's.
+func coordinatorID(dataDir string) (string, error) {
+	path := filepath.Join(dataDir, "coordinator.id")
+	if data, err := os.ReadFile(path); err == nil && len(bytes.TrimSpace(data)) > 0 {
+		return string(bytes.TrimSpace(data)), nil
+	}
+	id := identity.NewAttemptID()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(id+"\n"), 0o644); err != nil {
+		return "", fmt.Errorf("writing the coordinator's id: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return "", fmt.Errorf("writing the coordinator's id: %w", err)
+	}
+	return id, nil
 }
