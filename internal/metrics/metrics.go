@@ -235,6 +235,7 @@ func registerBuildInfo(reg prometheus.Registerer) {
 var (
 	CoordinatorFamilies = []string{
 		"tilefarm_build_info",
+		"tilefarm_coordinator_leader",
 		"tilefarm_dead_letters_total",
 		"tilefarm_duplicates_suppressed_total",
 		"tilefarm_events_applied_total",
