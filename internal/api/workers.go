@@ -75,6 +75,16 @@ type WorkerTile struct {
 // WorkersResponse is the body of GET /v1/workers.
 type WorkersResponse struct {
 	Workers []Worker `json:"workers"`
+	// Leader is the coordinator that leads the farm, as its leadership lease says; absent while
+	// none holds it (docs/design.md, "Leadership").
+	Leader *Leader `json:"leader,omitempty"`
+}
+
+// Leader is the coordinator holding the farm's leadership lease.
+type Leader struct {
+	Address string `json:"address,omitempty"` // where clients reach its HTTP API
+	ID      string `json:"id"`
+	This    bool   `json:"this"` // the coordinator that answered is the leader
 }
 
 // MaxTags is how many tags a worker may carry or a job require.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/tilefarm/tilefarm/identity"
 	"github.com/tilefarm/tilefarm/internal/bundle"
 	"github.com/tilefarm/tilefarm/internal/coorddb"
 	"github.com/tilefarm/tilefarm/internal/faults"
@@ -99,19 +100,20 @@ type Deps struct {
 
 // Coordinator is the farm's brain. Create with New, then Run.
 type Coordinator struct {
-	cfg     Config
-	db      *coorddb.DB
-	queue   *queue.Queue
-	kinds   scene.Kinds
-	nc      *nats.Conn
-	objects objstore.Store
-	m       *metrics.Coordinator
-	log     *slog.Logger
-	now     func() time.Time
-	scenes  *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
-	uploads chan struct{}             // one token per scene file upload in progress
-	sceneGC sync.RWMutex              // held for writing while scene gc deletes manifests (CollectScenes)
-	limits  bundle.Limits             // of a scene's manifest (Config.SceneLimits)
+	cfg      Config
+	leaderID string // this coordinator's name in the farm's leadership lease (leadership.go)
+	db       *coorddb.DB
+	queue    *queue.Queue
+	kinds    scene.Kinds
+	nc       *nats.Conn
+	objects  objstore.Store
+	m        *metrics.Coordinator
+	log      *slog.Logger
+	now      func() time.Time
+	scenes   *flight.Cache[*sceneInfo] // what submissions need of stored scenes, by version
+	uploads  chan struct{}             // one token per scene file upload in progress
+	sceneGC  sync.RWMutex              // held for writing while scene gc deletes manifests (CollectScenes)
+	limits   bundle.Limits             // of a scene's manifest (Config.SceneLimits)
 	// uploaded are the files PutContent stored lately, which a manifest's check need not ask
 	// the store about (stored).
 	uploaded *flight.Cache[uploadedContent]
@@ -173,6 +175,10 @@ func New(cfg Config, d Deps) *Coordinator {
 
 		streamMax:   defaultStreamMax,
 		streamsDone: make(chan struct{}),
+		leaderID:    cfg.ID,
+	}
+	if c.leaderID == "" {
+		c.leaderID = identity.NewAttemptID()
 	}
 	c.notifier = notify.New(cfg.Notify, notify.Deps{DB: d.DB, NATS: d.NATS, Metrics: d.Metrics, Faults: c.faults, Log: log})
 	// The tracker asks c.now at each use, so a test that sets the clock sets it for progress too.

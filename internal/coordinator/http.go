@@ -350,7 +350,11 @@ func (c *Coordinator) handleWorkers(w http.ResponseWriter, r *http.Request) {
 	if ws == nil {
 		ws = []api.Worker{}
 	}
-	writeJSON(w, http.StatusOK, api.WorkersResponse{Workers: ws})
+	leader, err := c.Leader(r.Context())
+	if err != nil { // the workers are still worth answering: the lease is read again next time
+		c.log.Debug("reading the farm's leadership lease", "err", err)
+	}
+	writeJSON(w, http.StatusOK, api.WorkersResponse{Workers: ws, Leader: leader})
 }
 
 func (c *Coordinator) handleDeadLetters(w http.ResponseWriter, r *http.Request) {

@@ -4,9 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
-	"github.com/tilefarm/tilefarm/identity"
+	"github.com/tilefarm/tilefarm/internal/api"
 	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
@@ -28,10 +29,7 @@ type leaderClaim struct {
 // as the lease expires for the others. tilefarm_coordinator_leader says which coordinator leads.
 func (c *Coordinator) leadLoop(ctx context.Context) error {
 	leases, ttl := c.queue.Leases, c.queue.Leases.TTL()
-	id := c.cfg.ID
-	if id == "" {
-		id = identity.NewAttemptID()
-	}
+	id := c.leaderID
 	claim, err := json.Marshal(leaderClaim{ID: id, Address: c.cfg.Address})
 	if err != nil {
 		return err
@@ -104,4 +102,17 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// Leader reads who holds the farm's leadership lease: nil while nobody does.
+func (c *Coordinator) Leader(ctx context.Context) (*api.Leader, error) {
+	held, _, err := c.queue.Leases.Owner(ctx, leaderKey)
+	if err != nil || held == "" {
+		return nil, err
+	}
+	var claim leaderClaim
+	if err := json.Unmarshal([]byte(held), &claim); err != nil {
+		return nil, fmt.Errorf("reading the farm's leadership lease: %w", err)
+	}
+	return &api.Leader{Address: claim.Address, ID: claim.ID, This: claim.ID == c.leaderID}, nil
 }

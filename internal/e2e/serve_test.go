@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -217,6 +218,22 @@ func TestOneCoordinatorLeadsTheFarm(t *testing.T) {
 	}
 	if v := metricValue(t, b.HTTP, "tilefarm_coordinator_leader"); v != 0 {
 		t.Fatalf("the second coordinator counts itself leader: %v", v)
+	}
+	// What the monitor's workers page shows of the leader, asked of each coordinator.
+	for _, c := range []struct {
+		f    *farmProc
+		this bool
+	}{{a, true}, {b, false}} {
+		resp, err := http.Get("http://" + c.f.HTTP + "/v1/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ws api.WorkersResponse
+		err = json.NewDecoder(resp.Body).Decode(&ws)
+		resp.Body.Close()
+		if err != nil || ws.Leader == nil || ws.Leader.Address != "http://"+a.HTTP || ws.Leader.This != c.this {
+			t.Fatalf("GET /v1/workers at %s: leader %+v (%v), want %s, this %v", c.f.HTTP, ws.Leader, err, a.HTTP, c.this)
+		}
 	}
 	if v := metricValue(t, a.HTTP, "tilefarm_coordinator_leader"); v != 1 {
 		t.Fatalf("the first coordinator stopped leading while it renews: %v", v)

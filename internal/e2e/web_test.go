@@ -310,6 +310,8 @@ func TestWebLiveJobsAndFrame(t *testing.T) {
 	b.screenshot("job")
 	b.route("#/workers")
 	b.waitTrue(`document.querySelector('#workers tr[data-worker=w]')`, 10*time.Second)
+	// The page says which coordinator leads the farm: this one, the only one.
+	b.waitTrue(`document.querySelector('#leader')?.dataset.this === '1' && document.querySelector('#leader').textContent.includes('This coordinator leads the farm')`, 10*time.Second)
 	b.screenshot("workers")
 	b.route("#/dlq")
 	b.waitTrue(`document.querySelector('#dlq tbody tr')`, 10*time.Second)

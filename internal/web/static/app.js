@@ -822,11 +822,17 @@
         el('th', { scope: 'col', class: 'hide-narrow' }, 'Samples/s'), el('th', { scope: 'col', class: 'hide-narrow' }, 'Last seen'),
         el('th', { scope: 'col', class: 'hide-narrow' }, 'Blocklisted jobs'))),
       el('tbody', {}));
-    view.replaceChildren(el('h2', {}, 'Workers'), el('div', { class: 'scroll' }, table));
+    const leader = el('p', { id: 'leader', class: 'muted' });
+    view.replaceChildren(el('h2', {}, 'Workers'), leader, el('div', { class: 'scroll' }, table));
     const frameLink = (job, frame, text) => el('a', { href: `#/jobs/${encodeURIComponent(job)}/frames/${frame}` }, text);
     const refresh = async () => {
-      const { workers } = await apiJSON('/v1/workers?detail=1');
+      const { workers, leader: lead } = await apiJSON('/v1/workers?detail=1');
       if (route.name !== 'workers') return;
+      // The farm's leadership lease (docs/design.md, "Leadership"): who leads, and whether it is this coordinator.
+      leader.dataset.this = lead && lead.this ? '1' : '0';
+      leader.textContent = !lead ? 'No coordinator holds the farm\'s leadership.'
+        : lead.this ? `This coordinator leads the farm${lead.address ? ' (' + lead.address + ')' : ''}.`
+          : `The farm is led by the coordinator at ${lead.address || lead.id}: this one does not lead.`;
       $('tbody', table).replaceChildren(...(workers.length ? workers.map((w) => el('tr', { 'data-worker': w.name },
         el('td', {}, el('strong', {}, w.name), el('br'), el('span', { class: 'muted' }, w.host)),
         el('td', { 'data-col': 'slots' }, sparkline(w),
