@@ -77,8 +77,7 @@ type Announcement struct {
 // AddNotification records an event for the notifier, in the caller's transaction: the one way
 // an event is recorded (docs/design.md, "Notifications").
 func (tx *Tx) AddNotification(n Notification) error {
-	b := tx.tx.Bucket(bucketNotify)
-	seq, err := b.NextSequence()
+	seq, err := tx.nextSeq(bucketNotify)
 	if err != nil {
 		return err
 	}
@@ -155,7 +154,7 @@ func (s *DB) PutNotification(ctx context.Context, n Notification) error {
 // outcomes of many attempts, of many notifications, in one.
 func (tx *Tx) PutNotification(n Notification) error {
 	if n.Expanded && len(n.Targets) == 0 {
-		return tx.tx.Bucket(bucketNotify).Delete([]byte(seqKey(n.Seq)))
+		return tx.del(bucketNotify, []byte(seqKey(n.Seq)))
 	}
 	return put(tx, bucketNotify, seqKey(n.Seq), n)
 }

@@ -97,5 +97,5 @@ func (tx *Tx) TileObjects(f *Frame) (TileObjects, error) {
 
 // PutTileObjects stores the tile objects of a frame.
 func (tx *Tx) PutTileObjects(frameKey string, t TileObjects) error {
-	return tx.tx.Bucket(bucketObjects).Put([]byte(frameKey), t)
+	return tx.set(bucketObjects, []byte(frameKey), t)
 }

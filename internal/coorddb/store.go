@@ -37,8 +37,9 @@ var ErrNotFound = errors.New("not found")
 
 // Store is the coordinator's bbolt database.
 type DB struct {
-	db   *bolt.DB
-	path string
+	db      *bolt.DB
+	path    string
+	journal Journal // where Update writes its changes before committing (SetJournal)
 }
 
 // Open opens (creating if needed) the coordinator database at path. A second coordinator on the
@@ -52,7 +53,7 @@ func Open(path string) (*DB, error) {
 		return nil, fmt.Errorf("opening coordinator database %q: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
+		for _, b := range append([][]byte{bucketMeta}, allBuckets...) {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -78,12 +79,30 @@ func (s *DB) Size() (int64, error) {
 	return fi.Size(), nil
 }
 
-// Update runs fn in one read-write transaction; everything fn writes commits together or not at all.
+// Update runs fn in one read-write transaction; everything fn writes commits together or not
+// at all. With a journal (SetJournal), what fn wrote is appended to it before the commit, and
+// a journal's refusal rolls it all back.
 func (s *DB) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(btx *bolt.Tx) error { return fn(&Tx{tx: btx}) })
+	return s.db.Update(func(btx *bolt.Tx) error {
+		tx := &Tx{tx: btx}
+		if s.journal != nil {
+			tx.rec = new(changeWriter)
+		}
+		if err := fn(tx); err != nil {
+			return err
+		}
+		if tx.rec == nil || tx.rec.buf.Len() == 0 {
+			return nil
+		}
+		seq, err := s.journal.Append(ctx, applied(btx), tx.rec.buf.Bytes())
+		if err != nil {
+			return err
+		}
+		return setApplied(btx, seq)
+	})
 }
 
 // View runs fn in a read-only transaction.
@@ -96,7 +115,8 @@ func (s *DB) View(ctx context.Context, fn func(tx *Tx) error) error {
 
 // Tx gives typed access to the buckets inside one transaction.
 type Tx struct {
-	tx *bolt.Tx
+	tx  *bolt.Tx
+	rec *changeWriter // what the transaction wrote, for the journal; nil without one
 }
 
 func get[T any](tx *Tx, bucket []byte, key string) (*T, error) {
@@ -116,7 +136,7 @@ func put(tx *Tx, bucket []byte, key string, v any) error {
 	if err != nil {
 		return fmt.Errorf("encoding %s %q: %w", bucket, key, err)
 	}
-	return tx.tx.Bucket(bucket).Put([]byte(key), raw)
+	return tx.set(bucket, []byte(key), raw)
 }
 
 // Job returns a job by id.
@@ -191,7 +211,7 @@ func (tx *Tx) EachFrame(fn func(key, raw []byte)) {
 
 // PutJob writes a job and indexes its idempotency key.
 func (tx *Tx) PutJob(j *Job) error {
-	if err := tx.tx.Bucket(bucketIdem).Put([]byte(j.IdempotencyKey), []byte(j.ID)); err != nil {
+	if err := tx.set(bucketIdem, []byte(j.IdempotencyKey), []byte(j.ID)); err != nil {
 		return err
 	}
 	return put(tx, bucketJobs, j.ID, j)
@@ -224,7 +244,7 @@ func (tx *Tx) Jobs() ([]*Job, error) {
 // AddDependent records that job down waits for job up (Job.After, Job.AfterFrames), so a
 // change of up finds the jobs it may release without reading every job.
 func (tx *Tx) AddDependent(up, down string) error {
-	return tx.tx.Bucket(bucketDeps).Put([]byte(up+"/"+down), nil)
+	return tx.set(bucketDeps, []byte(up+"/"+down), nil)
 }
 
 // Dependents returns the ids of the jobs that wait for job up, in id order.
@@ -243,12 +263,11 @@ func (tx *Tx) Frame(key string) (*Frame, error) { return get[Frame](tx, bucketFr
 
 // PutFrame writes a frame and keeps the index of unfinished frames in step with its state.
 func (tx *Tx) PutFrame(f *Frame) error {
-	open := tx.tx.Bucket(bucketOpen)
 	var err error
 	if f.State == FrameCompleted {
-		err = open.Delete([]byte(f.Key))
+		err = tx.del(bucketOpen, []byte(f.Key))
 	} else {
-		err = open.Put([]byte(f.Key), nil)
+		err = tx.set(bucketOpen, []byte(f.Key), nil)
 	}
 	if err != nil {
 		return err
@@ -283,7 +302,7 @@ func (tx *Tx) TileTable(f *Frame) (TileTable, error) {
 
 // PutTileTable stores the tile table of a frame.
 func (tx *Tx) PutTileTable(frameKey string, t TileTable) error {
-	return tx.tx.Bucket(bucketTiles).Put([]byte(frameKey), t)
+	return tx.set(bucketTiles, []byte(frameKey), t)
 }
 
 func failureKey(frameKey string, tile int) []byte {
@@ -312,7 +331,7 @@ func (tx *Tx) AddResume(frameKey, attempt string, samples int) (bool, error) {
 	if b.Get(k) != nil {
 		return false, nil
 	}
-	return true, b.Put(k, binary.AppendUvarint(nil, uint64(max(samples, 0))))
+	return true, tx.set(bucketResumes, k, binary.AppendUvarint(nil, uint64(max(samples, 0))))
 }
 
 // AddFailure records a failed attempt of tile index tile of a frame, keeping the newest few.
@@ -337,7 +356,7 @@ func (tx *Tx) AddFailure(frameKey string, tile int, f Failure) error {
 	if err != nil {
 		return err
 	}
-	return b.Put(k, raw)
+	return tx.set(bucketFailures, k, raw)
 }
 
 // boundLog keeps the newest lines of a failed attempt's log within maxFailureLogLines and
@@ -407,8 +426,7 @@ func (tx *Tx) EachFailure(fn func(frameKey string, tile int, list []Failure) err
 
 // AddOutbox appends a record for the relay to publish.
 func (tx *Tx) AddOutbox(r OutboxRecord) error {
-	b := tx.tx.Bucket(bucketOutbox)
-	seq, err := b.NextSequence()
+	seq, err := tx.nextSeq(bucketOutbox)
 	if err != nil {
 		return err
 	}
@@ -465,9 +483,8 @@ func (s *DB) MarkOutboxTried(ctx context.Context, seqs ...uint64) error {
 // DeleteOutbox removes published records in one transaction.
 func (s *DB) DeleteOutbox(ctx context.Context, seqs ...uint64) error {
 	return s.Update(ctx, func(tx *Tx) error {
-		b := tx.tx.Bucket(bucketOutbox)
 		for _, seq := range seqs {
-			if err := b.Delete([]byte(seqKey(seq))); err != nil {
+			if err := tx.del(bucketOutbox, []byte(seqKey(seq))); err != nil {
 				return err
 			}
 		}

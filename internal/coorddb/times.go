@@ -43,5 +43,5 @@ func (tx *Tx) TileTimes(f *Frame) (TileTimes, error) {
 
 // PutTileTimes stores the tile times of a frame.
 func (tx *Tx) PutTileTimes(frameKey string, t TileTimes) error {
-	return tx.tx.Bucket(bucketTimes).Put([]byte(frameKey), t)
+	return tx.set(bucketTimes, []byte(frameKey), t)
 }
