@@ -65,13 +65,16 @@ var (
 	ErrCorrupt = &Error{Kind: "corrupt", Status: 500, Exit: ExitFailed, msg: "object corrupt"}
 	// ErrUnavailable is a coordinator that could not be reached; retrying later may work.
 	ErrUnavailable = &Error{Kind: "unavailable", Status: 503, Exit: ExitBusy, msg: "coordinator unavailable"}
+	// ErrNotLeader is a write asked of a coordinator that does not lead the farm: retry on the
+	// leader (a NotLeaderError names it) or another address.
+	ErrNotLeader = &Error{Kind: "not_leader", Status: 503, Exit: ExitBusy, msg: "this coordinator does not lead the farm"}
 	// ErrInternal is everything else: the coordinator's own failure.
 	ErrInternal = &Error{Kind: "internal", Status: 500, Exit: ExitFailed, msg: "internal error"}
 )
 
 // catalogue lists every entry; the first of a kind is the one a client rebuilds it as.
 var catalogue = []*Error{ErrBadInput, ErrConflict, ErrNoTilePNG, ErrNotFound, ErrNotReady, ErrTileNotReady,
-	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal, ErrNoWorker, ErrMovieNotReady}
+	ErrBusy, ErrUnauthorized, ErrCorrupt, ErrUnavailable, ErrInternal, ErrNoWorker, ErrMovieNotReady, ErrNotLeader}
 
 // Classify returns the catalogue entry err wraps, or nil for an error outside the catalogue.
 func Classify(err error) *Error {
@@ -127,8 +130,25 @@ func (e *BusyError) Error() string {
 // Unwrap makes a BusyError an ErrBusy.
 func (e *BusyError) Unwrap() error { return ErrBusy }
 
+// NotLeaderError is ErrNotLeader with the address of the coordinator that leads, if one does.
+type NotLeaderError struct {
+	Leader string // the leader's HTTP address; "" while none leads (an election in progress)
+}
+
+func (e *NotLeaderError) Error() string {
+	if e.Leader == "" {
+		return "this coordinator does not lead the farm and no coordinator leads it yet (an election takes up to the lease TTL); retry in a second"
+	}
+	return "this coordinator does not lead the farm; the leader is " + e.Leader
+}
+
+// Unwrap makes a NotLeaderError an ErrNotLeader.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
 // ErrorBody is the body of every error response.
 type ErrorBody struct {
 	Error string    `json:"error"`
-	Kind  ErrorKind `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, movie_not_ready, unauthorized, corrupt, internal
+	Kind  ErrorKind `json:"kind"` // bad_input, conflict, busy, not_found, not_ready, movie_not_ready, unauthorized, corrupt, not_leader, internal
+	// Leader is where the farm's leader answers, on a not_leader error.
+	Leader string `json:"leader,omitempty"`
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -105,6 +106,45 @@ func (s *DB) Snapshot(ctx context.Context) (snap []byte, empty bool, err error) 
 		return nil
 	})
 	return w.buf.Bytes(), empty, err
+}
+
+// MarkApplied records seq as the last journal entry the database holds, for entries it wrote
+// itself outside Update (a snapshot).
+func (s *DB) MarkApplied(ctx context.Context, seq uint64) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(btx *bolt.Tx) error { return setApplied(btx, seq) })
+}
+
+// IsSnapshot reports whether a change set is a snapshot (Snapshot): applied, it replaces
+// everything, so a database may apply it whatever it held before.
+func IsSnapshot(changes []byte) bool { return len(changes) > 0 && changes[0] == opReset }
+
+// Term is a term of the farm's leadership as its leader recorded it, the first entry it
+// journals: every coordinator that led before is behind the journal from then on.
+type Term struct {
+	Leader  string    `json:"leader"`
+	Address string    `json:"address,omitempty"`
+	Token   uint64    `json:"token"` // the leadership lease's revision
+	Began   time.Time `json:"began"`
+}
+
+var keyTerm = []byte("term")
+
+// PutTerm records the term of leadership beginning.
+func (tx *Tx) PutTerm(t Term) error { return put(tx, bucketTerm, string(keyTerm), t) }
+
+// Term is the last term recorded; ok is false before any.
+func (tx *Tx) Term() (t Term, ok bool, err error) {
+	v, err := get[Term](tx, bucketTerm, string(keyTerm))
+	if errors.Is(err, ErrNotFound) {
+		return t, false, nil
+	}
+	if err != nil {
+		return t, false, err
+	}
+	return *v, true, nil
 }
 
 // changeWriter encodes a change set.

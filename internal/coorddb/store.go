@@ -28,8 +28,9 @@ var (
 	bucketOutbox   = []byte("outbox")
 	bucketDeps     = []byte("dependents") // upstream job_id/downstream job_id -> nothing
 	bucketResumes  = []byte("resumes")    // frame_key/attempt_id -> samples recovered (uvarint): a resume counted
+	bucketTerm     = []byte("term")       // "term" -> the farm's leadership term (Term)
 	allBuckets     = [][]byte{bucketJobs, bucketIdem, bucketFrames, bucketTiles, bucketObjects, bucketTimes, bucketFailures, bucketOpen, bucketOutbox,
-		bucketNotify, bucketAnnounced, bucketDeps, bucketResumes}
+		bucketNotify, bucketAnnounced, bucketDeps, bucketResumes, bucketTerm}
 )
 
 // ErrNotFound is returned when a job or frame does not exist.

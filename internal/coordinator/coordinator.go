@@ -101,7 +101,8 @@ type Deps struct {
 // Coordinator is the farm's brain. Create with New, then Run.
 type Coordinator struct {
 	cfg      Config
-	leaderID string // this coordinator's name in the farm's leadership lease (leadership.go)
+	leaderID string   // this coordinator's name in the farm's leadership lease (leadership.go)
+	journal  *journal // the farm's journal, which the database writes to while this coordinator leads
 	db       *coorddb.DB
 	queue    *queue.Queue
 	kinds    scene.Kinds
@@ -180,50 +181,70 @@ func New(cfg Config, d Deps) *Coordinator {
 	if c.leaderID == "" {
 		c.leaderID = identity.NewAttemptID()
 	}
+	c.journal = &journal{ended: make(chan struct{}, 1), whoLeads: c.awaitLeading, refusals: c.m.JournalRefusals.Inc}
+	if d.Queue != nil && d.Queue.Journal != nil && d.DB != nil {
+		c.journal.js = d.Queue.JS
+		d.DB.SetJournal(c.journal)
+	}
 	c.notifier = notify.New(cfg.Notify, notify.Deps{DB: d.DB, NATS: d.NATS, Metrics: d.Metrics, Faults: c.faults, Log: log})
 	// The tracker asks c.now at each use, so a test that sets the clock sets it for progress too.
 	c.progress = newProgressTracker(func() time.Time { return c.now() }, log)
 	return c
 }
 
-// Run runs the outbox relay, the event consumer, the reconciler, the progress watcher, the
-// metrics sampler, the worker directory (read from a watch of the heartbeats) and the
-// notifier until ctx is done. Each restarts after an error, so
-// a NATS or storage outage heals by itself.
+// loop is one of the coordinator's long-running duties; runLoops restarts it after an error.
+type loop func(context.Context) error
+
+// Run runs the coordinator until ctx is done. Every coordinator of a farm runs the progress
+// watcher, the metrics sampler, the worker directory (read from a watch of the heartbeats) and
+// its part in the farm's leadership (leadLoop): following the farm's journal while another
+// leads, and, while it leads, the loops that act on the farm (leaderLoops: the outbox relay,
+// the event consumer, the reconciler, pool retirement, the notifier and scene gc). Each
+// restarts after an error, so a NATS or storage outage heals by itself.
 func (c *Coordinator) Run(ctx context.Context) error {
 	// The workers page's recent failures, read before any event is applied (fleet.go); a
 	// failure to read them is tried again when the page asks.
 	if err := c.seedFleetFailures(ctx); err != nil && ctx.Err() == nil {
 		c.log.Warn("reading the workers' recent failures", "err", err)
 	}
-	var wg sync.WaitGroup
-	loops := map[string]func(context.Context) error{
-		"outbox relay":      c.relay,
-		"event consumer":    c.consumeEvents,
-		"reconciler":        c.reconcileLoop,
-		"pool retirement":   c.retireLoop,
+	runLoops(ctx, c.log, map[string]loop{
 		"progress watcher":  c.watchProgress,
 		"metrics sampler":   c.sampleMetrics,
 		"worker directory":  c.watchWorkers,
 		"worker heartbeats": func(ctx context.Context) error { return c.queue.Workers.Follow(ctx, c.fleet.beat) },
-		"notifier":          c.notifier.Run,
-		"scene gc":          c.sceneGCLoop,
 		"leadership":        c.leadLoop,
+	})
+	return nil
+}
+
+// leaderLoops are the loops only the farm's leader runs, during a term (journal.go).
+func (c *Coordinator) leaderLoops() map[string]loop {
+	return map[string]loop{
+		"outbox relay":    c.relay,
+		"event consumer":  c.consumeEvents,
+		"reconciler":      c.reconcileLoop,
+		"pool retirement": c.retireLoop,
+		"notifier":        c.notifier.Run,
+		"scene gc":        c.sceneGCLoop,
 	}
+}
+
+// runLoops runs every loop until ctx is done, each restarted a second after an error.
+func runLoops(ctx context.Context, log *slog.Logger, loops map[string]loop) {
+	var wg sync.WaitGroup
 	for name, loop := range loops {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for ctx.Err() == nil {
 				if err := loop(ctx); err != nil && ctx.Err() == nil {
-					c.log.Error("coordinator loop failed; restarting", "loop", name, "err", err)
+					log.Error("coordinator loop failed; restarting", "loop", name, "err", err)
 					queue.Sleep(ctx, time.Second)
 				}
 			}
 		}()
 	}
 	wg.Wait()
-	return nil
 }
 
 func (c *Coordinator) kickRelay() {

@@ -94,6 +94,10 @@ func buildHarness(tb testing.TB, ctx context.Context, cfg Config, qcfg queue.Con
 	m := metrics.NewCoordinator(metrics.NewRegistry())
 	h := &harness{c: New(cfg, Deps{DB: st, Queue: f, Kinds: scene.Kinds{jsonscene.Kind{}}, NATS: nc, Objects: objects, Metrics: m, Log: log}),
 		st: st, objects: objects, queue: f, js: js, m: m, ctx: ctx}
+	// A harness not run is its farm's only coordinator: it writes its records directly and
+	// serves writes (run hands both to terms of leadership).
+	st.SetJournal(nil)
+	h.c.journal.leading.Store(true)
 	b, err := jsonscene.ReadFile(ctx, shotScene)
 	if err != nil {
 		tb.Fatalf("ReadFile: %v", err)
@@ -127,6 +131,8 @@ func (h *harness) putScene(t *testing.T, b *bundle.Bundle) string {
 // request asks for frames first-last of the shot at width x height in size-px tiles.
 // run runs the coordinator until the test ends.
 func (h *harness) run(t *testing.T) {
+	h.c.journal.leading.Store(false)
+	h.st.SetJournal(h.c.journal) // from now on only its terms of leadership write
 	ctx, cancel := context.WithCancel(h.ctx)
 	done := make(chan struct{})
 	go func() {

@@ -51,7 +51,7 @@ func (c *Coordinator) routes() []route {
 		{http.MethodPut, "/v1/scenes/{version}", http.HandlerFunc(c.handlePutScene)},
 		{http.MethodPost, "/v1/content/missing", http.HandlerFunc(c.handleMissingContent)},
 		{http.MethodPut, "/v1/content/{sha256}", http.HandlerFunc(c.handlePutContent)},
-		{http.MethodPost, "/v1/jobs", http.HandlerFunc(c.handleSubmit)},
+		{http.MethodPost, "/v1/jobs", c.leaderOnly(http.HandlerFunc(c.handleSubmit))},
 		{http.MethodGet, "/v1/jobs", http.HandlerFunc(c.handleJobs)},
 		{http.MethodGet, "/v1/jobs/{id}", http.HandlerFunc(c.handleStatus)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/{format}", http.HandlerFunc(c.handleFrameOutput)},
@@ -61,14 +61,29 @@ func (c *Coordinator) routes() []route {
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/png", http.HandlerFunc(c.handleTilePNG)},
 		{http.MethodGet, "/v1/jobs/{id}/movie", http.HandlerFunc(c.handleMovie)},
 		{http.MethodGet, "/v1/jobs/{id}/frames/{frame}/tiles/{index}/failures", http.HandlerFunc(c.handleTileFailures)},
-		{http.MethodPost, "/v1/jobs/{id}/cancel", http.HandlerFunc(c.handleCancel)},
-		{http.MethodPut, "/v1/jobs/{id}/priority", http.HandlerFunc(c.handleReprioritize)},
+		{http.MethodPost, "/v1/jobs/{id}/cancel", c.leaderOnly(http.HandlerFunc(c.handleCancel))},
+		{http.MethodPut, "/v1/jobs/{id}/priority", c.leaderOnly(http.HandlerFunc(c.handleReprioritize))},
 		{http.MethodGet, "/v1/workers", http.HandlerFunc(c.handleWorkers)},
 		{http.MethodGet, "/v1/dlq", http.HandlerFunc(c.handleDeadLetters)},
 		{http.MethodGet, "/v1/dlq/{seq}", http.HandlerFunc(c.handleDeadLetter)},
-		{http.MethodPost, "/v1/dlq/{seq}/requeue", http.HandlerFunc(c.handleRequeue)},
+		{http.MethodPost, "/v1/dlq/{seq}/requeue", c.leaderOnly(http.HandlerFunc(c.handleRequeue))},
 		{http.MethodGet, "/v1/events", http.HandlerFunc(c.handleEvents)},
 	}
+}
+
+// leaderOnly serves h on the farm's leader alone: on another coordinator a write waits for an
+// election in progress (awaitLeading) or is answered 503 with the leader's address and a
+// Retry-After, which the command line and the add-on follow to their next address. Reads,
+// scene uploads (content-addressed, to the shared store) and the monitor are served by every
+// coordinator, reads from its own copy of the records (docs/design.md, "Replication").
+func (c *Coordinator) leaderOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := c.awaitLeading(r.Context()); err != nil {
+			writeError(w, err)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func handleHealthz(w http.ResponseWriter, r *http.Request) {
@@ -518,7 +533,15 @@ func writeError(w http.ResponseWriter, err error) {
 		}
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(retry.Seconds()))))
 	}
-	writeJSON(w, e.Status, api.ErrorBody{Error: err.Error(), Kind: e.Kind})
+	body := api.ErrorBody{Error: err.Error(), Kind: e.Kind}
+	if e == api.ErrNotLeader {
+		w.Header().Set("Retry-After", "1")
+		var nl *api.NotLeaderError
+		if errors.As(err, &nl) {
+			body.Leader = nl.Leader
+		}
+	}
+	writeJSON(w, e.Status, body)
 }
 
 // serverError is the catalogue entry of err: the one it wraps, else the entry of the

@@ -27,7 +27,11 @@ type leaderClaim struct {
 // done, then gives it up. The lease counts as held only while its last renewal is younger than
 // the TTL: a coordinator cut off from JetStream stops counting itself leader within the TTL,
 // as the lease expires for the others. tilefarm_coordinator_leader says which coordinator leads.
+// While it holds the lease it runs a term (journal.go: caught up, the journal fenced, the
+// leader's loops); while it does not, it follows the farm's journal. A term that ends by
+// itself (the journal refused a write) is begun again only after the lease was renewed.
 func (c *Coordinator) leadLoop(ctx context.Context) error {
+	var term, standby *running
 	leases, ttl := c.queue.Leases, c.queue.Leases.TTL()
 	id := c.leaderID
 	claim, err := json.Marshal(leaderClaim{ID: id, Address: c.cfg.Address})
@@ -41,6 +45,8 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 	tick := time.NewTicker(max(ttl/4, 10*time.Millisecond))
 	defer tick.Stop()
 	defer func() {
+		_ = standby.stop()
+		_ = term.stop() // the leader's loops end before its lease is given up
 		c.m.Leader.Set(0)
 		if lease != nil {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
@@ -91,16 +97,84 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 				c.log.Debug("renewing the farm's leadership", "err", err) // JetStream out of reach: the lease ages
 			}
 		}
-		if lease != nil && c.now().Sub(renewed) < ttl {
+		held := lease != nil && c.now().Sub(renewed) < ttl
+		if held {
 			c.m.Leader.Set(1)
 		} else {
 			c.m.Leader.Set(0)
+		}
+		switch {
+		case term.finished():
+			if err := term.stop(); err != nil {
+				c.log.Warn("a term of leadership ended", "err", err)
+			}
+			term = nil // begun again after the next renewal
+		case held && term == nil:
+			if err := standby.stop(); err != nil {
+				c.log.Warn("following the farm's journal", "err", err)
+			}
+			standby = nil
+			c.m.Terms.Inc()
+			token := lease.Token
+			term = start(ctx, func(ctx context.Context) error { return c.term(ctx, token, c.leaderLoops()) })
+		case !held && term != nil:
+			c.log.Warn("no longer leading the farm: its leadership lease is lost or not renewed within the TTL")
+			_ = term.stop()
+			term = nil
+		}
+		if term == nil && standby.finished() {
+			if err := standby.stop(); err != nil {
+				c.log.Warn("following the farm's journal", "err", err)
+			}
+			standby = nil
+		}
+		if term == nil && standby == nil {
+			standby = start(ctx, func(ctx context.Context) error { return c.follow(ctx, false) })
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
+	}
+}
+
+// running is a goroutine leadLoop started and stops: a term or the following of the journal.
+type running struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+}
+
+func start(ctx context.Context, fn func(context.Context) error) *running {
+	ctx, cancel := context.WithCancel(ctx)
+	r := &running{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		r.err = fn(ctx)
+	}()
+	return r
+}
+
+// stop cancels r and waits for it; nil stops nothing.
+func (r *running) stop() error {
+	if r == nil {
+		return nil
+	}
+	r.cancel()
+	<-r.done
+	return r.err
+}
+
+func (r *running) finished() bool {
+	if r == nil {
+		return false
+	}
+	select {
+	case <-r.done:
+		return true
+	default:
+		return false
 	}
 }
 

@@ -75,7 +75,10 @@ type Coordinator struct {
 
 	QueueDepth           prometheus.Gauge
 	OldestMessageAge     prometheus.Gauge
-	Leader               prometheus.Gauge // 1 while this coordinator holds the farm's leadership lease
+	Leader               prometheus.Gauge     // 1 while this coordinator holds the farm's leadership lease
+	Terms                prometheus.Counter   // terms of leadership this coordinator began
+	TakeOver             prometheus.Histogram // seconds from a term's start to acting as leader
+	JournalRefusals      prometheus.Counter   // journal writes JetStream refused
 	OutboxPending        prometheus.Gauge
 	FramesCompleted      prometheus.Counter
 	DeadLetters          *prometheus.CounterVec // by kind
@@ -96,9 +99,16 @@ func NewCoordinator(reg *prometheus.Registry) *Coordinator {
 		QueueDepth:       gauge(reg, "queue_depth", "Tile and assembly messages in the TILES stream not yet acknowledged: waiting, or being worked on."),
 		OldestMessageAge: gauge(reg, "queue_oldest_message_age_seconds", "Age of the oldest unacknowledged message in the TILES stream; 0 when it is empty."),
 		Leader:           gauge(reg, "coordinator_leader", "1 while this coordinator holds the farm's leadership lease (renewed within the lease TTL), else 0."),
-		OutboxPending:    gauge(reg, "outbox_pending", "Outbox records (frames to dispatch, assemblies to ask for) committed but not yet published."),
-		FramesCompleted:  counter(reg, "frames_completed_total", "Frames whose state became completed: every format asked for promoted."),
-		WorkersLive:      gauge(reg, "workers_live", "Workers in the worker directory: each beats every 5 s and leaves it 15 s after its last beat."),
+		Terms:            counter(reg, "coordinator_terms_total", "Terms of leadership this coordinator began: each time it took the farm's lead, caught up with the farm's journal and fenced it."),
+		TakeOver: register(reg, prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tilefarm_coordinator_takeover_seconds",
+			Help:    "Seconds from taking the farm's leadership lease to acting as leader: catching up with the farm's journal and fencing it.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		})),
+		JournalRefusals: counter(reg, "coordinator_journal_refusals_total", "Writes to the farm's journal JetStream refused or could not confirm: another coordinator wrote it since (this one was deposed, or behind), or JetStream was out of reach. Each ends a term of leadership."),
+		OutboxPending:   gauge(reg, "outbox_pending", "Outbox records (frames to dispatch, assemblies to ask for) committed but not yet published."),
+		FramesCompleted: counter(reg, "frames_completed_total", "Frames whose state became completed: every format asked for promoted."),
+		WorkersLive:     gauge(reg, "workers_live", "Workers in the worker directory: each beats every 5 s and leaves it 15 s after its last beat."),
 		DeadLetters: counterVec(reg, "dead_letters_total",
 			"Dead letters the coordinator recorded, by kind: tiles and assemblies a worker dead-lettered.",
 			"kind", DeadLetterTile, DeadLetterAssembly),
@@ -235,7 +245,10 @@ func registerBuildInfo(reg prometheus.Registerer) {
 var (
 	CoordinatorFamilies = []string{
 		"tilefarm_build_info",
+		"tilefarm_coordinator_journal_refusals_total",
 		"tilefarm_coordinator_leader",
+		"tilefarm_coordinator_takeover_seconds",
+		"tilefarm_coordinator_terms_total",
 		"tilefarm_dead_letters_total",
 		"tilefarm_duplicates_suppressed_total",
 		"tilefarm_events_applied_total",

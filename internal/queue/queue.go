@@ -24,8 +24,13 @@ const (
 	StreamDLQ       = "DLQ"
 	// StreamNotify holds the coordinator's notifications for consumers inside the farm, on
 	// NotifyPrefix + <type> + "." + <job_id> (docs/operations.md, "Notifications").
-	StreamNotify    = "NOTIFY"
-	NotifyPrefix    = "notify."
+	StreamNotify = "NOTIFY"
+	NotifyPrefix = "notify."
+	// StreamJournal is the farm's journal of the coordinators' projection: every change of
+	// the leading coordinator's database, on JournalSubject, which the others apply
+	// (coorddb.Journal; docs/design.md, "Replication").
+	StreamJournal   = "JOURNAL"
+	JournalSubject  = "journal.coordinator"
 	ConsumerWorkers = "workers"
 	// ConsumerAssemblers is the consumer of assemble jobs, taken before tiles.
 	ConsumerAssemblers = "assemblers"
@@ -65,7 +70,9 @@ type Queue struct {
 	Tiles  jetstream.Stream
 	Events jetstream.Stream
 	DLQ    jetstream.Stream
-	Bands  [NumBands]jetstream.Consumer // tile render jobs, one consumer per priority band
+	// Journal is the coordinators' journal (StreamJournal); nil in a worker's Queue (Open).
+	Journal jetstream.Stream
+	Bands   [NumBands]jetstream.Consumer // tile render jobs, one consumer per priority band
 	// Assemblers is the consumer of assemble jobs.
 	Assemblers jetstream.Consumer
 	Leases     *Leases
@@ -141,6 +148,19 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 	}); err != nil {
 		return nil, fmt.Errorf("setting up stream %s: %w", StreamNotify, err)
 	}
+	// The journal is kept whole: a coordinator joining the farm rebuilds its projection from
+	// it, from the last snapshot a leader wrote.
+	journal, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        StreamJournal,
+		Description: "tilefarm coordinators' journal: every change of the leader's database",
+		Subjects:    []string{JournalSubject},
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("setting up stream %s: %w", StreamJournal, err)
+	}
 	// Consumers on disjoint subjects, so workers can take assembly before more tiles (frames
 	// then complete as their tiles do instead of all at the end of a shot), and one per band.
 	var pool Pool
@@ -191,6 +211,7 @@ func Setup(ctx context.Context, js jetstream.JetStream, cfg Config) (*Queue, err
 		Tiles:      tiles,
 		Events:     events,
 		DLQ:        dlq,
+		Journal:    journal,
 		Bands:      [NumBands]jetstream.Consumer(consumers[1:]),
 		Assemblers: consumers[0],
 		Leases:     &Leases{kv: kv, ttl: cfg.LeaseTTL},
