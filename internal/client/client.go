@@ -207,26 +207,51 @@ func (c *Client) doRaw(ctx context.Context, method, path, contentType string, bo
 	})
 }
 
+// electionWait bounds how long a request whose body is in memory keeps trying while the
+// coordinators it reaches say none of them leads yet: the farm's leadership lease of a
+// coordinator that died expires within its TTL, and another then takes the lead.
+const electionWait = time.Minute
+
 // across runs try at the address that answered last and, while the address it tried is
-// unavailable and again allows, at the others in turn; an unavailable address makes the next
-// one current, so a caller that tries again later (an upload's retry) starts there.
+// unavailable or does not lead the farm and again allows, at the others in turn; an
+// unavailable address makes the next one current, so a caller that tries again later (an
+// upload's retry) starts there. When every address refused, one of them saying it does not
+// lead (api.ErrNotLeader) while another was out of reach or none named a leader (an election
+// in progress: the leader died), it tries them all again every second, for up to
+// electionWait, so a command run while a coordinator fails over waits for the new leader.
 func (c *Client) across(ctx context.Context, again bool, try func(base string) error) error {
-	start := int(c.cur.Load())
-	var errs []error
-	for i := range c.bases {
-		k := (start + i) % len(c.bases)
-		err := try(c.bases[k])
-		if err == nil || !errors.Is(err, api.ErrUnavailable) {
-			c.cur.Store(int32(k))
-			return err
+	deadline := time.Now().Add(electionWait)
+	for {
+		start := int(c.cur.Load())
+		var errs []error
+		notLeader, unreachable, leaderless := false, false, false
+		for i := range c.bases {
+			k := (start + i) % len(c.bases)
+			err := try(c.bases[k])
+			var nl *api.NotLeaderError
+			isNotLeader := errors.As(err, &nl)
+			if err == nil || !(errors.Is(err, api.ErrUnavailable) || isNotLeader) {
+				c.cur.Store(int32(k))
+				return err
+			}
+			notLeader = notLeader || isNotLeader
+			unreachable = unreachable || !isNotLeader
+			leaderless = leaderless || (isNotLeader && nl.Leader == "")
+			errs = append(errs, err)
+			c.cur.CompareAndSwap(int32(k), int32((k+1)%len(c.bases)))
+			if !again || ctx.Err() != nil {
+				return errors.Join(errs...)
+			}
 		}
-		errs = append(errs, err)
-		c.cur.CompareAndSwap(int32(k), int32((k+1)%len(c.bases)))
-		if !again || ctx.Err() != nil {
-			break
+		if !notLeader || !(unreachable || leaderless) || time.Now().After(deadline) {
+			return errors.Join(errs...)
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(append(errs, ctx.Err())...)
+		case <-time.After(time.Second):
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // postJSON posts v as JSON and decodes the answer into out.
@@ -295,6 +320,9 @@ func (c *Client) doAt(ctx context.Context, base, method, path, contentType strin
 		}
 		msg := errors.New(apiErr.Error)
 		if e := api.OfKind(apiErr.Kind); e != nil {
+			if e == api.ErrNotLeader {
+				return fmt.Errorf("%s at %s: %w", resp.Status, base, &api.NotLeaderError{Leader: apiErr.Leader})
+			}
 			if e.Status >= 500 {
 				// The coordinator's own failure: its words after the status, as the kind says.
 				return fmt.Errorf("%s: %w", resp.Status, &wireError{msg: apiErr.Error, entry: e})
