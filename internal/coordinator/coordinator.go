@@ -183,7 +183,7 @@ func New(cfg Config, d Deps) *Coordinator {
 	}
 	c.journal = &journal{ended: make(chan struct{}, 1), whoLeads: c.awaitLeading, refusals: c.m.JournalRefusals.Inc}
 	if d.Queue != nil && d.Queue.Journal != nil && d.DB != nil {
-		c.journal.js = d.Queue.JS
+		c.journal.js, c.journal.writer = d.Queue.JS, c.leaderID
 		d.DB.SetJournal(c.journal)
 	}
 	c.notifier = notify.New(cfg.Notify, notify.Deps{DB: d.DB, NATS: d.NATS, Metrics: d.Metrics, Faults: c.faults, Log: log})

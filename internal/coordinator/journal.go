@@ -27,6 +27,9 @@ const journalPart = 256 << 10
 const (
 	hdrJournalSet  = "Tilefarm-Journal-Set"
 	hdrJournalPart = "Tilefarm-Journal-Part" // "i/n"
+	// HeaderJournalWriter names the coordinator that wrote an entry (its leadership id), for
+	// an operator reading the journal and the tests that prove a deposed leader wrote nothing.
+	HeaderJournalWriter = "Tilefarm-Journal-Writer"
 )
 
 // journal is the farm's journal on JetStream as the coordinator's database writes it
@@ -36,6 +39,7 @@ const (
 // "Replication"). A refusal ends the term: the database may lack what the log holds.
 type journal struct {
 	js      jetstream.JetStream
+	writer  string // HeaderJournalWriter
 	leading atomic.Bool
 	ended   chan struct{} // a term's end asked by a refusal; buffered
 	// whoLeads waits for a term of this coordinator's, or refuses naming the one that leads.
@@ -58,6 +62,7 @@ func (j *journal) Append(ctx context.Context, after uint64, changes []byte) (uin
 		m.Data = changes[i*journalPart : min(len(changes), (i+1)*journalPart)]
 		m.Header.Set(hdrJournalSet, set)
 		m.Header.Set(hdrJournalPart, fmt.Sprintf("%d/%d", i+1, n))
+		m.Header.Set(HeaderJournalWriter, j.writer)
 		ack, err := j.js.PublishMsg(context.WithoutCancel(ctx), m, jetstream.WithExpectLastSequencePerSubject(seq))
 		if err != nil {
 			j.refuse()

@@ -32,6 +32,7 @@ type leaderClaim struct {
 // itself (the journal refused a write) is begun again only after the lease was renewed.
 func (c *Coordinator) leadLoop(ctx context.Context) error {
 	var term, standby *running
+	var deafAt time.Time // fault injection: when the loop goes deaf (faults.Plan.DeafLeaderAfter)
 	leases, ttl := c.queue.Leases, c.queue.Leases.TTL()
 	id := c.leaderID
 	claim, err := json.Marshal(leaderClaim{ID: id, Address: c.cfg.Address})
@@ -117,6 +118,9 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 			c.m.Terms.Inc()
 			token := lease.Token
 			term = start(ctx, func(ctx context.Context) error { return c.term(ctx, token, c.leaderLoops()) })
+			if c.cfg.Faults.DeafLeaderFor > 0 && deafAt.IsZero() {
+				deafAt = c.now().Add(c.cfg.Faults.DeafLeaderAfter)
+			}
 		case !held && term != nil:
 			c.log.Warn("no longer leading the farm: its leadership lease is lost or not renewed within the TTL")
 			_ = term.stop()
@@ -130,6 +134,11 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 		}
 		if term == nil && standby == nil {
 			standby = start(ctx, func(ctx context.Context) error { return c.follow(ctx, false) })
+		}
+		if !deafAt.IsZero() && !c.now().Before(deafAt) {
+			c.log.Warn("fault injection: the leadership loop goes deaf", "for", c.cfg.Faults.DeafLeaderFor)
+			queue.Sleep(ctx, c.cfg.Faults.DeafLeaderFor)
+			deafAt = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC) // once
 		}
 		select {
 		case <-ctx.Done():

@@ -2,7 +2,10 @@ package e2e
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,7 +13,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/api"
+	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/natstest"
+	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 // standby starts a second `coordinator serve` of leader's farm: the same JetStream and store,
@@ -115,4 +120,105 @@ func TestACoordinatorTakesOverTheFarmMidJob(t *testing.T) {
 	for _, frame := range []int{4, 5, 6} {
 		samePixels(t, frameFile(out, frame), reference(t, scene, frame, oneTile...))
 	}
+}
+
+// journalWriters reads the farm's journal: the writer of every entry, in order.
+func journalWriters(t *testing.T, f *farmProc) []string {
+	t.Helper()
+	ctx := t.Context()
+	js := f.js()
+	s, err := js.Stream(ctx, queue.StreamJournal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writers []string
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("journal entry %d: %v", seq, err)
+		}
+		writers = append(writers, m.Header.Get(coordinator.HeaderJournalWriter))
+	}
+	return writers
+}
+
+// coordinatorID is the leadership id of the coordinator whose data is f's.
+func coordinatorID(t *testing.T, f *farmProc) string {
+	t.Helper()
+	id, err := os.ReadFile(filepath.Join(f.Data, "coordinator.id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(id))
+}
+
+// Property: a leader deposed that has not noticed cannot change the farm (docs/design.md,
+// "Replication"). The leader's leadership loop goes deaf (it neither renews nor reads its
+// lease) while a job renders and the rest of it acts on; the other coordinator takes the
+// lease and fences the farm's journal. A submission the deposed leader still accepts is
+// refused by JetStream (the journal moved past it), so it writes nothing to the journal after
+// the new leader's first entry and makes no job; once it hears again it follows as a
+// standby, answering from the new leader's records; the job completes equal to the reference.
+func TestADeposedLeaderIsRefusedAndFollows(t *testing.T) {
+	t.Parallel()
+	scene := example("shot")
+	nats := natstest.Start(t)
+	args := []string{"--lease-ttl", "3s", "--ack-wait", "3s"}
+	a := startServeNATS(t, t.TempDir(), nats.URL(), append(args, "--fault-deaf-leader", "2s:14s")...)
+	waitMetric(t, a.HTTP, "tilefarm_coordinator_leader", 1, 10*time.Second)
+	b := standby(t, a, args...)
+	w := a.worker("w", t.TempDir(), slowWorker...)
+	st, _ := submitAt(t, "http://"+a.HTTP, append([]string{scene, "--frames", "4-6"}, oneTile...)...)
+	waitCheckpoint(t, w, 2)
+	if _, err := a.Coord.WaitLog(t.Context(), regexp.MustCompile(`the leadership loop goes deaf`), 0, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, b.HTTP, "tilefarm_coordinator_leader", 1, 15*time.Second)
+	if s, _ := b.status(st.JobID); s.State == "completed" {
+		t.Fatalf("the job completed before the leader was deposed: the fault hit nothing: %+v", s)
+	}
+	// The deposed leader still counts itself leader and takes the submission; the journal refuses it.
+	r := run(t, "coordinator", append([]string{"submit", "--json", "--server", "http://" + a.HTTP, scene, "--frames", "7"}, oneTile...)...)
+	if r.code != 75 || !strings.Contains(r.stderr, "does not lead") {
+		t.Fatalf("a submission to the deposed leader: want exit 75 saying it does not lead, got %s", r)
+	}
+	if n := metricValue(t, a.HTTP, "tilefarm_coordinator_journal_refusals_total"); n < 1 {
+		t.Fatalf("the deposed leader's writes were never refused: %v refusals", n)
+	}
+	writers := journalWriters(t, a)
+	idA, idB := coordinatorID(t, a), coordinatorID(t, b)
+	first := slices.Index(writers, idB)
+	if first < 0 || slices.Contains(writers[first:], idA) {
+		t.Fatalf("the journal after the new leader's first entry holds the deposed leader's: %v (a %s, b %s)", writers, idA, idB)
+	}
+	if done := b.waitDone(st.JobID, 2*time.Minute); done.State != "completed" {
+		t.Fatalf("job after the leader was deposed: %+v", done)
+	}
+	var jobs []map[string]any
+	if r := b.cli("jobs", "--json"); r.code != 0 || json.Unmarshal([]byte(r.stdout), &jobs) != nil || len(jobs) != 1 {
+		t.Fatalf("jobs: the refused submission made a job: %s", r)
+	}
+	// Heard again, it follows: not the leader, and its answers are the new leader's records.
+	if _, err := a.Coord.WaitLog(t.Context(), regexp.MustCompile(`lost the farm's leadership|no longer leading the farm`), 0, 40*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitMetric(t, a.HTTP, "tilefarm_coordinator_leader", 0, 10*time.Second)
+	if done := a.waitDone(st.JobID, time.Minute); done.State != "completed" {
+		t.Fatalf("the deposed leader, following, does not see the job completed: %+v", done)
+	}
+	if slices.Contains(journalWriters(t, a)[first:], idA) {
+		t.Fatal("the deposed leader wrote to the journal after it heard again")
+	}
+	out := filepath.Join(t.TempDir(), "d_####.png")
+	if r := a.cli("outputs", st.JobID, "--out", out); r.code != 0 {
+		t.Fatalf("outputs from the follower: %s", r)
+	}
+	for _, frame := range []int{4, 5, 6} {
+		samePixels(t, frameFile(out, frame), reference(t, scene, frame, oneTile...))
+	}
+	b.assertNoDeadLetters()
 }

@@ -79,6 +79,11 @@ type Plan struct {
 	// timeout would.
 	FailPublish  string
 	FailPublishN int
+	// DeafLeaderAfter and DeafLeaderFor make a coordinator's leadership loop stop renewing and
+	// reading the farm's leadership lease DeafLeaderAfter after its first term began, for
+	// DeafLeaderFor, while everything else goes on acting: a leader deposed that has not
+	// noticed yet, as a long pause of that one goroutine would make it.
+	DeafLeaderAfter, DeafLeaderFor time.Duration
 	// BeforeLease runs right before a tile's lease is taken (for tests that run a worker in
 	// process).
 	BeforeLease func(job wire.TileJob)

@@ -18,6 +18,7 @@ type Flags struct {
 	crash, panic, fail  string
 	slow                string
 	passDelay, smpDelay time.Duration
+	deaf                string
 }
 
 // AddFlags adds the fault flags to fs, hidden from help since they exist for the fault tests:
@@ -30,7 +31,8 @@ func AddFlags(fs *pflag.FlagSet, seams []string) *Flags {
 	fs.DurationVar(&f.passDelay, "fault-pass-delay", 0, "testing only: sleep after each pass")
 	fs.DurationVar(&f.smpDelay, "fault-sample-delay", 0, "testing only: sleep before each sample, rendering and counting samples one at a time")
 	fs.StringVar(&f.fail, "fault-fail-publish", "", "testing only: TYPE:N fails the first N publishes of events of TYPE (e.g. tile.completed:3)")
-	for _, name := range []string{"fault-crash", "fault-panic-tile", "fault-slow-tile", "fault-pass-delay", "fault-sample-delay", "fault-fail-publish"} {
+	fs.StringVar(&f.deaf, "fault-deaf-leader", "", "testing only: AFTER:FOR stops renewing and reading the leadership lease AFTER the first term began, FOR that long, while the leader acts on")
+	for _, name := range []string{"fault-crash", "fault-panic-tile", "fault-slow-tile", "fault-pass-delay", "fault-sample-delay", "fault-fail-publish", "fault-deaf-leader"} {
 		_ = fs.MarkHidden(name) // the flag exists: cannot fail
 	}
 	return f
@@ -62,6 +64,15 @@ func (f *Flags) Plan(kill func(seam string)) (Plan, error) {
 			return Plan{}, err
 		}
 		p.PanicTile = &TileAt{Frame: n, Rect: r}
+	}
+	if f.deaf != "" {
+		after, span, ok := strings.Cut(f.deaf, ":")
+		a, err1 := time.ParseDuration(after)
+		d, err2 := time.ParseDuration(span)
+		if !ok || err1 != nil || err2 != nil || a < 0 || d <= 0 {
+			return Plan{}, fmt.Errorf("--fault-deaf-leader %q: want AFTER:FOR, e.g. 4s:12s", f.deaf)
+		}
+		p.DeafLeaderAfter, p.DeafLeaderFor = a, d
 	}
 	if f.slow != "" {
 		bad := fmt.Errorf("--fault-slow-tile %q: want FRAME:X0,Y0,X1,Y1:DURATION, e.g. 1:0,0,32,32:500ms", f.slow)
