@@ -14,7 +14,7 @@ import (
 // leaderKey is the farm's leadership lease in the leases bucket: one coordinator of a farm
 // holds it, renewed well within the lease TTL, its KV revision the token that fences what the
 // leader does (docs/design.md, "Leadership"). A coordinator that finds it held by another says
-// so: two coordinators acting on one farm is an operator's mistake it makes visible.
+// so and stands by, following the farm's journal ("Replication").
 const leaderKey = "coordinator-leader"
 
 // leaderClaim is what the lease holds: who leads and where clients reach it.
@@ -77,7 +77,7 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 					continue
 				case held != told:
 					told = held
-					c.log.Warn("another coordinator leads this farm: two coordinators on one farm both act on it; stop one",
+					c.log.Info("another coordinator leads this farm; standing by, following its journal",
 						"leader", other.Address, "leader_id", other.ID)
 				}
 			case ctx.Err() == nil:
