@@ -83,38 +83,57 @@ func (s *DB) Apply(ctx context.Context, seq uint64, changes []byte) error {
 }
 
 // Snapshot is every journaled record of the database as one change set whose first change
-// empties every bucket: applied, it makes a database equal to this one. A coordinator that
-// leads writes it to a log that lacks what its database holds (an upgrade, a log lost).
+// empties every bucket: applied, it makes a database equal to this one.
 func (s *DB) Snapshot(ctx context.Context) (snap []byte, empty bool, err error) {
-	var w changeWriter
-	w.op(opReset)
-	empty = true
 	err = s.View(ctx, func(tx *Tx) error {
-		for _, name := range allBuckets {
-			b := tx.tx.Bucket(name)
-			if err := b.ForEach(func(k, v []byte) error {
-				empty = false
-				w.put(name, k, v)
-				return nil
-			}); err != nil {
-				return err
-			}
-			if seq := b.Sequence(); seq > 0 {
-				w.seq(name, seq)
-			}
-		}
-		return nil
+		snap, empty, err = snapshot(tx.tx)
+		return err
 	})
-	return w.buf.Bytes(), empty, err
+	return snap, empty, err
 }
 
-// MarkApplied records seq as the last journal entry the database holds, for entries it wrote
-// itself outside Update (a snapshot).
-func (s *DB) MarkApplied(ctx context.Context, seq uint64) error {
-	if err := ctx.Err(); err != nil {
-		return err
+// WriteSnapshot appends the whole database to its journal as one entry, in a transaction of
+// its own, so no other write comes between what it read and where it is appended, and
+// returns the entry's sequence: a leader compacts the journal so (the entries before it can
+// go), and gives a journal that lacks what its database holds its records (an upgrade, a log
+// lost). The entry goes after the last the database holds, or after skipTo if that is later:
+// the journal's entries up to skipTo are given up (a gap the database cannot catch up over).
+// A database holding nothing writes nothing and returns 0.
+func (s *DB) WriteSnapshot(ctx context.Context, skipTo uint64) (seq uint64, err error) {
+	if s.journal == nil {
+		return 0, errors.New("writing a snapshot: the database has no journal")
 	}
-	return s.db.Update(func(btx *bolt.Tx) error { return setApplied(btx, seq) })
+	err = s.db.Update(func(btx *bolt.Tx) error {
+		snap, empty, err := snapshot(btx)
+		if err != nil || empty {
+			return err
+		}
+		if seq, err = s.journal.Append(ctx, max(applied(btx), skipTo), snap); err != nil {
+			return err
+		}
+		return setApplied(btx, seq)
+	})
+	return seq, err
+}
+
+func snapshot(btx *bolt.Tx) ([]byte, bool, error) {
+	var w changeWriter
+	w.op(opReset)
+	empty := true
+	for _, name := range allBuckets {
+		b := btx.Bucket(name)
+		if err := b.ForEach(func(k, v []byte) error {
+			empty = false
+			w.put(name, k, v)
+			return nil
+		}); err != nil {
+			return nil, false, err
+		}
+		if seq := b.Sequence(); seq > 0 {
+			w.seq(name, seq)
+		}
+	}
+	return w.buf.Bytes(), empty, nil
 }
 
 // IsSnapshot reports whether a change set is a snapshot (Snapshot): applied, it replaces

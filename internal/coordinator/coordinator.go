@@ -61,6 +61,11 @@ type Config struct {
 	// Address is where clients reach this coordinator's HTTP API, named in its leadership
 	// lease so another coordinator of the farm can say who leads (leadership.go).
 	Address string
+	// CompactJournalAt is the size of the farm's journal above which its leader compacts it
+	// (journal.go), if it is also more than four times the database's size; default 64 MiB.
+	CompactJournalAt int64
+	// CompactJournalEvery is how often the leader looks at the journal's size; default 1 min.
+	CompactJournalEvery time.Duration
 	// ID names this coordinator in its leadership lease: its database's, so a coordinator
 	// restarted on the same data takes its own lease back at once; "" is one per run.
 	ID string
@@ -81,6 +86,12 @@ func (c *Config) normalize() {
 	}
 	if c.SceneLimits.Files <= 0 {
 		c.SceneLimits.Files = bundle.DefaultLimits.Files
+	}
+	if c.CompactJournalAt <= 0 {
+		c.CompactJournalAt = 64 << 20
+	}
+	if c.CompactJournalEvery <= 0 {
+		c.CompactJournalEvery = time.Minute
 	}
 	if c.RetirePoolsAfter == 0 {
 		c.RetirePoolsAfter = DefaultRetirePoolsAfter
@@ -220,12 +231,13 @@ func (c *Coordinator) Run(ctx context.Context) error {
 // leaderLoops are the loops only the farm's leader runs, during a term (journal.go).
 func (c *Coordinator) leaderLoops() map[string]loop {
 	return map[string]loop{
-		"outbox relay":    c.relay,
-		"event consumer":  c.consumeEvents,
-		"reconciler":      c.reconcileLoop,
-		"pool retirement": c.retireLoop,
-		"notifier":        c.notifier.Run,
-		"scene gc":        c.sceneGCLoop,
+		"outbox relay":       c.relay,
+		"event consumer":     c.consumeEvents,
+		"reconciler":         c.reconcileLoop,
+		"pool retirement":    c.retireLoop,
+		"notifier":           c.notifier.Run,
+		"scene gc":           c.sceneGCLoop,
+		"journal compaction": c.compactLoop,
 	}
 }
 

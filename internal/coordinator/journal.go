@@ -208,21 +208,20 @@ func journalPlace(s string) (i, n int, ok bool) {
 func (c *Coordinator) term(ctx context.Context, token uint64, loops map[string]loop) error {
 	start := c.now()
 	err := c.follow(ctx, true)
-	if errors.Is(err, errJournalGap) {
+	gap := errors.Is(err, errJournalGap)
+	if gap {
 		c.log.Warn("the farm's journal cannot rebuild this coordinator's records; writing them to it whole", "err", err)
-		err = c.snapshotJournal(ctx)
-	}
-	if err != nil {
+	} else if err != nil {
 		return fmt.Errorf("catching up with the farm's journal: %w", err)
-	}
-	if err := c.maybeSnapshot(ctx); err != nil {
-		return err
 	}
 	c.journal.leading.Store(true)
 	defer c.journal.leading.Store(false)
 	select {
 	case <-c.journal.ended: // a refusal of the term before
 	default:
+	}
+	if err := c.giveJournalRecords(ctx, gap); err != nil {
+		return err
 	}
 	if err := c.db.Update(ctx, func(tx *coorddb.Tx) error {
 		return tx.PutTerm(coorddb.Term{Leader: c.leaderID, Address: c.cfg.Address, Token: token, Began: c.now()})
@@ -245,34 +244,82 @@ func (c *Coordinator) term(ctx context.Context, token uint64, loops map[string]l
 	return nil
 }
 
-// maybeSnapshot gives the journal this database whole when the journal is empty and the
-// database is not: a farm whose coordinator ran before the journal existed.
-func (c *Coordinator) maybeSnapshot(ctx context.Context) error {
+// giveJournalRecords writes this database whole to the journal when the journal lacks what
+// it holds: the journal has entries this database cannot catch up over (gap), or it is empty
+// and the database is not (a farm whose coordinator ran before the journal).
+func (c *Coordinator) giveJournalRecords(ctx context.Context, gap bool) error {
 	seq, err := c.db.Applied(ctx)
-	if err != nil || seq > 0 {
-		return err
-	}
-	return c.snapshotJournal(ctx)
-}
-
-// snapshotJournal appends the whole database to the journal, unless it holds nothing.
-func (c *Coordinator) snapshotJournal(ctx context.Context) error {
-	snap, empty, err := c.db.Snapshot(ctx)
-	if err != nil || empty {
+	if err != nil || seq > 0 && !gap {
 		return err
 	}
 	info, err := c.queue.Journal.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("reading the farm's journal: %w", err)
 	}
-	c.journal.leading.Store(true)
-	defer c.journal.leading.Store(false)
-	seq, err := c.journal.Append(ctx, info.State.LastSeq, snap)
-	if err != nil {
+	if seq, err = c.db.WriteSnapshot(ctx, info.State.LastSeq); err != nil {
 		return fmt.Errorf("writing this coordinator's records to the farm's journal: %w", err)
 	}
-	c.log.Info("wrote this coordinator's records to the farm's journal", "bytes", len(snap), "seq", seq)
-	return c.db.MarkApplied(ctx, seq)
+	if seq > 0 {
+		c.log.Info("wrote this coordinator's records to the farm's journal", "seq", seq)
+	}
+	return nil
+}
+
+// compactLoop compacts the farm's journal (compactJournal) when it holds more than
+// Config.CompactJournalAt bytes and more than four times the database's size, looking every
+// Config.CompactJournalEvery.
+func (c *Coordinator) compactLoop(ctx context.Context) error {
+	t := time.NewTicker(c.cfg.CompactJournalEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		info, err := c.queue.Journal.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the farm's journal: %w", err)
+		}
+		size, err := c.db.Size()
+		if err != nil {
+			return err
+		}
+		if info.State.Bytes < uint64(c.cfg.CompactJournalAt) || info.State.Bytes < 4*uint64(size) {
+			continue
+		}
+		if err := c.compactJournal(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// compactJournal writes the database whole to the journal and purges every entry before it: a
+// coordinator that joins the farm, or one behind, then starts from that snapshot (follow takes
+// a gap before a snapshot), and the journal stays about the size of the records.
+func (c *Coordinator) compactJournal(ctx context.Context) error {
+	seq, err := c.db.WriteSnapshot(ctx, 0)
+	if err != nil || seq == 0 {
+		return err
+	}
+	m, err := c.queue.Journal.GetMsg(ctx, seq)
+	if err != nil {
+		return fmt.Errorf("reading the journal's snapshot: %w", err)
+	}
+	_, n, ok := journalPlace(m.Header.Get(hdrJournalPart))
+	if !ok {
+		return fmt.Errorf("%w: the journal's snapshot %d is no part of a set", coorddb.ErrBadJournal, seq)
+	}
+	first := seq - uint64(n-1) // the parts of a set are consecutive: each was appended after the one before
+	before, err := c.queue.Journal.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if err := c.queue.Journal.Purge(ctx, jetstream.WithPurgeSequence(first)); err != nil {
+		return fmt.Errorf("purging the journal before its snapshot %d: %w", first, err)
+	}
+	c.log.Info("compacted the farm's journal", "snapshot", first, "entries_before", first-before.State.FirstSeq, "bytes_before", before.State.Bytes)
+	return nil
 }
 
 // awaitLeading returns once this coordinator acts as the farm's leader, or refuses at once
@@ -287,7 +334,11 @@ func (c *Coordinator) awaitLeading(ctx context.Context) error {
 		l, err := c.Leader(rctx)
 		cancel()
 		if err == nil && l != nil && !l.This {
-			return &api.NotLeaderError{Leader: l.Address}
+			leader := l.Address
+			if leader == "" {
+				leader = "coordinator " + l.ID + " (its address unknown)"
+			}
+			return &api.NotLeaderError{Leader: leader}
 		}
 		if time.Now().After(deadline) {
 			return &api.NotLeaderError{}
