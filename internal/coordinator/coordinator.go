@@ -66,6 +66,10 @@ type Config struct {
 	CompactJournalAt int64
 	// CompactJournalEvery is how often the leader looks at the journal's size; default 1 min.
 	CompactJournalEvery time.Duration
+	// JetStreamHealth says why the farm's JetStream cannot store anything, when the process
+	// knows (the embedded server's data disk is full: an error wrapping syscall.ENOSPC), and
+	// nil otherwise; a write this coordinator cannot journal is answered with it. nil: never.
+	JetStreamHealth func() error
 	// ID names this coordinator in its leadership lease: its database's, so a coordinator
 	// restarted on the same data takes its own lease back at once; "" is one per run.
 	ID string
@@ -192,7 +196,7 @@ func New(cfg Config, d Deps) *Coordinator {
 	if c.leaderID == "" {
 		c.leaderID = identity.NewAttemptID()
 	}
-	c.journal = &journal{ended: make(chan struct{}, 1), whoLeads: c.awaitLeading, refusals: c.m.JournalRefusals.Inc}
+	c.journal = &journal{ended: make(chan struct{}, 1), whoLeads: c.awaitLeading, refusals: c.m.JournalRefusals.Inc, health: cfg.JetStreamHealth}
 	if d.Queue != nil && d.Queue.Journal != nil && d.DB != nil {
 		c.journal.js, c.journal.writer = d.Queue.JS, c.leaderID
 		d.DB.SetJournal(c.journal)

@@ -42,9 +42,11 @@ type journal struct {
 	writer  string // HeaderJournalWriter
 	leading atomic.Bool
 	ended   chan struct{} // a term's end asked by a refusal; buffered
+	failed  atomic.Value  // error: the last append's failure
 	// whoLeads waits for a term of this coordinator's, or refuses naming the one that leads.
 	whoLeads func(context.Context) error
-	refusals func() // counts a refusal
+	refusals func()       // counts a refusal
+	health   func() error // Config.JetStreamHealth; nil: never known
 }
 
 // Append publishes changes as the entries after sequence after.
@@ -65,7 +67,13 @@ func (j *journal) Append(ctx context.Context, after uint64, changes []byte) (uin
 		m.Header.Set(HeaderJournalWriter, j.writer)
 		ack, err := j.js.PublishMsg(context.WithoutCancel(ctx), m, jetstream.WithExpectLastSequencePerSubject(seq))
 		if err != nil {
+			j.failed.Store(err)
 			j.refuse()
+			if j.health != nil {
+				if herr := j.health(); herr != nil {
+					return 0, herr // what JetStream cannot do, said as the process knows it
+				}
+			}
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
 				return 0, fmt.Errorf("%w: the farm's journal has entries past %d this coordinator does not hold (another coordinator wrote it): %v",
@@ -76,6 +84,14 @@ func (j *journal) Append(ctx context.Context, after uint64, changes []byte) (uin
 		seq = ack.Sequence
 	}
 	return seq, nil
+}
+
+// lastErr is the last append's failure, for the log of the term it ended.
+func (j *journal) lastErr() error {
+	if e, ok := j.failed.Load().(error); ok {
+		return e
+	}
+	return nil
 }
 
 // refuse ends the term in progress: what the database holds may now be behind the log.
@@ -235,7 +251,7 @@ func (c *Coordinator) term(ctx context.Context, token uint64, loops map[string]l
 	go func() {
 		select {
 		case <-c.journal.ended:
-			c.log.Warn("the farm's journal refused a write: catching up before acting again")
+			c.log.Warn("the farm's journal refused a write or could not confirm it: catching up before acting again", "err", c.journal.lastErr())
 			cancel()
 		case <-tctx.Done():
 		}
@@ -330,6 +346,11 @@ func (c *Coordinator) compactJournal(ctx context.Context) error {
 func (c *Coordinator) awaitLeading(ctx context.Context) error {
 	deadline := time.Now().Add(c.queue.Leases.TTL())
 	for !c.journal.leading.Load() {
+		if c.cfg.JetStreamHealth != nil {
+			if err := c.cfg.JetStreamHealth(); err != nil {
+				return err // nothing can be journaled: no use waiting for a term
+			}
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		l, err := c.Leader(rctx)
 		cancel()

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -132,6 +133,15 @@ func StartCoordinator(ctx context.Context, o CoordinatorOptions) (_ *Coordinator
 		n.HTTPAddr = ln.Addr().String()
 		if o.Coordinator.Address == "" {
 			o.Coordinator.Address = "http://" + n.HTTPAddr
+		}
+	}
+	if n.embedded != nil && o.Coordinator.JetStreamHealth == nil {
+		emb := n.embedded.emb
+		o.Coordinator.JetStreamHealth = func() error {
+			if emb.Writable() {
+				return nil
+			}
+			return fmt.Errorf("the embedded JetStream cannot write its store under --data: %w", syscall.ENOSPC)
 		}
 	}
 	n.Coord = coordinator.New(o.Coordinator, coordinator.Deps{DB: st, Queue: f, Kinds: o.Kinds, NATS: nc, Objects: objects, Metrics: n.Metrics, Log: log})
