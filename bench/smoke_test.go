@@ -73,6 +73,12 @@ func TestBenchSmoke(t *testing.T) {
 		}
 	})
 
+	t.Run("TakeOver", func(t *testing.T) {
+		m := metricSet{}
+		reportTakeOver(m, measureTakeOver(t, 1))
+		checkMetrics(t, m, "takeover-p50-s", "takeover-p99-s", "p50/lease-ttl", "p99/lease-ttl")
+	})
+
 	t.Run("Dispatch", func(t *testing.T) {
 		d, err := measureDispatch(ctx, t.TempDir(), 50)
 		if err != nil {

@@ -249,6 +249,7 @@ func TestCommandLineParsing(t *testing.T) {
 		{"unknown command", []string{"frobnicate"}, api.ExitUsage, "unknown command"},
 		{"unknown subcommand", []string{"dlq", "purge"}, api.ExitUsage, "dlq"},
 		{"bad log format", []string{"jobs", "--log-format", "xml", "--server", "http://127.0.0.1:1"}, api.ExitUsage, "--log-format \"xml\""},
+		{"advertise without a scheme", []string{"serve", "--data", t.TempDir(), "--advertise", "render-1:7070"}, api.ExitUsage, "--advertise \"render-1:7070\""},
 	} {
 		code, _, stderr := run(t, c.args...)
 		if code != c.code || !strings.Contains(stderr, c.has) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -173,6 +174,7 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 	replicas := fs.Int("replicas", 1, "replicas of every stream and bucket: 3 on a JetStream cluster of three or more nodes")
 	storeURL := fs.String("store", "", "object store: file:///DIR, s3://HOST:PORT/BUCKET or s3+http://HOST:PORT/BUCKET (default: --data/store)")
 	listen := fs.String("listen", "127.0.0.1:7070", "HTTP API and /metrics address")
+	advertise := fs.String("advertise", "", "the URL clients reach this coordinator's API at, which the other coordinators of the farm name when this one leads (default: http:// and the --listen address bound)")
 	workers := fs.Int("workers", 0, "in-process workers (0: only external tileworkers render)")
 	threads := addThreadsFlag(fs, "in-process worker")
 	kf := kinds.AddFlags(fs, true)
@@ -255,6 +257,13 @@ reach loopback, link-local (cloud metadata included) or unspecified addresses un
 		}
 		// The coordinator and its in-process workers break as the plan says, each at its seams.
 		ccfg.Faults = plan
+		if *advertise != "" {
+			u, err := url.Parse(*advertise)
+			if err != nil || u.Scheme != "http" && u.Scheme != "https" || u.Host == "" {
+				return usagef("--advertise %q: want the URL clients reach this coordinator at, e.g. http://render-coord-1:7070", *advertise)
+			}
+			ccfg.Address = strings.TrimRight(*advertise, "/")
+		}
 		opts := node.CoordinatorOptions{DataDir: *data, NATS: *nf, NATSListen: *natsListen, NATSSync: sync, NATSAuth: *natsAuth,
 			StoreURL: *storeURL, HTTPListen: *listen, DebugListen: *debugListen, APIToken: token, Queue: *qcfg,
 			Coordinator: ccfg, Workers: *workers, Worker: worker.Config{Faults: plan}, Log: log}

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -42,6 +43,9 @@ type Client struct {
 	http  *http.Client
 }
 
+// dialTimeout bounds making a connection to one coordinator address.
+const dialTimeout = 5 * time.Second
+
 // Option configures a Client.
 type Option func(*Client)
 
@@ -56,7 +60,11 @@ func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h
 // 504) is sent to the next address, when it can be sent again: every request whose body is
 // in memory (submissions carry their idempotency key, so a repeat is the same job).
 func New(servers, token string, opts ...Option) *Client {
-	c := &Client{token: token, http: &http.Client{Timeout: 10 * time.Minute}}
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	// An address cut off drops what is sent to it: a connection not made within dialTimeout
+	// is given up for the next address, not waited on for the system's half a minute.
+	t.DialContext = (&net.Dialer{Timeout: dialTimeout, KeepAlive: 30 * time.Second}).DialContext
+	c := &Client{token: token, http: &http.Client{Timeout: 10 * time.Minute, Transport: t}}
 	for _, base := range strings.Split(servers, ",") {
 		base = strings.TrimSpace(base)
 		if base == "" {
