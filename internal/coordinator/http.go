@@ -556,6 +556,8 @@ func serverError(err error) *api.Error {
 		return api.ErrNotFound
 	case errors.Is(err, objstore.ErrCorrupt):
 		return api.ErrCorrupt
+	case objstore.IsRetryable(err):
+		return api.ErrUnavailable // the store out of reach: retrying later may work
 	}
 	return api.ErrInternal
 }

@@ -96,8 +96,8 @@ func (j *journal) lastErr() error {
 
 // refuse ends the term in progress: what the database holds may now be behind the log.
 func (j *journal) refuse() {
+	j.refusals()
 	if j.leading.Swap(false) {
-		j.refusals()
 		select {
 		case j.ended <- struct{}{}:
 		default:

@@ -60,10 +60,11 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 	for {
 		switch {
 		case lease == nil:
+			sent := c.now() // the lease's expiry counts from no earlier than this
 			l, err := leases.Acquire(ctx, leaderKey, owner)
 			switch {
 			case err == nil:
-				lease, renewed, told = l, c.now(), ""
+				lease, renewed, told = l, sent, ""
 				c.log.Info("leading the farm", "token", l.Token)
 			case errors.Is(err, queue.ErrLeaseHeld):
 				held, token, oerr := leases.Owner(ctx, leaderKey)
@@ -84,13 +85,18 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 				c.log.Debug("taking the farm's leadership", "err", err)
 			}
 		default:
-			err := leases.Renew(ctx, lease)
+			// Counted from before it is sent, and bounded, so a renewal stuck on a link cut
+			// off never keeps this coordinator counting itself leader past the lease's expiry.
+			sent := c.now()
+			rctx, cancel := context.WithTimeout(ctx, max(ttl/4, 10*time.Millisecond))
+			err := leases.Renew(rctx, lease)
+			cancel()
 			switch {
 			case err == nil:
 				if renewed.IsZero() {
 					c.log.Info("leading the farm again after a restart", "token", lease.Token)
 				}
-				renewed = c.now()
+				renewed = sent
 			case errors.Is(err, queue.ErrLeaseLost):
 				c.log.Warn("lost the farm's leadership", "err", err)
 				lease = nil
@@ -123,6 +129,7 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 			}
 		case !held && term != nil:
 			c.log.Warn("no longer leading the farm: its leadership lease is lost or not renewed within the TTL")
+			c.journal.leading.Store(false) // no write from now on, while the leader's loops wind down
 			_ = term.stop()
 			term = nil
 		}

@@ -15,9 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/tilefarm/tilefarm/internal/api"
-	"github.com/tilefarm/tilefarm/internal/coordinator"
 	"github.com/tilefarm/tilefarm/internal/natstest"
-	"github.com/tilefarm/tilefarm/internal/queue"
 )
 
 // standby starts a second `coordinator serve` of leader's farm: the same JetStream and store,
@@ -125,28 +123,7 @@ func TestACoordinatorTakesOverTheFarmMidJob(t *testing.T) {
 }
 
 // journalWriters reads the farm's journal: the writer of every entry, in order.
-func journalWriters(t *testing.T, f *farmProc) []string {
-	t.Helper()
-	ctx := t.Context()
-	js := f.js()
-	s, err := js.Stream(ctx, queue.StreamJournal)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var writers []string
-	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && seq > 0; seq++ {
-		m, err := s.GetMsg(ctx, seq)
-		if err != nil {
-			t.Fatalf("journal entry %d: %v", seq, err)
-		}
-		writers = append(writers, m.Header.Get(coordinator.HeaderJournalWriter))
-	}
-	return writers
-}
+func journalWriters(t *testing.T, f *farmProc) []string { return journalWritersOf(t, f.js()) }
 
 // coordinatorID is the leadership id of the coordinator whose data is f's.
 func coordinatorID(t *testing.T, f *farmProc) string {
