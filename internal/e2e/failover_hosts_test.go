@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,17 +67,7 @@ func hostMetric(t *testing.T, host *nettest.Host, addr, name string) float64 {
 	if err != nil {
 		t.Fatalf("reading the metrics of %s: %v", addr, err)
 	}
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	t.Fatalf("metric %s not found at %s", name, addr)
-	return 0
+	return parseMetric(t, body, name)
 }
 
 // hostDialer dials NATS from inside a host, for the test's own reads of the cluster.

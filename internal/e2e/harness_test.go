@@ -420,6 +420,12 @@ func metricValue(t *testing.T, addr, name string) float64 {
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
+	return parseMetric(t, body, name)
+}
+
+// parseMetric is the value of the unlabelled metric name in a /metrics body.
+func parseMetric(t *testing.T, body []byte, name string) float64 {
+	t.Helper()
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, name+" ") {
 			v, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimPrefix(line, name)), 64)
