@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -176,10 +177,7 @@ func (c *Coordinator) follow(ctx context.Context, toEnd bool) error {
 		if i < n {
 			continue
 		}
-		changes := parts[0]
-		if len(parts) > 1 {
-			changes = concatParts(parts)
-		}
+		changes := bytes.Join(parts, nil)
 		parts = nil
 		if gap {
 			if !coorddb.IsSnapshot(changes) {
@@ -195,18 +193,6 @@ func (c *Coordinator) follow(ctx context.Context, toEnd bool) error {
 			return nil
 		}
 	}
-}
-
-func concatParts(parts [][]byte) []byte {
-	n := 0
-	for _, p := range parts {
-		n += len(p)
-	}
-	out := make([]byte, 0, n)
-	for _, p := range parts {
-		out = append(out, p...)
-	}
-	return out
 }
 
 // journalPlace parses "i/n".
