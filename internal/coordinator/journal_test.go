@@ -68,7 +68,12 @@ func TestAStandbyHoldsTheLeadersRecordsAcrossACompaction(t *testing.T) {
 	for i := range 3 {
 		h.submit(t, h.request(1, 2+i, 32, 18, 16))
 	}
+	// A job of many frames: its transaction goes to the journal in several parts.
+	h.submit(t, h.request(1, 1500, 32, 18, 32))
 	sameRecords(t, h, s1)
+	if !journalHasParts(t, h) {
+		t.Fatal("no journal set of several parts: the big submission fit in one")
+	}
 	if s1.c.journal.leading.Load() {
 		t.Fatal("both coordinators lead")
 	}
@@ -115,4 +120,23 @@ func firstJob(t *testing.T, h *harness) string {
 		t.Fatalf("no job: %v", err)
 	}
 	return id
+}
+
+// journalHasParts reports whether some set of h's journal was written in several parts.
+func journalHasParts(t *testing.T, h *harness) bool {
+	t.Helper()
+	info, err := h.queue.Journal.Info(h.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := h.queue.Journal.GetMsg(h.ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, n, ok := journalPlace(m.Header.Get(hdrJournalPart)); ok && n > 1 {
+			return true
+		}
+	}
+	return false
 }
