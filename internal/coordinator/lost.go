@@ -78,6 +78,12 @@ func (c *Coordinator) lostFrames(ctx context.Context) (map[string]*coorddb.Job, 
 	if err != nil || info.NumPending > 0 || info.NumAckPending > 0 {
 		return nil, err
 	}
+	// The consumer counts a message pending a moment after the stream stored it: the stream's
+	// last sequence, read after, says at once whether an event is still to be delivered.
+	events, err := c.queue.Events.Info(ctx)
+	if err != nil || events.State.LastSeq > info.Delivered.Stream {
+		return nil, err
+	}
 	found := map[string]*coorddb.Job{}
 	err = c.db.View(ctx, func(tx *coorddb.Tx) error {
 		var err error
