@@ -196,7 +196,7 @@ func New(cfg Config, d Deps) *Coordinator {
 	if c.leaderID == "" {
 		c.leaderID = identity.NewAttemptID()
 	}
-	c.journal = &journal{ended: make(chan struct{}, 1), whoLeads: c.awaitLeading, refusals: c.m.JournalRefusals.Inc, health: cfg.JetStreamHealth}
+	c.journal = &journal{ended: make(chan struct{}, 1), await: c.awaitLeading, refusals: c.m.JournalRefusals.Inc, health: cfg.JetStreamHealth}
 	if d.Queue != nil && d.Queue.Journal != nil && d.DB != nil {
 		c.journal.js, c.journal.writer = d.Queue.JS, c.leaderID
 		d.DB.SetJournal(c.journal)

@@ -44,8 +44,8 @@ type journal struct {
 	leading atomic.Bool
 	ended   chan struct{} // a term's end asked by a refusal; buffered
 	failed  atomic.Value  // error: the last append's failure
-	// whoLeads waits for a term of this coordinator's, or refuses naming the one that leads.
-	whoLeads func(context.Context) error
+	// await waits for a term of this coordinator's, or refuses naming the one that leads.
+	await    func(context.Context) error
 	refusals func()       // counts a refusal
 	health   func() error // Config.JetStreamHealth; nil: never known
 }
@@ -53,7 +53,7 @@ type journal struct {
 // Append publishes changes as the entries after sequence after.
 func (j *journal) Append(ctx context.Context, after uint64, changes []byte) (uint64, error) {
 	if !j.leading.Load() {
-		if err := j.whoLeads(ctx); err != nil {
+		if err := j.await(ctx); err != nil {
 			return 0, err
 		}
 	}
@@ -70,10 +70,8 @@ func (j *journal) Append(ctx context.Context, after uint64, changes []byte) (uin
 		if err != nil {
 			j.failed.Store(err)
 			j.refuse()
-			if j.health != nil {
-				if herr := j.health(); herr != nil {
-					return 0, herr // what JetStream cannot do, said as the process knows it
-				}
+			if herr := j.unhealthy(); herr != nil {
+				return 0, herr // what JetStream cannot do, said as the process knows it
 			}
 			var apiErr *jetstream.APIError
 			if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
@@ -85,6 +83,14 @@ func (j *journal) Append(ctx context.Context, after uint64, changes []byte) (uin
 		seq = ack.Sequence
 	}
 	return seq, nil
+}
+
+// unhealthy is why JetStream cannot store anything, when the process knows (Config.JetStreamHealth).
+func (j *journal) unhealthy() error {
+	if j.health == nil {
+		return nil
+	}
+	return j.health()
 }
 
 // lastErr is the last append's failure, for the log of the term it ended.
@@ -332,10 +338,8 @@ func (c *Coordinator) compactJournal(ctx context.Context) error {
 func (c *Coordinator) awaitLeading(ctx context.Context) error {
 	deadline := time.Now().Add(c.queue.Leases.TTL())
 	for !c.journal.leading.Load() {
-		if c.cfg.JetStreamHealth != nil {
-			if err := c.cfg.JetStreamHealth(); err != nil {
-				return err // nothing can be journaled: no use waiting for a term
-			}
+		if err := c.journal.unhealthy(); err != nil {
+			return err // nothing can be journaled: no use waiting for a term
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 		l, err := c.Leader(rctx)

@@ -33,6 +33,7 @@ type leaderClaim struct {
 func (c *Coordinator) leadLoop(ctx context.Context) error {
 	var term, standby *running
 	var deafAt time.Time // fault injection: when the loop goes deaf (faults.Plan.DeafLeaderAfter)
+	deafDone := false
 	leases, ttl := c.queue.Leases, c.queue.Leases.TTL()
 	id := c.leaderID
 	claim, err := json.Marshal(leaderClaim{ID: id, Address: c.cfg.Address})
@@ -124,7 +125,7 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 			c.m.Terms.Inc()
 			token := lease.Token
 			term = start(ctx, func(ctx context.Context) error { return c.term(ctx, token, c.leaderLoops()) })
-			if c.cfg.Faults.DeafLeaderFor > 0 && deafAt.IsZero() {
+			if c.cfg.Faults.DeafLeaderFor > 0 && deafAt.IsZero() && !deafDone {
 				deafAt = c.now().Add(c.cfg.Faults.DeafLeaderAfter)
 			}
 		case !held && term != nil:
@@ -142,10 +143,10 @@ func (c *Coordinator) leadLoop(ctx context.Context) error {
 		if term == nil && standby == nil {
 			standby = start(ctx, func(ctx context.Context) error { return c.follow(ctx, false) })
 		}
-		if !deafAt.IsZero() && !c.now().Before(deafAt) {
+		if !deafDone && !deafAt.IsZero() && !c.now().Before(deafAt) {
 			c.log.Warn("fault injection: the leadership loop goes deaf", "for", c.cfg.Faults.DeafLeaderFor)
 			queue.Sleep(ctx, c.cfg.Faults.DeafLeaderFor)
-			deafAt = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC) // once
+			deafDone = true // once
 		}
 		select {
 		case <-ctx.Done():
